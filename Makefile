@@ -1,0 +1,35 @@
+# pgdecode developer entry points. `make test` and `make demo` work from a clean clone:
+# they create .venv/, install the pinned dependency set and the system packages they need.
+
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test test-fast demo bench bench-extract system-deps venv clean
+
+$(STAMP): setup.cfg pyproject.toml requirements/constraints.txt
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "needs $(PYTHON) (set PYTHON=...)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+system-deps:
+	@bash scripts/ensure-system-deps.sh
+
+test: $(STAMP) system-deps
+	$(PY) -m pytest
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow"
+
+bench: bench-extract
+
+bench-extract: $(STAMP) system-deps
+	$(PY) -m bench.extract_bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,66 @@
+"""The checkpoint one run hands to the next: where it ended and what it left pending."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.decoding.spool import ItemSpool
+from airflow_provider_pgdecode.errors import StagingError
+from airflow_provider_pgdecode.staging.manifest import BatchManifest
+
+
+@dataclass
+class Checkpoint:
+    """JSON-able (for XCom) state carried between batches of one slot.
+
+    :param end_lsn: everything at or before it is staged (and, once the batch is merged and
+        confirmed, in Delta).
+    :param prepared_pending: headers of prepared transactions still open, each with the
+        absolute ``path`` of its spooled items.
+    """
+
+    slot: str
+    end_lsn: Lsn
+    prepared_pending: list[dict[str, Any]] = field(default_factory=list)
+    batch_path: str | None = None
+
+    @classmethod
+    def from_manifest(cls, manifest: BatchManifest) -> Checkpoint:
+        if manifest.path is None:
+            raise StagingError("a checkpoint needs a manifest read from its batch directory")
+        pending = [{**p, "path": str(Path(manifest.path) / p["path"])} for p in manifest.prepared_pending]
+        return cls(manifest.slot, Lsn.parse(manifest.end_lsn), pending, str(manifest.path))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "slot": self.slot,
+            "end_lsn": str(self.end_lsn),
+            "prepared_pending": self.prepared_pending,
+            "batch_path": self.batch_path,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Checkpoint:
+        try:
+            return cls(data["slot"], Lsn.parse(data["end_lsn"]), list(data.get("prepared_pending") or []), data.get("batch_path"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StagingError(f"malformed checkpoint {data!r}: {exc}") from None
+
+    def pending_prepared(self) -> list[PreparedTransaction]:
+        """The pending prepared transactions, their items read lazily from the staged files."""
+        out = []
+        for header in self.prepared_pending:
+            path = header["path"]
+            if not os.path.isfile(path):
+                raise StagingError(
+                    f"the checkpoint's prepared transaction {header['gid']!r} (xid {header['xid']}) is stored at "
+                    f"{path}, which no longer exists. Keep staged batches until their pending prepared "
+                    "transactions resolve (the retention setting), or re-snapshot the affected tables."
+                )
+            out.append(PreparedTransaction.from_header(header, ItemSpool.load(path, header["items"])))
+        return out

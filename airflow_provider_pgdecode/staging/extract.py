@@ -1,0 +1,250 @@
+"""Extract one batch from a replication slot: peek, parse, assemble, stage. Plain Python.
+
+The slot is only peeked, never consumed: it is advanced (by the confirm step) after the
+batch is merged into Delta. The batch is written under a temporary name and renamed into
+place when complete, so a crash leaves either no batch or a whole one.
+
+Example (a psycopg connection in autocommit mode, a slot created with test_decoding)::
+
+    import psycopg
+    from airflow_provider_pgdecode.staging.extract import extract_batch
+
+    with psycopg.connect("host=127.0.0.1 dbname=shop user=postgres", autocommit=True) as conn:
+        manifest = extract_batch(conn, "pgdecode_shop", "/data/staging")
+        print(manifest.summary())
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction, TransactionAssembler
+from airflow_provider_pgdecode.decoding.events import Message
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.decoding.spool import DEFAULT_MEMORY_ITEMS
+from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS, TestDecodingParser
+from airflow_provider_pgdecode.errors import CatalogError, SlotError, StagingError
+from airflow_provider_pgdecode.postgres.catalog import Catalog
+from airflow_provider_pgdecode.postgres.slot import SlotClient
+from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
+from airflow_provider_pgdecode.staging.manifest import BatchManifest, TableSummary, batch_dir_name
+from airflow_provider_pgdecode.staging.writer import DEFAULT_PART_ROWS, BatchWriter
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_PLUGINS = ("test_decoding",)
+DEFAULT_CHUNK_ROWS = 10_000
+
+
+def parse_table_names(tables: Collection[str]) -> set[tuple[str, str]]:
+    """``["public.orders", "sales.items"]`` to pairs; a name without a schema means ``public``."""
+    out = set()
+    for name in tables:
+        schema, dot, table = name.partition(".")
+        out.add((schema, table) if dot else ("public", schema))
+    return out
+
+
+def extract_batch(
+    conn: Any,
+    slot_name: str,
+    staging_root: str | os.PathLike[str],
+    *,
+    plugin: str = "test_decoding",
+    checkpoint: Checkpoint | None = None,
+    upto_lsn: Lsn | None = None,
+    tables: Collection[str] | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    part_rows: int = DEFAULT_PART_ROWS,
+    memory_items: int = DEFAULT_MEMORY_ITEMS,
+    progress_every: int = 100_000,
+) -> BatchManifest:
+    """Stage the slot's changes from its confirmed position (or the checkpoint) up to a ceiling.
+
+    :param conn: a psycopg 3 connection in autocommit mode to the slot's database.
+    :param slot_name: the logical replication slot to peek.
+    :param staging_root: where batches go: ``<staging_root>/<slot_name>/<start>-<end>/``.
+    :param plugin: the output plugin the slot must have been created with.
+    :param checkpoint: the previous batch's checkpoint: its prepared transactions still
+        pending, and its end LSN (rows at or before it are not staged again even when the
+        slot is behind it because a confirm failed).
+    :param upto_lsn: the ceiling; default the server's WAL flush position when the run starts.
+        The same ceiling over the same slot position gives the same batch.
+    :param tables: ``schema.table`` names to stage; default every table that has changes.
+    :param chunk_rows: rows fetched from the server per round trip.
+    :param part_rows: rows per table held in memory before a Parquet part is written.
+    :param memory_items: items of one transaction held in memory before spilling to disk.
+    :param progress_every: log progress every so many rows.
+    :returns: the manifest of the staged batch (``manifest.path`` is its directory).
+    """
+    if plugin not in SUPPORTED_PLUGINS:
+        raise SlotError(f"output plugin {plugin!r} is not supported; use one of {', '.join(SUPPORTED_PLUGINS)}")
+    slots = SlotClient(conn)
+    info = slots.describe(slot_name)
+    if info.plugin != plugin:
+        raise SlotError(
+            f"slot {slot_name!r} uses the output plugin {info.plugin!r}, but {plugin!r} was asked for. "
+            f"Use plugin={info.plugin!r}, or drop the slot and create it again with {plugin!r}."
+        )
+    if info.wal_status == "lost":
+        raise SlotError(
+            f"slot {slot_name!r} has lost WAL it needed (wal_status 'lost'): changes are gone. Drop it, "
+            "create it again and re-snapshot the tables (pgdecode_backfill)."
+        )
+    if checkpoint is not None and checkpoint.slot != slot_name:
+        raise StagingError(f"the checkpoint belongs to slot {checkpoint.slot!r}, not {slot_name!r}")
+    confirmed = info.confirmed_flush_lsn or Lsn(0)
+    resume_after = checkpoint.end_lsn if checkpoint is not None else None
+    start_lsn = max(confirmed, resume_after) if resume_after is not None else confirmed
+    ceiling = upto_lsn if upto_lsn is not None else slots.current_flush_lsn()
+    pending: list[PreparedTransaction] = checkpoint.pending_prepared() if checkpoint is not None else []
+    include_pairs = parse_table_names(tables) if tables else None
+
+    base = Path(staging_root) / slot_name
+    base.mkdir(parents=True, exist_ok=True)
+    tmp = base / f".tmp-{int(start_lsn):016X}-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()
+    try:
+        spill_dir = tmp / ".spool"
+        spill_dir.mkdir()
+        parser = TestDecodingParser(slots.server_encoding())
+        assembler = TransactionAssembler(pending, memory_items, spill_dir, resume_after=resume_after)
+        writer = BatchWriter(tmp, None if include_pairs is None else (lambda s, t: (s, t) in include_pairs), part_rows)
+        rows = 0
+        started = time.monotonic()
+        log.info("Extracting slot %s from %s up to %s", slot_name, start_lsn, ceiling)
+        parse = parser.parse
+        feed = assembler.feed
+        if ceiling > confirmed:
+            for lsn, xid, data in slots.peek(slot_name, ceiling, DEFAULT_OPTIONS, chunk_rows):
+                out = feed(parse(lsn, xid, data))
+                rows += 1
+                if out is not None:
+                    if type(out) is Transaction:
+                        writer.add_transaction(out)
+                        out.items.discard()
+                    elif type(out) is Message:
+                        writer.add_message(out)
+                if rows % progress_every == 0:
+                    _log_progress(rows, writer, started, lsn)
+        assembler.finish()
+        tables_staged, messages = writer.close()
+        _describe_tables(Catalog(conn), tables_staged)
+        still_pending = assembler.pending()
+        prepared_entries = writer.save_prepared(still_pending)
+        shutil.rmtree(spill_dir, ignore_errors=True)
+        end_lsn = max(start_lsn, assembler.safe_lsn) if assembler.safe_lsn is not None else start_lsn
+        stats = assembler.stats
+        manifest = BatchManifest(
+            slot=slot_name,
+            plugin=plugin,
+            database=info.database,
+            start_lsn=str(start_lsn),
+            end_lsn=str(end_lsn),
+            ceiling_lsn=str(ceiling),
+            transactions=writer.transactions,
+            changes=writer.changes,
+            tables=tables_staged,
+            messages=messages,
+            prepared_pending=prepared_entries,
+            prepared_committed=[
+                {"gid": r.gid, "xid": r.xid, "commit_lsn": str(r.lsn)} for r in stats.resolved if r.committed
+            ],
+            prepared_rolled_back=[
+                {"gid": r.gid, "xid": r.xid, "lsn": str(r.lsn), "seen": r.known} for r in stats.resolved if not r.committed
+            ],
+            skipped={
+                "rows_read": rows,
+                "empty_transactions": stats.empty_transactions,
+                "excluded_table_changes": writer.skipped_changes,
+                "already_handled": stats.already_handled,
+                "duplicate_prepares": stats.duplicate_prepares,
+            },
+        )
+        manifest.write(tmp)
+        final = base / batch_dir_name(start_lsn, end_lsn)
+        manifest.path = _publish(tmp, final, manifest)
+        _log_progress(rows, writer, started, end_lsn, done=True)
+        return manifest
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _describe_tables(catalog: Catalog, tables: list[TableSummary]) -> None:
+    """Add each table's key and catalog types; a table the merge cannot key is an error."""
+    for summary in tables:
+        identity = catalog.replica_identity(summary.schema, summary.table)
+        key = list(catalog.primary_key(summary.schema, summary.table))
+        if not key and identity.kind == "index":
+            key = list(identity.columns)
+        if not key and identity.kind == "full":
+            key = list(identity.columns)
+        if not key:
+            raise CatalogError(
+                f"table {summary.schema}.{summary.table} has no primary key and REPLICA IDENTITY "
+                f"{identity.kind.upper()}: its rows cannot be matched in Delta. Add a primary key (or a "
+                "unique index with REPLICA IDENTITY USING INDEX), or exclude the table with the tables option."
+            )
+        summary.key = key
+        summary.replica_identity = identity.kind
+        catalog_types = {c.name: c.catalog_type for c in catalog.columns(summary.schema, summary.table)}
+        for column in summary.columns:
+            column.catalog_type = catalog_types.get(column.name)
+
+
+def _publish(tmp: Path, final: Path, manifest: BatchManifest) -> Path:
+    """Rename the finished batch into place; an existing identical batch is kept as it is."""
+    _fsync_tree(tmp)
+    if final.exists():
+        existing = BatchManifest.read(final)
+        if existing.to_dict() != manifest.to_dict():
+            raise StagingError(
+                f"batch {final} already exists with different contents; the slot or checkpoint changed "
+                "between runs over the same LSN range. Move the old batch away to extract again."
+            )
+        log.info("Batch %s was already staged with the same contents; keeping it", final)
+        shutil.rmtree(tmp)
+        return final
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    return final
+
+
+def _fsync_tree(root: Path) -> None:
+    for directory, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(directory))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _log_progress(rows: int, writer: BatchWriter, started: float, lsn: Lsn, done: bool = False) -> None:
+    elapsed = max(time.monotonic() - started, 1e-9)
+    log.info(
+        "%s %d rows read, %d transactions, %d changes staged (%.0f rows/s), at LSN %s",
+        "Extracted:" if done else "Progress:",
+        rows,
+        writer.transactions,
+        writer.changes,
+        rows / elapsed,
+        lsn,
+    )

@@ -1,0 +1,301 @@
+"""Writes assembled transactions into a batch directory as Parquet, in bounded memory.
+
+Each table has a buffer of at most ``part_rows`` rows; a full buffer (or a change of the
+table's columns) becomes one Parquet part file. Values are converted column-wise at flush
+time (:mod:`airflow_provider_pgdecode.staging.types`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction
+from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, RowImage, Truncate
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import CatalogError
+from airflow_provider_pgdecode.staging.manifest import ColumnSummary, TableSummary, table_path
+from airflow_provider_pgdecode.staging.types import arrow_type, convert_column
+
+DEFAULT_PART_ROWS = 100_000
+METADATA_PREFIX = "_pg_"
+_PARQUET_OPTIONS: dict[str, Any] = {"compression": "snappy", "write_statistics": True}
+
+
+class _TableBuffer:
+    """The rows of one table waiting to be written, plus the table's running totals."""
+
+    def __init__(self, schema: str, table: str, directory: Path, part_rows: int) -> None:
+        self.schema = schema
+        self.table = table
+        self.relpath = table_path(schema, table)
+        self.directory = directory / self.relpath
+        self.part_rows = part_rows
+        self.files: list[str] = []
+        # current part
+        self.names: tuple[str, ...] | None = None
+        self.types: tuple[str, ...] | None = None
+        self.values: list[tuple[Any, ...] | None] = []
+        # per row: (commit_lsn, seq, op, xid, commit_time, change_lsn, unchanged_toast, old image)
+        self.meta: list[tuple[int, int, str, int | None, datetime | None, int, list[str] | None, RowImage | None]] = []
+        # totals
+        self.counts = {"I": 0, "U": 0, "D": 0, "T": 0}
+        self.min_commit: int | None = None
+        self.max_commit = 0
+        self.all_columns: dict[str, str] = {}
+
+    def add(self, txn: Transaction, seq: int, op: str, change_lsn: int, old: RowImage | None, new: RowImage | None) -> None:
+        if new is not None:
+            if new.names != self.names or new.types != self.types:
+                if self.names is not None:
+                    self.flush()
+                self._check_names(new.names)
+                self.names, self.types = new.names, new.types
+            values = new.values
+            toast = None
+            if UNCHANGED_TOAST in values:
+                toast = [n for n, v in zip(new.names, values) if v is UNCHANGED_TOAST]
+                values = tuple(None if v is UNCHANGED_TOAST else v for v in values)
+            self.values.append(values)
+        else:
+            self.values.append(None)
+            toast = None
+        commit = int(txn.commit_lsn)
+        self.meta.append((commit, seq, op, txn.xid, txn.commit_time, change_lsn, toast, old))
+        self.counts[op] += 1
+        if self.min_commit is None:
+            self.min_commit = commit
+        self.max_commit = commit
+        if len(self.meta) >= self.part_rows:
+            self.flush()
+
+    def _check_names(self, names: tuple[str, ...]) -> None:
+        for name in names:
+            if name.startswith(METADATA_PREFIX):
+                raise CatalogError(
+                    f"column {name!r} of {self.schema}.{self.table} starts with {METADATA_PREFIX!r}, which pgdecode "
+                    "reserves for its metadata columns; rename the column or exclude the table"
+                )
+
+    def flush(self) -> None:
+        if not self.meta:
+            return
+        commit, seq, ops, xids, times, change_lsn, toast, olds = zip(*self.meta)
+        columns: dict[str, pa.Array] = {
+            "_pg_commit_lsn": pa.array(commit, pa.int64()),
+            "_pg_seq": pa.array(seq, pa.int32()),
+            "_pg_op": pa.array(ops, pa.string()),
+            "_pg_xid": pa.array(xids, pa.int64()),
+            "_pg_commit_time": pa.array(times, pa.timestamp("us", tz="UTC")),
+            "_pg_change_lsn": pa.array(change_lsn, pa.int64()),
+            "_pg_unchanged_toast": pa.array(toast, pa.list_(pa.string())),
+        }
+        old = self._old_struct(olds)
+        if old is not None:
+            columns["_pg_old"] = old
+        names = self.names or ()
+        types = self.types or ()
+        if names:
+            nulls = (None,) * len(names)
+            rows = [v if v is not None else nulls for v in self.values]
+            for name, pg_type, column in zip(names, types, zip(*rows)):
+                columns[name] = convert_column(pg_type, column, f"{self.schema}.{self.table}.{name}")
+                self.all_columns[name] = pg_type
+        table = pa.table(columns)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        file_name = f"part-{len(self.files):05d}.parquet"
+        pq.write_table(table, self.directory / file_name, **_PARQUET_OPTIONS)
+        self.files.append(file_name)
+        self.values.clear()
+        self.meta.clear()
+
+    def _old_struct(self, images: tuple[RowImage | None, ...]) -> pa.Array | None:
+        field_types: dict[str, str] = {}
+        for image in images:
+            if image is not None:
+                for name, pg_type in zip(image.names, image.types):
+                    field_types.setdefault(name, pg_type)
+        if not field_types:
+            if not self.names:
+                return None  # a part of TRUNCATE rows only: Parquet cannot hold an empty struct
+            # No old images in this part: a null struct shaped like the row keeps the schema stable.
+            names, types = self.names, self.types or ()
+            return pa.nulls(len(images), pa.struct([(n, arrow_type(t)) for n, t in zip(names, types)]))
+        order = {name: i for i, name in enumerate(self.names or ())}
+        field_names = sorted(field_types, key=lambda n: (order.get(n, len(order)), n))
+        dicts = [None if image is None else image.as_dict() for image in images]
+        children = []
+        for name in field_names:
+            column = [None if d is None else d.get(name) for d in dicts]
+            # The old image never carries unchanged-TOAST marks in practice; if it did, the
+            # value is unknown: stage NULL rather than a placeholder.
+            column = [None if v is UNCHANGED_TOAST else v for v in column]
+            children.append(convert_column(field_types[name], column, f"{self.schema}.{self.table}._pg_old.{name}"))
+        mask = pa.array([d is None for d in dicts], pa.bool_())
+        return pa.StructArray.from_arrays(children, names=field_names, mask=mask)
+
+    def summary(self) -> TableSummary:
+        return TableSummary(
+            schema=self.schema,
+            table=self.table,
+            path=self.relpath,
+            files=list(self.files),
+            rows=sum(self.counts.values()),
+            inserts=self.counts["I"],
+            updates=self.counts["U"],
+            deletes=self.counts["D"],
+            truncates=self.counts["T"],
+            min_commit_lsn=str(Lsn(self.min_commit or 0)),
+            max_commit_lsn=str(Lsn(self.max_commit)),
+            columns=[ColumnSummary(n, t, str(arrow_type(t))) for n, t in self.all_columns.items()],
+        )
+
+
+class BatchWriter:
+    """Stages transactions and messages into ``directory``.
+
+    :param include: which tables to stage (``include(schema, table)``); others are counted
+        as skipped. Default: every table.
+    :param part_rows: rows per table buffered in memory before a Parquet part is written.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        include: Callable[[str, str], bool] | None = None,
+        part_rows: int = DEFAULT_PART_ROWS,
+    ) -> None:
+        self.directory = Path(directory)
+        self.include = include
+        self.part_rows = part_rows
+        self._tables: dict[tuple[str, str], _TableBuffer] = {}
+        self._excluded: set[tuple[str, str]] = set()
+        self.skipped_changes = 0
+        self.transactions = 0
+        self.changes = 0
+        self._messages: list[tuple[int, int | None, int | None, int | None, bool, str, bytes]] = []
+        self._message_files: list[str] = []
+        self._message_rows = 0
+
+    def _buffer(self, schema: str, table: str) -> _TableBuffer | None:
+        key = (schema, table)
+        buffer = self._tables.get(key)
+        if buffer is None:
+            if key in self._excluded:
+                return None
+            if self.include is not None and not self.include(schema, table):
+                self._excluded.add(key)
+                return None
+            buffer = self._tables[key] = _TableBuffer(schema, table, self.directory, self.part_rows)
+        return buffer
+
+    def add_transaction(self, txn: Transaction) -> None:
+        staged = 0
+        last_name: tuple[str, str] | None = None
+        buffer: _TableBuffer | None = None
+        for seq, item in enumerate(txn.items):
+            kind = type(item)
+            if kind is Change:
+                name = (item.schema, item.table)  # type: ignore[union-attr]
+                if name != last_name:
+                    buffer = self._buffer(*name)
+                    last_name = name
+                if buffer is None:
+                    self.skipped_changes += 1
+                    continue
+                if not item.has_tuple_data:  # type: ignore[union-attr]
+                    raise CatalogError(
+                        f"{item.operation.name} on {item.schema}.{item.table} at LSN {item.lsn} carries no row "  # type: ignore[union-attr]
+                        "data: the table has no primary key and REPLICA IDENTITY DEFAULT (or NOTHING), so "
+                        "PostgreSQL does not log which row changed. Add a primary key, or run ALTER TABLE "
+                        "... REPLICA IDENTITY FULL, or exclude the table from the pipeline"
+                    )
+                buffer.add(txn, seq, item.operation.value, int(item.lsn), item.old, item.new)  # type: ignore[union-attr]
+                staged += 1
+            elif kind is Truncate:
+                for schema, table in item.relations:  # type: ignore[union-attr]
+                    truncated = self._buffer(schema, table)
+                    if truncated is None:
+                        self.skipped_changes += 1
+                        continue
+                    truncated.add(txn, seq, "T", int(item.lsn), None, None)
+                    staged += 1
+            elif kind is Message:
+                self._add_message(item, txn.commit_lsn, seq, txn.xid)  # type: ignore[arg-type]
+        if staged:
+            self.transactions += 1
+            self.changes += staged
+
+    def add_message(self, message: Message) -> None:
+        """A non-transactional message."""
+        self._add_message(message, None, None, message.xid)
+
+    def _add_message(self, message: Message, commit_lsn: Lsn | None, seq: int | None, xid: int | None) -> None:
+        self._messages.append(
+            (
+                int(message.lsn),
+                None if commit_lsn is None else int(commit_lsn),
+                seq,
+                xid,
+                message.transactional,
+                message.prefix,
+                message.content,
+            )
+        )
+        if len(self._messages) >= self.part_rows:
+            self._flush_messages()
+
+    def _flush_messages(self) -> None:
+        if not self._messages:
+            return
+        lsn, commit, seq, xid, transactional, prefix, content = zip(*self._messages)
+        table = pa.table(
+            {
+                "_pg_lsn": pa.array(lsn, pa.int64()),
+                "_pg_commit_lsn": pa.array(commit, pa.int64()),
+                "_pg_seq": pa.array(seq, pa.int32()),
+                "_pg_xid": pa.array(xid, pa.int64()),
+                "transactional": pa.array(transactional, pa.bool_()),
+                "prefix": pa.array(prefix, pa.string()),
+                "content": pa.array(content, pa.binary()),
+            }
+        )
+        directory = self.directory / "messages"
+        directory.mkdir(parents=True, exist_ok=True)
+        name = f"part-{len(self._message_files):05d}.parquet"
+        pq.write_table(table, directory / name, **_PARQUET_OPTIONS)
+        self._message_files.append(name)
+        self._message_rows += len(self._messages)
+        self._messages.clear()
+
+    def save_prepared(self, prepared: list[PreparedTransaction]) -> list[dict[str, Any]]:
+        """Write pending prepared transactions' items to ``prepared/``; return their manifest entries."""
+        entries = []
+        if prepared:
+            (self.directory / "prepared").mkdir(exist_ok=True)
+        for txn in prepared:
+            digest = hashlib.sha1(txn.gid.encode("utf-8")).hexdigest()[:16]
+            relpath = f"prepared/{txn.xid}-{digest}.jsonl.gz"
+            count = txn.items.save(self.directory / relpath)
+            entries.append({**txn.header(), "items": count, "path": relpath})
+        return entries
+
+    def close(self) -> tuple[list[TableSummary], dict[str, Any] | None]:
+        """Flush everything; return the table summaries (sorted by name) and the messages entry."""
+        for buffer in self._tables.values():
+            buffer.flush()
+        self._flush_messages()
+        tables = [b.summary() for _, b in sorted(self._tables.items()) if b.files]
+        messages = (
+            {"path": "messages", "files": self._message_files, "rows": self._message_rows}
+            if self._message_files
+            else None
+        )
+        return tables, messages
