@@ -201,17 +201,12 @@ class TransactionAssembler:
             if self._open is not None:
                 self._open.origin = event.name  # type: ignore[union-attr]
             return None
-        if kind is StreamDataWithheld:
+        if kind in (StreamStart, StreamStop, StreamAbort, StreamCommit, StreamPrepare, StreamDataWithheld):
             raise AssemblyError(
-                f"transaction {event.xid} was streamed (it outgrew logical_decoding_work_mem) and the "
-                f"plugin printed no row data for it ({event.what} at LSN {event.lsn}). test_decoding "  # type: ignore[union-attr]
-                "cannot carry streamed transactions: do not enable its stream-changes option, or use "
-                "the pgoutput plugin"
-            )
-        if kind in (StreamStart, StreamStop, StreamAbort, StreamCommit, StreamPrepare):
-            raise AssemblyError(
-                f"streamed transaction events ({kind.__name__} at LSN {event.lsn}) are not supported "
-                "for this slot: read it without streaming"
+                f"transaction {event.xid} was streamed while in progress ({kind.__name__} at LSN {event.lsn}): "
+                "it outgrew logical_decoding_work_mem and the slot was read with streaming on. "
+                "test_decoding cannot carry streamed transactions (it prints no row data for them): do not "
+                "enable its stream-changes option"
             )
         raise AssemblyError(f"unexpected event {event!r}")
 

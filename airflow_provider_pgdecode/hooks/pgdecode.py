@@ -1,0 +1,163 @@
+"""Airflow hook for logical replication slots over a ``postgres`` connection."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from airflow.providers.postgres.hooks.postgres import PostgresHook
+
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, ReplicaIdentity
+from airflow_provider_pgdecode.postgres.slot import PeekRows, SlotClient, SlotInfo
+
+
+class PgDecodeHook(PostgresHook):
+    """Slot lifecycle, bounded peeks, advancing, heartbeats and catalog lookups.
+
+    A :class:`~airflow.providers.postgres.hooks.postgres.PostgresHook` (same connection type and
+    extras: ssl, IAM, ``options``), whose connection is opened lazily in autocommit mode on first
+    use and reused by the methods here. Close it with :meth:`close` (or use the hook as a
+    context manager).
+
+    :param postgres_conn_id: the Airflow connection id of the source database
+        (default ``pgdecode_source``).
+    :param kwargs: passed to :class:`PostgresHook` (e.g. ``options``, ``database``).
+    """
+
+    conn_name_attr = "postgres_conn_id"
+    default_conn_name = "pgdecode_source"
+    conn_type = "postgres"
+    hook_name = "PostgreSQL logical decoding"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slot_client: SlotClient | None = None
+
+    def __enter__(self) -> PgDecodeHook:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def get_slot_client(self) -> SlotClient:
+        """A :class:`SlotClient` on this hook's autocommit connection (opened on first call)."""
+        client = self._slot_client
+        if client is None or client.conn.closed:
+            conn = self.get_conn()
+            if not isinstance(conn, psycopg.Connection):
+                raise TypeError(
+                    "PgDecodeHook needs psycopg 3 connections, but PostgresHook returned "
+                    f"{type(conn).__module__}.{type(conn).__name__}; install psycopg 3 and SQLAlchemy 2"
+                )
+            # PostgresHook.get_conn() leaves autocommit off; slot creation needs it on.
+            conn.autocommit = True
+            client = self._slot_client = SlotClient(conn)
+        return client
+
+    def get_catalog(self) -> Catalog:
+        """A :class:`Catalog` on the same connection as :meth:`get_slot_client`."""
+        return Catalog(self.get_slot_client().conn)
+
+    def close(self) -> None:
+        """Close the connection opened by :meth:`get_slot_client`, if any."""
+        if self._slot_client is not None:
+            self._slot_client.conn.close()
+            self._slot_client = None
+
+    def create_slot(
+        self, slot_name: str, plugin: str = "test_decoding", two_phase: bool = False, temporary: bool = False
+    ) -> SlotInfo:
+        """Create a logical replication slot.
+
+        :param slot_name: the slot's name (``[a-z0-9_]``, up to 63 characters).
+        :param plugin: the output plugin, ``test_decoding`` or ``pgoutput``.
+        :param two_phase: decode prepared transactions at PREPARE time (needs max_prepared_transactions > 0).
+        :param temporary: drop the slot when this hook's session ends.
+        """
+        return self.get_slot_client().create(slot_name, plugin=plugin, two_phase=two_phase, temporary=temporary)
+
+    def ensure_slot(self, slot_name: str, plugin: str = "test_decoding", two_phase: bool = False) -> SlotInfo:
+        """Return the slot, creating it when missing; raise SlotError when it cannot serve as asked.
+
+        :param slot_name: the slot's name.
+        :param plugin: the output plugin the slot must use.
+        :param two_phase: whether the slot must decode two-phase transactions.
+        """
+        return self.get_slot_client().ensure(slot_name, plugin=plugin, two_phase=two_phase)
+
+    def drop_slot(self, slot_name: str, missing_ok: bool = True) -> bool:
+        """Drop the slot; returns whether it existed.
+
+        :param slot_name: the slot's name.
+        :param missing_ok: when False, a missing slot raises SlotError.
+        """
+        return self.get_slot_client().drop(slot_name, missing_ok=missing_ok)
+
+    def describe_slot(self, slot_name: str) -> SlotInfo:
+        """The slot's state and lag; SlotError when missing.
+
+        :param slot_name: the slot's name.
+        """
+        return self.get_slot_client().describe(slot_name)
+
+    def peek_changes(
+        self,
+        slot_name: str,
+        upto_lsn: Lsn,
+        options: Sequence[tuple[str, str]] = (),
+        chunk_size: int = 10000,
+    ) -> PeekRows:
+        """Stream ``(lsn, xid, data)`` rows up to ``upto_lsn`` without consuming them.
+
+        :param slot_name: the slot's name.
+        :param upto_lsn: the ceiling LSN, fixed at the start of the run.
+        :param options: output plugin options as ``(name, value)`` pairs.
+        :param chunk_size: rows fetched per round trip from the server-side cursor.
+        """
+        return self.get_slot_client().peek(slot_name, upto_lsn, options=options, chunk_size=chunk_size)
+
+    def advance_slot(self, slot_name: str, lsn: Lsn) -> Lsn:
+        """Confirm the slot up to ``lsn`` (never backwards); returns its new position.
+
+        :param slot_name: the slot's name.
+        :param lsn: the end LSN of the last change durably stored.
+        """
+        return self.get_slot_client().advance(slot_name, lsn)
+
+    def emit_heartbeat(self, prefix: str = "pgdecode.heartbeat", content: str = "") -> Lsn:
+        """Write and flush a non-transactional logical message; returns its LSN.
+
+        :param prefix: the message prefix.
+        :param content: the message content.
+        """
+        return self.get_slot_client().heartbeat(prefix=prefix, content=content)
+
+    def current_flush_lsn(self) -> Lsn:
+        """The server's WAL flush position: the ceiling a peek can reach."""
+        return self.get_slot_client().current_flush_lsn()
+
+    def columns(self, schema: str, table: str) -> list[ColumnInfo]:
+        """The table's live columns in attnum order.
+
+        :param schema: the schema name as stored (unquoted).
+        :param table: the table name as stored (unquoted).
+        """
+        return self.get_catalog().columns(schema, table)
+
+    def primary_key(self, schema: str, table: str) -> list[str]:
+        """The table's primary key columns in index order (empty when none).
+
+        :param schema: the schema name as stored (unquoted).
+        :param table: the table name as stored (unquoted).
+        """
+        return self.get_catalog().primary_key(schema, table)
+
+    def replica_identity(self, schema: str, table: str) -> ReplicaIdentity:
+        """The table's replica identity and its columns.
+
+        :param schema: the schema name as stored (unquoted).
+        :param table: the table name as stored (unquoted).
+        """
+        return self.get_catalog().replica_identity(schema, table)

@@ -1,0 +1,59 @@
+"""Shared fixtures: one throwaway PostgreSQL cluster per test session."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+
+# Airflow reads these when first imported, so they are set before anything imports it.
+_AIRFLOW_HOME = tempfile.mkdtemp(prefix="pgdecode-airflow-home-")
+atexit.register(shutil.rmtree, _AIRFLOW_HOME, ignore_errors=True)
+os.environ["AIRFLOW_HOME"] = _AIRFLOW_HOME
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "True"
+
+import uuid  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from typing import Any  # noqa: E402
+
+import psycopg  # noqa: E402
+import pytest  # noqa: E402
+
+from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster  # noqa: E402
+
+TEST_DATABASE = "pgdecode_test"
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[ThrowawayCluster]:
+    """One throwaway cluster (wal_level=logical, 2PC on) for the whole session."""
+    with ThrowawayCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(pg_cluster: ThrowawayCluster) -> str:
+    """The DSN of the ``pgdecode_test`` database."""
+    return pg_cluster.create_database(TEST_DATABASE)
+
+
+@pytest.fixture
+def pg_conn(pg_dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit psycopg 3 connection to ``pgdecode_test``."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def slot_name(pg_dsn: str) -> Iterator[str]:
+    """A unique slot name; the slot is dropped afterwards, since an idle slot retains WAL."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    yield name
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+            " WHERE slot_name = %s AND NOT active",
+            (name,),
+        )
