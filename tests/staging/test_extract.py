@@ -233,12 +233,12 @@ def test_typed_values_equal_what_postgres_returns(pg_conn, slot_name, tmp_path) 
 
 
 def test_table_without_a_usable_key_fails_and_leaves_nothing(pg_conn, slot_name, tmp_path) -> None:
-    pg_conn.execute("create table nokey (a int, b text)")
+    pg_conn.execute("create table keyless (a int, b text)")
     create_slot(pg_conn, slot_name)
-    pg_conn.execute("insert into nokey values (1, 'x')")
-    with pytest.raises(CatalogError, match="nokey has no primary key.*REPLICA IDENTITY"):
+    pg_conn.execute("insert into keyless values (1, 'x')")
+    with pytest.raises(CatalogError, match="keyless has no primary key.*REPLICA IDENTITY"):
         extract_batch(pg_conn, slot_name, tmp_path)
-    pg_conn.execute("delete from nokey")
+    pg_conn.execute("delete from keyless")
     with pytest.raises(CatalogError, match="carries no row data"):
         extract_batch(pg_conn, slot_name, tmp_path)
     assert list((tmp_path / slot_name).iterdir()) == []
@@ -251,13 +251,13 @@ def test_table_without_a_usable_key_fails_and_leaves_nothing(pg_conn, slot_name,
 
 
 def test_replica_identity_full_table_without_pk_is_keyed_by_all_columns(pg_conn, slot_name, tmp_path) -> None:
-    pg_conn.execute("create table fullri (a int, b text)")
-    pg_conn.execute("alter table fullri replica identity full")
+    pg_conn.execute("create table full_identity (a int, b text)")
+    pg_conn.execute("alter table full_identity replica identity full")
     create_slot(pg_conn, slot_name)
-    pg_conn.execute("insert into fullri values (1, 'x')")
-    pg_conn.execute("update fullri set b = 'y'")
+    pg_conn.execute("insert into full_identity values (1, 'x')")
+    pg_conn.execute("update full_identity set b = 'y'")
     manifest = extract_batch(pg_conn, slot_name, tmp_path)
-    rows = table_rows(manifest, "public", "fullri")
+    rows = table_rows(manifest, "public", "full_identity")
     assert rows[1]["_pg_old"] == {"a": 1, "b": "x"}
     assert manifest.tables[0].key == ["a", "b"] and manifest.tables[0].replica_identity == "full"
 
