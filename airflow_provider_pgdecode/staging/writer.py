@@ -1,7 +1,9 @@
 """Writes assembled transactions into a batch directory as Parquet, in bounded memory.
 
-Each table has a buffer of at most ``part_rows`` rows; a full buffer (or a change of the
-table's columns) becomes one Parquet part file. Values are converted column-wise at flush
+Rows wait in per-table buffers; all buffers together hold at most ``part_rows`` rows. A full
+budget flushes the largest buffer, and a change of a table's columns flushes that table's
+buffer: each flush becomes one Parquet part file. Memory is bounded by ``part_rows`` whatever
+the number of tables. Values are converted column-wise at flush
 time (:mod:`airflow_provider_pgdecode.staging.types`).
 """
 
@@ -73,8 +75,7 @@ class _TableBuffer:
         if self.min_commit is None:
             self.min_commit = commit
         self.max_commit = commit
-        if len(self.meta) >= self.part_rows:
-            self.flush()
+
 
     def _check_names(self, names: tuple[str, ...]) -> None:
         for name in names:
@@ -163,7 +164,8 @@ class BatchWriter:
 
     :param include: which tables to stage (``include(schema, table)``); others are counted
         as skipped. Default: every table.
-    :param part_rows: rows per table buffered in memory before a Parquet part is written.
+    :param part_rows: rows buffered in memory (all tables together) before the largest
+        table's rows are written as a Parquet part.
     """
 
     def __init__(
@@ -183,6 +185,12 @@ class BatchWriter:
         self._messages: list[tuple[int, int | None, int | None, int | None, bool, str, bytes]] = []
         self._message_files: list[str] = []
         self._message_rows = 0
+        self._buffered = 0  # rows in all table buffers
+
+    def _flush_largest(self) -> None:
+        largest = max(self._tables.values(), key=lambda b: len(b.meta))
+        largest.flush()
+        self._buffered = sum(len(b.meta) for b in self._tables.values())
 
     def _buffer(self, schema: str, table: str) -> _TableBuffer | None:
         key = (schema, table)
@@ -219,6 +227,9 @@ class BatchWriter:
                     )
                 buffer.add(txn, seq, item.operation.value, int(item.lsn), item.old, item.new)  # type: ignore[union-attr]
                 staged += 1
+                self._buffered += 1
+                if self._buffered >= self.part_rows:
+                    self._flush_largest()
             elif kind is Truncate:
                 for schema, table in item.relations:  # type: ignore[union-attr]
                     truncated = self._buffer(schema, table)
@@ -227,6 +238,9 @@ class BatchWriter:
                         continue
                     truncated.add(txn, seq, "T", int(item.lsn), None, None)
                     staged += 1
+                    self._buffered += 1
+                    if self._buffered >= self.part_rows:
+                        self._flush_largest()
             elif kind is Message:
                 self._add_message(item, txn.commit_lsn, seq, txn.xid)  # type: ignore[arg-type]
         if staged:
