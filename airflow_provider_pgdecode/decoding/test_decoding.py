@@ -121,6 +121,29 @@ def read_quoted_literal(line: str, pos: int) -> tuple[str, int]:
         return value, end + 1
 
 
+def read_value(line: str, pos: int) -> tuple[ColumnValue, int]:
+    """Read one column value starting at ``pos``; return it and the position after it."""
+    c = line[pos : pos + 1]
+    if c == "'":
+        return read_quoted_literal(line, pos)
+    if c == "B" and line.startswith("B'", pos):
+        end = line.find("'", pos + 2)
+        if end < 0:
+            raise _Malformed("unterminated bit string")
+        return line[pos + 2 : end], end + 1
+    end = line.find(" ", pos)
+    if end < 0:
+        end = len(line)
+    token = line[pos:end]
+    if token == "null":
+        return None, end
+    if token == "unchanged-toast-datum":
+        return UNCHANGED_TOAST, end
+    if not token:
+        raise _Malformed(f"missing value at offset {pos}")
+    return token, end
+
+
 def read_tuple(
     line: str, pos: int, stop_at_new_tuple: bool, markers: list[str] | None = None
 ) -> tuple[RowImage, int]:
@@ -167,29 +190,7 @@ def read_tuple(
         if markers is not None:
             markers.append(line[column_start:pos])
         # value
-        c = line[pos] if pos < n else ""
-        if c == "'":
-            value, pos = read_quoted_literal(line, pos)
-        elif c == "B" and startswith("B'", pos):
-            end = find("'", pos + 2)
-            if end < 0:
-                raise _Malformed("unterminated bit string")
-            value = line[pos + 2 : end]
-            pos = end + 1
-        else:
-            end = find(" ", pos)
-            if end < 0:
-                end = n
-            token = line[pos:end]
-            if token == "null":
-                value = None
-            elif token == "unchanged-toast-datum":
-                value = UNCHANGED_TOAST
-            elif not token:
-                raise _Malformed(f"missing value of column {name!r}")
-            else:
-                value = token
-            pos = end
+        value, pos = read_value(line, pos)
         names.append(name)
         types.append(type_name)
         values.append(value)
@@ -229,50 +230,13 @@ class _Layout:
 def _read_with_layout(line: str, pos: int, layout: _Layout, stop_at_new_tuple: bool) -> tuple[RowImage, int] | None:
     values: list[ColumnValue] = []
     append = values.append
-    find = line.find
     startswith = line.startswith
     n = len(line)
     for marker, length in layout.markers:
         if not startswith(marker, pos):
             return None
-        pos += length
-        if pos >= n:
-            return None
-        c = line[pos]
-        if c == "'":
-            start = pos + 1
-            search = start
-            while True:
-                end = find("'", search)
-                if end < 0:
-                    return None
-                if startswith("'", end + 1):
-                    search = end + 2
-                    continue
-                break
-            value = line[start:end]
-            if search != start:
-                value = value.replace("''", "'")
-            append(value)
-            pos = end + 1
-        elif c == "B" and startswith("B'", pos):
-            end = find("'", pos + 2)
-            if end < 0:
-                return None
-            append(line[pos + 2 : end])
-            pos = end + 1
-        else:
-            end = find(" ", pos)
-            if end < 0:
-                end = n
-            token = line[pos:end]
-            if token == "null":
-                append(None)
-            elif token == "unchanged-toast-datum":
-                append(UNCHANGED_TOAST)
-            else:
-                append(token)
-            pos = end
+        value, pos = read_value(line, pos + length)
+        append(value)
     if stop_at_new_tuple:
         if not startswith(" new-tuple:", pos):
             return None
