@@ -1,8 +1,10 @@
 """Extract benchmark: our extract to staged Parquet against a raw slot decode of the same data.
 
-In one run, on one throwaway PostgreSQL cluster and one 500,000-change workload:
+In one run, on one throwaway PostgreSQL cluster and one 500,000-change workload, for each output
+plugin (a ``test_decoding`` slot and a ``pgoutput`` slot over the same WAL):
 
 1. raw:     ``select count(*) from pg_logical_slot_peek_changes(slot, ceiling, NULL, <options>)``
+            (``peek_binary_changes`` for pgoutput), with the options the extract uses;
 2. extract: :func:`extract_batch` over the same slot and ceiling, to Parquet,
             in a child process so its peak memory (max RSS) is its own;
 3. extract of the first fifth of the range, to show peak memory does not grow with batch size.
@@ -28,10 +30,12 @@ from pathlib import Path
 import psycopg
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.decoding.pgoutput import pgoutput_options
 from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS
 from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
 
-SLOT = "bench_extract"
+SLOTS = {"test_decoding": "bench_td", "pgoutput": "bench_po"}
+PUBLICATION = "bench_pub"
 # Decoding of a 500k-change workload should not spill to disk in either run.
 SERVER_SETTINGS = {
     "logical_decoding_work_mem": "1GB",
@@ -48,9 +52,9 @@ def make_workload(conn: psycopg.Connection, changes: int, txn_size: int) -> None
         "create table orders (id bigint primary key, customer text not null, amount numeric(12,2),"
         " status text, created timestamptz, paid boolean, tags text[])"
     )
-    conn.execute(
-        "select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (SLOT,)
-    )
+    conn.execute(f"create publication {PUBLICATION} for table orders")
+    for plugin, slot in SLOTS.items():
+        conn.execute("select pg_create_logical_replication_slot(%s, %s, false, true)", (slot, plugin))
     inserts = changes * 8 // 10
     updates = changes // 10
     deletes = changes - inserts - updates
@@ -70,20 +74,28 @@ def make_workload(conn: psycopg.Connection, changes: int, txn_size: int) -> None
         conn.execute("delete from orders where id between %s and %s", (inserts - stop + 1, inserts - start))
 
 
-def raw_decode(conn: psycopg.Connection, ceiling: Lsn) -> tuple[int, float]:
-    options = [v for pair in DEFAULT_OPTIONS for v in pair]
+def plugin_options(conn: psycopg.Connection, plugin: str) -> list[str]:
+    if plugin == "test_decoding":
+        pairs = list(DEFAULT_OPTIONS)
+    else:
+        pairs = pgoutput_options(PUBLICATION, conn.info.server_version, two_phase=True)
+    return [v for pair in pairs for v in pair]
+
+
+def raw_decode(conn: psycopg.Connection, plugin: str, ceiling: Lsn) -> tuple[int, float]:
+    function = "pg_logical_slot_peek_changes" if plugin == "test_decoding" else "pg_logical_slot_peek_binary_changes"
     started = time.perf_counter()
     rows = conn.execute(
-        "select count(*) from pg_logical_slot_peek_changes(%s, %s::pg_lsn, NULL, variadic %s::text[])",
-        (SLOT, str(ceiling), options),
+        f"select count(*) from {function}(%s, %s::pg_lsn, NULL, variadic %s::text[])",
+        (SLOTS[plugin], str(ceiling), plugin_options(conn, plugin)),
     ).fetchone()[0]
     return rows, time.perf_counter() - started
 
 
-def extract_in_child(dsn: str, ceiling: Lsn, staging: Path) -> dict:
+def extract_in_child(dsn: str, plugin: str, ceiling: Lsn, staging: Path) -> dict:
     """Run the extract in a fresh interpreter; return its timing and peak RSS."""
     out = subprocess.run(
-        [sys.executable, "-m", "bench.extract_bench", "--child", dsn, str(ceiling), str(staging)],
+        [sys.executable, "-m", "bench.extract_bench", "--child", dsn, plugin, str(ceiling), str(staging)],
         check=True,
         capture_output=True,
         text=True,
@@ -92,13 +104,16 @@ def extract_in_child(dsn: str, ceiling: Lsn, staging: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def child(dsn: str, ceiling: str, staging: str) -> None:
+def child(dsn: str, plugin: str, ceiling: str, staging: str) -> None:
     from airflow_provider_pgdecode.staging.extract import extract_batch
 
+    publication = PUBLICATION if plugin == "pgoutput" else None
     with psycopg.connect(dsn, autocommit=True) as conn:
         base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         started = time.perf_counter()
-        manifest = extract_batch(conn, SLOT, staging, upto_lsn=Lsn.parse(ceiling))
+        manifest = extract_batch(
+            conn, SLOTS[plugin], staging, plugin=plugin, publication=publication, upto_lsn=Lsn.parse(ceiling)
+        )
         elapsed = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(
@@ -119,12 +134,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--changes", type=int, default=500_000)
     parser.add_argument("--txn-size", type=int, default=1_000)
-    parser.add_argument("--child", nargs=3, metavar=("DSN", "CEILING", "STAGING"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=4, metavar=("DSN", "PLUGIN", "CEILING", "STAGING"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(*args.child)
         return 0
 
+    results: dict[str, dict] = {}
     work = Path(tempfile.mkdtemp(prefix="pgdecode-bench-"))
     try:
         with ThrowawayCluster(extra_settings=SERVER_SETTINGS) as cluster:
@@ -134,38 +150,45 @@ def main() -> int:
                 print(f"workload: {args.changes} changes in transactions of {args.txn_size} ...", flush=True)
                 make_workload(conn, args.changes, args.txn_size)
                 ceiling = Lsn.parse(str(conn.execute("select pg_current_wal_flush_lsn()").fetchone()[0]))
-                first_fifth = Lsn.parse(
+                # The commit that ends the first fifth of the transactions.
+                fifth = Lsn.parse(
                     str(
                         conn.execute(
                             "select lsn from pg_logical_slot_peek_changes(%s, %s::pg_lsn, NULL) where data like 'COMMIT%%'"
                             " offset %s limit 1",
-                            (SLOT, str(ceiling), max(args.changes // args.txn_size // 5 - 1, 0)),
+                            (SLOTS["test_decoding"], str(ceiling), max(args.changes // args.txn_size // 5 - 1, 0)),
                         ).fetchone()[0]
                     )
                 )
-                raw_decode(conn, ceiling)  # warm the caches for both contenders
-                raw_rows, raw_seconds = raw_decode(conn, ceiling)
-            full = extract_in_child(dsn, ceiling, work / "full")
-            fifth = extract_in_child(dsn, first_fifth, work / "fifth")
+            for plugin in SLOTS:
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    raw_decode(conn, plugin, ceiling)  # warm the caches for both contenders
+                    raw_rows, raw_seconds = raw_decode(conn, plugin, ceiling)
+                full = extract_in_child(dsn, plugin, ceiling, work / plugin / "full")
+                part = extract_in_child(dsn, plugin, fifth, work / plugin / "fifth")
+                results[plugin] = {"raw_rows": raw_rows, "raw_seconds": raw_seconds, "full": full, "fifth": part}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    raw_rate = raw_rows / raw_seconds
-    ours_rate = full["rows"] / full["seconds"]
-    print()
-    print(f"rows decoded (changes + BEGIN/COMMIT): raw {raw_rows}, extract {full['rows']} (changes staged: {full['changes']})")
-    print(f"raw slot decode   : {raw_seconds:8.2f} s  {raw_rate:12,.0f} rows/s")
-    print(f"extract to Parquet: {full['seconds']:8.2f} s  {ours_rate:12,.0f} rows/s")
-    print(f"ratio extract/raw rate: {ours_rate / raw_rate:.2f}  (aim: >= 0.5)")
-    print(
-        f"extract peak RSS: {full['peak_rss_mib']:.0f} MiB for {full['rows']} rows; "
-        f"{fifth['peak_rss_mib']:.0f} MiB for {fifth['rows']} rows (first fifth of the range); "
-        f"interpreter+imports before extracting: {full['rss_before_mib']:.0f} MiB"
-    )
-    if raw_rows != full["rows"]:
-        print("WARNING: raw and extract read different row counts", file=sys.stderr)
-        return 1
-    return 0
+    status = 0
+    for plugin, r in results.items():
+        full, part = r["full"], r["fifth"]
+        raw_rate = r["raw_rows"] / r["raw_seconds"]
+        ours_rate = full["rows"] / full["seconds"]
+        print()
+        print(f"== {plugin}: {full['changes']} changes staged, {full['rows']} slot rows read (raw: {r['raw_rows']})")
+        print(f"raw slot decode   : {r['raw_seconds']:8.2f} s  {raw_rate:12,.0f} rows/s")
+        print(f"extract to Parquet: {full['seconds']:8.2f} s  {ours_rate:12,.0f} rows/s")
+        print(f"ratio extract/raw rate: {ours_rate / raw_rate:.2f}  (aim: >= 0.5)")
+        print(
+            f"extract peak RSS: {full['peak_rss_mib']:.0f} MiB for {full['rows']} rows; "
+            f"{part['peak_rss_mib']:.0f} MiB for {part['rows']} rows (first fifth of the range); "
+            f"interpreter+imports before extracting: {full['rss_before_mib']:.0f} MiB"
+        )
+        if r["raw_rows"] != full["rows"]:
+            print(f"WARNING: raw and extract read different row counts for {plugin}", file=sys.stderr)
+            status = 1
+    return status
 
 
 if __name__ == "__main__":

@@ -10,7 +10,13 @@ Rules (DESIGN.md, invariant 3):
   assembler, which is how they travel with the checkpoint;
 - the same PREPARE delivered twice (the slot was read again from an earlier position) is kept
   once, keyed by (gid, xid);
-- transactional messages belong to their transaction; non-transactional ones come out at once.
+- transactional messages belong to their transaction; non-transactional ones come out at once;
+- a streamed transaction (pgoutput, sent in blocks while in progress) is buffered by xid across
+  blocks; a Stream Abort of a subtransaction drops that subtransaction's changes (and those of
+  its children, which follow them), of the top-level xid the whole transaction; Stream Commit
+  emits it, Stream Prepare holds it like any prepared transaction. A stream still open when the
+  rows end is dropped: its commit lies beyond this batch, so the next read streams it again
+  from its start.
 """
 
 from __future__ import annotations
@@ -119,6 +125,8 @@ class _OpenTransaction:
     begin_lsn: Lsn
     items: ItemSpool
     origin: str | None = None
+    #: For streamed transactions: position of the first item of each subtransaction.
+    first_position: dict[int | None, int] | None = None
 
 
 @dataclass
@@ -141,6 +149,8 @@ class AssemblerStats:
     changes: int = 0
     duplicate_prepares: int = 0
     already_handled: int = 0
+    streams_dropped: int = 0
+    subtransactions_rolled_back: int = 0
     resolved: list[ResolvedPrepared] = field(default_factory=list)
 
 
@@ -169,6 +179,7 @@ class TransactionAssembler:
         for prepared in pending:
             self._pending[prepared.key] = prepared
         self._open: _OpenTransaction | None = None
+        self._streams: dict[int | None, _OpenTransaction] = {}
         #: The LSN through which every row has been fully handled (None: nothing yet).
         self.safe_lsn: Lsn | None = None
         self.stats = AssemblerStats()
@@ -184,6 +195,9 @@ class TransactionAssembler:
             if current is None:
                 raise AssemblyError(f"a change at LSN {event.lsn} arrived outside any transaction (no BEGIN)")
             current.items.append(event)  # type: ignore[arg-type]
+            first = current.first_position
+            if first is not None and event.xid not in first:
+                first[event.xid] = len(current.items) - 1
             return None
         if kind is Begin:
             return self._begin(event)  # type: ignore[arg-type]
@@ -201,12 +215,23 @@ class TransactionAssembler:
             if self._open is not None:
                 self._open.origin = event.name  # type: ignore[union-attr]
             return None
-        if kind in (StreamStart, StreamStop, StreamAbort, StreamCommit, StreamPrepare, StreamDataWithheld):
+        if kind is StreamStart:
+            return self._stream_start(event)  # type: ignore[arg-type]
+        if kind is StreamStop:
+            self._open = None
+            return None
+        if kind is StreamAbort:
+            return self._stream_abort(event)  # type: ignore[arg-type]
+        if kind is StreamCommit:
+            return self._stream_commit(event)  # type: ignore[arg-type]
+        if kind is StreamPrepare:
+            return self._stream_prepare(event)  # type: ignore[arg-type]
+        if kind is StreamDataWithheld:
             raise AssemblyError(
-                f"transaction {event.xid} was streamed while in progress ({kind.__name__} at LSN {event.lsn}): "
+                f"transaction {event.xid} was streamed while in progress ({event.what} at LSN {event.lsn}): "  # type: ignore[union-attr]
                 "it outgrew logical_decoding_work_mem and the slot was read with streaming on. "
                 "test_decoding cannot carry streamed transactions (it prints no row data for them): do not "
-                "enable its stream-changes option"
+                "enable its stream-changes option, or use the pgoutput plugin"
             )
         raise AssemblyError(f"unexpected event {event!r}")
 
@@ -217,8 +242,14 @@ class TransactionAssembler:
                 yield out
 
     def finish(self) -> None:
-        """Check that the input ended on a transaction boundary."""
-        if self._open is not None:
+        """Check that the input ended on a transaction boundary; drop streams still in progress."""
+        for stream in self._streams.values():
+            # Its commit is beyond the rows read: the next read streams it again from the start.
+            log.info("streamed transaction %s is still in progress at the end of the batch", stream.xid)
+            stream.items.discard()
+            self.stats.streams_dropped += 1
+        self._streams.clear()
+        if self._open is not None and self._open.first_position is None:
             raise AssemblyError(
                 f"transaction {self._open.xid} began at LSN {self._open.begin_lsn} but neither committed "
                 "nor prepared within the rows read: the slot output was cut inside a transaction"
@@ -370,3 +401,62 @@ class TransactionAssembler:
         prepared.items.discard()
         self.stats.resolved.append(ResolvedPrepared(prepared.gid, prepared.xid, event.lsn, False))
         return None
+
+    # -- streamed transactions ------------------------------------------------------------
+
+    def _stream_start(self, event: StreamStart) -> None:
+        if self._open is not None and self._open.first_position is None:
+            raise AssemblyError(
+                f"stream block of transaction {event.xid} at LSN {event.lsn} inside transaction {self._open.xid}"
+            )
+        stream = self._streams.get(event.xid)
+        if stream is None:
+            stream = self._streams[event.xid] = _OpenTransaction(event.xid, event.lsn, self._new_spool(), first_position={})
+        self._open = stream
+        return None
+
+    def _stream_abort(self, event: StreamAbort) -> None:
+        stream = self._streams.get(event.xid)
+        if stream is None:
+            return None  # nothing of it was read (or it was already handled)
+        if event.subxid is None or event.subxid == event.xid:
+            del self._streams[event.xid]
+            stream.items.discard()
+            if self._open is stream:
+                self._open = None
+            return None
+        first = stream.first_position or {}
+        cut = first.get(event.subxid)
+        if cut is not None:
+            stream.items.truncate(cut)
+            for subxid in [s for s, position in first.items() if position >= cut]:
+                del first[subxid]
+            self.stats.subtransactions_rolled_back += 1
+        return None
+
+    def _take_stream(self, event: StreamCommit | StreamPrepare, what: str) -> _OpenTransaction:
+        stream = self._streams.pop(event.xid, None)
+        if stream is None:
+            raise AssemblyError(
+                f"{what} of streamed transaction {event.xid} at LSN {event.lsn} whose stream blocks were not read"
+            )
+        if self._open is stream:
+            self._open = None
+        return stream
+
+    def _stream_commit(self, event: StreamCommit) -> Transaction | None:
+        stream = self._take_stream(event, "Stream Commit")
+        if self._handled_before(event.lsn):
+            stream.items.discard()
+            return None
+        self._advance(event.lsn)
+        if len(stream.items) == 0:
+            stream.items.discard()
+            return None
+        return self._emit(Transaction(stream.xid, stream.begin_lsn, event.lsn, event.commit_time, stream.items, origin=stream.origin))
+
+    def _stream_prepare(self, event: StreamPrepare) -> None:
+        stream = self._take_stream(event, "Stream Prepare")
+        stream.first_position = None
+        self._open = stream
+        return self._prepare(Prepare(event.lsn, event.xid, event.gid, event.prepare_time))

@@ -78,6 +78,25 @@ class ItemSpool:
                     yield item_from_json(json.loads(line))
         yield from self._memory
 
+    def truncate(self, count: int) -> None:
+        """Keep only the first ``count`` items (a streamed subtransaction was rolled back)."""
+        if count >= len(self):
+            return
+        if self._source is None and count >= self._spilled:
+            del self._memory[count - self._spilled :]
+            return
+        # Rare: the cut falls inside spilled or loaded data. Copy the kept items to a new spill.
+        kept = ItemSpool(self.memory_items, self.spill_dir)
+        for index, item in enumerate(self):
+            if index >= count:
+                break
+            kept.append(item)
+        self.discard()
+        self._source, self._source_count = None, 0
+        self._memory, self._spill_path, self._spill_file, self._spilled = (
+            kept._memory, kept._spill_path, kept._spill_file, kept._spilled
+        )
+
     def save(self, path: str | os.PathLike[str]) -> int:
         """Write every item to ``path`` (gzip JSON lines); return how many were written."""
         count = 0

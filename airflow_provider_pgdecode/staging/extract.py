@@ -21,13 +21,16 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from psycopg.rows import tuple_row
+
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction, TransactionAssembler
-from airflow_provider_pgdecode.decoding.events import Message
+from airflow_provider_pgdecode.decoding.events import Event, Message
 from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.decoding.pgoutput import PgOutputParser, max_proto_version, pgoutput_options
 from airflow_provider_pgdecode.decoding.spool import DEFAULT_MEMORY_ITEMS
 from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS, TestDecodingParser
 from airflow_provider_pgdecode.errors import CatalogError, SlotError, StagingError
@@ -39,7 +42,7 @@ from airflow_provider_pgdecode.staging.writer import DEFAULT_PART_ROWS, BatchWri
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_PLUGINS = ("test_decoding",)
+SUPPORTED_PLUGINS = ("test_decoding", "pgoutput")
 DEFAULT_CHUNK_ROWS = 10_000
 
 
@@ -61,6 +64,9 @@ def extract_batch(
     checkpoint: Checkpoint | None = None,
     upto_lsn: Lsn | None = None,
     tables: Collection[str] | None = None,
+    publication: str | None = None,
+    origin: str | None = None,
+    proto_version: int | None = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     part_rows: int = DEFAULT_PART_ROWS,
     memory_items: int = DEFAULT_MEMORY_ITEMS,
@@ -78,6 +84,11 @@ def extract_batch(
     :param upto_lsn: the ceiling; default the server's WAL flush position when the run starts.
         The same ceiling over the same slot position gives the same batch.
     :param tables: ``schema.table`` names to stage; default every table that has changes.
+    :param publication: the publication(s) to read (pgoutput only; required there).
+    :param origin: ``"none"`` to skip changes that arrived through logical replication
+        (pgoutput ``origin=none`` on PostgreSQL 16+; test_decoding ``only-local``), so that
+        changes replicated from elsewhere are not looped back. Default: all changes.
+    :param proto_version: pgoutput protocol version; default the highest the server supports.
     :param chunk_rows: rows fetched from the server per round trip.
     :param part_rows: rows per table held in memory before a Parquet part is written.
     :param memory_items: items of one transaction held in memory before spilling to disk.
@@ -114,18 +125,20 @@ def extract_batch(
     try:
         spill_dir = tmp / ".spool"
         spill_dir.mkdir()
-        parser = TestDecodingParser(slots.server_encoding())
+        parse, options = _reader(plugin, slots, info.two_phase, publication, origin, proto_version)
         assembler = TransactionAssembler(pending, memory_items, spill_dir, resume_after=resume_after)
         writer = BatchWriter(tmp, None if include_pairs is None else (lambda s, t: (s, t) in include_pairs), part_rows)
         rows = 0
         started = time.monotonic()
         log.info("Extracting slot %s from %s up to %s", slot_name, start_lsn, ceiling)
-        parse = parser.parse
         feed = assembler.feed
         if ceiling > confirmed:
-            for lsn, xid, data in slots.peek(slot_name, ceiling, DEFAULT_OPTIONS, chunk_rows):
-                out = feed(parse(lsn, xid, data))
+            for lsn, xid, data in slots.peek(slot_name, ceiling, options, chunk_rows):
                 rows += 1
+                event = parse(lsn, xid, data)
+                if event is None:  # pgoutput Relation/Type messages
+                    continue
+                out = feed(event)
                 if out is not None:
                     if type(out) is Transaction:
                         writer.add_transaction(out)
@@ -176,6 +189,42 @@ def extract_batch(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _reader(
+    plugin: str,
+    slots: SlotClient,
+    two_phase: bool,
+    publication: str | None,
+    origin: str | None,
+    proto_version: int | None,
+) -> tuple[Callable[[Lsn, int | None, bytes], Event | None], list[tuple[str, str]]]:
+    """The row parser and plugin options for a slot's output plugin."""
+    encoding = slots.server_encoding()
+    if origin not in (None, "none", "any"):
+        raise ValueError(f"origin must be 'none' or 'any', not {origin!r}")
+    if plugin == "test_decoding":
+        if publication is not None:
+            raise ValueError("publication applies to pgoutput slots only; test_decoding decodes every table")
+        options = list(DEFAULT_OPTIONS)
+        if origin == "none":
+            options.append(("only-local", "1"))
+        return TestDecodingParser(encoding).parse, options
+    if not publication:
+        raise SlotError(
+            "reading a pgoutput slot needs a publication: CREATE PUBLICATION pgdecode FOR ALL TABLES "
+            "(or FOR TABLE ...), then pass publication='pgdecode'"
+        )
+    version = slots.server_version_num()
+    proto = proto_version if proto_version is not None else max_proto_version(version)
+    options = pgoutput_options(
+        publication, version, proto_version=proto, two_phase=two_phase, streaming=True, messages=True,
+        origin="none" if origin == "none" else None,
+    )
+    with slots.conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute("SELECT oid::int8, format_type(oid, NULL) FROM pg_type")
+        type_names = dict(cur.fetchall())
+    return PgOutputParser(proto, encoding, type_names).parse, options
 
 
 def _describe_tables(catalog: Catalog, tables: list[TableSummary]) -> None:
