@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast demo bench bench-extract system-deps venv clean
+.PHONY: test test-fast demo bench bench-extract bench-merge delta-jars system-deps venv clean
 
 $(STAMP): setup.cfg pyproject.toml requirements/constraints.txt
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "needs $(PYTHON) (set PYTHON=...)"; exit 1; }
@@ -20,16 +20,28 @@ venv: $(STAMP)
 system-deps:
 	@bash scripts/ensure-system-deps.sh
 
-test: $(STAMP) system-deps
+# Delta's jars from Maven Central into the project-local Ivy cache (.cache/ivy); instant once filled.
+delta-jars: $(STAMP) system-deps
+	$(PY) scripts/fetch_delta_jars.py
+
+test: $(STAMP) system-deps delta-jars
 	$(PY) -m pytest
+
+# The README's first command: a throwaway PostgreSQL, the incremental DAG run with Airflow
+# several times, local Spark merging into Delta, and PostgreSQL against Delta at the end.
+demo: $(STAMP) system-deps delta-jars
+	$(PY) scripts/demo.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
 
-bench: bench-extract
+bench: bench-extract bench-merge
 
 bench-extract: $(STAMP) system-deps
 	$(PY) -m bench.extract_bench
+
+bench-merge: $(STAMP) system-deps delta-jars
+	$(PY) -m bench.merge_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

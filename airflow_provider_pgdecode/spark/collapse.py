@@ -1,0 +1,247 @@
+"""Turning a table's staged changes into one MERGE source: the last state per key.
+
+Every function here is a pure DataFrame transformation (no action, no Delta access), except
+:func:`resolve_lineage_roots`, which iterates a small join until move chains are followed.
+
+Vocabulary:
+
+* an **event** is one staged change row (``I``/``U``/``D``/``T``), normalized by
+  :mod:`airflow_provider_pgdecode.spark.merge_job` to typed columns plus ``__lsn``, ``__seq``,
+  ``__op``, ``__keep`` (columns whose value must not be written: unchanged TOAST, or a column
+  the row's part file did not have) and ``__old_<i>`` (the old key, for a key change or a delete);
+* an **effect** is what an event does to one key: an *upsert* (``I``, ``U``) at the new key, a
+  *delete* at the old key (``D``, and the old half of a ``U`` that changes the key);
+* the **merge source** has one row per key: the last effect, with for each column that can be
+  kept a ``__keep_<i>`` flag meaning "take the value already in Delta".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+LSN = "__lsn"
+SEQ = "__seq"
+OP = "__op"
+KEEP = "__keep"
+KIND = "__kind"  # effect kind: 'U' upsert, 'D' delete
+MOVE_IN = "__move_in"  # the upsert half of a key change
+IS_INSERT = "__is_insert"  # an INSERT: sets every column, starts a new row
+ORDER = "__ord"
+
+UPSERT = "U"
+DELETE = "D"
+
+
+def col(name: str) -> Column:
+    """A top-level column by its exact name (dots, spaces and backticks are not syntax)."""
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def old_key_name(index: int) -> str:
+    return f"__old_{index}"
+
+
+def keep_flag_name(index: int) -> str:
+    return f"__keep_{index}"
+
+
+@dataclass(frozen=True)
+class CollapseInput:
+    """What the collapse needs to know about the table besides the events."""
+
+    key: tuple[str, ...]
+    value_columns: tuple[str, ...]
+    """Non-key source columns written by the merge (key columns are never kept)."""
+    keep_columns: tuple[str, ...]
+    """Value columns some event keeps (unchanged TOAST or absent): only these get keep flags."""
+    metadata_columns: tuple[str, ...] = ("_pg_commit_lsn", "_pg_commit_time", "_pg_xid")
+
+
+def order_of(lsn: str = LSN, seq: str = SEQ) -> Column:
+    """Commit order: commit LSN, then position within the transaction."""
+    return F.struct(F.col(lsn).alias("lsn"), F.col(seq).alias("seq"))
+
+
+def after(truncate_lsn: int, truncate_seq: int) -> Column:
+    """Events after a TRUNCATE at (lsn, seq) in commit order."""
+    return (F.col(LSN) > F.lit(truncate_lsn)) | (
+        (F.col(LSN) == F.lit(truncate_lsn)) & (F.col(SEQ) > F.lit(truncate_seq))
+    )
+
+
+def key_changed(key: Sequence[str]) -> Column:
+    """True for an event whose old key (when sent) differs from its new key."""
+    changed = F.lit(False)
+    for index, name in enumerate(key):
+        old = F.col(old_key_name(index))
+        changed = changed | (old.isNotNull() & ~old.eqNullSafe(col(name)))
+    return changed
+
+
+def effects_of(events: DataFrame, spec: CollapseInput) -> DataFrame:
+    """One row per effect: upserts at the new key, deletes at the old key (``D`` and moved-away keys)."""
+    key_cols = [col(name) for name in spec.key]
+    carried = [col(name) for name in (*spec.value_columns, *spec.metadata_columns)]
+    moved = key_changed(spec.key)
+    upserts = events.where(F.col(OP).isin("I", "U")).select(
+        *key_cols,
+        F.lit(UPSERT).alias(KIND),
+        ((F.col(OP) == "U") & moved).alias(MOVE_IN),
+        (F.col(OP) == "I").alias(IS_INSERT),
+        F.col(LSN), F.col(SEQ), F.col(KEEP), *carried,
+        *[F.col(old_key_name(i)) for i in range(len(spec.key))],
+    )
+    deletes = events.where((F.col(OP) == "D") | ((F.col(OP) == "U") & moved)).select(
+        *[F.col(old_key_name(i)).alias(name) for i, name in enumerate(spec.key)],
+        F.lit(DELETE).alias(KIND),
+        F.lit(False).alias(MOVE_IN),
+        F.lit(False).alias(IS_INSERT),
+        F.col(LSN), F.col(SEQ),
+        F.array().cast("array<string>").alias(KEEP),
+        *[F.lit(None).cast(events.schema[name].dataType).alias(name) for name in spec.value_columns],
+        *[col(name) for name in spec.metadata_columns],
+        *[F.lit(None).cast(events.schema[old_key_name(i)].dataType).alias(old_key_name(i))
+          for i in range(len(spec.key))],
+    )
+    return upserts.unionByName(deletes)
+
+
+def _setter_order(column: str) -> Column:
+    """The effect's order when it sets ``column`` (an upsert not keeping it), else null."""
+    sets = (F.col(KIND) == UPSERT) & ~F.array_contains(F.col(KEEP), column)
+    return F.when(sets, order_of())
+
+
+def collapse_simple(effects: DataFrame, spec: CollapseInput, *, allow_keep: bool) -> DataFrame:
+    """Last state per key, for batches where no key change keeps a value (no lineage to follow).
+
+    A kept column takes the value of the latest effect on the same key that set it; when none
+    did, the row's ``__keep_<i>`` flag tells the MERGE to keep the Delta value (unless
+    ``allow_keep`` is false: after a TRUNCATE there is no Delta value to keep).
+    """
+    carried = [*spec.value_columns, *spec.metadata_columns, KIND, LSN, SEQ]
+    aggregates = [F.max_by(F.struct(*[col(c) for c in carried]), order_of()).alias("__last")]
+    for index, column in enumerate(spec.keep_columns):
+        aggregates.append(
+            F.max_by(F.struct(col(column).alias("v")), _setter_order(column)).alias(f"__set_{index}")
+        )
+    grouped = effects.groupBy(*[col(name) for name in spec.key]).agg(*aggregates)
+    return _final_columns(grouped, spec, allow_keep=allow_keep)
+
+
+def _final_columns(grouped: DataFrame, spec: CollapseInput, *, allow_keep: bool) -> DataFrame:
+    keep_index = {column: index for index, column in enumerate(spec.keep_columns)}
+    columns: list[Column] = [col(name) for name in spec.key]
+    for column in spec.value_columns:
+        if column in keep_index:
+            columns.append(F.col(f"__set_{keep_index[column]}").getField("v").alias(column))
+        else:
+            columns.append(F.col("__last").getField(column).alias(column))
+    columns += [F.col("__last").getField(name).alias(name) for name in spec.metadata_columns]
+    columns.append(F.col("__last").getField(KIND).alias(KIND))
+    for column, index in keep_index.items():
+        flag = F.col(f"__set_{index}").isNull() if allow_keep else F.lit(False)
+        columns.append(flag.alias(keep_flag_name(index)))
+    return grouped.select(*columns)
+
+
+def _segment_struct(key: Sequence[str], seg_ord: Column) -> Column:
+    return F.struct(F.struct(*[col(name) for name in key]).alias("k"), seg_ord.alias("o"))
+
+
+def with_segments(effects: DataFrame, spec: CollapseInput) -> DataFrame:
+    """Tag each effect with its segment: (key, order of the last insert or move-in at or before it).
+
+    A segment whose order is null starts from the row already in Delta at that key.
+    """
+    from pyspark.sql.window import Window
+
+    starts = F.col(IS_INSERT) | F.col(MOVE_IN)
+    window = (
+        Window.partitionBy(*[col(name) for name in spec.key])
+        .orderBy(F.col(LSN), F.col(SEQ))
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    seg_ord = F.last(F.when(starts, order_of()), ignorenulls=True).over(window)
+    return effects.withColumn("__seg", _segment_struct(spec.key, seg_ord))
+
+
+def resolve_lineage_roots(links: DataFrame, max_rounds: int = 64) -> DataFrame:
+    """Follow ``child -> parent`` segment links to their roots (pointer jumping).
+
+    ``links`` has columns ``child`` and ``parent`` (segment structs). Returns ``child``, ``root``.
+    Each round halves the remaining chain length, so a chain of n moves takes about log2(n)
+    rounds; every round runs one small job over the links only.
+    """
+    current = links.select(F.col("child"), F.col("parent").alias("root")).localCheckpoint()
+    for _ in range(max_rounds):
+        step = current.alias("a").join(current.alias("b"), F.col("a.root") == F.col("b.child"), "left")
+        pending = step.where(F.col("b.child").isNotNull()).limit(1).count()
+        if pending == 0:
+            return current
+        current = step.select(
+            F.col("a.child").alias("child"), F.coalesce(F.col("b.root"), F.col("a.root")).alias("root")
+        ).localCheckpoint()
+    raise RuntimeError(f"key-change chains longer than 2^{max_rounds} moves")
+
+
+def collapse_with_lineage(
+    effects: DataFrame, spec: CollapseInput, target: DataFrame | None, *, allow_keep: bool
+) -> DataFrame:
+    """Last state per key when key changes carry unchanged-TOAST columns.
+
+    A kept column's value follows the physical row through its key changes (its lineage):
+    the latest effect of the lineage that set it wins; when none did, the value is the one
+    Delta holds at the lineage's first key. If that key is the row's final key, the MERGE
+    keeps the Delta value itself; otherwise it is read from ``target`` here.
+    """
+    tagged = with_segments(effects, spec)
+    old_key = F.struct(*[F.col(old_key_name(i)).alias(name) for i, name in enumerate(spec.key)])
+    move_ins = tagged.where(F.col(MOVE_IN)).select(
+        F.col("__seg").alias("child"), old_key.alias("from_k"), F.col(LSN).alias("l"), F.col(SEQ).alias("s")
+    )
+    deletes = tagged.where(F.col(KIND) == DELETE).select(
+        F.struct(*[col(name) for name in spec.key]).alias("k"), F.col(LSN).alias("l"), F.col(SEQ).alias("s"),
+        F.col("__seg").alias("parent"),
+    )
+    links = move_ins.join(
+        deletes,
+        (move_ins["from_k"] == deletes["k"]) & (move_ins["l"] == deletes["l"]) & (move_ins["s"] == deletes["s"]),
+    ).select("child", "parent")
+    roots = resolve_lineage_roots(links)
+    lineage = tagged.join(roots, tagged["__seg"] == roots["child"], "left").select(
+        *[col(name) for name in tagged.columns], F.coalesce(F.col("root"), F.col("__seg")).alias("__lineage")
+    )
+    setters = lineage.groupBy("__lineage").agg(
+        *[
+            F.max_by(F.struct(col(column).alias("v")), _setter_order(column)).alias(f"__set_{index}")
+            for index, column in enumerate(spec.keep_columns)
+        ]
+    )
+    carried = [*spec.value_columns, *spec.metadata_columns, KIND, LSN, SEQ, "__lineage"]
+    last = lineage.groupBy(*[col(name) for name in spec.key]).agg(
+        F.max_by(F.struct(*[col(c) for c in carried]), order_of()).alias("__last")
+    )
+    grouped = last.join(setters, F.col("__last").getField("__lineage") == setters["__lineage"], "left").drop("__lineage")
+    # Where the lineage started from a Delta row at another key, read that row's kept values here.
+    origin_key = F.col("__last").getField("__lineage").getField("k")
+    same_key = origin_key == F.struct(*[col(name) for name in spec.key])
+    target_based = F.col("__last").getField("__lineage").getField("o").isNull()
+    if target is not None and allow_keep and spec.keep_columns:
+        kept = target.select(
+            F.struct(*[col(name) for name in spec.key]).alias("__origin"),
+            *[col(column).alias(f"__origin_{i}") for i, column in enumerate(spec.keep_columns)],
+        )
+        grouped = grouped.join(kept, origin_key == F.col("__origin"), "left")
+        for index in range(len(spec.keep_columns)):
+            fill = target_based & ~same_key & F.col(f"__set_{index}").isNull()
+            grouped = grouped.withColumn(
+                f"__set_{index}",
+                F.when(fill, F.struct(F.col(f"__origin_{index}").alias("v"))).otherwise(F.col(f"__set_{index}")),
+            )
+        grouped = grouped.drop("__origin", *[f"__origin_{i}" for i in range(len(spec.keep_columns))])
+    return _final_columns(grouped, spec, allow_keep=allow_keep)

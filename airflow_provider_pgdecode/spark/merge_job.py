@@ -1,0 +1,983 @@
+"""The merge job: apply staged batches to Delta tables, exactly once, one MERGE per table.
+
+Run it with spark-submit (Delta's jars through ``--packages``, see :mod:`.session`)::
+
+    spark-submit --master local[*] --packages io.delta:delta-spark_4.2_2.13:4.4.0 \\
+        --conf spark.jars.ivy=.cache/ivy  airflow_provider_pgdecode/spark/merge_job.py \\
+        --delta-root /data/delta --batch /data/staging/slot/0000000001A2B3C8-0000000001A9F000
+
+or call :func:`merge_batches` with a SparkSession. Plain PySpark and delta-spark: no Airflow.
+
+How a run goes (docs/merge.md explains the why):
+
+1. **Read and check** every batch's manifest (complete, files present, one slot) and plan each
+   table: its Delta path ``<delta_root>/<schema>/<table>``, the type of every column, the key,
+   the columns to add, and which batches (or rows) the table already holds. The table's
+   *watermark* is the Delta idempotent-write transaction version of app id ``pgdecode:<slot>``:
+   the end LSN of the last batch merged into it, committed atomically with that MERGE.
+2. **Profile** each table's staged changes in one aggregate pass (counts, TRUNCATE position,
+   unchanged-TOAST columns, NULL keys, numeric values that do not fit). Any bad input fails here,
+   before anything is written.
+3. **Write**: create the table or add new columns when needed, then one MERGE per table that
+   deletes, updates and inserts the last state per key, folds a TRUNCATE in as
+   ``WHEN NOT MATCHED BY SOURCE ... DELETE``, and records the new watermark in the same commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+if __package__ in (None, ""):  # run as a file by spark-submit: make the package importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    DataType,
+    DecimalType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import PgDecodeError
+from airflow_provider_pgdecode.spark import collapse
+from airflow_provider_pgdecode.spark.batch import Batch, BatchError, StagedTable, is_local, join, read_batches
+from airflow_provider_pgdecode.spark.collapse import KEEP, KIND, LSN, OP, SEQ, CollapseInput, col, old_key_name
+from airflow_provider_pgdecode.spark.types import (
+    DEFAULT_UNBOUNDED_NUMERIC,
+    NUMERIC_SPECIAL_VALUES,
+    ColumnType,
+    UnmappedTypeError,
+    map_catalog_type,
+    parse_unbounded_numeric_rule,
+    staged_type_matches,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("airflow_provider_pgdecode.spark.merge")
+
+APP_ID_PREFIX = "pgdecode:"
+COMMIT_LSN = "_pg_commit_lsn"
+COMMIT_TIME = "_pg_commit_time"
+XID = "_pg_xid"
+METADATA_FIELDS: tuple[StructField, ...] = (
+    StructField(COMMIT_LSN, LongType(), False, {"comment": "commit LSN of the row's last change"}),
+    StructField(COMMIT_TIME, TimestampType(), True, {"comment": "commit time of the row's last change (UTC)"}),
+    StructField(XID, LongType(), True, {"comment": "transaction id of the row's last change"}),
+)
+METADATA_COLUMNS = tuple(f.name for f in METADATA_FIELDS)
+KEY_PROPERTY = "pgdecode.key"
+SOURCE_PROPERTY = "pgdecode.source"
+DEFAULT_TABLE_PROPERTIES: Mapping[str, str] = {
+    # Deletion vectors: an UPDATE/DELETE marks rows instead of rewriting whole files, so a batch
+    # costs what it changes rather than the size of the files it touches.
+    "delta.enableDeletionVectors": "true",
+    # Column mapping by name: PostgreSQL column names with spaces or ,;{}()= are allowed.
+    "delta.columnMapping.mode": "name",
+}
+TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+MAX_KEY_RANGES = 16
+KEY_BUCKETS = 4096
+
+
+class MergeInputError(PgDecodeError):
+    """A batch cannot be merged as it is: no usable key, a type change, a NULL key, a value that does not fit."""
+
+
+@dataclass(frozen=True)
+class MergeOptions:
+    """Choices a deployment can make; the defaults are documented in docs/merge.md."""
+
+    unbounded_numeric: str = DEFAULT_UNBOUNDED_NUMERIC
+    """Delta type of ``numeric`` without precision: ``decimal(P,S)`` or ``string``."""
+    type_overrides: Mapping[str, str] = field(default_factory=dict)
+    """Catalog type name -> ``string`` for user-defined types staged as text (enums, domains)."""
+    numeric_special: str = "null"
+    """What a numeric ``NaN``/``Infinity`` becomes in a decimal column: ``null`` (logged) or ``error``."""
+    table_properties: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_TABLE_PROPERTIES))
+    """Delta table properties for tables the job creates."""
+    key_range_pruning: bool = True
+    """Add the batch's key ranges to the MERGE condition so Delta skips files outside them."""
+
+    def __post_init__(self) -> None:
+        if self.numeric_special not in ("null", "error"):
+            raise ValueError(f"numeric_special must be 'null' or 'error', not {self.numeric_special!r}")
+        parse_unbounded_numeric_rule(self.unbounded_numeric)
+
+
+@dataclass
+class Segment:
+    """One batch's changes to one table, and the LSN at or below which they are already applied."""
+
+    batch: Batch
+    staged: StagedTable
+    applied_through: int
+    """Rows with a commit LSN at or below this are already in Delta (-1: none)."""
+
+
+@dataclass
+class DeltaState:
+    exists: bool
+    version: int
+    watermark: int | None
+    schema: StructType | None
+    properties: dict[str, str]
+
+
+@dataclass
+class TablePlan:
+    """Everything decided about one table before anything is written."""
+
+    schema: str
+    table: str
+    path: str
+    key: tuple[str, ...]
+    columns: tuple[str, ...]
+    """Source columns written, in source order (key included)."""
+    types: dict[str, ColumnType]
+    segments: list[Segment]
+    state: DeltaState
+    new_columns: tuple[str, ...] = ()
+    not_written: tuple[str, ...] = ()
+    """Delta columns no longer in the source (dropped there): kept in Delta, no longer written."""
+    skipped: list[str] = field(default_factory=list)
+    watermark_after: int = -1
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @property
+    def value_columns(self) -> tuple[str, ...]:
+        return tuple(c for c in self.columns if c not in self.key)
+
+
+@dataclass
+class Profile:
+    """Facts about a table's staged changes, from one aggregate pass."""
+
+    changes: int
+    inserts: int
+    updates: int
+    deletes: int
+    truncates: int
+    truncate_at: tuple[int, int] | None
+    keep_columns: tuple[str, ...]
+    keep_moves: int
+    null_keys: int
+    specials: dict[str, int]
+    lossy: dict[str, int]
+    key_min: Any = None
+    key_max: Any = None
+    key_ranges: list[tuple[Any, Any]] | None = None
+
+
+@dataclass
+class TableResult:
+    """What happened to one table (the values of :func:`merge_batches`' ``tables``)."""
+
+    delta_path: str
+    status: str  # "merged" | "skipped"
+    reason: str | None = None
+    changes: int = 0
+    changes_already_applied: int = 0
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    truncated: bool = False
+    created: bool = False
+    columns_added: list[str] = field(default_factory=list)
+    columns_not_written: list[str] = field(default_factory=list)
+    numeric_specials_nulled: dict[str, int] = field(default_factory=dict)
+    batches_skipped: list[str] = field(default_factory=list)
+    delta_version: int = -1
+    watermark_lsn: str | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# Planning (no writes)
+# --------------------------------------------------------------------------------------------
+
+
+def quote(name: str) -> str:
+    """A Spark SQL identifier for ``name``, whatever characters it has."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def delta_table_path(delta_root: str, schema: str, table: str) -> str:
+    """``<delta_root>/<schema>/<table>`` with the names as PostgreSQL stores them."""
+    for part in (schema, table):
+        if not part or part in (".", "..") or "/" in part or "\0" in part:
+            raise MergeInputError(
+                f"cannot place table {schema}.{table} under {delta_root}: the name {part!r} cannot be a "
+                f"directory name (it is empty, '.', '..', or has '/')"
+            )
+    return join(delta_root, schema, table)
+
+
+def app_id(slot: str) -> str:
+    """The Delta idempotent-write app id of a slot: the watermark is kept under it."""
+    return f"{APP_ID_PREFIX}{slot}"
+
+
+def read_delta_state(spark: SparkSession, path: str, slot_app_id: str) -> DeltaState:
+    """Version, watermark, schema and properties of the Delta table at ``path`` (if any)."""
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)  # type: ignore[attr-defined]
+    snapshot = delta_log.update(
+        getattr(delta_log, "update$default$1")(),
+        getattr(delta_log, "update$default$2")(),
+        getattr(delta_log, "update$default$3")(),
+    )
+    version = int(snapshot.version())
+    if version < 0:
+        return DeltaState(False, -1, None, None, {})
+    txn = snapshot.transactions().get(slot_app_id)
+    watermark = int(txn.get()) if txn.isDefined() else None
+    configuration = snapshot.metadata().configuration()
+    properties: dict[str, str] = {}
+    iterator = configuration.iterator()
+    while iterator.hasNext():
+        entry = iterator.next()
+        properties[str(entry._1())] = str(entry._2())
+    schema = StructType.fromJson(json.loads(snapshot.schema().json()))
+    return DeltaState(True, version, watermark, schema, properties)
+
+
+def _same_type(a: DataType, b: DataType) -> bool:
+    return a.simpleString() == b.simpleString()
+
+
+def plan_table(
+    schema: str,
+    table: str,
+    batches: Sequence[Batch],
+    delta_root: str,
+    state: DeltaState,
+    options: MergeOptions,
+) -> TablePlan:
+    """Decide how one table is merged, or raise :class:`MergeInputError` saying why it cannot be."""
+    path = delta_table_path(delta_root, schema, table)
+    name = f"{schema}.{table}"
+    entries = [(batch, entry) for batch in batches for entry in batch.tables if (entry.schema, entry.table) == (schema, table)]
+    latest = entries[-1][1]
+    key = latest.key
+    if not key:
+        raise MergeInputError(
+            f"table {name} has no primary key the merge can use (the manifest's key is empty, replica "
+            f"identity {latest.replica_identity or 'unknown'}): add a primary key, or set REPLICA IDENTITY "
+            f"USING INDEX on a unique index of NOT NULL columns, then re-extract. Nothing was written."
+        )
+    for batch, entry in entries:
+        if entry.key and tuple(entry.key) != tuple(key):
+            raise MergeInputError(
+                f"table {name}: the key changed from {list(entry.key)} (batch {batch.name}) to {list(key)}; "
+                f"merge these batches in separate runs or rebuild the Delta table"
+            )
+    unbounded = parse_unbounded_numeric_rule(options.unbounded_numeric)
+    columns: list[str] = []
+    types: dict[str, ColumnType] = {}
+    for batch, entry in entries:
+        for column in entry.columns:
+            if column.name.startswith("_pg_"):
+                raise MergeInputError(f"table {name}: source column {column.name!r} collides with the _pg_ metadata columns")
+            try:
+                mapped = map_catalog_type(
+                    column.catalog_type, unbounded_numeric=unbounded, type_overrides=options.type_overrides
+                )
+            except UnmappedTypeError as error:
+                raise MergeInputError(f"table {name} column {column.name!r}: {error}") from None
+            if column.name in types and not _same_type(types[column.name].delta_type, mapped.delta_type):
+                raise MergeInputError(
+                    f"table {name} column {column.name!r} changed type from {types[column.name].catalog_type!r} "
+                    f"to {column.catalog_type!r} between batches; type changes are not supported"
+                )
+            if column.name not in types:
+                columns.append(column.name)
+            types[column.name] = mapped
+    missing_key = [k for k in key if k not in types]
+    if missing_key:
+        raise MergeInputError(f"table {name}: key column(s) {missing_key} are not among the manifest's columns")
+    lowered: dict[str, str] = {}
+    for column in columns:
+        other = lowered.setdefault(column.lower(), column)
+        if other != column:
+            raise MergeInputError(
+                f"table {name}: columns {other!r} and {column!r} differ only in case, which Delta cannot store"
+            )
+
+    new_columns: tuple[str, ...] = ()
+    not_written: tuple[str, ...] = ()
+    if state.exists and state.schema is not None:
+        delta_fields = {f.name: f for f in state.schema.fields}
+        recorded_key = state.properties.get(KEY_PROPERTY)
+        if recorded_key is not None and json.loads(recorded_key) != list(key):
+            raise MergeInputError(
+                f"table {name}: the Delta table at {path} is keyed on {json.loads(recorded_key)}, the source now on "
+                f"{list(key)}; a key change needs the Delta table rebuilt"
+            )
+        for column in columns:
+            if column in delta_fields and not _same_type(delta_fields[column].dataType, types[column].delta_type):
+                raise MergeInputError(
+                    f"table {name} column {column!r}: Delta has {delta_fields[column].dataType.simpleString()}, "
+                    f"the source's {types[column].catalog_type!r} maps to {types[column].delta_type.simpleString()}; "
+                    f"type changes are not supported"
+                )
+        new_columns = tuple(c for c in columns if c not in delta_fields)
+        missing_in_delta = [k for k in key if k in new_columns]
+        if missing_in_delta:
+            raise MergeInputError(f"table {name}: key column(s) {missing_in_delta} are not in the Delta table at {path}")
+        not_written = tuple(
+            f.name for f in state.schema.fields if f.name not in types and f.name not in METADATA_COLUMNS
+        )
+
+    plan = TablePlan(
+        schema=schema, table=table, path=path, key=tuple(key), columns=tuple(columns), types=types,
+        segments=[], state=state, new_columns=new_columns, not_written=not_written,
+    )
+    applied_through = state.watermark if state.watermark is not None else -1
+    entry_of = {id(batch): entry for batch, entry in entries}
+    for batch in batches:
+        entry = entry_of.get(id(batch))
+        if entry is not None:
+            if batch.end_lsn <= applied_through or (
+                entry.max_commit_lsn is not None and entry.max_commit_lsn <= applied_through
+            ):
+                plan.skipped.append(batch.name)
+                log.warning(
+                    "table %s: batch %s (%s) is already applied: the table holds changes through LSN %s; skipped",
+                    name, batch.name, batch.directory, Lsn(applied_through),
+                )
+            elif entry.files:
+                plan.segments.append(Segment(batch, entry, applied_through))
+                plan.watermark_after = max(plan.watermark_after, int(batch.end_lsn))
+        applied_through = max(applied_through, int(batch.end_lsn))
+    return plan
+
+
+def plan_merge(
+    spark: SparkSession, batches: Sequence[Batch], delta_root: str, options: MergeOptions
+) -> list[TablePlan]:
+    """Plan every table of ``batches`` (in LSN order); raises before anything is written."""
+    names: list[tuple[str, str]] = []
+    for batch in batches:
+        for entry in batch.tables:
+            if (entry.schema, entry.table) not in names:
+                names.append((entry.schema, entry.table))
+    slot_app_id = app_id(batches[0].slot)
+    plans = []
+    for schema, table in names:
+        path = delta_table_path(delta_root, schema, table)
+        plans.append(plan_table(schema, table, batches, delta_root, read_delta_state(spark, path, slot_app_id), options))
+    return plans
+
+
+# --------------------------------------------------------------------------------------------
+# Reading staged changes
+# --------------------------------------------------------------------------------------------
+
+
+def _staged_columns(spark: SparkSession, file: str) -> list[str]:
+    if is_local(file):
+        import pyarrow.parquet as pq
+
+        return list(pq.read_schema(file[5:] if file.startswith("file:") else file).names)
+    return list(spark.read.parquet(file).columns)
+
+
+def _is_special(value: Column) -> Column:
+    return value.isin(*NUMERIC_SPECIAL_VALUES)
+
+
+def _convert(value: Column, column_type: ColumnType) -> Column:
+    """A staged value as its Delta type (NaN/Infinity numeric becomes NULL)."""
+    target = column_type.delta_type
+    if column_type.is_numeric_text:
+        if column_type.element is not None:
+            element_type = column_type.element.delta_type
+            return F.transform(value, lambda x: F.when(_is_special(x), F.lit(None)).otherwise(x.cast(element_type)))
+        return F.when(_is_special(value), F.lit(None).cast(target)).otherwise(value.cast(target))
+    return value.cast(target)
+
+
+def _numeric_lossy(value: Column, decimal: DecimalType) -> Column:
+    """True when decimal text has more integer or fraction digits than ``decimal`` holds."""
+    integer = F.regexp_replace(F.regexp_extract(value, r"^[-+]?0*(\d*)", 1), r"^0+", "")
+    fraction = F.regexp_replace(F.regexp_extract(value, r"\.(\d*)$", 1), r"0+$", "")
+    return ~_is_special(value) & (
+        (F.length(integer) > decimal.precision - decimal.scale) | (F.length(fraction) > decimal.scale)
+    )
+
+
+def _diagnostics(value: Column, column_type: ColumnType) -> tuple[Column, Column]:
+    """(is NaN/Infinity, does not fit) for a numeric column staged as text."""
+    decimal = column_type.element.delta_type if column_type.element is not None else column_type.delta_type
+    assert isinstance(decimal, DecimalType)
+    if column_type.element is not None:
+        return (
+            F.coalesce(F.exists(value, _is_special), F.lit(False)),
+            F.coalesce(F.exists(value, lambda x: _numeric_lossy(x, decimal)), F.lit(False)),
+        )
+    return F.coalesce(_is_special(value), F.lit(False)), F.coalesce(_numeric_lossy(value, decimal), F.lit(False))
+
+
+def special_name(index: int) -> str:
+    return f"__special_{index}"
+
+
+def lossy_name(index: int) -> str:
+    return f"__lossy_{index}"
+
+
+def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
+    """The table's staged changes of every segment, typed as in Delta, one row per change.
+
+    Columns: the source columns (Delta types), the metadata columns, ``__lsn``, ``__seq``,
+    ``__op``, ``__keep`` (columns this change must not write), ``__old_<i>`` (old key) and
+    numeric diagnostics. Rows already applied (commit LSN at or below the segment's
+    ``applied_through``) are left out.
+    """
+    numeric_columns = [c for c in plan.columns if plan.types[c].is_numeric_text]
+    frames: list[DataFrame] = []
+    for segment in plan.segments:
+        manifest_columns = {c.name for c in segment.staged.columns}
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for file in segment.staged.files:
+            groups.setdefault(tuple(_staged_columns(spark, file)), []).append(file)
+        for staged_names, files in groups.items():
+            frame = spark.read.parquet(*files)
+            present = [c for c in plan.columns if c in staged_names and c in manifest_columns]
+            for column in present:
+                staged_type = frame.schema[column].dataType
+                if not staged_type_matches(plan.types[column], staged_type):
+                    raise MergeInputError(
+                        f"table {plan.name} column {column!r} in {files[0]}: staged as {staged_type.simpleString()}, "
+                        f"but catalog type {plan.types[column].catalog_type!r} is staged as "
+                        f"{' or '.join(t.simpleString() for t in plan.types[column].staged_types)}"
+                    )
+            absent = [c for c in plan.value_columns if c not in present]
+            missing_key = [k for k in plan.key if k not in present]
+            if missing_key:
+                raise MergeInputError(f"table {plan.name}: staged file {files[0]} has no key column(s) {missing_key}")
+            old_fields = (
+                {f.name for f in frame.schema["_pg_old"].dataType.fields}  # type: ignore[attr-defined]
+                if "_pg_old" in staged_names and isinstance(frame.schema["_pg_old"].dataType, StructType)
+                else set()
+            )
+            toast = (
+                F.coalesce(F.col("_pg_unchanged_toast"), F.array().cast("array<string>"))
+                if "_pg_unchanged_toast" in staged_names
+                else F.array().cast("array<string>")
+            )
+            keep = F.when(
+                F.col("_pg_op") == "I", F.array().cast("array<string>")
+            ).otherwise(F.array_distinct(F.concat(toast, F.array(*[F.lit(c) for c in absent]).cast("array<string>"))))
+            selected: list[Column] = [
+                F.col(COMMIT_LSN).cast("bigint").alias(LSN),
+                F.col("_pg_seq").cast("int").alias(SEQ),
+                F.col("_pg_op").alias(OP),
+                keep.alias(KEEP),
+                F.col(COMMIT_LSN).cast("bigint").alias(COMMIT_LSN),
+                (F.col(COMMIT_TIME).cast("timestamp") if COMMIT_TIME in staged_names else F.lit(None).cast("timestamp")).alias(COMMIT_TIME),
+                (F.col("_pg_xid").cast("bigint") if "_pg_xid" in staged_names else F.lit(None).cast("bigint")).alias(XID),
+            ]
+            for column in plan.columns:
+                delta_type = plan.types[column].delta_type
+                value = _convert(col(column), plan.types[column]) if column in present else F.lit(None).cast(delta_type)
+                selected.append(value.alias(column))
+            for index, key_column in enumerate(plan.key):
+                old = (
+                    _convert(F.col("_pg_old").getField(key_column), plan.types[key_column])
+                    if key_column in old_fields
+                    else F.lit(None).cast(plan.types[key_column].delta_type)
+                )
+                selected.append(old.alias(old_key_name(index)))
+            for index, column in enumerate(numeric_columns):
+                if column in present:
+                    special, lossy = _diagnostics(col(column), plan.types[column])
+                    if not plan.types[column].may_lose_digits:
+                        # numeric(p,s): PostgreSQL already rounded to the scale, it always fits.
+                        lossy = F.lit(False)
+                else:
+                    special, lossy = F.lit(False), F.lit(False)
+                selected += [special.alias(special_name(index)), lossy.alias(lossy_name(index))]
+            events = frame.select(*selected)
+            if segment.applied_through >= 0:
+                events = events.where(F.col(LSN) > F.lit(segment.applied_through))
+            frames.append(events)
+    result = frames[0]
+    for frame in frames[1:]:
+        result = result.unionByName(frame)
+    return result
+
+
+def profile_events(events: DataFrame, plan: TablePlan, key_bounds: tuple[int, int] | None = None) -> Profile:
+    """One aggregate pass: counts, the last TRUNCATE, kept columns, bad keys, numeric trouble, key ranges."""
+    numeric_columns = [c for c in plan.columns if plan.types[c].is_numeric_text]
+    upsert = F.col(OP).isin("I", "U")
+    any_new_key_null = F.lit(False)
+    any_old_key_null = F.lit(False)
+    for index, key_column in enumerate(plan.key):
+        any_new_key_null = any_new_key_null | col(key_column).isNull()
+        any_old_key_null = any_old_key_null | F.col(old_key_name(index)).isNull()
+    truncate_order = F.when(F.col(OP) == "T", collapse.order_of())
+    aggregates: list[Column] = [
+        F.count(F.lit(1)).alias("changes"),
+        F.sum(F.when(F.col(OP) == "I", 1).otherwise(0)).alias("inserts"),
+        F.sum(F.when(F.col(OP) == "U", 1).otherwise(0)).alias("updates"),
+        F.sum(F.when(F.col(OP) == "D", 1).otherwise(0)).alias("deletes"),
+        F.sum(F.when(F.col(OP) == "T", 1).otherwise(0)).alias("truncates"),
+        F.max(truncate_order).alias("truncate_at"),
+        F.array_distinct(F.flatten(F.collect_set(F.when(upsert, F.col(KEEP))))).alias("keep_columns"),
+        F.sum(
+            F.when((F.col(OP) == "U") & collapse.key_changed(plan.key) & (F.size(F.col(KEEP)) > 0), 1).otherwise(0)
+        ).alias("keep_moves"),
+        F.sum(
+            F.when((upsert & any_new_key_null) | ((F.col(OP) == "D") & any_old_key_null), 1).otherwise(0)
+        ).alias("null_keys"),
+        F.sum(F.when(~F.col(OP).isin("I", "U", "D", "T"), 1).otherwise(0)).alias("unknown_ops"),
+    ]
+    for index in range(len(numeric_columns)):
+        aggregates.append(F.sum(F.col(special_name(index)).cast("int")).alias(special_name(index)))
+        aggregates.append(F.sum(F.col(lossy_name(index)).cast("int")).alias(lossy_name(index)))
+    single_key = plan.key[0] if len(plan.key) == 1 else None
+    if single_key is not None:
+        aggregates.append(F.min(F.least(col(single_key), F.col(old_key_name(0)))).alias("key_min"))
+        aggregates.append(F.max(F.greatest(col(single_key), F.col(old_key_name(0)))).alias("key_max"))
+    # With the key's bounds known from the staged files' statistics, the same pass also
+    # groups keys into buckets: each bucket's (min, max) is a key range for file skipping.
+    bucket: Column = F.lit(0)
+    if single_key is not None and key_bounds is not None:
+        low, high = key_bounds
+        width = max(1, -(-(high - low + 1) // KEY_BUCKETS))
+        bucket = F.floor((F.coalesce(col(single_key), F.col(old_key_name(0))) - F.lit(low)) / F.lit(width))
+    rows = events.groupBy(bucket.alias("__bucket")).agg(*aggregates).collect()
+
+    def total(name: str) -> int:
+        return sum(row[name] or 0 for row in rows)
+
+    truncates = [row["truncate_at"] for row in rows if row["truncate_at"] is not None]
+    truncate_at = max(((int(t["lsn"]), int(t["seq"])) for t in truncates), default=None)
+    kept = {column for row in rows for column in (row["keep_columns"] or ())}
+    keep_columns = tuple(c for c in plan.value_columns if c in kept)
+    if total("unknown_ops"):
+        raise MergeInputError(f"table {plan.name}: {total('unknown_ops')} staged change(s) have an _pg_op other than I, U, D, T")
+    ranges: list[tuple[Any, Any]] | None = None
+    key_min = key_max = None
+    if single_key is not None:
+        bounded = [(row["key_min"], row["key_max"]) for row in rows if row["key_min"] is not None]
+        if bounded:
+            key_min, key_max = min(lo for lo, _ in bounded), max(hi for _, hi in bounded)
+            ranges = merge_ranges(bounded) if key_bounds is not None else [(key_min, key_max)]
+    return Profile(
+        changes=total("changes"),
+        inserts=total("inserts"),
+        updates=total("updates"),
+        deletes=total("deletes"),
+        truncates=total("truncates"),
+        truncate_at=truncate_at,
+        keep_columns=keep_columns,
+        keep_moves=total("keep_moves"),
+        null_keys=total("null_keys"),
+        specials={c: total(special_name(i)) for i, c in enumerate(numeric_columns) if total(special_name(i))},
+        lossy={c: total(lossy_name(i)) for i, c in enumerate(numeric_columns) if total(lossy_name(i))},
+        key_min=key_min,
+        key_max=key_max,
+        key_ranges=ranges,
+    )
+
+
+def staged_key_bounds(plan: TablePlan) -> tuple[int, int] | None:
+    """Min and max of an integer key over the staged files, from their Parquet statistics.
+
+    Reads only file footers (local files); ``None`` when a statistic is missing.
+    """
+    if len(plan.key) != 1 or not isinstance(plan.types[plan.key[0]].delta_type, (ShortType, IntegerType, LongType)):
+        return None
+    import pyarrow.parquet as pq
+
+    key = plan.key[0]
+    low: int | None = None
+    high: int | None = None
+    for segment in plan.segments:
+        for file in segment.staged.files:
+            if not is_local(file):
+                return None
+            metadata = pq.ParquetFile(file[5:] if file.startswith("file:") else file).metadata
+            paths = {key, f"_pg_old.{key}"}
+            for group in range(metadata.num_row_groups):
+                row_group = metadata.row_group(group)
+                for index in range(row_group.num_columns):
+                    column = row_group.column(index)
+                    if column.path_in_schema not in paths:
+                        continue
+                    stats = column.statistics
+                    if stats is None or not stats.has_min_max:
+                        if stats is not None and stats.null_count == row_group.num_rows:
+                            continue
+                        return None
+                    low = stats.min if low is None else min(low, stats.min)
+                    high = stats.max if high is None else max(high, stats.max)
+    if low is None or high is None:
+        return None
+    return int(low), int(high)
+
+
+def check_profile(plan: TablePlan, profile: Profile, options: MergeOptions) -> None:
+    """Raise :class:`MergeInputError` for changes the merge must not apply."""
+    if profile.null_keys:
+        raise MergeInputError(
+            f"table {plan.name}: {profile.null_keys} change(s) have a NULL key ({list(plan.key)}), or a DELETE/"
+            f"key-changing UPDATE without its old key; the key must identify every row (check the replica identity)"
+        )
+    if profile.lossy:
+        raise MergeInputError(
+            f"table {plan.name}: numeric values do not fit the unbounded-numeric mapping "
+            f"{options.unbounded_numeric} without losing digits: {profile.lossy} value(s) per column. Declare the "
+            f"column numeric(p,s), or run with --unbounded-numeric string (or a wider decimal)."
+        )
+    if profile.specials and options.numeric_special == "error":
+        raise MergeInputError(
+            f"table {plan.name}: numeric NaN/Infinity cannot be stored in a decimal column: {profile.specials} "
+            f"value(s) per column (run with --numeric-special null to store NULL instead)"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Building the MERGE
+# --------------------------------------------------------------------------------------------
+
+
+def merge_source(
+    spark: SparkSession, events: DataFrame, plan: TablePlan, profile: Profile
+) -> DataFrame:
+    """The last state per key (one row per key), with keep flags for unchanged-TOAST columns."""
+    if profile.truncate_at is not None:
+        events = events.where(collapse.after(*profile.truncate_at))
+    spec = CollapseInput(key=plan.key, value_columns=plan.value_columns, keep_columns=profile.keep_columns)
+    effects = collapse.effects_of(events, spec)
+    allow_keep = profile.truncate_at is None and plan.state.exists
+    if profile.keep_moves and profile.keep_columns:
+        target = spark.read.format("delta").load(plan.path) if plan.state.exists and allow_keep else None
+        return collapse.collapse_with_lineage(effects, spec, target, allow_keep=allow_keep)
+    return collapse.collapse_simple(effects, spec, allow_keep=allow_keep)
+
+
+def merge_ranges(ranges: Sequence[tuple[Any, Any]], max_ranges: int = MAX_KEY_RANGES) -> list[tuple[Any, Any]]:
+    """Sort closed ranges, merge overlapping ones, then close the smallest gaps until at most
+    ``max_ranges`` remain. Every key of every input range stays covered."""
+    merged: list[tuple[Any, Any]] = []
+    for low, high in sorted(ranges):
+        if merged and low <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+        else:
+            merged.append((low, high))
+    while len(merged) > max_ranges:
+        gaps = sorted(range(len(merged) - 1), key=lambda i: (merged[i + 1][0] - merged[i][1], i))
+        close = set(gaps[: len(merged) - max_ranges])
+        result: list[tuple[Any, Any]] = []
+        for index, current in enumerate(merged):
+            if result and (index - 1) in close:
+                result[-1] = (result[-1][0], current[1])
+            else:
+                result.append(current)
+        merged = result
+    return merged
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        raise TypeError(value)
+    if isinstance(value, int):
+        return str(value)
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def merge_condition(plan: TablePlan, ranges: Sequence[tuple[Any, Any]] | None) -> str:
+    """The MERGE's ON condition: key equality, plus the batch's key ranges for file skipping."""
+    condition = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in plan.key)
+    if ranges:
+        key = f"t.{quote(plan.key[0])}"
+        alternatives = " OR ".join(f"({key} BETWEEN {_literal(lo)} AND {_literal(hi)})" for lo, hi in ranges)
+        condition = f"({alternatives}) AND {condition}"
+    return condition
+
+
+def ensure_table(spark: SparkSession, plan: TablePlan, options: MergeOptions) -> bool:
+    """Create the Delta table, or add the source's new columns. Returns True when created."""
+    from delta.tables import DeltaTable
+
+    def field_of(column: str) -> StructField:
+        return StructField(
+            column, plan.types[column].delta_type, column not in plan.key,
+            {"comment": f"PostgreSQL {plan.types[column].catalog_type}"},
+        )
+
+    if not plan.state.exists:
+        builder = DeltaTable.createIfNotExists(spark).location(plan.path)
+        builder = builder.addColumns(StructType([field_of(c) for c in plan.columns] + list(METADATA_FIELDS)))
+        properties = dict(options.table_properties)
+        properties[KEY_PROPERTY] = json.dumps(list(plan.key))
+        properties[SOURCE_PROPERTY] = plan.name
+        for name, value in properties.items():
+            builder = builder.property(name, value)
+        builder.execute()
+        log.info("table %s: created Delta table %s", plan.name, plan.path)
+        return True
+    if plan.new_columns:
+        added = ", ".join(
+            f"{quote(c)} {plan.types[c].delta_type.simpleString()} COMMENT {_literal('PostgreSQL ' + plan.types[c].catalog_type)}"
+            for c in plan.new_columns
+        )
+        spark.sql(f"ALTER TABLE delta.{quote(plan.path)} ADD COLUMNS ({added})")
+        log.info("table %s: added column(s) %s", plan.name, list(plan.new_columns))
+    return False
+
+
+def run_merge(
+    spark: SparkSession, plan: TablePlan, source: DataFrame, profile: Profile, slot: str, options: MergeOptions
+) -> None:
+    """The one MERGE of this table, recording the watermark in the same Delta commit."""
+    from delta.tables import DeltaTable
+
+    keep_index = {c: i for i, c in enumerate(profile.keep_columns)}
+    update_set: dict[str, str] = {}
+    insert_values: dict[str, str] = {}
+    for column in plan.columns:
+        insert_values[quote(column)] = f"s.{quote(column)}"
+        if column in plan.key:
+            continue
+        if column in keep_index:
+            flag = collapse.keep_flag_name(keep_index[column])
+            update_set[quote(column)] = f"CASE WHEN s.{flag} THEN t.{quote(column)} ELSE s.{quote(column)} END"
+        else:
+            update_set[quote(column)] = f"s.{quote(column)}"
+    for column in METADATA_COLUMNS:
+        update_set[quote(column)] = f"s.{quote(column)}"
+        insert_values[quote(column)] = f"s.{quote(column)}"
+    newer = f"t.{COMMIT_LSN} < s.{COMMIT_LSN}"
+    ranges = None
+    if options.key_range_pruning and profile.truncate_at is None and len(plan.key) == 1 and plan.state.exists:
+        ranges = profile.key_ranges
+    builder = (
+        DeltaTable.forPath(spark, plan.path).alias("t")
+        .merge(source.alias("s"), merge_condition(plan, ranges))
+        .whenMatchedDelete(f"s.{KIND} = 'D' AND {newer}")
+        .whenMatchedUpdate(f"s.{KIND} = 'U' AND {newer}", update_set)
+        .whenNotMatchedInsert(f"s.{KIND} = 'U'", insert_values)
+    )
+    if profile.truncate_at is not None:
+        builder = builder.whenNotMatchedBySourceDelete(f"t.{COMMIT_LSN} < {profile.truncate_at[0]}")
+    spark.conf.set(TXN_APP_ID_CONF, app_id(slot))
+    spark.conf.set(TXN_VERSION_CONF, str(plan.watermark_after))
+    try:
+        builder.execute()
+    finally:
+        spark.conf.unset(TXN_APP_ID_CONF)
+        spark.conf.unset(TXN_VERSION_CONF)
+
+
+def _last_commit(spark: SparkSession, path: str) -> tuple[int, dict[str, int]]:
+    """The table's latest version, and its row counts when that commit is a MERGE (read from the log only)."""
+    from delta.tables import DeltaTable
+
+    row = DeltaTable.forPath(spark, path).history(1).collect()[0]
+    if row["operation"] != "MERGE":
+        return int(row["version"]), {}
+    metrics = row["operationMetrics"] or {}
+    return int(row["version"]), {
+        "inserted": int(metrics.get("numTargetRowsInserted", 0)),
+        "updated": int(metrics.get("numTargetRowsUpdated", 0)),
+        "deleted": int(metrics.get("numTargetRowsDeleted", 0)),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points
+# --------------------------------------------------------------------------------------------
+
+
+def merge_batches(
+    spark: SparkSession,
+    batch_dirs: Iterable[str],
+    delta_root: str,
+    options: MergeOptions | None = None,
+) -> dict[str, Any]:
+    """Merge staged batches (in LSN order) into ``<delta_root>/<schema>/<table>``.
+
+    Returns ``{"slot", "batches", "end_lsn", "tables": {"schema.table": {...}}}`` where each
+    table entry has ``status`` ("merged" or "skipped"), ``reason``, ``inserted``, ``updated``,
+    ``deleted``, ``changes``, ``changes_already_applied``, ``delta_version``, ``watermark_lsn``...
+    Bad input raises (:class:`BatchError`, :class:`MergeInputError`) before anything is written.
+    """
+    options = options or MergeOptions()
+    batches = read_batches(list(batch_dirs))
+    slot = batches[0].slot
+    plans = plan_merge(spark, batches, delta_root, options)
+
+    prepared: list[tuple[TablePlan, DataFrame | None, Profile | None]] = []
+    for plan in plans:
+        if not plan.segments:
+            prepared.append((plan, None, None))
+            continue
+        events = staged_events(spark, plan)
+        profile = profile_events(events, plan, staged_key_bounds(plan))
+        check_profile(plan, profile, options)
+        prepared.append((plan, events, profile))
+
+    results: dict[str, TableResult] = {}
+    for plan, events, profile in prepared:
+        staged_rows = sum(segment.staged.rows for segment in plan.segments)
+        skipped_rows = sum(
+            entry.rows for batch in batches for entry in batch.tables
+            if (entry.schema, entry.table) == (plan.schema, plan.table) and batch.name in plan.skipped
+        )
+        result = TableResult(
+            delta_path=plan.path, status="skipped", batches_skipped=list(plan.skipped),
+            delta_version=plan.state.version,
+            watermark_lsn=str(Lsn(plan.state.watermark)) if plan.state.watermark is not None else None,
+            columns_not_written=list(plan.not_written),
+        )
+        results[plan.name] = result
+        if events is None or profile is None:
+            result.reason = "already applied" if plan.skipped else "no changes"
+            result.changes_already_applied = skipped_rows
+            continue
+        result.changes = profile.changes
+        result.changes_already_applied = skipped_rows + max(0, staged_rows - profile.changes)
+        if result.changes_already_applied:
+            log.warning(
+                "table %s: %d change(s) at or below LSN %s are already applied and were left out",
+                plan.name, result.changes_already_applied, result.watermark_lsn,
+            )
+        if profile.changes == 0:
+            result.reason = "already applied"
+            continue
+        if profile.specials:
+            log.warning(
+                "table %s: numeric NaN/Infinity stored as NULL (decimal cannot hold them): %s",
+                plan.name, profile.specials,
+            )
+            result.numeric_specials_nulled = dict(profile.specials)
+        if plan.not_written:
+            log.warning("table %s: column(s) %s are no longer in the source; kept in Delta, not written",
+                        plan.name, list(plan.not_written))
+        result.created = ensure_table(spark, plan, options)
+        result.columns_added = list(plan.new_columns)
+        if result.created or plan.new_columns:
+            version_before, _ = _last_commit(spark, plan.path)
+        else:
+            version_before = plan.state.version
+        source = merge_source(spark, events, plan, profile)
+        run_merge(spark, plan, source, profile, slot, options)
+        version_after, metrics = _last_commit(spark, plan.path)
+        result.delta_version = version_after
+        if version_after == version_before:
+            # Delta's own idempotent-write check (same app id, version not newer) skipped it:
+            # another run merged these changes since this one planned.
+            result.reason = "already applied (Delta transaction id)"
+            continue
+        result.watermark_lsn = str(Lsn(plan.watermark_after))
+        result.status = "merged"
+        result.truncated = profile.truncate_at is not None
+        for name, value in metrics.items():
+            setattr(result, name, value)
+        log.info(
+            "table %s: merged %d change(s) through LSN %s: %d inserted, %d updated, %d deleted%s (Delta version %d)",
+            plan.name, profile.changes, result.watermark_lsn, result.inserted, result.updated, result.deleted,
+            ", after a TRUNCATE" if result.truncated else "", version_after,
+        )
+
+    return {
+        "slot": slot,
+        "batches": [
+            {"directory": b.directory, "start_lsn": str(b.start_lsn), "end_lsn": str(b.end_lsn)} for b in batches
+        ],
+        "end_lsn": str(max(b.end_lsn for b in batches)),
+        "tables": {name: asdict(result) for name, result in results.items()},
+    }
+
+
+def _parse_type_map(pairs: Sequence[str]) -> dict[str, str]:
+    overrides: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, spark_type = pair.rpartition("=")
+        if not sep or not name:
+            raise SystemExit(f"--type-map expects NAME=TYPE, got {pair!r}")
+        overrides[name.strip()] = spark_type.strip()
+    return overrides
+
+
+def build_argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="merge_job.py", description="Merge pgdecode staged batches into Delta tables, exactly once."
+    )
+    parser.add_argument("--delta-root", required=True, help="root of the Delta tables (<root>/<schema>/<table>)")
+    parser.add_argument("--batch", action="append", required=True, help="a batch directory; repeat for more")
+    parser.add_argument("--master", default=None, help="Spark master when not given by spark-submit (default local[*])")
+    parser.add_argument("--unbounded-numeric", default=DEFAULT_UNBOUNDED_NUMERIC,
+                        help="Delta type of numeric without precision: decimal(P,S) or string")
+    parser.add_argument("--numeric-special", choices=("null", "error"), default="null",
+                        help="numeric NaN/Infinity in a decimal column: store NULL (default) or fail")
+    parser.add_argument("--type-map", action="append", default=[], metavar="CATALOG_TYPE=string",
+                        help="map a user-defined type staged as text (enum, domain), e.g. mood=string")
+    parser.add_argument("--table-property", action="append", default=[], metavar="KEY=VALUE",
+                        help="Delta table property for tables the job creates (replaces the default for KEY); "
+                             "e.g. delta.enableDeletionVectors=false for readers without deletion-vector support")
+    parser.add_argument("--no-key-range-pruning", action="store_true", help="do not add key ranges to the MERGE condition")
+    parser.add_argument("--summary-json", default=None, help="also write the summary to this file")
+    parser.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_argument_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from airflow_provider_pgdecode.spark.session import build_spark_session
+
+    table_properties = dict(DEFAULT_TABLE_PROPERTIES)
+    for pair in args.table_property:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--table-property expects KEY=VALUE, got {pair!r}")
+        table_properties[key.strip()] = value.strip()
+    options = MergeOptions(
+        table_properties=table_properties,
+        unbounded_numeric=args.unbounded_numeric,
+        type_overrides=_parse_type_map(args.type_map),
+        numeric_special=args.numeric_special,
+        key_range_pruning=not args.no_key_range_pruning,
+    )
+    spark = build_spark_session(args.master)
+    try:
+        summary = merge_batches(spark, args.batch, args.delta_root, options)
+    except (BatchError, MergeInputError) as error:
+        log.error("%s", error)
+        print(json.dumps({"error": type(error).__name__, "message": str(error)}), file=sys.stderr)
+        return 2
+    finally:
+        spark.stop()
+    text = json.dumps(summary, sort_keys=True)
+    if args.summary_json:
+        with open(args.summary_json, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    print("PGDECODE_MERGE_SUMMARY " + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Spark sessions and spark-submit settings for the Delta merge job.
+
+Delta's jars are not in the ``delta-spark`` wheel: Spark's packages mechanism
+(``spark.jars.packages`` / ``--packages``) fetches them from Maven Central through Ivy.
+:func:`ivy_dir` gives a project-local Ivy directory (``spark.jars.ivy``), so every run
+after the first finds the jars in the cache and downloads nothing.
+
+Plain PySpark: importable without Airflow.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+IVY_DIR_ENV = "PGDECODE_IVY_DIR"
+"""Environment variable naming the Ivy directory (``spark.jars.ivy``) to use instead of the default."""
+
+DELTA_JARS_ENV = "PGDECODE_DELTA_JARS"
+"""Environment variable with a comma-separated list of Delta jars (or a folder of jars) to use
+instead of resolving ``spark.jars.packages`` (for machines without Maven Central)."""
+
+DELTA_PACKAGE_ENV = "PGDECODE_DELTA_PACKAGE"
+"""Environment variable overriding the Maven coordinates of Delta's Spark artifact."""
+
+DELTA_JAR_VERSION = "4.4.0"
+"""Delta release whose jars the job loads. The Python package is delta-spark 4.4.1, but 4.4.1's
+jars are not published on Maven Central (its metadata lists 4.4.0 as the latest release), so the
+jar version is pinned here rather than read from the installed wheel. 4.4.0 is built for Spark 4.2.0."""
+
+DEFAULT_MASTER = "local[*]"
+DEFAULT_SHUFFLE_PARTITIONS = 8
+SCALA_BINARY_VERSION = "2.13"
+
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+
+def delta_maven_coordinates() -> str:
+    """The Maven coordinates of Delta's Spark artifact for the installed pyspark.
+
+    From Delta 4.1 the artifact name carries the Spark minor version:
+    ``io.delta:delta-spark_<spark major.minor>_2.13:<delta version>``.
+    ``$PGDECODE_DELTA_PACKAGE`` overrides the whole string.
+    """
+    configured = os.environ.get(DELTA_PACKAGE_ENV)
+    if configured:
+        return configured.strip()
+    import pyspark
+
+    spark_minor = ".".join(pyspark.__version__.split(".")[:2])
+    return f"io.delta:delta-spark_{spark_minor}_{SCALA_BINARY_VERSION}:{DELTA_JAR_VERSION}"
+
+
+def project_root() -> Path | None:
+    """The source checkout holding this package, or ``None`` for an installed (non-editable) copy."""
+    candidate = _PACKAGE_DIR.parent
+    if (candidate / "setup.cfg").is_file() or (candidate / "pyproject.toml").is_file():
+        return candidate
+    return None
+
+
+def ivy_dir() -> Path:
+    """The Ivy directory for Delta's jars.
+
+    ``$PGDECODE_IVY_DIR`` when set; else ``<checkout>/.cache/ivy`` when the package runs from
+    a source checkout; else ``$XDG_CACHE_HOME/pgdecode/ivy`` (``~/.cache/pgdecode/ivy``).
+    """
+    configured = os.environ.get(IVY_DIR_ENV)
+    if configured:
+        return Path(configured).expanduser().resolve()
+    root = project_root()
+    if root is not None:
+        return root / ".cache" / "ivy"
+    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache_home) / "pgdecode" / "ivy"
+
+
+def delta_jar_list() -> list[str] | None:
+    """Jars named by ``$PGDECODE_DELTA_JARS`` (a comma-separated list or a folder), or ``None``."""
+    configured = os.environ.get(DELTA_JARS_ENV)
+    if not configured:
+        return None
+    entries = [entry.strip() for entry in configured.split(",") if entry.strip()]
+    jars: list[str] = []
+    for entry in entries:
+        path = Path(entry).expanduser()
+        if path.is_dir():
+            jars.extend(str(jar) for jar in sorted(path.glob("*.jar")))
+        else:
+            jars.append(str(path))
+    if not jars:
+        raise RuntimeError(f"${DELTA_JARS_ENV}={configured!r} names no jar files")
+    return jars
+
+
+def delta_spark_conf(
+    *,
+    shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
+    ivy: Path | None = None,
+) -> dict[str, str]:
+    """The Spark configuration every run of the merge job needs (also usable as ``--conf`` pairs)."""
+    conf: dict[str, str] = {
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        # Delta rebuilds a table's state (files, transaction ids) with this many tasks; its
+        # default of 50 makes every snapshot cost seconds on a small cluster.
+        "spark.databricks.delta.snapshotPartitions": str(shuffle_partitions),
+        # Timestamps are UTC end to end: staged timestamptz is UTC, and timestamp without
+        # time zone is kept as its wall-clock time read as UTC.
+        "spark.sql.session.timeZone": "UTC",
+        # PostgreSQL column names are case-sensitive.
+        "spark.sql.caseSensitive": "true",
+    }
+    jars = delta_jar_list()
+    if jars is not None:
+        conf["spark.jars"] = ",".join(jars)
+    else:
+        conf["spark.jars.packages"] = delta_maven_coordinates()
+        conf["spark.jars.ivy"] = str(ivy or ivy_dir())
+    return conf
+
+
+def spark_submit_env() -> dict[str, str]:
+    """Environment for a ``spark-submit`` child process run from this Python (pitfall P2)."""
+    import pyspark
+
+    env = dict(os.environ)
+    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    env["SPARK_HOME"] = os.path.dirname(pyspark.__file__)
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    return env
+
+
+def spark_bin(name: str = "spark-submit") -> str:
+    """Absolute path of a Spark launcher script (``spark-submit``, ``spark-class``) of this venv."""
+    beside_python = Path(sys.executable).parent / name
+    if beside_python.exists():
+        return str(beside_python)
+    import pyspark
+
+    return str(Path(os.path.dirname(pyspark.__file__)) / "bin" / name)
+
+
+def spark_submit_command(
+    application: str,
+    application_args: list[str],
+    *,
+    master: str = DEFAULT_MASTER,
+    driver_memory: str = "1g",
+    extra_conf: Mapping[str, str] | None = None,
+) -> list[str]:
+    """A ``spark-submit`` command line running ``application`` with Delta configured."""
+    conf = delta_spark_conf()
+    conf.update(extra_conf or {})
+    command = [spark_bin("spark-submit"), "--master", master, "--driver-memory", driver_memory]
+    for key, value in conf.items():
+        command += ["--conf", f"{key}={value}"]
+    return command + [application, *application_args]
+
+
+def launched_by_spark_submit() -> bool:
+    """True inside an application that spark-submit started (its JVM is already running)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def build_spark_session(
+    master: str | None = None,
+    *,
+    app_name: str = "pgdecode-merge",
+    extra_conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """A SparkSession with Delta Lake configured (or the active one when already running).
+
+    ``master`` defaults to spark-submit's ``--master`` when launched by it, else ``local[*]``.
+    """
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
+    elif not launched_by_spark_submit():
+        builder = builder.master(DEFAULT_MASTER)
+    conf = delta_spark_conf()
+    conf.update(extra_conf or {})
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

@@ -1,0 +1,140 @@
+#!/usr/bin/env python
+"""Fetch Delta Lake's jars (and their dependencies) into the project-local Ivy cache.
+
+    .venv/bin/python scripts/fetch_delta_jars.py [--force] [--maven]
+
+The merge job resolves ``io.delta:delta-spark_<spark>_2.13:<delta>`` through Spark's packages
+mechanism (``spark.jars.packages``) with ``spark.jars.ivy`` pointing at the project-local Ivy
+directory (``.cache/ivy``, or ``$PGDECODE_IVY_DIR``). This script does that resolution once, so
+that tests and jobs started afterwards find every jar in the cache and never go to the network.
+
+Idempotent and fast: when a previous run recorded the same coordinates and every recorded jar is
+still there, it returns in well under a second without starting a JVM.
+
+``--maven`` (also the automatic fallback when Ivy cannot resolve) copies the same artifact and
+its transitive dependencies with ``mvn dependency:copy-dependencies`` into ``.cache/delta-jars``;
+point ``$PGDECODE_DELTA_JARS`` at that folder to make the job use ``spark.jars`` instead of Ivy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from airflow_provider_pgdecode.spark import session  # noqa: E402
+
+STAMP_NAME = "pgdecode-delta-jars.json"
+
+
+def _read_stamp(stamp: Path) -> dict[str, object] | None:
+    try:
+        return json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def cached_jars(ivy: Path, coordinates: str) -> list[Path] | None:
+    """The jars a previous resolution of ``coordinates`` recorded, if all are still present."""
+    recorded = _read_stamp(ivy / STAMP_NAME)
+    if not recorded or recorded.get("coordinates") != coordinates:
+        return None
+    jars = [Path(p) for p in recorded.get("jars", [])]  # type: ignore[union-attr]
+    if not jars or not all(jar.is_file() for jar in jars):
+        return None
+    return jars
+
+
+def resolve_with_ivy(ivy: Path, coordinates: str) -> list[Path]:
+    """Start a one-thread local Spark with ``spark.jars.packages`` so Ivy fills ``ivy``."""
+    spark = session.build_spark_session(
+        "local[1]",
+        app_name="pgdecode-fetch-delta-jars",
+        extra_conf={"spark.jars.packages": coordinates, "spark.jars.ivy": str(ivy)},
+    )
+    try:
+        # A real Delta write: fails here if the Delta classes did not load.
+        with tempfile.TemporaryDirectory() as probe:
+            spark.range(1).write.format("delta").save(str(Path(probe) / "probe"))
+    finally:
+        spark.stop()
+    jars = sorted((ivy / "jars").glob("*.jar"))
+    if not any(jar.name.startswith("io.delta_delta-spark_") for jar in jars):
+        raise RuntimeError(f"Ivy finished but no delta-spark jar is in {ivy / 'jars'}")
+    return jars
+
+
+def resolve_with_maven(target: Path, coordinates: str) -> list[Path]:
+    """Copy ``coordinates`` and its runtime dependencies into ``target`` with Maven."""
+    if shutil.which("mvn") is None:
+        raise RuntimeError("mvn is not installed (apt-get install maven)")
+    group, artifact, version = coordinates.split(":")
+    pom = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>pgdecode</groupId><artifactId>delta-jars</artifactId><version>0</version>
+  <dependencies>
+    <dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId><version>{version}</version></dependency>
+  </dependencies>
+</project>
+"""
+    target.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:
+        (Path(work) / "pom.xml").write_text(pom)
+        # Spark's own jars (provided scope in Delta's POM) are excluded by includeScope=runtime.
+        subprocess.run(
+            ["mvn", "-q", "-B", "dependency:copy-dependencies", "-DincludeScope=runtime",
+             f"-DoutputDirectory={target}"],
+            cwd=work, check=True,
+        )
+    return sorted(target.glob("*.jar"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1].strip())
+    parser.add_argument("--force", action="store_true", help="resolve again even when cached")
+    parser.add_argument("--maven", action="store_true", help="use Maven instead of Ivy")
+    args = parser.parse_args(argv)
+
+    coordinates = session.delta_maven_coordinates()
+    ivy = session.ivy_dir()
+    stamp = ivy / STAMP_NAME
+    if not args.force and not args.maven:
+        jars = cached_jars(ivy, coordinates)
+        if jars is not None:
+            print(f"{coordinates}: {len(jars)} jars cached in {ivy}")
+            return 0
+
+    started = time.monotonic()
+    method = "ivy"
+    try:
+        if args.maven:
+            raise RuntimeError("--maven given")
+        ivy.mkdir(parents=True, exist_ok=True)
+        jars = resolve_with_ivy(ivy, coordinates)
+    except Exception as error:  # noqa: BLE001 - any Ivy failure falls back to Maven
+        if not args.maven:
+            print(f"Ivy could not resolve {coordinates}: {error}; trying Maven", file=sys.stderr)
+        method = "maven"
+        target = ivy.parent / "delta-jars"
+        jars = resolve_with_maven(target, coordinates)
+        print(f"{coordinates}: {len(jars)} jars copied to {target}; "
+              f"run jobs with {session.DELTA_JARS_ENV}={target}")
+        return 0
+
+    stamp.write_text(json.dumps(
+        {"coordinates": coordinates, "method": method, "jars": [str(jar) for jar in jars]},
+        indent=2, sort_keys=True,
+    ))
+    print(f"{coordinates}: {len(jars)} jars resolved into {ivy} in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

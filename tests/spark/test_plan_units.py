@@ -1,0 +1,108 @@
+"""Pure pieces of the merge job: type mapping, key-range merging, batch reading. No JVM needed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from airflow_provider_pgdecode.spark.batch import BatchError, read_batch, read_batches
+from airflow_provider_pgdecode.spark.merge_job import delta_table_path, merge_condition, merge_ranges, MergeInputError
+from airflow_provider_pgdecode.spark.session import delta_maven_coordinates, delta_spark_conf, ivy_dir
+from airflow_provider_pgdecode.spark.types import UnmappedTypeError, map_catalog_type, parse_unbounded_numeric_rule
+from tests.spark.staged import TableChanges, write_batch
+
+
+@pytest.mark.parametrize(
+    ("catalog_type", "delta_type"),
+    [
+        ("smallint", "smallint"), ("integer", "int"), ("bigint", "bigint"), ("oid", "bigint"),
+        ("real", "float"), ("double precision", "double"),
+        ("numeric(10,2)", "decimal(10,2)"), ("numeric(7)", "decimal(7,0)"), ("numeric", "decimal(38,18)"),
+        ("numeric(38,38)", "decimal(38,38)"), ("numeric(39,2)", "string"), ("numeric(5,-2)", "decimal(7,0)"),
+        ("numeric(2,5)", "decimal(5,5)"),
+        ("boolean", "boolean"), ("text", "string"), ("character varying(255)", "string"), ("character(1)", "string"),
+        ('"char"', "string"), ("date", "date"), ("timestamp with time zone", "timestamp"),
+        ("timestamp(3) with time zone", "timestamp"), ("timestamp without time zone", "timestamp"),
+        ("time(6) without time zone", "string"), ("interval day to second", "string"), ("uuid", "string"),
+        ("json", "string"), ("jsonb", "string"), ("bytea", "binary"), ("inet", "string"), ("bit(8)", "string"),
+        ("text[]", "array<string>"), ("integer[]", "array<int>"), ("numeric(6,2)[]", "array<decimal(6,2)>"),
+        ("timestamp with time zone[]", "array<timestamp>"), ("bytea[]", "array<binary>"),
+    ],
+)
+def test_type_mapping(catalog_type: str, delta_type: str) -> None:
+    assert map_catalog_type(catalog_type).delta_type.simpleString() == delta_type
+
+
+def test_unmapped_types_and_overrides() -> None:
+    with pytest.raises(UnmappedTypeError, match=r"'geometry' has no Delta mapping.*--type-map"):
+        map_catalog_type("geometry")
+    with pytest.raises(UnmappedTypeError):
+        map_catalog_type("mood[]")
+    assert map_catalog_type("mood[]", type_overrides={"mood": "string"}).delta_type.simpleString() == "array<string>"
+    with pytest.raises(UnmappedTypeError, match="can only map to 'string'"):
+        map_catalog_type("mood", type_overrides={"mood": "int"})
+    string = parse_unbounded_numeric_rule("string")
+    assert map_catalog_type("numeric", unbounded_numeric=string).delta_type.simpleString() == "string"
+    assert map_catalog_type("numeric").may_lose_digits and not map_catalog_type("numeric(10,2)").may_lose_digits
+    with pytest.raises(ValueError):
+        parse_unbounded_numeric_rule("decimal(40,2)")
+
+
+def test_merge_ranges_closes_smallest_gaps_and_covers_every_key() -> None:
+    ranges = [(50, 60), (0, 10), (5, 12), (1000, 1000), (100, 120), (20, 30)]
+    assert merge_ranges(ranges) == [(0, 12), (20, 30), (50, 60), (100, 120), (1000, 1000)]
+    assert merge_ranges(ranges, max_ranges=2) == [(0, 120), (1000, 1000)]
+    assert merge_ranges(ranges, max_ranges=1) == [(0, 1000)]
+
+
+def test_paths_and_conditions_quote_awkward_names() -> None:
+    assert delta_table_path("/d", "My Schema", "Order$") == "/d/My Schema/Order$"
+    with pytest.raises(MergeInputError, match="cannot be a directory name"):
+        delta_table_path("/d", "public", "a/b")
+
+    class Plan:
+        key = ("we`ird id",)
+
+    assert merge_condition(Plan(), [(1, 5), (9, 9)]) == (  # type: ignore[arg-type]
+        "((t.`we``ird id` BETWEEN 1 AND 5) OR (t.`we``ird id` BETWEEN 9 AND 9)) AND t.`we``ird id` = s.`we``ird id`"
+    )
+
+
+def test_session_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    conf = delta_spark_conf()
+    assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    assert conf["spark.sql.catalog.spark_catalog"] == "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+    assert conf["spark.ui.enabled"] == "false"
+    assert conf["spark.jars.packages"] == delta_maven_coordinates() == "io.delta:delta-spark_4.2_2.13:4.4.0"
+    assert conf["spark.jars.ivy"] == str(Path(__file__).resolve().parents[2] / ".cache" / "ivy")
+    monkeypatch.setenv("PGDECODE_IVY_DIR", str(tmp_path / "ivy"))
+    assert ivy_dir() == tmp_path / "ivy"
+    monkeypatch.setenv("PGDECODE_DELTA_JARS", str(tmp_path))
+    (tmp_path / "a.jar").write_bytes(b"")
+    assert delta_spark_conf()["spark.jars"] == str(tmp_path / "a.jar") and "spark.jars.packages" not in delta_spark_conf()
+
+
+def test_read_batches_orders_by_lsn_and_checks_the_manifest(tmp_path: Path) -> None:
+    columns = [("id", "integer", pa.int32())]
+    later = write_batch(tmp_path, "s", 0x1_0000_0010, 0x1_0000_0100, [TableChanges("public", "t", columns).insert(0x1_0000_0050, id=1)])
+    earlier = write_batch(tmp_path, "s", 0x10, 0x9_0000, [TableChanges("public", "t", columns).insert(0x20, id=1)])
+    batches = read_batches([later, earlier])
+    assert [str(b.start_lsn) for b in batches] == ["0/10", "1/10"]
+    assert batches[1].tables[0].max_commit_lsn == 0x1_0000_0050
+    other_slot = write_batch(tmp_path, "other", 0x10, 0x20, [TableChanges("public", "t", columns).insert(0x20, id=1)])
+    with pytest.raises(BatchError, match="different slots"):
+        read_batches([earlier, other_slot])
+    manifest = Path(earlier) / "manifest.json"
+    document = json.loads(manifest.read_text())
+    document["format"] = "pgdecode.batch/2"
+    manifest.write_text(json.dumps(document))
+    with pytest.raises(BatchError, match="pgdecode.batch/1"):
+        read_batch(earlier)
+    document["format"] = "pgdecode.batch/1"
+    document["tables"][0]["path"] = "../../elsewhere"
+    manifest.write_text(json.dumps(document))
+    with pytest.raises(BatchError, match="leaves the batch directory"):
+        read_batch(earlier)

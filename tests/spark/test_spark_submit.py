@@ -1,0 +1,165 @@
+"""The job file run by spark-submit: in local mode, and on a real standalone cluster
+(a master and two workers started from the pip-installed pyspark with spark-class)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from contextlib import ExitStack, closing
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pytest
+
+from airflow_provider_pgdecode.spark import merge_job
+from airflow_provider_pgdecode.spark.session import spark_bin, spark_submit_command, spark_submit_env
+from tests.spark.staged import Model, TableChanges, write_batch
+
+pytestmark = pytest.mark.spark
+
+SLOT = "pgdecode_submit"
+COLUMNS = [("id", "integer", pa.int32()), ("name", "text", pa.string())]
+# A proxy that refuses every connection: proves that jars come from the project-local Ivy cache.
+NO_NETWORK = " ".join(
+    f"-D{scheme}.{prop}={value}"
+    for scheme in ("http", "https")
+    for prop, value in (("proxyHost", "127.0.0.1"), ("proxyPort", "9"))
+)
+
+
+def _changes() -> tuple[TableChanges, TableChanges]:
+    first = TableChanges("sales", "Customer List", COLUMNS)
+    for i in range(1, 41):
+        first.insert(100 + i, id=i, name=f"customer {i}")
+    second = TableChanges("sales", "Customer List", COLUMNS)
+    second.update(300, id=1, name="renamed").delete(300, id=2).truncate(400).insert(500, id=99, name="after truncate")
+    return first, second
+
+
+def _expected(first: TableChanges, second: TableChanges | None = None) -> list[dict[str, Any]]:
+    tables = [first] + ([second] if second else [])
+    return Model().apply(*tables).state(["id", "name"])
+
+
+def _delta_rows(path: str) -> list[dict[str, Any]]:
+    import deltalake
+
+    table = deltalake.DeltaTable(path)
+    rows = pa.table(deltalake.QueryBuilder().register("t", table).execute("select id, name from t order by id").read_all())
+    return rows.to_pylist()
+
+
+def _submit(master: str, args: list[str], extra_conf: dict[str, str], timeout: int = 240) -> dict[str, Any]:
+    command = spark_submit_command(str(Path(merge_job.__file__)), args, master=master, extra_conf=extra_conf)
+    completed = subprocess.run(command, env=spark_submit_env(), capture_output=True, text=True, timeout=timeout)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("PGDECODE_MERGE_SUMMARY ")]
+    assert lines, completed.stdout[-2000:] + completed.stderr[-2000:]
+    summary: dict[str, Any] = json.loads(lines[-1].split(" ", 1)[1])
+    summary["_stderr"] = completed.stderr
+    return summary
+
+
+def test_spark_submit_local_mode_offline_from_ivy_cache(tmp_path: Path) -> None:
+    first, second = _changes()
+    batch = write_batch(tmp_path / "staging", SLOT, 100, 150, [first])
+    batch2 = write_batch(tmp_path / "staging", SLOT, 150, 510, [second])
+    root = str(tmp_path / "delta")
+    summary = _submit(
+        "local[2]",
+        ["--delta-root", root, "--batch", batch2, "--batch", batch],
+        {"spark.sql.shuffle.partitions": "2", "spark.driver.extraJavaOptions": NO_NETWORK},
+    )
+    table = summary["tables"]["sales.Customer List"]
+    assert table["status"] == "merged" and table["truncated"] is True
+    assert summary["end_lsn"] == "0/1FE"
+    # Names as PostgreSQL stores them: a space in the table name, no quoting in the path.
+    path = os.path.join(root, "sales", "Customer List")
+    assert _delta_rows(path) == _expected(first, second) == [{"id": 99, "name": "after truncate"}]
+    assert "0 artifacts copied" in summary["_stderr"] or "already retrieved" in summary["_stderr"]
+
+
+def _free_port() -> int:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _master_state(ui_port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as response:
+        return json.loads(response.read())
+
+
+def _wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as error:  # noqa: BLE001 - the master is still starting
+            last_error = error
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what} (last error: {last_error})")
+
+
+@pytest.fixture()
+def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    """A Spark standalone master and two one-core workers on 127.0.0.1; stopped afterwards."""
+    env = spark_submit_env()
+    env.update({"SPARK_LOG_DIR": str(tmp_path / "logs"), "SPARK_WORKER_DIR": str(tmp_path / "work"),
+                "SPARK_LOCAL_DIRS": str(tmp_path / "local")})
+    master_port, master_ui = _free_port(), _free_port()
+    spark_class = spark_bin("spark-class")
+    with ExitStack() as stack:
+        processes: list[subprocess.Popen[bytes]] = []
+
+        def start(args: list[str], log_name: str) -> None:
+            log = stack.enter_context(open(tmp_path / log_name, "wb"))
+            processes.append(subprocess.Popen([spark_class, *args], env=env, stdout=log, stderr=subprocess.STDOUT))
+
+        try:
+            start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(master_port),
+                   "--webui-port", str(master_ui)], "master.log")
+            master_url = f"spark://127.0.0.1:{master_port}"
+            _wait_for(lambda: _master_state(master_ui)["status"] == "ALIVE", 60, "the master")
+            for index in range(2):
+                start(["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--port", str(_free_port()),
+                       "--webui-port", str(_free_port()), "--cores", "1", "--memory", "1g",
+                       "--work-dir", str(tmp_path / f"work-{index}"), master_url], f"worker-{index}.log")
+            _wait_for(lambda: _master_state(master_ui)["aliveworkers"] == 2, 60, "two workers")
+            yield master_url, master_ui
+        finally:
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                try:
+                    process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+def test_standalone_cluster_with_two_workers(standalone_cluster: tuple[str, int], tmp_path: Path) -> None:
+    master_url, master_ui = standalone_cluster
+    first, second = _changes()
+    batches = [write_batch(tmp_path / "staging", SLOT, 100, 150, [first]),
+               write_batch(tmp_path / "staging", SLOT, 150, 510, [second])]
+    root = str(tmp_path / "delta")
+    conf = {"spark.sql.shuffle.partitions": "4", "spark.executor.cores": "1", "spark.cores.max": "2",
+            "spark.executor.memory": "1g"}
+    summary = _submit(master_url, ["--delta-root", root, "--batch", batches[0], "--batch", batches[1]], conf)
+    table = summary["tables"]["sales.Customer List"]
+    assert table["status"] == "merged" and table["truncated"] is True and table["created"] is True
+    assert _delta_rows(os.path.join(root, "sales", "Customer List")) == _expected(first, second)
+    # The work ran on the cluster: the application completed there, with executors on both workers.
+    state = _master_state(master_ui)
+    apps = [app for app in state["completedapps"] if app["name"] == "pgdecode-merge"]
+    assert len(apps) == 1 and apps[0]["cores"] == 2, state["completedapps"]
+    assert len(state["workers"]) == 2
