@@ -6,6 +6,8 @@ from typing import Any
 
 from airflow_provider_pgdecode import __version__
 
+INTEGRATION = "PostgreSQL logical decoding"
+
 
 def get_provider_info() -> dict[str, Any]:
     # package-name must equal the canonical distribution name, or Airflow's provider
@@ -17,15 +19,54 @@ def get_provider_info() -> dict[str, Any]:
         "versions": [__version__],
         "integrations": [
             {
-                "integration-name": "PostgreSQL logical decoding",
+                "integration-name": INTEGRATION,
                 "external-doc-url": "https://www.postgresql.org/docs/current/logicaldecoding.html",
                 "tags": ["software"],
             }
         ],
         "hooks": [
             {
-                "integration-name": "PostgreSQL logical decoding",
+                "integration-name": INTEGRATION,
                 "python-modules": ["airflow_provider_pgdecode.hooks.pgdecode"],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": [
+                    "airflow_provider_pgdecode.operators.slot",
+                    "airflow_provider_pgdecode.operators.extract",
+                    "airflow_provider_pgdecode.operators.merge",
+                    "airflow_provider_pgdecode.operators.confirm",
+                ],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": [
+                    "airflow_provider_pgdecode.sensors.slot_changes",
+                    "airflow_provider_pgdecode.sensors.slot_health",
+                ],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["airflow_provider_pgdecode.triggers.slot_changes"],
+            }
+        ],
+        # PgDecodeHook works with ordinary `postgres` connections, but that type belongs to the
+        # Postgres provider; a `pgdecode` type (same fields) lets Airflow list the hook.
+        "connection-types": [
+            {
+                "connection-type": "pgdecode",
+                "hook-class-name": "airflow_provider_pgdecode.hooks.pgdecode.PgDecodeConnectionHook",
+                "hook-name": "PostgreSQL logical decoding (pgdecode)",
+                "ui-field-behaviour": {
+                    "hidden-fields": [],
+                    "relabeling": {"schema": "Database"},
+                },
             }
         ],
     }

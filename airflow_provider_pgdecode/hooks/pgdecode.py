@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import os
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from airflow.providers.postgres.hooks.postgres import PostgresHook
@@ -11,6 +12,10 @@ from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, ReplicaIdentity
 from airflow_provider_pgdecode.postgres.slot import PeekRows, SlotClient, SlotInfo
+
+if TYPE_CHECKING:
+    from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
+    from airflow_provider_pgdecode.staging.manifest import BatchManifest
 
 
 class PgDecodeHook(PostgresHook):
@@ -65,6 +70,15 @@ class PgDecodeHook(PostgresHook):
         if self._slot_client is not None:
             self._slot_client.conn.close()
             self._slot_client = None
+
+    def cancel(self, timeout: float = 10.0) -> None:
+        """Cancel the statement running on this hook's connection (e.g. a long peek), if any.
+
+        Safe to call from another thread; the interrupted call raises in its own thread.
+        """
+        client = self._slot_client
+        if client is not None and not client.conn.closed:
+            client.conn.cancel_safe(timeout=timeout)
 
     def create_slot(
         self, slot_name: str, plugin: str = "test_decoding", two_phase: bool = False, temporary: bool = False
@@ -138,6 +152,36 @@ class PgDecodeHook(PostgresHook):
         """The server's WAL flush position: the ceiling a peek can reach."""
         return self.get_slot_client().current_flush_lsn()
 
+    def extract_batch(
+        self,
+        slot_name: str,
+        staging_root: str | os.PathLike[str],
+        *,
+        plugin: str = "test_decoding",
+        checkpoint: Checkpoint | None = None,
+        upto_lsn: Lsn | None = None,
+        tables: Collection[str] | None = None,
+        **options: Any,
+    ) -> BatchManifest:
+        """Stage the slot's changes as one batch on this hook's connection.
+
+        Delegates to :func:`airflow_provider_pgdecode.staging.extract.extract_batch`, which
+        documents the parameters (``options``: ``chunk_rows``, ``part_rows``, ``memory_items``,
+        ``progress_every``).
+        """
+        from airflow_provider_pgdecode.staging.extract import extract_batch
+
+        return extract_batch(
+            self.get_slot_client().conn,
+            slot_name,
+            staging_root,
+            plugin=plugin,
+            checkpoint=checkpoint,
+            upto_lsn=upto_lsn,
+            tables=tables,
+            **options,
+        )
+
     def columns(self, schema: str, table: str) -> list[ColumnInfo]:
         """The table's live columns in attnum order.
 
@@ -161,3 +205,16 @@ class PgDecodeHook(PostgresHook):
         :param table: the table name as stored (unquoted).
         """
         return self.get_catalog().replica_identity(schema, table)
+
+
+class PgDecodeConnectionHook(PgDecodeHook):
+    """:class:`PgDecodeHook` registered under its own connection type, ``pgdecode``.
+
+    A ``pgdecode`` connection has the fields of a ``postgres`` one (host, port, login,
+    password, database, extras); either type works with every pgdecode hook, operator and
+    sensor. The separate type only lets Airflow list the hook (``airflow providers hooks``)
+    and offer it in the connection form, since ``postgres`` belongs to the Postgres provider.
+    """
+
+    conn_type = "pgdecode"
+    hook_name = "PostgreSQL logical decoding (pgdecode)"

@@ -1,0 +1,129 @@
+"""Confirm a merged batch: advance the slot to its end and hand the checkpoint to the next run."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import SlotError, StagingError
+from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
+from airflow_provider_pgdecode.staging.manifest import BatchManifest
+
+
+def _same_path(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+class PgDecodeConfirmOperator(BaseOperator):
+    """Advance the slot to a merged batch's end LSN and return the checkpoint for the next run.
+
+    Run it downstream of the merge task with the default trigger rule (``all_success``): the
+    slot may only move past changes that are durably in Delta. As a second guard, the task
+    checks the merge task's XCom (``merge_task_id``) of the same DAG run: the batch must be
+    among those it merged or found empty, or the task fails without touching the slot.
+
+    The slot never moves backwards (``pg_replication_slot_advance``). The return value (XCom)
+    is the checkpoint, ``Checkpoint.to_dict()``: ``slot``, ``end_lsn``, ``prepared_pending``
+    (prepared transactions still open, with the paths of their staged items) and
+    ``batch_path``; the next run's extract task starts from it.
+
+    Example::
+
+        from airflow_provider_pgdecode.operators.confirm import PgDecodeConfirmOperator
+
+        confirm = PgDecodeConfirmOperator(
+            task_id="confirm",
+            slot_name="pgdecode_shop",
+            batch_path="{{ ti.xcom_pull(task_ids='extract')['path'] }}",
+            merge_task_id="merge",
+        )
+
+    :param slot_name: the replication slot. (templated)
+    :param batch_path: the merged batch's directory. (templated)
+    :param postgres_conn_id: the Airflow connection of the slot's database. (templated)
+    :param merge_task_id: the merge task whose XCom must list the batch; ``None`` skips this
+        check (when the merge is done elsewhere). (templated)
+    """
+
+    template_fields: Sequence[str] = ("slot_name", "batch_path", "postgres_conn_id", "merge_task_id")
+    ui_color = "#e3d9f0"
+
+    def __init__(
+        self,
+        *,
+        slot_name: str,
+        batch_path: str,
+        postgres_conn_id: str = PgDecodeHook.default_conn_name,
+        merge_task_id: str | None = "merge",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.slot_name = slot_name
+        self.batch_path = batch_path
+        self.postgres_conn_id = postgres_conn_id
+        self.merge_task_id = merge_task_id
+
+    def _check_merged(self, context: Context, path: str) -> None:
+        if not self.merge_task_id:
+            return
+        merged = context["ti"].xcom_pull(task_ids=self.merge_task_id)
+        if not isinstance(merged, Mapping):
+            raise AirflowFailException(
+                f"the merge task {self.merge_task_id!r} left no result in this DAG run, so batch {path} may not be "
+                "in Delta; the slot was not advanced. Run this task downstream of the merge task, set "
+                "merge_task_id to that task's id, or merge_task_id=None if the merge is checked elsewhere"
+            )
+        handled = [*(merged.get("batches") or []), *(merged.get("skipped") or [])]
+        if not any(_same_path(path, str(done)) for done in handled):
+            raise AirflowFailException(
+                f"batch {path} is not among the batches the merge task {self.merge_task_id!r} handled "
+                f"({', '.join(map(str, handled)) or 'none'}); the slot was not advanced. Pass the same batch path "
+                "to the merge and confirm tasks"
+            )
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        path = str(self.batch_path)
+        try:
+            manifest = BatchManifest.read(path)
+        except StagingError as exc:
+            raise AirflowFailException(str(exc)) from exc
+        if manifest.slot != self.slot_name:
+            raise AirflowFailException(
+                f"batch {path} belongs to replication slot {manifest.slot!r}, not {self.slot_name!r}"
+            )
+        self._check_merged(context, path)
+        end = Lsn.parse(manifest.end_lsn)
+        with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
+            try:
+                before = hook.describe_slot(self.slot_name).confirmed_flush_lsn
+                position = hook.advance_slot(self.slot_name, end)
+            except SlotError as exc:
+                raise AirflowFailException(
+                    f"{exc}. Batch {path} is merged, but the slot could not be advanced to {end}"
+                ) from exc
+        if position > end:
+            self.log.warning(
+                "Slot %s was already at %s, beyond this batch's end %s: something else advanced it. The next "
+                "extract fails unless staged batches lead there",
+                self.slot_name,
+                position,
+                end,
+            )
+        else:
+            released = int(end) - int(before) if before is not None and end > before else 0
+            self.log.info(
+                "Confirmed slot %s: %s -> %s (%d bytes of WAL released)", self.slot_name, before, position, released
+            )
+        checkpoint = Checkpoint.from_manifest(manifest)
+        self.log.info(
+            "Checkpoint for the next run: end LSN %s, %d prepared transaction(s) pending",
+            checkpoint.end_lsn,
+            len(checkpoint.prepared_pending),
+        )
+        return checkpoint.to_dict()

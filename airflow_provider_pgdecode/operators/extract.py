@@ -1,0 +1,242 @@
+"""Extract one batch of changes from a replication slot into the staging area."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_provider_pgdecode.checkpoints import CheckpointError, reconcile
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import SlotError
+from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.postgres.slot import SlotInfo
+from airflow_provider_pgdecode.staging.manifest import BatchManifest
+
+
+def log_manifest(log: Any, manifest: BatchManifest, seconds: float | None = None) -> None:
+    """Log a batch's LSN range, transactions, rows per table and pending prepared transactions."""
+    start, end = Lsn.parse(manifest.start_lsn), Lsn.parse(manifest.end_lsn)
+    rate = f", {manifest.changes / seconds:.0f} changes/s" if seconds else ""
+    log.info(
+        "Batch %s: LSN %s to %s (%d bytes of WAL, ceiling %s): %d transactions, %d changes in %d table(s)%s",
+        manifest.path,
+        start,
+        end,
+        int(end) - int(start),
+        manifest.ceiling_lsn,
+        manifest.transactions,
+        manifest.changes,
+        len(manifest.tables),
+        rate,
+    )
+    for table in manifest.tables:
+        log.info(
+            "  %s.%s: %d rows (%d inserts, %d updates, %d deletes, %d truncates), commit LSN %s to %s",
+            table.schema,
+            table.table,
+            table.rows,
+            table.inserts,
+            table.updates,
+            table.deletes,
+            table.truncates,
+            table.min_commit_lsn,
+            table.max_commit_lsn,
+        )
+    if manifest.messages:
+        log.info("  logical decoding messages: %d", manifest.messages.get("rows", 0))
+    for entry in manifest.prepared_pending:
+        log.info(
+            "  prepared transaction %r (xid %s) still pending since %s: carried to the next batch",
+            entry.get("gid"),
+            entry.get("xid"),
+            entry.get("prepare_lsn"),
+        )
+    for entry in manifest.prepared_committed:
+        log.info("  prepared transaction %r committed at %s", entry.get("gid"), entry.get("commit_lsn"))
+    for entry in manifest.prepared_rolled_back:
+        log.info("  prepared transaction %r rolled back at %s: not staged", entry.get("gid"), entry.get("lsn"))
+
+
+class PgDecodeExtractOperator(BaseOperator):
+    """Peek a slot up to a ceiling LSN, stage the changes as one batch, return its summary.
+
+    The run starts from the previous successful run's checkpoint, pulled from XCom (the
+    return value of the confirm task, ``checkpoint_task_id``, from this or earlier DAG runs)
+    and reconciled with the slot's confirmed position
+    (:func:`airflow_provider_pgdecode.checkpoints.reconcile`): a slot behind the checkpoint
+    resumes safely; a slot ahead of everything merged fails the task with
+    :class:`AirflowFailException` and the steps to recover. The slot is only peeked, never
+    consumed: the confirm task advances it after the merge.
+
+    The batch goes to ``<staging_root>/<slot_name>/<start_lsn>-<end_lsn>/`` (Parquet per table
+    plus ``manifest.json``, see ``docs/staging-format.md``); extracting the same range again
+    gives the same batch. Returns (to XCom) the manifest summary: ``path``, ``slot``,
+    ``start_lsn``, ``end_lsn``, ``ceiling_lsn``, ``transactions``, ``changes``, ``tables``
+    (rows per ``schema.table``), ``prepared_pending``, ``has_changes`` and ``checkpoint``
+    (how the start was decided).
+
+    Example::
+
+        from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator
+
+        extract = PgDecodeExtractOperator(
+            task_id="extract",
+            slot_name="pgdecode_shop",
+            staging_root="/data/staging",
+            checkpoint_task_id="confirm",
+        )
+        # downstream: batch path "{{ ti.xcom_pull(task_ids='extract')['path'] }}"
+
+    :param slot_name: the replication slot. (templated)
+    :param staging_root: the root directory of staged batches. (templated)
+    :param plugin: the slot's output plugin (``test_decoding`` or ``pgoutput``); another
+        plugin fails the task. (templated)
+    :param postgres_conn_id: the Airflow connection of the slot's database. (templated)
+    :param checkpoint_task_id: the task whose XCom return value is the checkpoint (the
+        confirm task). (templated)
+    :param checkpoint: an explicit checkpoint dict (``Checkpoint.to_dict()``) used instead of
+        the XCom one, e.g. after a backfill. (templated)
+    :param upto_lsn: the ceiling LSN as ``X/Y``; default the server's WAL flush position when
+        the task starts. (templated)
+    :param tables: ``schema.table`` names to stage; default all tables with changes. (templated)
+    :param publication: the publication of a pgoutput slot. (templated)
+    :param extract_options: more keyword arguments of
+        :func:`~airflow_provider_pgdecode.staging.extract.extract_batch` (``chunk_rows``,
+        ``part_rows``, ``memory_items``, ``progress_every``, ...).
+    """
+
+    template_fields: Sequence[str] = (
+        "slot_name",
+        "staging_root",
+        "plugin",
+        "postgres_conn_id",
+        "checkpoint_task_id",
+        "checkpoint",
+        "upto_lsn",
+        "tables",
+        "publication",
+    )
+    ui_color = "#d9f0ea"
+
+    def __init__(
+        self,
+        *,
+        slot_name: str,
+        staging_root: str,
+        plugin: str = "test_decoding",
+        postgres_conn_id: str = PgDecodeHook.default_conn_name,
+        checkpoint_task_id: str | None = "confirm",
+        checkpoint: Mapping[str, Any] | None = None,
+        upto_lsn: str | None = None,
+        tables: Sequence[str] | None = None,
+        publication: str | None = None,
+        extract_options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.slot_name = slot_name
+        self.staging_root = staging_root
+        self.plugin = plugin
+        self.postgres_conn_id = postgres_conn_id
+        self.checkpoint_task_id = checkpoint_task_id
+        self.checkpoint = checkpoint
+        self.upto_lsn = upto_lsn
+        self.tables = tables
+        self.publication = publication
+        self.extract_options = dict(extract_options or {})
+        self._hook: PgDecodeHook | None = None
+
+    def previous_checkpoint(self, context: Context) -> Mapping[str, Any] | None:
+        """The explicit ``checkpoint``, else the latest XCom return value of ``checkpoint_task_id``."""
+        if self.checkpoint:
+            self.log.info("Using the checkpoint given to the task: %s", self.checkpoint)
+            return self.checkpoint
+        if not self.checkpoint_task_id:
+            return None
+        # map_indexes=-1 asks for one value, the latest by logical date; without it Airflow 3
+        # returns a list of every prior run's value once there are several.
+        value = context["ti"].xcom_pull(task_ids=self.checkpoint_task_id, include_prior_dates=True, map_indexes=-1)
+        if isinstance(value, list):
+            candidates = [v for v in value if isinstance(v, Mapping) and v.get("end_lsn")]
+            value = max(candidates, key=lambda v: Lsn.parse(str(v["end_lsn"])), default=None)
+        if value is not None:
+            self.log.info(
+                "Previous checkpoint (XCom of task %s): end LSN %s, %d prepared transaction(s) pending",
+                self.checkpoint_task_id,
+                value.get("end_lsn") if isinstance(value, Mapping) else value,
+                len(value.get("prepared_pending") or []) if isinstance(value, Mapping) else 0,
+            )
+        return value
+
+    def _check_slot(self, info: SlotInfo) -> None:
+        name = info.slot_name
+        if info.plugin != self.plugin:
+            raise AirflowFailException(
+                f"replication slot {name!r} uses output plugin {info.plugin!r}, but the task reads it as "
+                f"{self.plugin!r}. Set plugin={info.plugin!r}, or drop the slot "
+                f"(SELECT pg_drop_replication_slot('{name}')), recreate it with {self.plugin!r} and "
+                "re-snapshot the tables (pgdecode_backfill)"
+            )
+        if info.wal_status == "lost":
+            raise AirflowFailException(
+                f"replication slot {name!r} is lost (wal_status = lost): the server removed WAL it still needed, "
+                f"so changes are gone. Drop it (SELECT pg_drop_replication_slot('{name}')), recreate it, and "
+                "re-snapshot the tables with the pgdecode_backfill DAG"
+            )
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        previous = self.previous_checkpoint(context)
+        options = dict(self.extract_options)
+        if self.publication is not None:
+            options["publication"] = self.publication
+        with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
+            self._hook = hook
+            try:
+                info = hook.describe_slot(self.slot_name)
+            except SlotError as exc:
+                raise AirflowFailException(str(exc)) from exc
+            self._check_slot(info)
+            try:
+                decision = reconcile(previous, info, self.staging_root)
+            except CheckpointError as exc:
+                raise AirflowFailException(str(exc)) from exc
+            self.log.info("%s", decision.message)
+            ceiling = Lsn.parse(self.upto_lsn) if self.upto_lsn else hook.current_flush_lsn()
+            self.log.info(
+                "Extracting slot %s from %s up to ceiling %s (%d bytes of WAL)",
+                self.slot_name,
+                decision.start_lsn,
+                ceiling,
+                max(0, int(ceiling) - int(decision.start_lsn)),
+            )
+            started = time.monotonic()
+            manifest = hook.extract_batch(
+                self.slot_name,
+                self.staging_root,
+                plugin=self.plugin,
+                checkpoint=decision.checkpoint,
+                upto_lsn=ceiling,
+                tables=list(self.tables) if self.tables else None,
+                **options,
+            )
+            elapsed = time.monotonic() - started
+        self._hook = None
+        log_manifest(self.log, manifest, elapsed)
+        return {
+            **manifest.summary(),
+            "plugin": manifest.plugin,
+            "database": manifest.database,
+            "ceiling_lsn": manifest.ceiling_lsn,
+            "has_changes": any(table.rows for table in manifest.tables),
+            "checkpoint": decision.action,
+        }
+
+    def on_kill(self) -> None:
+        """Cancel the running peek on the server; the unfinished batch directory is removed."""
+        if self._hook is not None:
+            self.log.info("Cancelling the extract of slot %s", self.slot_name)
+            self._hook.cancel()

@@ -1,0 +1,298 @@
+"""Merge staged batches into Delta tables with the Spark job shipped in the package."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.sdk import BaseHook, BaseOperator, Context
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import StagingError
+from airflow_provider_pgdecode.staging.manifest import BatchManifest
+
+MERGE_JOB_MODULE = "airflow_provider_pgdecode.spark.merge_job"
+
+
+def merge_job_path() -> str:
+    """The file of the merge job inside the installed package (what spark-submit runs)."""
+    spec = importlib.util.find_spec(MERGE_JOB_MODULE)
+    if spec is None or not spec.origin:
+        raise AirflowFailException(f"cannot find {MERGE_JOB_MODULE} in the installed airflow-provider-pgdecode")
+    return spec.origin
+
+
+def default_spark_binary() -> str:
+    """The ``spark-submit`` of the Python running Airflow (pip's pyspark puts it beside python)."""
+    from airflow_provider_pgdecode.spark.session import spark_bin
+
+    return spark_bin("spark-submit")
+
+
+def default_env_vars() -> dict[str, str]:
+    """Environment that makes the venv's ``spark-submit`` find its Spark and Python (pitfall P2)."""
+    import pyspark
+
+    return {
+        "SPARK_HOME": os.path.dirname(pyspark.__file__),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+
+
+def default_spark_conf() -> dict[str, str]:
+    """Delta's session settings and where its jars come from (``spark.jars.packages`` + a project Ivy dir)."""
+    from airflow_provider_pgdecode.spark.session import delta_spark_conf
+
+    return delta_spark_conf()
+
+
+def parse_batch_paths(value: str | Sequence[str] | None) -> list[str]:
+    """Batch directories from a path, a list of paths, or a rendered template of either (a JSON list)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                import ast
+
+                parsed = ast.literal_eval(text)
+            return [str(p) for p in parsed if p]
+        return [text] if text else []
+    return [str(p) for p in value if p]
+
+
+class PgDecodeMergeOperator(BaseOperator):
+    """Submit the merge job (``spark/merge_job.py``) for one or more staged batches.
+
+    Thin over :class:`~airflow.providers.apache.spark.hooks.spark_submit.SparkSubmitHook`:
+    the Spark master and deploy mode come from the Spark connection (``conn_id``; a missing
+    connection fails the task instead of silently falling back to YARN). Defaults that make a
+    pip-installed Spark work from the Airflow worker: ``spark_binary`` is the ``spark-submit``
+    beside the worker's Python; ``SPARK_HOME``, ``PYSPARK_PYTHON`` and ``SPARK_LOCAL_IP`` are
+    set; Delta's jars come through ``--packages`` with a project-local Ivy cache
+    (:func:`airflow_provider_pgdecode.spark.session.delta_spark_conf`).
+
+    Batches whose tables hold no rows (only empty transactions, heartbeats, or prepared
+    transactions still pending) are not submitted; when no batch has rows the job is not run
+    at all, and the confirm step can still advance the slot. Returns (to XCom) ``batches``
+    (the merged ones), ``skipped``, ``end_lsn`` and the job's ``summary``. ``on_kill`` stops
+    the spark-submit process (and the driver in cluster modes) through the hook.
+
+    Example::
+
+        from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
+
+        merge = PgDecodeMergeOperator(
+            task_id="merge",
+            batch_paths="{{ ti.xcom_pull(task_ids='extract')['path'] }}",
+            delta_root="/data/delta",
+            conn_id="spark_default",  # e.g. AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type":"spark","host":"local[*]"}'
+        )
+
+    :param batch_paths: a batch directory, a list of them, or a JSON list (in LSN order). (templated)
+    :param delta_root: the root of the Delta tables (``<root>/<schema>/<table>``). (templated)
+    :param conn_id: the Spark connection (master, deploy mode, queue). (templated)
+    :param spark_binary: the ``spark-submit`` to run; default the one beside ``sys.executable``.
+    :param packages: Maven coordinates for ``--packages``; default Delta's artifact for the
+        installed pyspark. (templated)
+    :param conf: Spark configuration, merged over pgdecode's defaults. (templated)
+    :param env_vars: environment of the spark-submit process, merged over the defaults. (templated)
+    :param merge_args: more arguments of the merge job (e.g. ``["--type-map", "mood=string"]``). (templated)
+    :param driver_memory: ``--driver-memory``.
+    :param executor_memory: ``--executor-memory``.
+    :param executor_cores: ``--executor-cores``.
+    :param total_executor_cores: ``--total-executor-cores`` (standalone).
+    :param num_executors: ``--num-executors`` (YARN).
+    :param spark_name: the Spark application name. (templated)
+    :param verbose: ``--verbose``.
+    """
+
+    template_fields: Sequence[str] = (
+        "batch_paths",
+        "delta_root",
+        "conn_id",
+        "packages",
+        "conf",
+        "env_vars",
+        "merge_args",
+        "spark_name",
+    )
+    template_fields_renderers = {"conf": "json", "env_vars": "json"}
+    ui_color = "#f0e4d9"
+
+    def __init__(
+        self,
+        *,
+        batch_paths: str | Sequence[str],
+        delta_root: str,
+        conn_id: str = "spark_default",
+        spark_binary: str | None = None,
+        packages: str | None = None,
+        conf: Mapping[str, Any] | None = None,
+        env_vars: Mapping[str, str] | None = None,
+        merge_args: Sequence[str] | None = None,
+        driver_memory: str | None = "1g",
+        executor_memory: str | None = None,
+        executor_cores: int | None = None,
+        total_executor_cores: int | None = None,
+        num_executors: int | None = None,
+        spark_name: str = "pgdecode-merge",
+        verbose: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.batch_paths = batch_paths
+        self.delta_root = delta_root
+        self.conn_id = conn_id
+        self.spark_binary = spark_binary
+        self.packages = packages
+        self.conf = dict(conf or {})
+        self.env_vars = dict(env_vars or {})
+        self.merge_args = list(merge_args or [])
+        self.driver_memory = driver_memory
+        self.executor_memory = executor_memory
+        self.executor_cores = executor_cores
+        self.total_executor_cores = total_executor_cores
+        self.num_executors = num_executors
+        self.spark_name = spark_name
+        self.verbose = verbose
+        self._hook: SparkSubmitHook | None = None
+
+    def read_batches(self) -> tuple[list[BatchManifest], list[BatchManifest]]:
+        """The batches' manifests, split into those with rows to merge and those without."""
+        to_merge, empty = [], []
+        for path in parse_batch_paths(self.batch_paths):
+            try:
+                manifest = BatchManifest.read(path)
+            except StagingError as exc:
+                raise AirflowFailException(str(exc)) from exc
+            (to_merge if any(t.rows for t in manifest.tables) else empty).append(manifest)
+        order = lambda m: (Lsn.parse(m.start_lsn), Lsn.parse(m.end_lsn))  # noqa: E731
+        return sorted(to_merge, key=order), sorted(empty, key=order)
+
+    def get_hook(self, batches: Sequence[str], summary_path: str | None = None) -> SparkSubmitHook:
+        """The SparkSubmitHook that runs the merge job over ``batches``."""
+        try:
+            BaseHook.get_connection(self.conn_id)
+        except AirflowException as exc:
+            raise AirflowFailException(
+                f"Spark connection {self.conn_id!r} not found ({exc}). Without it spark-submit would silently "
+                "use master 'yarn'. Create it, e.g. for local mode "
+                f"AIRFLOW_CONN_{self.conn_id.upper()}='{{\"conn_type\": \"spark\", \"host\": \"local[*]\"}}'"
+            ) from exc
+        conf = {**default_spark_conf(), **{k: str(v) for k, v in self.conf.items()}}
+        packages = self.packages or conf.get("spark.jars.packages")
+        if packages:
+            conf.pop("spark.jars.packages", None)
+        args = ["--delta-root", str(self.delta_root)]
+        for batch in batches:
+            args += ["--batch", str(batch)]
+        if summary_path:
+            args += ["--summary-json", summary_path]
+        args += [str(a) for a in self.merge_args]
+        return SparkSubmitHook(
+            conf=conf,
+            conn_id=self.conn_id,
+            packages=packages or None,
+            driver_memory=self.driver_memory,
+            executor_memory=self.executor_memory,
+            executor_cores=self.executor_cores,
+            total_executor_cores=self.total_executor_cores,
+            num_executors=self.num_executors,
+            name=self.spark_name,
+            application_args=args,
+            env_vars={**default_env_vars(), **self.env_vars},
+            spark_binary=self.spark_binary or default_spark_binary(),
+            verbose=self.verbose,
+        )
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        to_merge, empty = self.read_batches()
+        for manifest in empty:
+            self.log.info(
+                "Batch %s (LSN %s to %s) has no table rows (%d transactions, %d prepared pending): nothing to merge",
+                manifest.path,
+                manifest.start_lsn,
+                manifest.end_lsn,
+                manifest.transactions,
+                len(manifest.prepared_pending),
+            )
+        all_batches = sorted([*to_merge, *empty], key=lambda m: Lsn.parse(m.end_lsn))
+        result: dict[str, Any] = {
+            "delta_root": str(self.delta_root),
+            "batches": [str(m.path) for m in to_merge],
+            "skipped": [str(m.path) for m in empty],
+            "end_lsn": all_batches[-1].end_lsn if all_batches else None,
+            "summary": None,
+        }
+        if not to_merge:
+            self.log.info("No batch has changes: the merge job is not submitted")
+            return result
+        rows: dict[str, int] = {}
+        for manifest in to_merge:
+            for table in manifest.tables:
+                key = f"{table.schema}.{table.table}"
+                rows[key] = rows.get(key, 0) + table.rows
+        self.log.info(
+            "Merging %d batch(es), LSN %s to %s, into %s: %s",
+            len(to_merge),
+            to_merge[0].start_lsn,
+            to_merge[-1].end_lsn,
+            self.delta_root,
+            ", ".join(f"{name} {n} rows" for name, n in sorted(rows.items())),
+        )
+        workdir = tempfile.mkdtemp(prefix="pgdecode-merge-")
+        summary_path = str(Path(workdir) / "summary.json")
+        try:
+            self._hook = self.get_hook([str(m.path) for m in to_merge], summary_path)
+            self._hook.submit(merge_job_path())
+            summary = self._read_summary(summary_path)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        result["summary"] = summary
+        return result
+
+    def _read_summary(self, path: str) -> dict[str, Any] | None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                summary = json.load(f)
+        except FileNotFoundError:
+            # Cluster deploy mode: the driver wrote it on another machine.
+            self.log.info("The merge job's summary is not on this machine; see the Spark driver's log")
+            return None
+        except ValueError as exc:
+            self.log.warning("Unreadable merge summary %s: %s", path, exc)
+            return None
+        tables = summary.get("tables") if isinstance(summary, dict) else None
+        if isinstance(tables, dict):
+            for name, info in sorted(tables.items()):
+                if isinstance(info, dict):
+                    self.log.info(
+                        "  %s: %s, %s inserted, %s updated, %s deleted%s",
+                        name,
+                        info.get("status"),
+                        info.get("inserted"),
+                        info.get("updated"),
+                        info.get("deleted"),
+                        ", truncated" if info.get("truncated") else "",
+                    )
+        return summary if isinstance(summary, dict) else None
+
+    def on_kill(self) -> None:
+        """Stop the spark-submit process (and the driver or application in cluster modes)."""
+        if self._hook is not None:
+            self._hook.on_kill()

@@ -1,0 +1,1 @@
+"""Sensors of pgdecode: slot changes and slot health."""

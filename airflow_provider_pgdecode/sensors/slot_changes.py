@@ -1,0 +1,145 @@
+"""A sensor that waits until a replication slot has changes to extract."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from airflow_provider_pgdecode.errors import SlotError
+from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.triggers.slot_changes import (
+    DEFAULT_HEARTBEAT_PREFIX,
+    DEFAULT_PROBE_ROWS,
+    SlotChangesTrigger,
+    check_slot_changes,
+)
+
+
+class PgDecodeSlotChangesSensor(BaseSensorOperator):
+    """Wait until a logical replication slot has changes beyond its confirmed position.
+
+    Each poke first compares the server's WAL position with the slot's
+    ``confirmed_flush_lsn`` (no decoding while the lag is below ``min_lag_bytes``), then peeks
+    at most ``probe_rows`` rows without consuming them. Empty transactions, BEGIN/COMMIT rows
+    and pgdecode heartbeat messages are not changes; row changes, TRUNCATEs, logical messages
+    and two-phase PREPARE/COMMIT PREPARED/ROLLBACK PREPARED are (details:
+    :mod:`airflow_provider_pgdecode.triggers.slot_changes`). The XCom value is a report:
+    ``reason``, ``changes``, ``lag_bytes``, ``confirmed_flush_lsn``, ``first_change_lsn``.
+
+    With ``deferrable=True`` the sensor checks once and, when there is nothing yet, defers to
+    :class:`~airflow_provider_pgdecode.triggers.slot_changes.SlotChangesTrigger`, freeing its
+    worker slot while it waits. A missing or lost slot fails the task at once
+    (:class:`AirflowFailException`); other errors fail it so that retries apply.
+
+    Example::
+
+        from airflow_provider_pgdecode.sensors.slot_changes import PgDecodeSlotChangesSensor
+
+        wait = PgDecodeSlotChangesSensor(
+            task_id="wait_for_changes",
+            slot_name="pgdecode_shop",
+            poke_interval=60,
+            timeout=3600,
+            deferrable=True,
+        )
+
+    :param slot_name: the replication slot. (templated)
+    :param postgres_conn_id: the Airflow connection of the slot's database (``postgres`` or
+        ``pgdecode`` type). (templated)
+    :param min_lag_bytes: wait until the slot lags the WAL by at least this many bytes before
+        probing (to let changes accumulate into bigger batches).
+    :param advance_lag_bytes: also succeed when the slot retains at least this many bytes of
+        WAL and a heartbeat is pending, so that an idle database's slot gets advanced (pair with
+        :class:`~airflow_provider_pgdecode.sensors.slot_health.PgDecodeSlotHealthSensor`
+        ``heartbeat=True``). ``None``: only real changes count.
+    :param probe_rows: rows peeked per probe.
+    :param heartbeat_prefix: the prefix of heartbeat messages. (templated)
+    :param publication: for pgoutput slots, the publication they are read with. (templated)
+    :param deferrable: wait in the triggerer instead of a worker.
+    :param kwargs: :class:`~airflow.sdk.BaseSensorOperator` arguments (``poke_interval``,
+        ``timeout``, ``mode``, ``soft_fail`` ...). ``poke_interval`` is also the trigger's
+        poll interval.
+    """
+
+    template_fields: Sequence[str] = ("slot_name", "postgres_conn_id", "heartbeat_prefix", "publication")
+    ui_color = "#d9eaf7"
+
+    def __init__(
+        self,
+        *,
+        slot_name: str,
+        postgres_conn_id: str = PgDecodeHook.default_conn_name,
+        min_lag_bytes: int = 1,
+        advance_lag_bytes: int | None = None,
+        probe_rows: int = DEFAULT_PROBE_ROWS,
+        heartbeat_prefix: str = DEFAULT_HEARTBEAT_PREFIX,
+        publication: str | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.slot_name = slot_name
+        self.postgres_conn_id = postgres_conn_id
+        self.min_lag_bytes = min_lag_bytes
+        self.advance_lag_bytes = advance_lag_bytes
+        self.probe_rows = probe_rows
+        self.heartbeat_prefix = heartbeat_prefix
+        self.publication = publication
+        self.deferrable = deferrable
+
+    def _check(self) -> tuple[bool, dict[str, Any]]:
+        with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
+            try:
+                return check_slot_changes(
+                    hook,
+                    self.slot_name,
+                    min_lag_bytes=self.min_lag_bytes,
+                    advance_lag_bytes=self.advance_lag_bytes,
+                    probe_rows=self.probe_rows,
+                    heartbeat_prefix=self.heartbeat_prefix,
+                    publication=self.publication,
+                )
+            except SlotError as exc:
+                raise AirflowFailException(str(exc)) from exc
+
+    def poke(self, context: Context) -> PokeReturnValue:
+        done, report = self._check()
+        self.log.info("Slot %s: %s", self.slot_name, report["reason"])
+        return PokeReturnValue(is_done=done, xcom_value=report if done else None)
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        returned = self.poke(context)
+        if returned.is_done:
+            return returned.xcom_value
+        self.defer(
+            trigger=SlotChangesTrigger(
+                slot_name=self.slot_name,
+                postgres_conn_id=self.postgres_conn_id,
+                poll_interval=self.poke_interval,
+                min_lag_bytes=self.min_lag_bytes,
+                advance_lag_bytes=self.advance_lag_bytes,
+                probe_rows=self.probe_rows,
+                heartbeat_prefix=self.heartbeat_prefix,
+                publication=self.publication,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout),
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Resume after the trigger fired: return its report, or fail on an error event."""
+        if not event:
+            raise AirflowException(f"the trigger of slot {self.slot_name!r} returned no event")
+        if event.get("status") != "success":
+            message = event.get("message") or f"the trigger of slot {self.slot_name!r} failed: {event!r}"
+            if event.get("fatal"):
+                raise AirflowFailException(message)
+            raise AirflowException(message)
+        self.log.info("Slot %s: %s", self.slot_name, event.get("reason"))
+        return event

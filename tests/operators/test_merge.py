@@ -1,0 +1,198 @@
+"""The merge operator: the spark-submit command it builds, its run through the hook, on_kill (no real Spark)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyspark
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator, merge_job_path, parse_batch_paths
+from airflow_provider_pgdecode.spark.session import delta_maven_coordinates, ivy_dir
+from airflow_provider_pgdecode.staging.manifest import BatchManifest, ColumnSummary, TableSummary, batch_dir_name
+
+SLOT = "pgdecode_merge_op"
+SPARK_LOCAL = json.dumps({"conn_type": "spark", "host": "local[*]"})
+
+
+@pytest.fixture
+def spark_conn(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", SPARK_LOCAL)
+    return "spark_default"
+
+
+def stage(root: Path, start: int, end: int, rows: int) -> str:
+    """A complete batch directory; ``rows`` > 0 gives it one table (the Parquet file is a placeholder)."""
+    directory = root / SLOT / batch_dir_name(Lsn(start), Lsn(end))
+    tables = []
+    if rows:
+        (directory / "tables" / "public" / "orders").mkdir(parents=True)
+        (directory / "tables" / "public" / "orders" / "part-00000.parquet").write_bytes(b"")
+        tables.append(
+            TableSummary(
+                schema="public", table="orders", path="tables/public/orders", files=["part-00000.parquet"],
+                rows=rows, inserts=rows, updates=0, deletes=0, truncates=0,
+                min_commit_lsn=str(Lsn(start + 1)), max_commit_lsn=str(Lsn(end)),
+                columns=[ColumnSummary("id", "integer", "int32", "integer")], key=["id"], replica_identity="default",
+            )
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    BatchManifest(
+        slot=SLOT, plugin="test_decoding", database="shop", start_lsn=str(Lsn(start)), end_lsn=str(Lsn(end)),
+        ceiling_lsn=str(Lsn(end)), transactions=1 if rows else 0, changes=rows, tables=tables, messages=None,
+        prepared_pending=[], prepared_committed=[], prepared_rolled_back=[],
+    ).write(directory)
+    return str(directory)
+
+
+def fake_spark_submit(tmp_path: Path, body: str) -> str:
+    """An executable standing in for spark-submit: records its arguments and environment, then runs ``body``."""
+    script = tmp_path / "spark-submit"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import json, os, sys, time\n"
+        "args = sys.argv[1:]\n"
+        f"json.dump({{'args': args, 'env': dict(os.environ)}}, open({str(tmp_path / 'call.json')!r}, 'w'))\n"
+        + body
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+def test_merge_job_is_the_file_inside_the_package() -> None:
+    path = merge_job_path()
+    assert path.endswith(os.path.join("airflow_provider_pgdecode", "spark", "merge_job.py"))
+    assert os.path.isfile(path)
+
+
+def test_spark_submit_command(spark_conn: str, tmp_path: Path) -> None:
+    first, second = stage(tmp_path, 0x100, 0x200, 5), stage(tmp_path, 0x200, 0x300, 2)
+    op = PgDecodeMergeOperator(
+        task_id="merge",
+        batch_paths=[first, second],
+        delta_root=str(tmp_path / "delta"),
+        conf={"spark.sql.shuffle.partitions": 2},
+        merge_args=["--type-map", "mood=string"],
+    )
+    hook = op.get_hook([first, second], "/tmp/summary.json")
+    command = hook._build_spark_submit_command(merge_job_path())
+
+    assert command[0] == os.path.join(os.path.dirname(sys.executable), "spark-submit")
+    assert command[command.index("--master") + 1] == "local[*]"
+    assert command[command.index("--packages") + 1] == delta_maven_coordinates()
+    assert delta_maven_coordinates().startswith("io.delta:delta-spark_4.2_2.13:")
+    confs = [command[i + 1] for i, part in enumerate(command) if part == "--conf"]
+    assert f"spark.jars.ivy={ivy_dir()}" in confs
+    assert "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension" in confs
+    assert "spark.sql.shuffle.partitions=2" in confs  # the task's conf wins over the defaults
+    assert not any(c.startswith("spark.jars.packages=") for c in confs)
+    assert command[command.index("--driver-memory") + 1] == "1g"
+    assert command[command.index("--name") + 1] == "pgdecode-merge"
+    app = command.index(merge_job_path())
+    assert command[app + 1 :] == [
+        "--delta-root", str(tmp_path / "delta"),
+        "--batch", first,
+        "--batch", second,
+        "--summary-json", "/tmp/summary.json",
+        "--type-map", "mood=string",
+    ]
+    # Pitfall P2: the venv's Spark and Python, whatever PATH says.
+    assert hook._env is not None
+    assert hook._env["SPARK_HOME"] == os.path.dirname(pyspark.__file__)
+    assert hook._env["PYSPARK_PYTHON"] == sys.executable
+    assert hook._env["SPARK_LOCAL_IP"] == "127.0.0.1"
+
+
+def test_missing_spark_connection_fails_instead_of_using_yarn(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("AIRFLOW_CONN_SPARK_NOWHERE", raising=False)
+    op = PgDecodeMergeOperator(
+        task_id="merge", batch_paths=stage(tmp_path, 1, 2, 1), delta_root=str(tmp_path), conn_id="spark_nowhere"
+    )
+    with pytest.raises(AirflowFailException, match="'spark_nowhere' not found.*yarn.*AIRFLOW_CONN_SPARK_NOWHERE"):
+        op.execute({})
+
+
+def test_execute_runs_the_job_through_the_hook(spark_conn: str, tmp_path: Path) -> None:
+    empty = stage(tmp_path, 0x300, 0x300, 0)
+    second, first = stage(tmp_path, 0x200, 0x300, 2), stage(tmp_path, 0x100, 0x200, 5)
+    summary = {"tables": {"public.orders": {"status": "merged", "inserted": 7, "updated": 0, "deleted": 0}},
+               "end_lsn": "0/300"}
+    binary = fake_spark_submit(
+        tmp_path,
+        "print('spark says hello')\n"
+        f"json.dump({summary!r}, open(args[args.index('--summary-json') + 1], 'w'))\n",
+    )
+    op = PgDecodeMergeOperator(
+        task_id="merge",
+        batch_paths=json.dumps([second, empty, first]),  # a rendered template of a list
+        delta_root=str(tmp_path / "delta"),
+        spark_binary=binary,
+        env_vars={"EXTRA": "1"},
+    )
+    result = op.execute({})
+    assert result["batches"] == [first, second]  # LSN order, empty batch left out
+    assert result["skipped"] == [empty]
+    assert result["end_lsn"] == "0/300"
+    assert result["summary"] == summary
+    call = json.loads((tmp_path / "call.json").read_text())
+    assert call["args"][call["args"].index("--master") + 1] == "local[*]"
+    assert call["args"].count("--batch") == 2 and empty not in call["args"]
+    assert call["env"]["SPARK_HOME"] == os.path.dirname(pyspark.__file__)
+    assert call["env"]["PYSPARK_PYTHON"] == sys.executable and call["env"]["EXTRA"] == "1"
+
+
+def test_a_failing_job_fails_the_task(spark_conn: str, tmp_path: Path) -> None:
+    binary = fake_spark_submit(tmp_path, "print('MergeInputError: table x has no key'); sys.exit(2)\n")
+    op = PgDecodeMergeOperator(
+        task_id="merge", batch_paths=stage(tmp_path, 1, 2, 1), delta_root=str(tmp_path), spark_binary=binary
+    )
+    with pytest.raises(AirflowException, match="Error code is: 2"):
+        op.execute({})
+
+
+def test_on_kill_stops_the_spark_submit_process(spark_conn: str, tmp_path: Path) -> None:
+    binary = fake_spark_submit(tmp_path, "print('started', flush=True)\ntime.sleep(60)\n")
+    op = PgDecodeMergeOperator(
+        task_id="merge", batch_paths=stage(tmp_path, 1, 2, 1), delta_root=str(tmp_path), spark_binary=binary
+    )
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            op.execute({})
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    started = time.monotonic()
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not (op._hook is not None and op._hook._submit_sp is not None and (tmp_path / "call.json").exists()):
+        assert time.monotonic() < deadline, "the fake spark-submit never started"
+        time.sleep(0.02)
+    process = op._hook._submit_sp
+    op.on_kill()
+    thread.join(15)
+    assert not thread.is_alive()
+    assert process.poll() is not None and process.returncode != 0
+    assert isinstance(outcome.get("error"), AirflowException)
+    assert time.monotonic() - started < 15
+    PgDecodeMergeOperator(task_id="m", batch_paths=[], delta_root="x").on_kill()  # before execute: no-op
+
+
+def test_parse_batch_paths() -> None:
+    assert parse_batch_paths("/a/b") == ["/a/b"]
+    assert parse_batch_paths(" /a/b \n") == ["/a/b"]
+    assert parse_batch_paths('["/a", "/b"]') == ["/a", "/b"]
+    assert parse_batch_paths("['/a', '/b']") == ["/a", "/b"]  # a list rendered with str()
+    assert parse_batch_paths(["/a", "", "/b"]) == ["/a", "/b"]
+    assert parse_batch_paths(None) == [] and parse_batch_paths("") == []

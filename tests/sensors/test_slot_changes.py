@@ -1,0 +1,181 @@
+"""The changes sensor against a real slot: what counts as a change, deferral, and its failures."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+
+from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.sensors.slot_changes import PgDecodeSlotChangesSensor
+from airflow_provider_pgdecode.triggers.slot_changes import SlotChangesTrigger, check_slot_changes
+
+pytestmark = pytest.mark.postgres
+
+
+def new_table(conn: psycopg.Connection[Any]) -> str:
+    name = f"sc_{uuid.uuid4().hex[:10]}"
+    conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY)")
+    return name
+
+
+def test_empty_transactions_and_heartbeats_are_not_changes(
+    source_conn: str, pg_conn: psycopg.Connection[Any], slot_name: str
+) -> None:
+    table = new_table(pg_conn)
+    sensor = PgDecodeSlotChangesSensor(task_id="wait", slot_name=slot_name)
+    with PgDecodeHook() as hook:
+        hook.ensure_slot(slot_name)
+        assert sensor.poke({}).is_done is False
+
+        pg_conn.execute("SELECT txid_current()")  # a transaction with an xid and a commit record, no change
+        hook.emit_heartbeat()
+        done, report = check_slot_changes(hook, slot_name)
+        assert done is False
+        assert report["lag_bytes"] > 0 and report["changes"] == 0 and report["heartbeats"] == 1
+        assert sensor.poke({}).is_done is False
+
+        pg_conn.execute(f"INSERT INTO {table} VALUES (1), (2)")
+        returned = sensor.poke({})
+        assert returned.is_done is True
+        report = returned.xcom_value
+        assert report["slot_name"] == slot_name
+        assert report["changes"] == 2 and report["heartbeats"] == 1
+        assert report["first_change_lsn"] is not None and "change row(s) pending" in report["reason"]
+        json.dumps(report)
+
+        # Thresholds: not probed below min_lag_bytes; a small probe stops early but still sees the change.
+        lazy = PgDecodeSlotChangesSensor(task_id="wait", slot_name=slot_name, min_lag_bytes=1 << 40)
+        assert lazy.poke({}).is_done is False
+        done, report = check_slot_changes(hook, slot_name, min_lag_bytes=1 << 40)
+        assert done is False and "not probed" in report["reason"] and report["changes"] == 0
+        assert check_slot_changes(hook, slot_name, probe_rows=1)[0] is True
+
+
+def test_heartbeats_count_when_the_slot_must_advance(
+    source_conn: str, pg_conn: psycopg.Connection[Any], slot_name: str
+) -> None:
+    with PgDecodeHook() as hook:
+        hook.ensure_slot(slot_name)
+        hook.emit_heartbeat()
+        assert check_slot_changes(hook, slot_name)[0] is False
+        # The slot retains more WAL than advance_lag_bytes, and a heartbeat lets it move.
+        done, report = check_slot_changes(hook, slot_name, advance_lag_bytes=1)
+        assert done is True and "retains" in report["reason"]
+        assert check_slot_changes(hook, slot_name, advance_lag_bytes=1 << 40)[0] is False
+        # A probe filled with heartbeats cannot rule changes out: an extract moves past them.
+        hook.emit_heartbeat()
+        hook.emit_heartbeat()
+        done, report = check_slot_changes(hook, slot_name, probe_rows=2)
+        assert done is True and report["heartbeats"] == 2 and "heartbeat message(s) pending" in report["reason"]
+
+
+def test_missing_slot_fails_at_once(source_conn: str, slot_name: str) -> None:
+    sensor = PgDecodeSlotChangesSensor(task_id="wait", slot_name=slot_name, timeout=60, poke_interval=1)
+    with pytest.raises(AirflowFailException, match=f"replication slot '{slot_name}' does not exist"):
+        sensor.execute({})
+
+
+def test_deferrable_sensor_defers_to_the_trigger_only_when_needed(
+    source_conn: str, pg_conn: psycopg.Connection[Any], slot_name: str
+) -> None:
+    table = new_table(pg_conn)
+    with PgDecodeHook() as hook:
+        hook.ensure_slot(slot_name)
+    sensor = PgDecodeSlotChangesSensor(
+        task_id="wait", slot_name=slot_name, deferrable=True, poke_interval=5, timeout=600, advance_lag_bytes=1 << 30
+    )
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute({})
+    assert deferred.value.method_name == "execute_complete"
+    assert deferred.value.timeout == timedelta(seconds=600)
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, SlotChangesTrigger)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_provider_pgdecode.triggers.slot_changes.SlotChangesTrigger"
+    assert json.loads(json.dumps(kwargs)) == kwargs
+    assert kwargs["slot_name"] == slot_name and kwargs["postgres_conn_id"] == "pgdecode_source"
+    assert kwargs["poll_interval"] == 5 and kwargs["advance_lag_bytes"] == 1 << 30
+
+    pg_conn.execute(f"INSERT INTO {table} VALUES (1)")
+    report = sensor.execute({})  # changes already there: no deferral
+    assert report["changes"] == 1
+
+
+def test_execute_complete() -> None:
+    sensor = PgDecodeSlotChangesSensor(task_id="wait", slot_name="s1", deferrable=True)
+    event = {"status": "success", "reason": "1+ change row(s) pending", "changes": 1}
+    assert sensor.execute_complete({}, event) == event
+    with pytest.raises(AirflowFailException, match="does not exist"):
+        sensor.execute_complete({}, {"status": "error", "fatal": True, "message": "slot 's1' does not exist"})
+    with pytest.raises(AirflowException, match="connection refused") as caught:
+        sensor.execute_complete({}, {"status": "error", "fatal": False, "message": "connection refused"})
+    assert not isinstance(caught.value, AirflowFailException)  # retries apply
+    with pytest.raises(AirflowException, match="no event"):
+        sensor.execute_complete({}, None)
+
+
+def test_pgoutput_slot_is_probed_with_its_publication(
+    source_conn: str, pg_conn: psycopg.Connection[Any], slot_name: str
+) -> None:
+    table = new_table(pg_conn)
+    other = new_table(pg_conn)
+    publication = f"pub_{uuid.uuid4().hex[:8]}"
+    pg_conn.execute(f"CREATE PUBLICATION {publication} FOR TABLE {table}")
+    try:
+        with PgDecodeHook() as hook:
+            hook.create_slot(slot_name, plugin="pgoutput")
+            hook.emit_heartbeat()
+            pg_conn.execute(f"INSERT INTO {other} VALUES (1)")  # not published: not a change
+            done, report = check_slot_changes(hook, slot_name, publication=publication)
+            assert done is False and report["heartbeats"] == 1 and report["changes"] == 0
+            pg_conn.execute(f"INSERT INTO {table} VALUES (1)")
+            done, report = check_slot_changes(hook, slot_name, publication=publication)
+            assert done is True and report["changes"] == 1
+        sensor = PgDecodeSlotChangesSensor(task_id="wait", slot_name=slot_name)
+        with pytest.raises(AirflowFailException, match="uses pgoutput: probing it for changes needs the publication"):
+            sensor.poke({})
+    finally:
+        pg_conn.execute(f"DROP PUBLICATION {publication}")
+
+
+def test_a_slot_held_by_another_process_is_waited_for(
+    source_conn: str, pg_dsn: str, pg_conn: psycopg.Connection[Any], slot_name: str
+) -> None:
+    import time
+
+    import psycopg2
+    import psycopg2.extras
+
+    table = new_table(pg_conn)
+    with PgDecodeHook() as hook:
+        hook.ensure_slot(slot_name)
+    pg_conn.execute(f"INSERT INTO {table} VALUES (1)")
+    replication = psycopg2.connect(pg_dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
+
+    def active() -> bool:
+        row = pg_conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot_name,)).fetchone()
+        return bool(row and row[0])
+
+    try:
+        replication.cursor().start_replication(slot_name=slot_name, decode=False)
+        deadline = time.monotonic() + 10
+        while not active():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        with PgDecodeHook() as hook:
+            done, report = check_slot_changes(hook, slot_name)
+        assert done is False and "in use by another process" in report["reason"]
+        assert PgDecodeSlotChangesSensor(task_id="wait", slot_name=slot_name).poke({}).is_done is False
+    finally:
+        replication.close()
+    deadline = time.monotonic() + 10
+    while active():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert PgDecodeSlotChangesSensor(task_id="wait", slot_name=slot_name).poke({}).is_done is True

@@ -1,0 +1,121 @@
+"""The health sensor: heartbeats on idle slots, and loud failures (missing, wrong plugin, lag, unreserved, lost)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.operators import PgDecodeEnsureSlotOperator, PgDecodeExtractOperator
+from airflow_provider_pgdecode.sensors.slot_changes import PgDecodeSlotChangesSensor
+from airflow_provider_pgdecode.sensors.slot_health import PgDecodeSlotHealthSensor
+from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
+from airflow_provider_pgdecode.triggers.slot_changes import check_slot_changes
+
+pytestmark = pytest.mark.postgres
+
+
+class _TI:
+    def xcom_pull(self, **kwargs: Any) -> None:
+        return None
+
+
+def busy_elsewhere(cluster: ThrowawayCluster) -> None:
+    """Write WAL in another database of the cluster: the slot's own database stays idle."""
+    with cluster.connect("postgres") as other:
+        other.execute("CREATE TABLE IF NOT EXISTS busy (id int)")
+        other.execute("INSERT INTO busy VALUES (1)")
+
+
+def test_healthy_idle_slot_gets_one_heartbeat_and_advances(
+    source_conn: str, pg_cluster: ThrowawayCluster, slot_name: str, tmp_path: Path
+) -> None:
+    sensor = PgDecodeSlotHealthSensor(task_id="health", slot_name=slot_name, plugin="test_decoding", heartbeat=True)
+    with PgDecodeHook() as hook:
+        start = hook.ensure_slot(slot_name).confirmed_flush_lsn
+        assert start is not None
+        busy_elsewhere(pg_cluster)
+        assert check_slot_changes(hook, slot_name)[1]["lag_bytes"] > 0
+
+        returned = sensor.poke({})
+        assert returned.is_done is True
+        health = returned.xcom_value
+        assert health["slot_name"] == slot_name and health["wal_status"] == "reserved"
+        assert health["heartbeat_lsn"] is not None
+        heartbeat = Lsn.parse(health["heartbeat_lsn"])
+        assert heartbeat > start
+        # One heartbeat pending is enough: the next check writes none.
+        assert sensor.poke({}).xcom_value["heartbeat_lsn"] is None
+        assert check_slot_changes(hook, slot_name, advance_lag_bytes=1)[0] is True
+
+        # An extract and a confirm move the idle slot past the heartbeat.
+        manifest = hook.extract_batch(slot_name, tmp_path)
+        assert manifest.tables == [] and Lsn.parse(manifest.end_lsn) >= heartbeat
+        hook.advance_slot(slot_name, Lsn.parse(manifest.end_lsn))
+        assert hook.describe_slot(slot_name).confirmed_flush_lsn == Lsn.parse(manifest.end_lsn)
+
+
+def test_no_heartbeat_while_changes_are_pending(
+    source_conn: str, pg_conn: psycopg.Connection[Any], slot_name: str
+) -> None:
+    table = f"hs_{uuid.uuid4().hex[:10]}"
+    pg_conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY)")
+    with PgDecodeHook() as hook:
+        hook.ensure_slot(slot_name)
+    pg_conn.execute(f"INSERT INTO {table} VALUES (1)")
+    sensor = PgDecodeSlotHealthSensor(task_id="health", slot_name=slot_name, heartbeat=True)
+    assert sensor.poke({}).xcom_value["heartbeat_lsn"] is None
+
+
+def test_lag_over_the_limit_fails_with_a_retryable_error(
+    source_conn: str, pg_cluster: ThrowawayCluster, slot_name: str
+) -> None:
+    with PgDecodeHook() as hook:
+        hook.ensure_slot(slot_name)
+    busy_elsewhere(pg_cluster)
+    assert PgDecodeSlotHealthSensor(task_id="h", slot_name=slot_name, max_lag_bytes=1 << 40).poke({}).is_done
+    sensor = PgDecodeSlotHealthSensor(task_id="h", slot_name=slot_name, max_lag_bytes=0)
+    with pytest.raises(AirflowException, match="lags the server's WAL by .* more than max_lag_bytes 0 bytes") as caught:
+        sensor.execute({})
+    assert not isinstance(caught.value, AirflowFailException)
+
+
+def test_missing_slot_and_wrong_plugin_fail_for_good(source_conn: str, slot_name: str) -> None:
+    sensor = PgDecodeSlotHealthSensor(task_id="health", slot_name=slot_name)
+    with pytest.raises(AirflowFailException, match=f"replication slot '{slot_name}' does not exist"):
+        sensor.execute({})
+    with PgDecodeHook() as hook:
+        hook.ensure_slot(slot_name)
+    wrong = PgDecodeSlotHealthSensor(task_id="health", slot_name=slot_name, plugin="pgoutput")
+    with pytest.raises(AirflowFailException, match="uses output plugin 'test_decoding', not 'pgoutput'"):
+        wrong.execute({})
+
+
+def test_unreserved_then_lost_slot(small_wal_cluster: ThrowawayCluster, outgrow_wal: Any, tmp_path: Path) -> None:
+    slot = "pgdecode_small_wal"
+    with small_wal_cluster.connect() as conn, PgDecodeHook() as hook:
+        hook.ensure_slot(slot)
+        sensor = PgDecodeSlotHealthSensor(task_id="health", slot_name=slot, heartbeat=True)
+        assert sensor.poke({}).is_done
+
+        outgrow_wal(conn, slot, "unreserved")
+        with pytest.raises(AirflowException, match="wal_status = unreserved.*next checkpoint") as caught:
+            sensor.execute({})
+        assert not isinstance(caught.value, AirflowFailException)  # advancing the slot can still save it
+
+        outgrow_wal(conn, slot, "lost")
+        assert hook.describe_slot(slot).wal_status == "lost"
+    with pytest.raises(AirflowFailException, match="is lost .*pg_drop_replication_slot.*pgdecode_backfill"):
+        sensor.execute({})
+    with pytest.raises(AirflowFailException, match="wal_status = lost"):
+        PgDecodeSlotChangesSensor(task_id="wait", slot_name=slot).execute({})
+    with pytest.raises(AirflowFailException, match="is lost .*pgdecode_backfill"):
+        PgDecodeExtractOperator(task_id="extract", slot_name=slot, staging_root=str(tmp_path)).execute({"ti": _TI()})
+    with pytest.raises(AirflowFailException, match="lost"):
+        PgDecodeEnsureSlotOperator(task_id="ensure", slot_name=slot).execute({})

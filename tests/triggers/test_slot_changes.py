@@ -1,0 +1,173 @@
+"""SlotChangesTrigger: serialization, events from a real slot, and an event loop that never blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import socket
+import time
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
+from airflow_provider_pgdecode.triggers import slot_changes
+from airflow_provider_pgdecode.triggers.slot_changes import (
+    SlotChangesTrigger,
+    classify_pgoutput_rows,
+    classify_text_rows,
+)
+
+
+@pytest.fixture
+def source_conn(pg_cluster: ThrowawayCluster, pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json("pgdecode_test"))
+    return "pgdecode_source"
+
+
+async def first_event(trigger: SlotChangesTrigger, timeout: float = 20) -> dict[str, Any]:
+    events = trigger.run()
+    try:
+        event = await asyncio.wait_for(events.__anext__(), timeout)
+    finally:
+        await events.aclose()
+    return dict(event.payload)
+
+
+def test_serialize_round_trips_with_json_only() -> None:
+    trigger = SlotChangesTrigger(
+        slot_name="pgdecode_shop",
+        postgres_conn_id="src",
+        poll_interval=15,
+        min_lag_bytes=1024,
+        advance_lag_bytes=1 << 30,
+        probe_rows=50,
+        heartbeat_prefix="hb",
+        publication="pub",
+    )
+    classpath, kwargs = trigger.serialize()
+    module, _, name = classpath.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    assert cls is SlotChangesTrigger
+    assert json.loads(json.dumps(kwargs)) == kwargs
+    assert kwargs == {
+        "slot_name": "pgdecode_shop", "postgres_conn_id": "src", "poll_interval": 15.0, "min_lag_bytes": 1024,
+        "advance_lag_bytes": 1 << 30, "probe_rows": 50, "heartbeat_prefix": "hb", "publication": "pub",
+    }
+    assert cls(**kwargs).serialize() == (classpath, kwargs)
+
+
+@pytest.mark.postgres
+@pytest.mark.asyncio
+async def test_fires_when_a_change_arrives(source_conn: str, pg_conn: psycopg.Connection[Any], slot_name: str) -> None:
+    table = f"tr_{uuid.uuid4().hex[:10]}"
+    pg_conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY)")
+    with PgDecodeHook() as hook:
+        hook.ensure_slot(slot_name)
+        hook.emit_heartbeat()  # not a change
+    trigger = SlotChangesTrigger(slot_name=slot_name, poll_interval=0.1)
+    waiting = asyncio.ensure_future(first_event(trigger))
+    await asyncio.sleep(0.5)
+    assert not waiting.done()  # only a heartbeat so far
+    await asyncio.to_thread(pg_conn.execute, f"INSERT INTO {table} VALUES (1)")
+    event = await waiting
+    assert event["status"] == "success"
+    assert event["slot_name"] == slot_name
+    assert event["changes"] == 1 and event["heartbeats"] == 1
+    assert event["polls"] >= 2
+    assert Lsn.parse(event["first_change_lsn"]) > Lsn.parse(event["confirmed_flush_lsn"])
+    json.dumps(event)
+
+
+@pytest.mark.postgres
+@pytest.mark.asyncio
+async def test_missing_slot_is_a_fatal_error_event(source_conn: str, slot_name: str) -> None:
+    event = await first_event(SlotChangesTrigger(slot_name=slot_name, poll_interval=0.1))
+    assert event["status"] == "error" and event["fatal"] is True
+    assert f"replication slot '{slot_name}' does not exist" in event["message"]
+
+
+@pytest.mark.asyncio
+async def test_unreachable_database_is_a_retryable_error_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again below: nothing listens there
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_NOWHERE",
+        json.dumps({"conn_type": "postgres", "host": "127.0.0.1", "port": port, "login": "u", "schema": "db"}),
+    )
+    event = await first_event(SlotChangesTrigger(slot_name="s1", postgres_conn_id="nowhere"))
+    assert event["status"] == "error" and event["fatal"] is False
+    assert "checking replication slot 's1' failed" in event["message"]
+
+
+@pytest.mark.asyncio
+async def test_run_never_blocks_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[float] = []
+
+    def slow_check(hook: Any, slot_name: str, **kwargs: Any) -> tuple[bool, dict[str, Any]]:
+        calls.append(time.monotonic())
+        time.sleep(0.4)  # a slow server
+        return len(calls) >= 2, {"reason": f"check {len(calls)}", "changes": len(calls) - 1}
+
+    class NoConnectionHook:
+        def __init__(self, **kwargs: Any) -> None:
+            pass
+
+        def __enter__(self) -> NoConnectionHook:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    monkeypatch.setattr(slot_changes, "check_slot_changes", slow_check)
+    monkeypatch.setattr(slot_changes, "PgDecodeHook", NoConnectionHook)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticking = asyncio.ensure_future(ticker())
+    started = time.monotonic()
+    event = await first_event(SlotChangesTrigger(slot_name="s1", poll_interval=0.05))
+    elapsed = time.monotonic() - started
+    ticking.cancel()
+    assert event == {"status": "success", "polls": 2, "reason": "check 2", "changes": 1}
+    assert elapsed >= 0.8
+    # 0.8 s of blocking checks, yet the loop kept ticking every 10 ms.
+    assert ticks >= 40
+
+
+def test_classify_rows() -> None:
+    text_rows = [
+        ("0/10", "BEGIN"),
+        ("0/11", "table public.t: INSERT: id[integer]:1"),
+        ("0/12", "COMMIT"),
+        ("0/13", "message: transactional: 0 prefix: pgdecode.heartbeat, sz: 0 content:"),
+        ("0/14", "message: transactional: 0 prefix: app, sz: 1 content:x"),
+        ("0/15", "PREPARE TRANSACTION 'g1'"),
+    ]
+    assert classify_text_rows(text_rows) == (3, 1, Lsn.parse("0/11"))
+    assert classify_text_rows(text_rows[:1] + text_rows[2:4]) == (0, 1, None)
+
+    def message(transactional: int, prefix: bytes) -> bytes:
+        return b"M" + bytes([transactional]) + (0x20).to_bytes(8, "big") + prefix + b"\x00" + (0).to_bytes(4, "big")
+
+    binary_rows = [
+        ("0/20", b"B" + bytes(20)),
+        ("0/21", b"R" + bytes(10)),
+        ("0/22", b"I" + bytes(10)),
+        ("0/23", b"C" + bytes(25)),
+        ("0/24", message(0, b"pgdecode.heartbeat")),
+        ("0/25", message(1, b"pgdecode.heartbeat")),  # transactional: not a heartbeat
+        ("0/26", message(0, b"pgdecode.heartbeat.other")),
+    ]
+    assert classify_pgoutput_rows(binary_rows) == (3, 1, Lsn.parse("0/22"))
