@@ -33,6 +33,9 @@ class ColumnInfo:
     catalog_type: str
     not_null: bool
     attnum: int
+    user_type: str | None = None
+    """``enum``, ``domain``, ``composite``, ``range`` or ``multirange`` for a user-defined type
+    (of the element, for an array); ``None`` for built-in base types."""
 
 
 @dataclass(frozen=True)
@@ -82,10 +85,15 @@ class Catalog:
         return [ColumnInfo(*row) for row in self._columns(oid)]
 
     def _columns(self, oid: int) -> list[tuple[Any, ...]]:
+        # typtype of the column's type, or of its element type for an array.
         return self._all(
-            "SELECT attname::text, format_type(atttypid, NULL), format_type(atttypid, atttypmod),"
-            " attnotnull, attnum::int FROM pg_attribute"
-            " WHERE attrelid = %s::oid AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            "SELECT a.attname::text, format_type(a.atttypid, NULL), format_type(a.atttypid, a.atttypmod),"
+            " a.attnotnull, a.attnum::int,"
+            " CASE coalesce(e.typtype, t.typtype) WHEN 'e' THEN 'enum' WHEN 'd' THEN 'domain'"
+            "  WHEN 'c' THEN 'composite' WHEN 'r' THEN 'range' WHEN 'm' THEN 'multirange' END"
+            " FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
+            " LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'"
+            " WHERE a.attrelid = %s::oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
             (oid,),
         )
 

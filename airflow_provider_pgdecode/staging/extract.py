@@ -244,9 +244,12 @@ def _describe_tables(catalog: Catalog, tables: list[TableSummary]) -> None:
             )
         summary.key = key
         summary.replica_identity = identity.kind
-        catalog_types = {c.name: c.catalog_type for c in catalog.columns(summary.schema, summary.table)}
+        live = {c.name: c for c in catalog.columns(summary.schema, summary.table)}
         for column in summary.columns:
-            column.catalog_type = catalog_types.get(column.name)
+            info = live.get(column.name)
+            if info is not None:  # a column dropped since keeps what the slot said of it
+                column.catalog_type = info.catalog_type
+                column.user_type = info.user_type
 
 
 def _publish(tmp: Path, final: Path, manifest: BatchManifest) -> Path:

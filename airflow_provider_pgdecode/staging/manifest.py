@@ -34,6 +34,8 @@ class ColumnSummary:
     type: str
     arrow: str
     catalog_type: str | None = None
+    #: enum, domain, composite, range or multirange for user-defined types (None: built in).
+    user_type: str | None = None
 
 
 @dataclass

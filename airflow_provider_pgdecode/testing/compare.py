@@ -1,0 +1,113 @@
+"""PostgreSQL as the oracle: does a Delta table hold exactly the rows of its source table?
+
+Used by the integration tests and by ``make demo``. Rows are read from both sides and put in
+one canonical form (timestamps as naive UTC, ``bytea`` as bytes, NaN made comparable), then
+compared as multisets on the source's columns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from psycopg import sql
+from psycopg.rows import tuple_row
+
+if TYPE_CHECKING:
+    import psycopg
+    from pyspark.sql import SparkSession
+
+
+@dataclass
+class TableComparison:
+    schema: str
+    table: str
+    source_rows: int
+    delta_rows: int
+    only_in_source: list[tuple[Any, ...]] = field(default_factory=list)
+    only_in_delta: list[tuple[Any, ...]] = field(default_factory=list)
+
+    @property
+    def equal(self) -> bool:
+        return not self.only_in_source and not self.only_in_delta
+
+    def describe(self) -> str:
+        if self.equal:
+            return f"{self.schema}.{self.table}: {self.source_rows} rows in PostgreSQL, {self.delta_rows} in Delta, equal"
+        return (
+            f"{self.schema}.{self.table}: {self.source_rows} rows in PostgreSQL, {self.delta_rows} in Delta, DIFFERENT; "
+            f"only in PostgreSQL: {self.only_in_source[:3]}; only in Delta: {self.only_in_delta[:3]}"
+        )
+
+
+def canonical(value: Any) -> Any:
+    """One comparable form for a value read from PostgreSQL (psycopg) or from Delta (Spark)."""
+    if value is None:
+        return None
+    if isinstance(value, float):
+        return "NaN" if math.isnan(value) else value
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(timezone.utc).replace(tzinfo=None)
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, Decimal):
+        return value.normalize() if value.is_finite() else str(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(canonical(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, canonical(v)) for k, v in value.items()))
+    return value
+
+
+def source_rows(conn: psycopg.Connection[Any], schema: str, table: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Column names and rows of a source table; text-like types are read as PostgreSQL prints them."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(
+            "SELECT a.attname::text, format_type(a.atttypid, NULL) FROM pg_attribute a"
+            " WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            (sql.Identifier(schema, table).as_string(conn),),
+        )
+        columns = cur.fetchall()
+        native = {
+            "smallint", "integer", "bigint", "real", "double precision", "numeric", "boolean", "date",
+            "timestamp without time zone", "timestamp with time zone", "bytea",
+            # character(n) keeps its padding only when read as itself (a ::text cast strips it)
+            "text", "character varying", "character",
+        }
+        select = []
+        for name, type_name in columns:
+            base = type_name[:-2] if type_name.endswith("[]") else type_name
+            ident = sql.Identifier(name)
+            if base in native:
+                select.append(ident)
+            else:  # uuid, json, enums, intervals...: compare the text PostgreSQL prints
+                select.append(sql.SQL("{}::text").format(ident) if base == type_name else sql.SQL("{}::text[]").format(ident))
+        cur.execute("SET LOCAL TimeZone = 'UTC'" if not conn.autocommit else "SET TimeZone = 'UTC'")
+        cur.execute(sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(select), sql.Identifier(schema, table)))
+        return [c[0] for c in columns], cur.fetchall()
+
+
+def compare_table(
+    conn: psycopg.Connection[Any], spark: SparkSession, delta_root: str, schema: str, table: str
+) -> TableComparison:
+    """Compare ``schema.table`` in PostgreSQL with its Delta table under ``delta_root``."""
+    names, rows = source_rows(conn, schema, table)
+    path = f"{delta_root.rstrip('/')}/{schema}/{table}"
+    frame = spark.read.format("delta").load(path).select(*[f"`{n}`" for n in names])
+    delta = [tuple(r) for r in frame.collect()]
+    left = Counter(tuple(canonical(v) for v in row) for row in rows)
+    right = Counter(tuple(canonical(v) for v in row) for row in delta)
+    return TableComparison(
+        schema,
+        table,
+        len(rows),
+        len(delta),
+        list((left - right).elements()),
+        list((right - left).elements()),
+    )
