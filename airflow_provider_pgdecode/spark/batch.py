@@ -31,6 +31,8 @@ class SourceColumn:
     name: str
     catalog_type: str
     arrow: str | None = None
+    user_type: str | None = None
+    """``enum``, ``domain``, ... for a user-defined type (staged as text); ``None`` if built in."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ def _table_entry(entry: dict[str, Any], batch_dir: str, files: Any, where: str) 
             name=_require(column, "name", where),
             catalog_type=column.get("catalog_type") or _require(column, "type", where),
             arrow=column.get("arrow"),
+            user_type=column.get("user_type"),
         )
         for column in _require(entry, "columns", where)
     )

@@ -295,10 +295,14 @@ def plan_table(
         for column in entry.columns:
             if column.name.startswith("_pg_"):
                 raise MergeInputError(f"table {name}: source column {column.name!r} collides with the _pg_ metadata columns")
+            overrides = options.type_overrides
+            if column.user_type is not None:
+                # Enums, domains and other user-defined types are staged as the text PostgreSQL
+                # printed: they become strings unless the options say otherwise.
+                base = column.catalog_type.rstrip("[]")
+                overrides = {base: "string", **overrides}
             try:
-                mapped = map_catalog_type(
-                    column.catalog_type, unbounded_numeric=unbounded, type_overrides=options.type_overrides
-                )
+                mapped = map_catalog_type(column.catalog_type, unbounded_numeric=unbounded, type_overrides=overrides)
             except UnmappedTypeError as error:
                 raise MergeInputError(f"table {name} column {column.name!r}: {error}") from None
             if column.name in types and not _same_type(types[column.name].delta_type, mapped.delta_type):

@@ -91,7 +91,7 @@ def test_delta_equals_postgres_across_batches_and_replays(pg_conn, source, spark
     slot = source if plugin == "test_decoding" else source + "_po"
     publication = PUBLICATION if plugin == "pgoutput" else None
     staging, delta_root = tmp_path / "staging", str(tmp_path / "delta")
-    options = MergeOptions(type_overrides={"or_mood": "string"})
+    options = MergeOptions()  # or_mood is an enum: the manifest says so, it maps to string
     batches: list[str] = []
     checkpoint = None
 
