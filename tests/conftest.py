@@ -13,13 +13,22 @@ atexit.register(shutil.rmtree, _AIRFLOW_HOME, ignore_errors=True)
 os.environ["AIRFLOW_HOME"] = _AIRFLOW_HOME
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "True"
+# dag.test() runs DAGs from files in the DAGs folder: the project's own dags/.
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dags")
 
+import logging  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 import uuid  # noqa: E402
+from pathlib import Path  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 import psycopg  # noqa: E402
 import pytest  # noqa: E402
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster  # noqa: E402
 
@@ -57,3 +66,38 @@ def slot_name(pg_dsn: str) -> Iterator[str]:
             " WHERE slot_name = %s AND NOT active",
             (name,),
         )
+
+
+# --- one local SparkSession with Delta, shared by the merge, oracle and DAG tests ----------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _fetch_delta_jars() -> None:
+    """Fill the project-local Ivy cache once (a no-op in well under a second when already filled)."""
+    subprocess.run([sys.executable, str(REPO / "scripts" / "fetch_delta_jars.py")], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    from airflow_provider_pgdecode.spark.session import build_spark_session
+
+    _fetch_delta_jars()
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    session = build_spark_session(
+        "local[2]",
+        app_name="pgdecode-tests",
+        extra_conf={
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.driver.memory": "2g",
+            # Delta's own housekeeping is not under test: skip the work it adds to each commit.
+            "spark.databricks.delta.stalenessLimit": "0",
+        },
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    # py4j logs while the interpreter shuts down, after pytest closed the streams.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    yield session
+    session.stop()

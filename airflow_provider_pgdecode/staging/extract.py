@@ -257,7 +257,7 @@ def _publish(tmp: Path, final: Path, manifest: BatchManifest) -> Path:
     _fsync_tree(tmp)
     if final.exists():
         existing = BatchManifest.read(final)
-        if existing.to_dict() != manifest.to_dict():
+        if existing.contents() != manifest.contents():
             raise StagingError(
                 f"batch {final} already exists with different contents; the slot or checkpoint changed "
                 "between runs over the same LSN range. Move the old batch away to extract again."

@@ -94,6 +94,14 @@ class BatchManifest:
         data.pop("path")
         return data
 
+    def contents(self) -> dict[str, Any]:
+        """What the batch holds, without how it was read (the ceiling and read statistics):
+        two extracts of one LSN range with different ceilings stage the same contents."""
+        data = self.to_dict()
+        data.pop("ceiling_lsn")
+        data.pop("skipped")
+        return data
+
     def summary(self) -> dict[str, Any]:
         """A short JSON-able description (what the extract task returns to XCom)."""
         return {

@@ -354,3 +354,18 @@ def test_concurrent_writers_while_extracting_lose_nothing(pg_conn, pg_dsn, slot_
     seen += [r["id"] for r in table_rows(manifest, "public", "busy")]
     source = [r[0] for r in pg_conn.execute("select id from busy order by id")]
     assert seen == source  # each exactly once, in commit order
+
+
+def test_same_range_with_a_later_ceiling_reuses_the_batch(pg_conn, slot_name, tmp_path) -> None:
+    pg_conn.execute("create table later (id int primary key)")
+    create_slot(pg_conn, slot_name)
+    pg_conn.execute("insert into later values (1)")
+    first = extract_batch(pg_conn, slot_name, tmp_path)
+    # A run killed before its confirm is re-run later: the server has written more WAL since
+    # (nothing decodable), so the ceiling is higher but the range and the contents are the same.
+    pg_conn.execute("checkpoint")
+    pg_conn.execute("vacuum later")
+    again = extract_batch(pg_conn, slot_name, tmp_path)
+    assert Lsn.parse(again.ceiling_lsn) > Lsn.parse(first.ceiling_lsn)
+    assert again.path == first.path
+    assert BatchManifest.read(again.path).ceiling_lsn == first.ceiling_lsn  # the batch on disk was kept

@@ -1,0 +1,124 @@
+"""pgdecode_incremental: one complete CDC cycle per run, PostgreSQL slot to Delta tables.
+
+ensure_slot >> wait_for_changes >> extract >> merge >> confirm, and a slot health check beside
+them. The slot is only ever peeked; confirm advances it after the merge succeeded, and its
+return value (the checkpoint: end LSN and prepared transactions still pending) is where the
+next run starts. A failed or killed run, re-run, repeats work but never loses or duplicates a
+change: the merge is idempotent by commit LSN.
+
+Run one cycle by hand (catches Delta up with the slot)::
+
+    airflow dags test pgdecode_incremental -c '{"slot_name": "pgdecode_shop",
+        "staging_uri": "/data/staging", "delta_root": "/data/delta"}'
+
+Parameters (DAG params, all overridable per run):
+
+- ``postgres_conn_id``: the source database's Airflow connection (``postgres`` type).
+- ``slot_name``: the logical replication slot (created, two-phase, when missing).
+- ``plugin``: ``test_decoding`` or ``pgoutput``.
+- ``publication``: the publication a ``pgoutput`` slot reads (ignored for test_decoding).
+- ``tables``: ``schema.table`` names to load; empty means every table with a primary key
+  outside the system schemas.
+- ``staging_uri``: where batches are staged (a local or mounted directory).
+- ``delta_root``: where the Delta tables live, ``<delta_root>/<schema>/<table>``.
+- ``spark_conn_id``: the Spark connection (master ``local[*]`` or ``spark://host:7077`` ...).
+
+Deployment settings (environment variables, read when the DAG file is parsed):
+``PGDECODE_DATA_DIR`` (default staging and Delta location), ``PGDECODE_SCHEDULE`` (cron,
+default every 15 minutes), ``PGDECODE_MAX_LAG_BYTES`` (the health check fails past this slot
+lag; default no limit), ``PGDECODE_WAIT_SECONDS`` (how long a run waits for changes before it
+skips the cycle; default 600).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG, Param
+
+from airflow_provider_pgdecode.operators.confirm import PgDecodeConfirmOperator
+from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator
+from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
+from airflow_provider_pgdecode.operators.slot import PgDecodeEnsureSlotOperator
+from airflow_provider_pgdecode.sensors.slot_changes import PgDecodeSlotChangesSensor
+from airflow_provider_pgdecode.sensors.slot_health import PgDecodeSlotHealthSensor
+
+DATA_DIR = os.environ.get("PGDECODE_DATA_DIR", "/tmp/pgdecode")
+BATCH = "{{ ti.xcom_pull(task_ids='extract')['path'] }}"
+MAX_LAG_BYTES = int(os.environ["PGDECODE_MAX_LAG_BYTES"]) if os.environ.get("PGDECODE_MAX_LAG_BYTES") else None
+WAIT_SECONDS = int(os.environ.get("PGDECODE_WAIT_SECONDS", "600"))
+
+with DAG(
+    dag_id="pgdecode_incremental",
+    description="Incremental CDC: PostgreSQL logical replication slot -> staged batch -> Delta MERGE -> confirm",
+    schedule=os.environ.get("PGDECODE_SCHEDULE", "*/15 * * * *"),
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,  # cycles of one slot must not overlap
+    render_template_as_native_obj=True,
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
+    tags=["pgdecode", "cdc"],
+    params={
+        "postgres_conn_id": Param("pgdecode_source", type="string"),
+        "slot_name": Param("pgdecode", type="string", pattern="^[a-z0-9_]{1,63}$"),
+        "plugin": Param("test_decoding", enum=["test_decoding", "pgoutput"]),
+        "publication": Param("pgdecode", type="string"),
+        "tables": Param([], type="array"),
+        "staging_uri": Param(f"{DATA_DIR}/staging", type="string"),
+        "delta_root": Param(f"{DATA_DIR}/delta", type="string"),
+        "spark_conn_id": Param("spark_default", type="string"),
+    },
+) as dag:
+    ensure_slot = PgDecodeEnsureSlotOperator(
+        task_id="ensure_slot",
+        slot_name="{{ params.slot_name }}",
+        plugin="{{ params.plugin }}",
+        two_phase=True,
+        postgres_conn_id="{{ params.postgres_conn_id }}",
+    )
+    slot_health = PgDecodeSlotHealthSensor(
+        task_id="slot_health",
+        slot_name="{{ params.slot_name }}",
+        plugin="{{ params.plugin }}",
+        postgres_conn_id="{{ params.postgres_conn_id }}",
+        max_lag_bytes=MAX_LAG_BYTES,
+        heartbeat=True,  # an idle database's slot keeps advancing
+        poke_interval=30,
+        timeout=120,
+    )
+    wait_for_changes = PgDecodeSlotChangesSensor(
+        task_id="wait_for_changes",
+        slot_name="{{ params.slot_name }}",
+        postgres_conn_id="{{ params.postgres_conn_id }}",
+        publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
+        poke_interval=min(15, max(WAIT_SECONDS, 1)),
+        timeout=WAIT_SECONDS,
+        soft_fail=True,  # no changes: the cycle is skipped, not failed
+    )
+    extract = PgDecodeExtractOperator(
+        task_id="extract",
+        slot_name="{{ params.slot_name }}",
+        staging_root="{{ params.staging_uri }}",
+        plugin="{{ params.plugin }}",
+        postgres_conn_id="{{ params.postgres_conn_id }}",
+        tables="{{ params.tables }}",
+        publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
+        checkpoint_task_id="confirm",
+    )
+    merge = PgDecodeMergeOperator(
+        task_id="merge",
+        batch_paths=BATCH,
+        delta_root="{{ params.delta_root }}",
+        conn_id="{{ params.spark_conn_id }}",
+    )
+    confirm = PgDecodeConfirmOperator(
+        task_id="confirm",
+        slot_name="{{ params.slot_name }}",
+        batch_path=BATCH,
+        postgres_conn_id="{{ params.postgres_conn_id }}",
+        merge_task_id="merge",
+    )
+
+    ensure_slot >> [slot_health, wait_for_changes]
+    wait_for_changes >> extract >> merge >> confirm
