@@ -259,7 +259,14 @@ class PgDecodeMergeOperator(BaseOperator):
         summary_path = str(Path(workdir) / "summary.json")
         try:
             self._hook = self.get_hook([str(m.path) for m in to_merge], summary_path)
-            self._hook.submit(merge_job_path())
+            try:
+                self._hook.submit(merge_job_path())
+            except AirflowException:
+                refusal = _read_refusal(summary_path)
+                if refusal is not None:
+                    # The job refused the input and left Delta unchanged: retrying cannot help.
+                    raise AirflowFailException(f"the merge job refused the batch: {refusal}") from None
+                raise
             summary = self._read_summary(summary_path)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -296,3 +303,15 @@ class PgDecodeMergeOperator(BaseOperator):
         """Stop the spark-submit process (and the driver or application in cluster modes)."""
         if self._hook is not None:
             self._hook.on_kill()
+
+
+def _read_refusal(path: str) -> str | None:
+    """The error the merge job wrote when it refused its input, if it did."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and "error" in data:
+        return f"{data['error']}: {data.get('message')}"
+    return None

@@ -971,7 +971,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = merge_batches(spark, args.batch, args.delta_root, options)
     except (BatchError, MergeInputError) as error:
         log.error("%s", error)
-        print(json.dumps({"error": type(error).__name__, "message": str(error)}), file=sys.stderr)
+        refusal = json.dumps({"error": type(error).__name__, "message": str(error)})
+        print(refusal, file=sys.stderr)
+        if args.summary_json:  # lets the caller tell bad input (final) from a crash (worth a retry)
+            with open(args.summary_json, "w", encoding="utf-8") as handle:
+                handle.write(refusal)
         return 2
     finally:
         spark.stop()

@@ -75,10 +75,10 @@ class BatchManifest:
     transactions: int
     changes: int
     tables: list[TableSummary]
-    messages: dict[str, Any] | None
-    prepared_pending: list[dict[str, Any]]
-    prepared_committed: list[dict[str, Any]]
-    prepared_rolled_back: list[dict[str, Any]]
+    messages: dict[str, Any] | None = None
+    prepared_pending: list[dict[str, Any]] = field(default_factory=list)
+    prepared_committed: list[dict[str, Any]] = field(default_factory=list)
+    prepared_rolled_back: list[dict[str, Any]] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
     format: str = FORMAT
     complete: bool = True

@@ -98,17 +98,19 @@ class _TableBuffer:
             "_pg_change_lsn": pa.array(change_lsn, pa.int64()),
             "_pg_unchanged_toast": pa.array(toast, pa.list_(pa.string())),
         }
-        old = self._old_struct(olds)
-        if old is not None:
-            columns["_pg_old"] = old
+        values: dict[str, pa.Array] = {}
         names = self.names or ()
         types = self.types or ()
         if names:
             nulls = (None,) * len(names)
             rows = [v if v is not None else nulls for v in self.values]
             for name, pg_type, column in zip(names, types, zip(*rows)):
-                columns[name] = convert_column(pg_type, column, f"{self.schema}.{self.table}.{name}")
+                values[name] = convert_column(pg_type, column, f"{self.schema}.{self.table}.{name}")
                 self.all_columns[name] = pg_type
+        old = self._old_struct(olds)  # after the values: new-tuple columns come first in all_columns
+        if old is not None:
+            columns["_pg_old"] = old
+        columns.update(values)
         table = pa.table(columns)
         self.directory.mkdir(parents=True, exist_ok=True)
         file_name = f"part-{len(self.files):05d}.parquet"
@@ -123,6 +125,9 @@ class _TableBuffer:
             if image is not None:
                 for name, pg_type in zip(image.names, image.types):
                     field_types.setdefault(name, pg_type)
+        for name, pg_type in field_types.items():
+            # A table with only DELETEs in this batch still lists its key columns.
+            self.all_columns.setdefault(name, pg_type)
         if not field_types:
             if not self.names:
                 return None  # a part of TRUNCATE rows only: Parquet cannot hold an empty struct

@@ -59,3 +59,14 @@ def test_reserved_column_names_are_refused(tmp_path) -> None:
     writer = BatchWriter(tmp_path)
     with pytest.raises(CatalogError, match="_pg_op.*reserves"):
         writer.add_transaction(transaction(10, [insert("t", 1, ("id", "_pg_op"))]))
+
+
+def test_a_table_with_only_deletes_lists_its_key_columns(tmp_path) -> None:
+    key = RowImage(("order_id", "line"), ("bigint", "integer"), ("7", "2"))
+    delete = Change(Lsn(5), 1, Operation.DELETE, "public", "items", key, None)
+    writer = BatchWriter(tmp_path)
+    writer.add_transaction(transaction(10, [delete]))
+    (summary,), _ = writer.close()
+    assert [(c.name, c.type) for c in summary.columns] == [("order_id", "bigint"), ("line", "integer")]
+    (row,) = read(tmp_path, summary)
+    assert row["_pg_op"] == "D" and row["_pg_old"] == {"order_id": 7, "line": 2}
