@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-from airflow.sdk import BaseHook, BaseOperator, Context
+from airflow.sdk import Asset, AssetAlias, BaseHook, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
@@ -21,6 +21,7 @@ from airflow_provider_pgdecode.errors import StagingError
 from airflow_provider_pgdecode.staging.manifest import BatchManifest
 
 MERGE_JOB_MODULE = "airflow_provider_pgdecode.spark.merge_job"
+DEFAULT_ASSET_ALIAS = "pgdecode_delta_tables"
 
 
 def merge_job_path() -> str:
@@ -119,6 +120,11 @@ class PgDecodeMergeOperator(BaseOperator):
     :param num_executors: ``--num-executors`` (YARN).
     :param spark_name: the Spark application name. (templated)
     :param verbose: ``--verbose``.
+    :param asset_alias: name of an :class:`~airflow.sdk.AssetAlias` added to the task's outlets;
+        each run emits one Asset event per Delta table it changed
+        (``file://<delta_root>/<schema>/<table>``), so downstream DAGs can schedule on a table
+        (``schedule=[Asset("file:///data/delta/public/orders")]``) or on the alias. ``None``
+        emits nothing.
     """
 
     template_fields: Sequence[str] = (
@@ -152,9 +158,13 @@ class PgDecodeMergeOperator(BaseOperator):
         num_executors: int | None = None,
         spark_name: str = "pgdecode-merge",
         verbose: bool = False,
+        asset_alias: str | None = DEFAULT_ASSET_ALIAS,
         **kwargs: Any,
     ) -> None:
+        if asset_alias is not None:
+            kwargs["outlets"] = [*(kwargs.get("outlets") or []), AssetAlias(asset_alias)]
         super().__init__(**kwargs)
+        self.asset_alias = asset_alias
         self.batch_paths = batch_paths
         self.delta_root = delta_root
         self.conn_id = conn_id
@@ -271,7 +281,23 @@ class PgDecodeMergeOperator(BaseOperator):
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         result["summary"] = summary
+        self._emit_assets(context, summary)
         return result
+
+    def _emit_assets(self, context: Context, summary: dict[str, Any] | None) -> None:
+        """One Asset event per Delta table this run changed, through the task's AssetAlias."""
+        if self.asset_alias is None or not summary or "outlet_events" not in context:
+            return
+        events = context["outlet_events"][AssetAlias(self.asset_alias)]
+        root = Path(str(self.delta_root)).resolve()
+        for name, info in sorted((summary.get("tables") or {}).items()):
+            if not isinstance(info, dict) or info.get("status") != "merged":
+                continue
+            schema, _, table = name.partition(".")
+            events.add(
+                delta_table_asset(root, schema, table),
+                extra={k: info.get(k) for k in ("inserted", "updated", "deleted", "delta_version", "watermark_lsn")},
+            )
 
     def _read_summary(self, path: str) -> dict[str, Any] | None:
         try:
@@ -303,6 +329,12 @@ class PgDecodeMergeOperator(BaseOperator):
         """Stop the spark-submit process (and the driver or application in cluster modes)."""
         if self._hook is not None:
             self._hook.on_kill()
+
+
+def delta_table_asset(delta_root: str | Path, schema: str, table: str) -> Asset:
+    """The Airflow Asset of one Delta table (a ``file://`` URI; other schemes normalise badly)."""
+    path = Path(delta_root) / schema / table
+    return Asset(name=f"delta:{schema}.{table}", uri=path.as_uri(), group="delta", extra={"format": "delta"})
 
 
 def _read_refusal(path: str) -> str | None:

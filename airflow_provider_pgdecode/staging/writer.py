@@ -110,6 +110,10 @@ class _TableBuffer:
         old = self._old_struct(olds)  # after the values: new-tuple columns come first in all_columns
         if old is not None:
             columns["_pg_old"] = old
+            # A part of only DELETEs has no new tuple: its columns are null, but present.
+            for child in old.type:
+                if child.name not in values:
+                    values[child.name] = pa.nulls(len(olds), child.type)
         columns.update(values)
         table = pa.table(columns)
         self.directory.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,17 @@ def run(dag, conf, **kwargs):
     return states
 
 
+def delta_assets(delta_root: str) -> set[str]:
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    prefix = Path(delta_root).resolve().as_uri() + "/"
+    with create_session() as session:
+        uris = session.scalars(select(AssetModel.uri).join(AssetEvent, AssetEvent.asset_id == AssetModel.id)).all()
+    return {uri[len(prefix) :].replace("/", ".") for uri in uris if uri.startswith(prefix)}
+
+
 def assert_delta_equals_source(pg_conn, spark, delta_root: str) -> None:
     for table in TABLES:
         result = compare_table(pg_conn, spark, delta_root, "public", table)
@@ -73,6 +84,8 @@ def test_three_runs_a_prepared_transaction_and_a_killed_confirm(pg_conn, increme
     states = run(dag, conf)
     assert states["merge"] == "success" and states["confirm"] == "success"
     assert_delta_equals_source(pg_conn, spark, conf["delta_root"])  # the prepared update is not there yet
+    # Each Delta table the run changed is published as an Asset, for downstream DAGs.
+    assert delta_assets(conf["delta_root"]) == {f"public.{t}" for t in TABLES}
 
     c.execute("commit prepared 'dag_pay'")
     c.execute("update dag_customers set name = 'renamed' where id = 3")  # note: unchanged TOAST

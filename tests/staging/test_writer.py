@@ -70,3 +70,4 @@ def test_a_table_with_only_deletes_lists_its_key_columns(tmp_path) -> None:
     assert [(c.name, c.type) for c in summary.columns] == [("order_id", "bigint"), ("line", "integer")]
     (row,) = read(tmp_path, summary)
     assert row["_pg_op"] == "D" and row["_pg_old"] == {"order_id": 7, "line": 2}
+    assert (row["order_id"], row["line"]) == (None, None)  # present, null: a DELETE has no new tuple
