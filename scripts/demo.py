@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 import shutil
 import subprocess
 import sys
@@ -45,9 +46,13 @@ def run_dag(env: dict[str, str], conf: dict[str, object], label: str) -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(result.stdout + result.stderr)
     states = [line for line in (result.stdout + result.stderr).splitlines() if "Marking run" in line or "state=" in line]
-    summary = [line.strip() for line in (result.stdout + result.stderr).splitlines() if "Batch " in line and "LSN" in line]
-    for line in summary[-1:]:
-        print("   ", line[line.find("Batch ") :][:200])
+    output = (result.stdout + result.stderr).splitlines()
+    for line in output:
+        if "Batch " in line and " LSN " in line and "changes in" in line:
+            text = line[line.find("Batch ") :].replace(str(REPO) + "/", "")
+            print("   ", text.split(" [")[0])
+        elif "prepared transaction" in line and ("committed at" in line or "rolled back at" in line or "still pending" in line):
+            print("     ", line[line.find("prepared transaction") :].split(" [")[0])
     print(f"    finished in {time.monotonic() - started:.0f} s, exit code {result.returncode} (log: {log.relative_to(REPO)})")
     if result.returncode != 0:
         print("\n".join((result.stdout + result.stderr).splitlines()[-40:]))
@@ -58,6 +63,7 @@ def run_dag(env: dict[str, str], conf: dict[str, object], label: str) -> None:
 def main() -> int:
     from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
 
+    warnings.filterwarnings("ignore", category=FutureWarning)  # pyspark on pandas 3
     shutil.rmtree(DEMO, ignore_errors=True)
     (DEMO / "airflow").mkdir(parents=True)
     staging, delta_root = DEMO / "staging", DEMO / "delta"
@@ -135,7 +141,7 @@ def main() -> int:
             from airflow_provider_pgdecode.testing.compare import compare_table
 
             spark = build_spark_session("local[2]", app_name="pgdecode-demo-check")
-            spark.sparkContext.setLogLevel("ERROR")
+            spark.sparkContext.setLogLevel("OFF")
             all_equal = True
             print(f"    {'table':<22} {'PostgreSQL rows':>16} {'Delta rows':>11}  equal")
             for table in TABLES:

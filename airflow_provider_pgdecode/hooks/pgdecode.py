@@ -160,7 +160,7 @@ class PgDecodeHook(PostgresHook):
         plugin: str = "test_decoding",
         checkpoint: Checkpoint | None = None,
         upto_lsn: Lsn | None = None,
-        tables: Collection[str] | None = None,
+        tables: Collection[str | tuple[str, str]] | None = None,
         **options: Any,
     ) -> BatchManifest:
         """Stage the slot's changes as one batch on this hook's connection.

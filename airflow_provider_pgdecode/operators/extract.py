@@ -102,7 +102,8 @@ class PgDecodeExtractOperator(BaseOperator):
         the XCom one, e.g. after a backfill. (templated)
     :param upto_lsn: the ceiling LSN as ``X/Y``; default the server's WAL flush position when
         the task starts. (templated)
-    :param tables: ``schema.table`` names to stage; default all tables with changes. (templated)
+    :param tables: ``schema.table`` names to stage; default (empty) every table with a primary
+        key outside the system schemas. (templated)
     :param publication: the publication of a pgoutput slot. (templated)
     :param extract_options: more keyword arguments of
         :func:`~airflow_provider_pgdecode.staging.extract.extract_batch` (``chunk_rows``,
@@ -213,6 +214,14 @@ class PgDecodeExtractOperator(BaseOperator):
                 ceiling,
                 max(0, int(ceiling) - int(decision.start_lsn)),
             )
+            tables: list[str | tuple[str, str]]
+            if self.tables:
+                tables = list(self.tables)
+            else:
+                # Every table with a primary key outside the system schemas; changes to other
+                # tables are counted in the manifest (skipped.excluded_table_changes) and logged.
+                tables = list(hook.get_catalog().tables_with_primary_key())
+                self.log.info("No tables given: staging the %d tables with a primary key", len(tables))
             started = time.monotonic()
             manifest = hook.extract_batch(
                 self.slot_name,
@@ -220,9 +229,12 @@ class PgDecodeExtractOperator(BaseOperator):
                 plugin=self.plugin,
                 checkpoint=decision.checkpoint,
                 upto_lsn=ceiling,
-                tables=list(self.tables) if self.tables else None,
+                tables=tables,
                 **options,
             )
+            excluded = manifest.skipped.get("excluded_table_changes", 0)
+            if excluded:
+                self.log.warning("%d changes to tables outside the list were not staged", excluded)
             elapsed = time.monotonic() - started
         self._hook = None
         log_manifest(self.log, manifest, elapsed)

@@ -46,10 +46,14 @@ SUPPORTED_PLUGINS = ("test_decoding", "pgoutput")
 DEFAULT_CHUNK_ROWS = 10_000
 
 
-def parse_table_names(tables: Collection[str]) -> set[tuple[str, str]]:
-    """``["public.orders", "sales.items"]`` to pairs; a name without a schema means ``public``."""
+def parse_table_names(tables: Collection[str | tuple[str, str]]) -> set[tuple[str, str]]:
+    """``["public.orders", ("sales", "line.items")]`` to pairs; a name without a schema means
+    ``public``. Give ``(schema, table)`` pairs for names that contain a dot."""
     out = set()
     for name in tables:
+        if isinstance(name, tuple):
+            out.add(name)
+            continue
         schema, dot, table = name.partition(".")
         out.add((schema, table) if dot else ("public", schema))
     return out
@@ -63,7 +67,7 @@ def extract_batch(
     plugin: str = "test_decoding",
     checkpoint: Checkpoint | None = None,
     upto_lsn: Lsn | None = None,
-    tables: Collection[str] | None = None,
+    tables: Collection[str | tuple[str, str]] | None = None,
     publication: str | None = None,
     origin: str | None = None,
     proto_version: int | None = None,

@@ -22,15 +22,16 @@ def airflow_db():
     db.resetdb()
 
 
-@pytest.fixture()
-def incremental(pg_cluster, pg_conn, slot_name, tmp_path, monkeypatch, airflow_db):
+@pytest.fixture(params=["test_decoding", "pgoutput"])
+def incremental(request, pg_cluster, pg_conn, slot_name, tmp_path, monkeypatch, airflow_db):
     from airflow.dag_processing.dagbag import DagBag
 
-    pg_conn.execute(f"drop table if exists {', '.join(TABLES)} cascade")
+    pg_conn.execute(f"drop table if exists {', '.join(TABLES)} cascade; drop publication if exists dag_pub")
     pg_conn.execute(
         "create table dag_customers (id int primary key, name text, note text);"
         " alter table dag_customers alter column note set storage external;"
-        " create table dag_orders (id bigint primary key, customer_id int, amount numeric(10,2), status text)"
+        " create table dag_orders (id bigint primary key, customer_id int, amount numeric(10,2), status text);"
+        f" create publication dag_pub for table {', '.join(TABLES)}"
     )
     monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json("pgdecode_test"))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
@@ -43,8 +44,11 @@ def incremental(pg_cluster, pg_conn, slot_name, tmp_path, monkeypatch, airflow_d
         "staging_uri": str(tmp_path / "staging"),
         "delta_root": str(tmp_path / "delta"),
         "tables": [f"public.{t}" for t in TABLES],
+        "plugin": request.param,
+        "publication": "dag_pub",
     }
-    return dag, conf
+    yield dag, conf
+    pg_conn.execute("drop publication if exists dag_pub")
 
 
 def run(dag, conf, **kwargs):

@@ -14,6 +14,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.postgres.slot import SlotClient
 from airflow_provider_pgdecode.operators import (
     PgDecodeConfirmOperator,
     PgDecodeEnsureSlotOperator,
@@ -320,3 +321,20 @@ def test_on_kill_cancels_a_running_extract_and_stages_nothing(
     assert "summary" not in outcome, "the extract finished before it was cancelled"
     assert "canceling statement due to user request" in str(outcome["error"])
     assert list((tmp_path / slot_name).iterdir()) == []  # no batch, no temporary directory
+
+
+def test_without_a_table_list_every_table_with_a_primary_key_is_staged(
+    pg_conn: psycopg.Connection[Any], slot_name: str, source_conn: str, tmp_path: Path, make_context: Any
+) -> None:
+    keyed = new_table(pg_conn)
+    keyless = f"nk_{uuid.uuid4().hex[:10]}"
+    pg_conn.execute(f"CREATE TABLE {keyless} (v text)")
+    SlotClient(pg_conn).create(slot_name)
+    insert(pg_conn, keyed, 1, 2)
+    pg_conn.execute(f"INSERT INTO {keyless} VALUES ('not staged')")
+    extract, _ = ops(slot_name, tmp_path)
+    summary = extract.execute(make_context())
+    assert staged_ids(summary, keyed) == [1, 2]
+    assert list(summary["tables"]) == [f"public.{keyed}"]
+    manifest = BatchManifest.read(summary["path"])
+    assert manifest.skipped["excluded_table_changes"] == 1

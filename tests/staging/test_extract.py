@@ -369,3 +369,23 @@ def test_same_range_with_a_later_ceiling_reuses_the_batch(pg_conn, slot_name, tm
     assert Lsn.parse(again.ceiling_lsn) > Lsn.parse(first.ceiling_lsn)
     assert again.path == first.path
     assert BatchManifest.read(again.path).ceiling_lsn == first.ceiling_lsn  # the batch on disk was kept
+
+
+def test_origin_none_skips_changes_that_came_through_replication(pg_conn, slot_name, tmp_path) -> None:
+    pg_conn.execute("create table looped (id int primary key, source text)")
+    create_slot(pg_conn, slot_name, two_phase=False)
+    pg_conn.execute("insert into looped values (1, 'local')")
+    pg_conn.execute(
+        "select pg_replication_origin_create('replica_b') where not exists"
+        " (select 1 from pg_replication_origin where roname = 'replica_b')"
+    )
+    pg_conn.execute("select pg_replication_origin_session_setup('replica_b')")
+    try:
+        pg_conn.execute("insert into looped values (2, 'replicated')")
+    finally:
+        pg_conn.execute("select pg_replication_origin_session_reset()")
+    upto = Lsn.parse(str(pg_conn.execute("select pg_current_wal_flush_lsn()").fetchone()[0]))
+    everything = extract_batch(pg_conn, slot_name, tmp_path / "all", upto_lsn=upto)
+    local = extract_batch(pg_conn, slot_name, tmp_path / "local", upto_lsn=upto, origin="none")
+    assert [r["source"] for r in table_rows(everything, "public", "looped")] == ["local", "replicated"]
+    assert [r["source"] for r in table_rows(local, "public", "looped")] == ["local"]
