@@ -12,6 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import SlotError, StagingError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.operators.extract import checkpoint_xcom_key
 from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
 from airflow_provider_pgdecode.staging.manifest import BatchManifest
 
@@ -126,4 +127,5 @@ class PgDecodeConfirmOperator(BaseOperator):
             checkpoint.end_lsn,
             len(checkpoint.prepared_pending),
         )
+        context["ti"].xcom_push(key=checkpoint_xcom_key(self.slot_name), value=checkpoint.to_dict())
         return checkpoint.to_dict()

@@ -17,6 +17,11 @@ from airflow_provider_pgdecode.postgres.slot import SlotInfo
 from airflow_provider_pgdecode.staging.manifest import BatchManifest
 
 
+def checkpoint_xcom_key(slot_name: str) -> str:
+    """The XCom key under which the confirm task leaves a slot's checkpoint."""
+    return f"pgdecode_checkpoint:{slot_name}"
+
+
 def log_manifest(log: Any, manifest: BatchManifest, seconds: float | None = None) -> None:
     """Log a batch's LSN range, transactions, rows per table and pending prepared transactions."""
     start, end = Lsn.parse(manifest.start_lsn), Lsn.parse(manifest.end_lsn)
@@ -159,8 +164,21 @@ class PgDecodeExtractOperator(BaseOperator):
         if not self.checkpoint_task_id:
             return None
         # map_indexes=-1 asks for one value, the latest by logical date; without it Airflow 3
-        # returns a list of every prior run's value once there are several.
-        value = context["ti"].xcom_pull(task_ids=self.checkpoint_task_id, include_prior_dates=True, map_indexes=-1)
+        # returns a list of every prior run's value once there are several. The confirm task
+        # also pushes the checkpoint under a key per slot, so a DAG whose slot_name param
+        # changes between runs picks up each slot's own checkpoint.
+        ti = context["ti"]
+        value = ti.xcom_pull(
+            task_ids=self.checkpoint_task_id, key=checkpoint_xcom_key(self.slot_name),
+            include_prior_dates=True, map_indexes=-1,
+        )
+        if value is None:
+            value = ti.xcom_pull(task_ids=self.checkpoint_task_id, include_prior_dates=True, map_indexes=-1)
+            if isinstance(value, Mapping) and value.get("slot") not in (None, self.slot_name):
+                self.log.info(
+                    "The latest checkpoint belongs to slot %s; slot %s has none yet", value.get("slot"), self.slot_name
+                )
+                value = None
         if isinstance(value, list):
             candidates = [v for v in value if isinstance(v, Mapping) and v.get("end_lsn")]
             value = max(candidates, key=lambda v: Lsn.parse(str(v["end_lsn"])), default=None)

@@ -79,8 +79,9 @@ def test_two_runs_carry_the_checkpoint_and_a_pending_prepared_transaction(
     extract, confirm = ops(slot_name, tmp_path)
     ctx = make_context()
     first = extract.execute(ctx)
-    assert ctx["ti"].pulls == [
-        {"task_ids": "confirm", "key": "return_value", "include_prior_dates": True, "map_indexes": -1}
+    assert ctx["ti"].pulls == [  # the slot's own checkpoint first, then the task's return value
+        {"task_ids": "confirm", "key": f"pgdecode_checkpoint:{slot_name}", "include_prior_dates": True, "map_indexes": -1},
+        {"task_ids": "confirm", "key": "return_value", "include_prior_dates": True, "map_indexes": -1},
     ]
     json.dumps(first)  # XCom values must be JSON-able
     assert first["checkpoint"] == "start"
@@ -91,7 +92,10 @@ def test_two_runs_carry_the_checkpoint_and_a_pending_prepared_transaction(
     assert Lsn.parse(first["start_lsn"]) < Lsn.parse(first["end_lsn"]) <= Lsn.parse(first["ceiling_lsn"])
     assert staged_ids(first, table) == [1, 2]
 
-    checkpoint = run_confirm(confirm, first, make_context)
+    confirm_ctx = make_context(merge={"batches": [first["path"]], "skipped": []})
+    confirm.batch_path = first["path"]
+    checkpoint = confirm.execute(confirm_ctx)
+    assert confirm_ctx["ti"].xcoms[f"pgdecode_checkpoint:{slot_name}"] == checkpoint  # per-slot key
     json.dumps(checkpoint)
     assert checkpoint["slot"] == slot_name and checkpoint["end_lsn"] == first["end_lsn"]
     assert checkpoint["batch_path"] == first["path"]
