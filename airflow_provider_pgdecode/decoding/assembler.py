@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Union
@@ -180,6 +180,20 @@ class TransactionAssembler:
             self._pending[prepared.key] = prepared
         self._open: _OpenTransaction | None = None
         self._streams: dict[int | None, _OpenTransaction] = {}
+        self._handlers: dict[type, Callable[[Any], Output | None]] = {
+            Begin: self._begin,
+            Commit: self._commit,
+            Message: self._message,
+            Prepare: self._prepare,
+            CommitPrepared: self._commit_prepared,
+            RollbackPrepared: self._rollback_prepared,
+            Origin: self._origin,
+            StreamStart: self._stream_start,
+            StreamStop: self._stream_stop,
+            StreamAbort: self._stream_abort,
+            StreamCommit: self._stream_commit,
+            StreamPrepare: self._stream_prepare,
+        }
         #: The LSN through which every row has been fully handled (None: nothing yet).
         self.safe_lsn: Lsn | None = None
         self.stats = AssemblerStats()
@@ -199,33 +213,9 @@ class TransactionAssembler:
             if first is not None and event.xid not in first:
                 first[event.xid] = len(current.items) - 1
             return None
-        if kind is Begin:
-            return self._begin(event)  # type: ignore[arg-type]
-        if kind is Commit:
-            return self._commit(event)  # type: ignore[arg-type]
-        if kind is Message:
-            return self._message(event)  # type: ignore[arg-type]
-        if kind is Prepare:
-            return self._prepare(event)  # type: ignore[arg-type]
-        if kind is CommitPrepared:
-            return self._commit_prepared(event)  # type: ignore[arg-type]
-        if kind is RollbackPrepared:
-            return self._rollback_prepared(event)  # type: ignore[arg-type]
-        if kind is Origin:
-            if self._open is not None:
-                self._open.origin = event.name  # type: ignore[union-attr]
-            return None
-        if kind is StreamStart:
-            return self._stream_start(event)  # type: ignore[arg-type]
-        if kind is StreamStop:
-            self._open = None
-            return None
-        if kind is StreamAbort:
-            return self._stream_abort(event)  # type: ignore[arg-type]
-        if kind is StreamCommit:
-            return self._stream_commit(event)  # type: ignore[arg-type]
-        if kind is StreamPrepare:
-            return self._stream_prepare(event)  # type: ignore[arg-type]
+        handler = self._handlers.get(kind)
+        if handler is not None:
+            return handler(event)
         if kind is StreamDataWithheld:
             raise AssemblyError(
                 f"transaction {event.xid} was streamed while in progress ({event.what} at LSN {event.lsn}): "  # type: ignore[union-attr]
@@ -403,6 +393,15 @@ class TransactionAssembler:
         return None
 
     # -- streamed transactions ------------------------------------------------------------
+
+    def _origin(self, event: Origin) -> None:
+        if self._open is not None:
+            self._open.origin = event.name
+        return None
+
+    def _stream_stop(self, event: StreamStop) -> None:
+        self._open = None
+        return None
 
     def _stream_start(self, event: StreamStart) -> None:
         if self._open is not None and self._open.first_position is None:
