@@ -33,6 +33,12 @@ DELTA_JAR_VERSION = "4.4.0"
 jars are not published on Maven Central (its metadata lists 4.4.0 as the latest release), so the
 jar version is pinned here rather than read from the installed wheel. 4.4.0 is built for Spark 4.2.0."""
 
+MAVEN_REPOSITORY_ENV = "PGDECODE_MAVEN_REPOSITORY"
+"""Environment variable with the Maven repository URL Delta's jars come from (default Maven Central)."""
+
+MAVEN_CENTRAL = "https://repo1.maven.org/maven2/"
+IVY_SETTINGS = Path(__file__).resolve().parent / "ivysettings.xml"
+
 DEFAULT_MASTER = "local[*]"
 DEFAULT_SHUFFLE_PARTITIONS = 8
 SCALA_BINARY_VERSION = "2.13"
@@ -125,7 +131,20 @@ def delta_spark_conf(
     else:
         conf["spark.jars.packages"] = delta_maven_coordinates()
         conf["spark.jars.ivy"] = str(ivy or ivy_dir())
+        # Maven Central only (see ivysettings.xml for why not Spark's default resolver chain).
+        conf["spark.jars.ivySettings"] = str(ivy_settings(Path(conf["spark.jars.ivy"])))
     return conf
+
+
+def ivy_settings(ivy: Path) -> Path:
+    """The Ivy settings file: the shipped one, or a copy naming ``$PGDECODE_MAVEN_REPOSITORY``."""
+    repository = os.environ.get(MAVEN_REPOSITORY_ENV)
+    if not repository:
+        return IVY_SETTINGS
+    ivy.mkdir(parents=True, exist_ok=True)
+    custom = ivy / "ivysettings.xml"
+    custom.write_text(IVY_SETTINGS.read_text(encoding="utf-8").replace(MAVEN_CENTRAL, repository), encoding="utf-8")
+    return custom
 
 
 def spark_submit_env() -> dict[str, str]:
