@@ -38,7 +38,10 @@ from psycopg import errors as pg_errors
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 from psycopg.rows import tuple_row
 
+from airflow_provider_pgdecode.decoding.events import Begin, Commit, Event, Message, Origin, StreamStart, StreamStop
 from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.decoding.pgoutput import PgOutputParser
+from airflow_provider_pgdecode.decoding.test_decoding import TestDecodingParser
 from airflow_provider_pgdecode.errors import SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
@@ -54,7 +57,7 @@ _BINARY_PROBE_SQL = (
     "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes(%s, NULL, %s, "
     "'proto_version', '1', 'publication_names', %s, 'messages', 'true')"
 )
-_PGOUTPUT_NOT_CHANGES = frozenset(b"BCRYO")  # begin, commit, relation, type, origin
+_NOT_CHANGES = (Begin, Commit, Origin, StreamStart, StreamStop)
 
 
 class SlotInUse(SlotError):
@@ -79,45 +82,41 @@ class ChangesProbe:
     first_change_lsn: Lsn | None
 
 
-def classify_text_rows(
-    rows: Iterable[tuple[str, str]], heartbeat_prefix: str = DEFAULT_HEARTBEAT_PREFIX
+def classify_events(
+    events: Iterable[tuple[Lsn, Event | None]], heartbeat_prefix: str = DEFAULT_HEARTBEAT_PREFIX
 ) -> tuple[int, int, Lsn | None]:
-    """``(changes, heartbeats, first change LSN)`` of test_decoding rows peeked with the probe's options."""
-    heartbeat = f"message: transactional: 0 prefix: {heartbeat_prefix}, sz: "
+    """``(changes, heartbeats, first change LSN)`` of decoded rows: transaction boundaries,
+    relation/type/origin messages and pgdecode's own heartbeats are not changes."""
     changes = heartbeats = 0
     first: Lsn | None = None
-    for lsn, data in rows:
-        if data == "BEGIN" or data == "COMMIT":
+    for lsn, event in events:
+        if event is None or isinstance(event, _NOT_CHANGES):
             continue
-        if data.startswith(heartbeat):
+        if isinstance(event, Message) and not event.transactional and event.prefix == heartbeat_prefix:
             heartbeats += 1
             continue
         changes += 1
         if first is None:
-            first = Lsn.parse(lsn)
+            first = lsn
     return changes, heartbeats, first
+
+
+def classify_text_rows(
+    rows: Iterable[tuple[str, str]], heartbeat_prefix: str = DEFAULT_HEARTBEAT_PREFIX
+) -> tuple[int, int, Lsn | None]:
+    """``(changes, heartbeats, first change LSN)`` of test_decoding rows peeked with the probe's options."""
+    parser = TestDecodingParser()
+    return classify_events(((Lsn.parse(lsn), parser.parse(Lsn.parse(lsn), None, data)) for lsn, data in rows), heartbeat_prefix)
 
 
 def classify_pgoutput_rows(
     rows: Iterable[tuple[str, bytes]], heartbeat_prefix: str = DEFAULT_HEARTBEAT_PREFIX
 ) -> tuple[int, int, Lsn | None]:
     """``(changes, heartbeats, first change LSN)`` of pgoutput (protocol 1) messages."""
-    prefix = heartbeat_prefix.encode() + b"\x00"
-    changes = heartbeats = 0
-    first: Lsn | None = None
-    for lsn, data in rows:
-        data = bytes(data)
-        kind = data[0] if data else 0
-        if kind in _PGOUTPUT_NOT_CHANGES:
-            continue
-        # 'M': flags (1 = transactional), message LSN (8 bytes), prefix (NUL-terminated), ...
-        if kind == ord("M") and len(data) > 10 and data[1] == 0 and data[10:].startswith(prefix):
-            heartbeats += 1
-            continue
-        changes += 1
-        if first is None:
-            first = Lsn.parse(lsn)
-    return changes, heartbeats, first
+    parser = PgOutputParser(proto_version=1)
+    return classify_events(
+        ((Lsn.parse(lsn), parser.parse(Lsn.parse(lsn), None, bytes(data))) for lsn, data in rows), heartbeat_prefix
+    )
 
 
 def probe_changes(

@@ -163,8 +163,10 @@ def test_classify_rows() -> None:
 
     binary_rows = [
         ("0/20", b"B" + bytes(20)),
-        ("0/21", b"R" + bytes(10)),
-        ("0/22", b"I" + bytes(10)),
+        # a Relation message (table public.t, one int4 key column id) and an Insert into it
+        ("0/21", b"R" + (7).to_bytes(4, "big") + b"public\x00t\x00d" + (1).to_bytes(2, "big")
+         + b"\x01id\x00" + (23).to_bytes(4, "big") + (-1).to_bytes(4, "big", signed=True)),
+        ("0/22", b"I" + (7).to_bytes(4, "big") + b"N" + (1).to_bytes(2, "big") + b"t" + (1).to_bytes(4, "big") + b"1"),
         ("0/23", b"C" + bytes(25)),
         ("0/24", message(0, b"pgdecode.heartbeat")),
         ("0/25", message(1, b"pgdecode.heartbeat")),  # transactional: not a heartbeat
