@@ -13,6 +13,7 @@ Everything lives under ``.demo/`` (removed and made anew on each run).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
@@ -30,6 +31,24 @@ TABLES = ("customers", "orders", "order_items")
 
 def banner(text: str) -> None:
     print(f"\n=== {text}", flush=True)
+
+
+@contextlib.contextmanager
+def quiet_fds(log: Path):
+    """Send what child processes (the JVM) write to stdout/stderr into ``log`` meanwhile."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(log, "ab") as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
 
 
 def run_dag(env: dict[str, str], conf: dict[str, object], label: str) -> None:
@@ -140,8 +159,9 @@ def main() -> int:
             from airflow_provider_pgdecode.spark.session import build_spark_session
             from airflow_provider_pgdecode.testing.compare import compare_table
 
-            spark = build_spark_session("local[2]", app_name="pgdecode-demo-check")
-            spark.sparkContext.setLogLevel("OFF")
+            with quiet_fds(DEMO / "logs" / "spark-check.log"):  # the JVM's start-up chatter
+                spark = build_spark_session("local[2]", app_name="pgdecode-demo-check")
+                spark.sparkContext.setLogLevel("OFF")
             all_equal = True
             print(f"    {'table':<22} {'PostgreSQL rows':>16} {'Delta rows':>11}  equal")
             for table in TABLES:
