@@ -187,7 +187,7 @@ def extract_batch(
         )
         manifest.write(tmp)
         final = base / batch_dir_name(start_lsn, end_lsn)
-        manifest.path = _publish(tmp, final, manifest)
+        manifest.path = publish_batch(tmp, final, manifest)
         _log_progress(rows, writer, started, end_lsn, done=True)
         return manifest
     except BaseException:
@@ -256,7 +256,7 @@ def _describe_tables(catalog: Catalog, tables: list[TableSummary]) -> None:
                 column.user_type = info.user_type
 
 
-def _publish(tmp: Path, final: Path, manifest: BatchManifest) -> Path:
+def publish_batch(tmp: Path, final: Path, manifest: BatchManifest) -> Path:
     """Rename the finished batch into place; an existing identical batch is kept as it is."""
     _fsync_tree(tmp)
     if final.exists():

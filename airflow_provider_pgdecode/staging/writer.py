@@ -28,7 +28,7 @@ from airflow_provider_pgdecode.staging.types import arrow_type, convert_column
 
 DEFAULT_PART_ROWS = 100_000
 METADATA_PREFIX = "_pg_"
-_PARQUET_OPTIONS: dict[str, Any] = {"compression": "snappy", "write_statistics": True}
+PARQUET_OPTIONS: dict[str, Any] = {"compression": "snappy", "write_statistics": True}
 
 
 class _TableBuffer:
@@ -118,7 +118,7 @@ class _TableBuffer:
         table = pa.table(columns)
         self.directory.mkdir(parents=True, exist_ok=True)
         file_name = f"part-{len(self.files):05d}.parquet"
-        pq.write_table(table, self.directory / file_name, **_PARQUET_OPTIONS)
+        pq.write_table(table, self.directory / file_name, **PARQUET_OPTIONS)
         self.files.append(file_name)
         self.values.clear()
         self.meta.clear()
@@ -293,7 +293,7 @@ class BatchWriter:
         directory = self.directory / "messages"
         directory.mkdir(parents=True, exist_ok=True)
         name = f"part-{len(self._message_files):05d}.parquet"
-        pq.write_table(table, directory / name, **_PARQUET_OPTIONS)
+        pq.write_table(table, directory / name, **PARQUET_OPTIONS)
         self._message_files.append(name)
         self._message_rows += len(self._messages)
         self._messages.clear()

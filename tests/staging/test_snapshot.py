@@ -1,0 +1,209 @@
+"""Initial load from a slot's exported snapshot: the copy and the slot's later batches fit exactly.
+
+Real PostgreSQL (the oracle) and real Spark + Delta. Writes run in another thread while the slot
+is created and while the tables are copied, so a row missed or applied twice shows up.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import StagingError
+from airflow_provider_pgdecode.spark.merge_job import merge_batches
+from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
+from airflow_provider_pgdecode.staging.extract import extract_batch
+from airflow_provider_pgdecode.staging.manifest import BatchManifest
+from airflow_provider_pgdecode.staging.snapshot import create_slot_with_snapshot, stage_snapshot
+from airflow_provider_pgdecode.testing.compare import compare_table
+
+pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+
+TABLES = [("public", "snap_items"), ("public", "snap_pairs")]
+ROWS = 3000
+
+
+@pytest.fixture()
+def source(pg_conn: psycopg.Connection) -> None:
+    c = pg_conn
+    c.execute("drop table if exists snap_items, snap_pairs")
+    c.execute(
+        "create table snap_items (id int primary key, name text not null, amount numeric(12,2), tags text[],"
+        " placed timestamptz, flag boolean, data bytea, code char(3));"
+        " create table snap_pairs (a text, b int, v double precision, primary key (a, b))"
+    )
+    c.execute(
+        f"insert into snap_items select g, 'item ' || g, g * 1.25, array['t' || g % 7, 'x y'],"
+        f" '2026-01-01 00:00:00+00'::timestamptz + g * interval '1 minute', g % 2 = 0, decode(md5(g::text), 'hex'),"
+        f" 'c' || g % 10 from generate_series(1, {ROWS}) g"
+    )
+    c.execute("insert into snap_pairs select 'k ' || g % 37, g, g / 3.0 from generate_series(1, 800) g")
+
+
+class Writer(threading.Thread):
+    """Inserts, updates (key changes too) and deletes in short transactions until stopped."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(daemon=True)
+        self.dsn = dsn
+        self.stop = threading.Event()
+        self.ops = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        rng = random.Random(7)
+        next_id = 100_000
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as c:
+                while not self.stop.is_set():
+                    r = rng.random()
+                    k = rng.randint(1, ROWS)
+                    if r < 0.3:
+                        next_id += 1
+                        c.execute("insert into snap_items values (%s, 'new', 1.5, '{n}', now(), true, '\\x01', 'z')",
+                                  (next_id,))
+                    elif r < 0.6:
+                        c.execute("update snap_items set amount = amount + 1, name = name || '+' where id = %s", (k,))
+                    elif r < 0.7:
+                        c.execute("update snap_items set id = id + 1000000 where id = %s", (k,))
+                    elif r < 0.8:
+                        c.execute("delete from snap_items where id = %s", (k,))
+                    elif r < 0.9:
+                        with c.transaction():
+                            c.execute("update snap_pairs set v = v + 1 where a = %s", (f"k {k % 37}",))
+                            c.execute("delete from snap_pairs where b = %s", (k % 800,))
+                            c.execute("insert into snap_pairs values (%s, %s, 0) on conflict do nothing",
+                                      (f"w {k}", k))
+                    else:
+                        # Logs xl_running_xacts, which a slot being created waits for on a busy server.
+                        c.execute("checkpoint")
+                    self.ops += 1
+                    time.sleep(0.001)
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+def wait_for_ops(writer: Writer, count: int) -> None:
+    target = writer.ops + count
+    deadline = time.monotonic() + 20
+    while writer.ops < target and time.monotonic() < deadline and writer.error is None:
+        time.sleep(0.01)
+    assert writer.error is None, writer.error
+    assert writer.ops >= target, "the concurrent writer stalled"
+
+
+def assert_delta_equals_postgres(pg_conn, spark, delta_root: str) -> None:
+    for schema, table in TABLES:
+        result = compare_table(pg_conn, spark, delta_root, schema, table)
+        assert result.equal, result.describe()
+        assert result.source_rows > 0
+
+
+def merge_then_follow(pg_conn, spark, slot: str, snapshot: BatchManifest, staging: Path, delta_root: str) -> None:
+    """Merge the snapshot, then the slot's batch after it; Delta must equal PostgreSQL; replays are no-ops."""
+    lsn = snapshot.end_lsn
+    assert snapshot.start_lsn == "0/0"
+    summary = merge_batches(spark, [str(snapshot.path)], delta_root)
+    assert all(t["status"] == "merged" for t in summary["tables"].values()), summary
+    # The manifest is an ordinary one: the checkpoint flow reads it.
+    checkpoint = Checkpoint.from_manifest(BatchManifest.read(snapshot.path))
+    assert checkpoint.end_lsn == Lsn.parse(lsn)
+    follow = extract_batch(pg_conn, slot, staging, checkpoint=checkpoint)
+    assert follow.start_lsn == lsn  # the slot starts exactly where the snapshot ends
+    assert follow.changes > 0
+    merge_batches(spark, [str(follow.path)], delta_root)
+    pg_conn.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, follow.end_lsn))
+    assert_delta_equals_postgres(pg_conn, spark, delta_root)
+
+    replay = merge_batches(spark, [str(snapshot.path), str(follow.path)], delta_root)
+    assert all(t["status"] == "skipped" for t in replay["tables"].values()), replay
+    assert_delta_equals_postgres(pg_conn, spark, delta_root)
+
+
+def test_snapshot_then_slot_batches_equal_source_under_concurrent_writes(
+    pg_conn, pg_dsn, source, slot_name, spark, tmp_path: Path
+) -> None:
+    staging, delta_root = tmp_path / "staging", str(tmp_path / "delta")
+    writer = Writer(pg_dsn)
+    writer.start()
+    try:
+        wait_for_ops(writer, 20)
+        with create_slot_with_snapshot(pg_dsn, slot_name, "test_decoding", two_phase=True) as (lsn, name):
+            ops_before_copy = writer.ops
+            snapshot = stage_snapshot(pg_dsn, name, lsn, slot_name, staging, TABLES)
+            wait_for_ops(writer, 20)
+            assert writer.ops > ops_before_copy
+            with psycopg.connect(pg_dsn) as reader:  # what the exported snapshot shows, read independently
+                reader.execute("begin isolation level repeatable read")
+                reader.execute(f"set transaction snapshot '{name}'")
+                in_snapshot = sorted(r[0] for r in reader.execute("select id from snap_items"))
+                now = sorted(r[0] for r in pg_conn.execute("select id from snap_items"))
+        wait_for_ops(writer, 50)  # more changes after the snapshot's connection closed
+    finally:
+        writer.stop.set()
+        writer.join(10)
+    assert writer.error is None, writer.error
+
+    assert snapshot.end_lsn == str(lsn)
+    assert snapshot.path.name == f"{0:016X}-{int(lsn):016X}"
+    assert (snapshot.path / "snapshot.json").is_file() and not (snapshot.path / "progress.json").exists()
+    items = next(t for t in snapshot.tables if t.table == "snap_items")
+    assert items.truncates == 1 and items.key == ["id"]
+    staged = pq.read_table(snapshot.path / items.path, columns=["id", "_pg_op", "_pg_commit_lsn"]).to_pydict()
+    assert sorted(i for i, op in zip(staged["id"], staged["_pg_op"]) if op == "I") == in_snapshot != now
+    assert set(staged["_pg_commit_lsn"]) == {int(lsn)}
+    merge_then_follow(pg_conn, spark, slot_name, snapshot, staging, delta_root)
+
+
+def test_chunked_copy_resumes_after_a_failure_and_gives_the_same_result(
+    pg_conn, pg_dsn, source, slot_name, spark, tmp_path: Path
+) -> None:
+    staging, delta_root = tmp_path / "staging", str(tmp_path / "delta")
+    seen: list[tuple[str, int]] = []
+
+    def fail_once(schema: str, table: str, chunk: int, rows: int) -> None:
+        seen.append((table, chunk))
+        if table == "snap_pairs" and chunk == 3 and seen.count((table, chunk)) == 1:
+            raise ConnectionError("simulated failure after chunk 3")
+
+    writer = Writer(pg_dsn)
+    writer.start()
+    try:
+        with create_slot_with_snapshot(pg_dsn, slot_name) as (lsn, name):
+            with pytest.raises(ConnectionError):
+                stage_snapshot(pg_dsn, name, lsn, slot_name, staging, TABLES, chunk_rows=97, on_chunk=fail_once)
+            wait_for_ops(writer, 30)  # the source moves on; the snapshot does not
+            snapshot = stage_snapshot(pg_dsn, name, lsn, slot_name, staging, TABLES, chunk_rows=97, on_chunk=fail_once)
+        wait_for_ops(writer, 30)
+    finally:
+        writer.stop.set()
+        writer.join(10)
+    assert writer.error is None, writer.error
+
+    pairs = [chunk for table, chunk in seen if table == "snap_pairs"]
+    assert pairs == list(range(len(pairs))) and len(pairs) > 6  # resumed after chunk 3, nothing redone
+    items = next(t for t in snapshot.tables if t.table == "snap_items")
+    assert [c for t, c in seen if t == "snap_items"] == list(range(items.inserts // 97 + 1))  # not redone
+    assert len(items.files) == -(-items.inserts // 97) and items.inserts > ROWS - 100
+    merge_then_follow(pg_conn, spark, slot_name, snapshot, staging, delta_root)
+
+
+def test_snapshot_cannot_be_used_after_the_slot_connection_closed(pg_conn, pg_dsn, source, slot_name, tmp_path) -> None:
+    with create_slot_with_snapshot(pg_dsn, slot_name) as (lsn, name):
+        pass
+    with pytest.raises(StagingError, match="exported only while"):
+        stage_snapshot(pg_dsn, name, lsn, slot_name, tmp_path, TABLES)
+    # The slot stays (the block succeeded); an error inside the block drops it again.
+    other = slot_name + "_x"
+    with pytest.raises(RuntimeError):
+        with create_slot_with_snapshot(pg_dsn, other):
+            raise RuntimeError("copy failed")
+    assert pg_conn.execute("select count(*) from pg_replication_slots where slot_name = %s", (other,)).fetchone() == (0,)
+    assert pg_conn.execute("select count(*) from pg_replication_slots where slot_name = %s", (slot_name,)).fetchone() == (1,)
