@@ -194,6 +194,12 @@ class PgOutputParser:
             return _U32.unpack_from(data, pos)[0], pos + 4
         return None, pos
 
+    def _change_header(self, data: bytes, xid: int | None) -> tuple[int | None, Relation, int]:
+        """The owning xid, the relation and the position after them, of an I/U/D message."""
+        sub, pos = self._sub_xid(data, 1)
+        relation = self._relation(_U32.unpack_from(data, pos)[0])
+        return (sub if sub is not None else xid), relation, pos + 4
+
     def _relation(self, relid: int) -> Relation:
         relation = self.relations.get(relid)
         if relation is None:
@@ -261,28 +267,24 @@ class PgOutputParser:
     def _parse(self, lsn: Lsn, xid: int | None, data: bytes) -> Event | None:
         kind = data[0]
         if kind == 73:  # 'I'
-            sub, pos = self._sub_xid(data, 1)
-            relation = self._relation(_U32.unpack_from(data, pos)[0])
-            if data[pos + 4] != 78:
+            owner, relation, pos = self._change_header(data, xid)
+            if data[pos] != 78:
                 raise _Malformed("expected 'N' in Insert")
-            new, _ = self._tuple(data, pos + 5, relation, False)
-            return Change(lsn, sub if sub is not None else xid, Operation.INSERT, relation.schema, relation.table, None, new)
+            new, _ = self._tuple(data, pos + 1, relation, False)
+            return Change(lsn, owner, Operation.INSERT, relation.schema, relation.table, None, new)
         if kind == 85:  # 'U'
-            sub, pos = self._sub_xid(data, 1)
-            relation = self._relation(_U32.unpack_from(data, pos)[0])
-            pos += 4
+            owner, relation, pos = self._change_header(data, xid)
             old = None
             if data[pos] in (75, 79):
                 old, pos = self._old_tuple(data, pos, relation)
             if data[pos] != 78:
                 raise _Malformed("expected 'N' in Update")
             new, _ = self._tuple(data, pos + 1, relation, False)
-            return Change(lsn, sub if sub is not None else xid, Operation.UPDATE, relation.schema, relation.table, old, new)
+            return Change(lsn, owner, Operation.UPDATE, relation.schema, relation.table, old, new)
         if kind == 68:  # 'D'
-            sub, pos = self._sub_xid(data, 1)
-            relation = self._relation(_U32.unpack_from(data, pos)[0])
-            old, _ = self._old_tuple(data, pos + 4, relation)
-            return Change(lsn, sub if sub is not None else xid, Operation.DELETE, relation.schema, relation.table, old, None)
+            owner, relation, pos = self._change_header(data, xid)
+            old, _ = self._old_tuple(data, pos, relation)
+            return Change(lsn, owner, Operation.DELETE, relation.schema, relation.table, old, None)
         if kind == 66:  # 'B'
             final_lsn, commit_ts, txid = _BEGIN.unpack_from(data, 1)
             return Begin(lsn, txid, Lsn(final_lsn), _timestamp(commit_ts))

@@ -132,6 +132,10 @@ class Catalog:
             return ReplicaIdentity("nothing", ())
         return ReplicaIdentity(kind, tuple(columns), index_name)
 
+    def type_names(self) -> dict[int, str]:
+        """``format_type`` names of every type by OID (what test_decoding prints for them)."""
+        return {int(oid): name for oid, name in self._all("SELECT oid::int8, format_type(oid, NULL) FROM pg_type", ())}
+
     def tables_with_primary_key(
         self, exclude_schemas: Sequence[str] = ("pg_catalog", "information_schema", "pg_toast")
     ) -> list[tuple[str, str]]:

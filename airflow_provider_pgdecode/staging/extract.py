@@ -25,7 +25,6 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from psycopg.rows import tuple_row
 
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction, TransactionAssembler
 from airflow_provider_pgdecode.decoding.events import Event, Message
@@ -225,10 +224,7 @@ def _reader(
         publication, version, proto_version=proto, two_phase=two_phase, streaming=True, messages=True,
         origin="none" if origin == "none" else None,
     )
-    with slots.conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute("SELECT oid::int8, format_type(oid, NULL) FROM pg_type")
-        type_names = dict(cur.fetchall())
-    return PgOutputParser(proto, encoding, type_names).parse, options
+    return PgOutputParser(proto, encoding, Catalog(slots.conn).type_names()).parse, options
 
 
 def _describe_tables(catalog: Catalog, tables: list[TableSummary]) -> None:

@@ -9,9 +9,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.decoding.spool import ItemSpool
 from airflow_provider_pgdecode.errors import StagingError
 
 FORMAT = "pgdecode.batch/1"
@@ -161,15 +159,6 @@ class BatchManifest:
         if missing:
             raise StagingError(f"batch {directory} is incomplete: missing {', '.join(missing[:5])}")
         return manifest
-
-    def pending_prepared(self) -> list[PreparedTransaction]:
-        """The prepared transactions this batch left pending, with their items read lazily."""
-        if self.path is None:
-            raise StagingError("this manifest was not read from a batch directory")
-        return [
-            PreparedTransaction.from_header(header, ItemSpool.load(self.path / header["path"], header["items"]))
-            for header in self.prepared_pending
-        ]
 
 
 def list_batches(staging_root: str | os.PathLike[str], slot: str) -> list[Path]:
