@@ -25,7 +25,6 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction, TransactionAssembler
 from airflow_provider_pgdecode.decoding.events import Event, Message
 from airflow_provider_pgdecode.decoding.lsn import Lsn
