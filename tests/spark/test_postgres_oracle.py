@@ -44,8 +44,6 @@ def source(pg_conn: psycopg.Connection, slot_name: str):
     yield slot_name
     c.execute("select pg_drop_replication_slot(%s)", (slot_name + "_po",))
     c.execute(f"drop publication if exists {PUBLICATION}")
-    for gid in ("or_later", "or_never"):
-        c.execute("select 1 from pg_prepared_xacts where gid = %s", (gid,))
 
 
 def round_one(c: psycopg.Connection) -> None:
