@@ -224,13 +224,14 @@ class PgDecodeExtractOperator(BaseOperator):
             except CheckpointError as exc:
                 raise AirflowFailException(str(exc)) from exc
             self.log.info("%s", decision.message)
-            ceiling = Lsn.parse(self.upto_lsn) if self.upto_lsn else hook.current_flush_lsn()
+            # Without a fixed ceiling the extract reads the flush position itself, after copying
+            # any table snapshot chunks (their watermarks must lie below the ceiling).
+            ceiling = Lsn.parse(self.upto_lsn) if self.upto_lsn else None
             self.log.info(
-                "Extracting slot %s from %s up to ceiling %s (%d bytes of WAL)",
+                "Extracting slot %s from %s up to %s",
                 self.slot_name,
                 decision.start_lsn,
-                ceiling,
-                max(0, int(ceiling) - int(decision.start_lsn)),
+                ceiling if ceiling is not None else "the server's WAL flush position",
             )
             tables: list[str | tuple[str, str]]
             if self.tables:

@@ -22,19 +22,22 @@ class Checkpoint:
         confirmed, in Delta).
     :param prepared_pending: headers of prepared transactions still open, each with the
         absolute ``path`` of its spooled items.
+    :param snapshots: progress of table snapshot requests, by request id
+        (:mod:`airflow_provider_pgdecode.staging.table_snapshot`).
     """
 
     slot: str
     end_lsn: Lsn
     prepared_pending: list[dict[str, Any]] = field(default_factory=list)
     batch_path: str | None = None
+    snapshots: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_manifest(cls, manifest: BatchManifest) -> Checkpoint:
         if manifest.path is None:
             raise StagingError("a checkpoint needs a manifest read from its batch directory")
         pending = [{**p, "path": str(Path(manifest.path) / p["path"])} for p in manifest.prepared_pending]
-        return cls(manifest.slot, Lsn.parse(manifest.end_lsn), pending, str(manifest.path))
+        return cls(manifest.slot, Lsn.parse(manifest.end_lsn), pending, str(manifest.path), dict(manifest.snapshots))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -42,12 +45,19 @@ class Checkpoint:
             "end_lsn": str(self.end_lsn),
             "prepared_pending": self.prepared_pending,
             "batch_path": self.batch_path,
+            "snapshots": self.snapshots,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Checkpoint:
         try:
-            return cls(data["slot"], Lsn.parse(data["end_lsn"]), list(data.get("prepared_pending") or []), data.get("batch_path"))
+            return cls(
+                data["slot"],
+                Lsn.parse(data["end_lsn"]),
+                list(data.get("prepared_pending") or []),
+                data.get("batch_path"),
+                dict(data.get("snapshots") or {}),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise StagingError(f"malformed checkpoint {data!r}: {exc}") from None
 

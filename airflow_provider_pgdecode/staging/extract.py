@@ -36,6 +36,12 @@ from airflow_provider_pgdecode.postgres.catalog import Catalog
 from airflow_provider_pgdecode.postgres.slot import SlotClient
 from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
 from airflow_provider_pgdecode.staging.manifest import BatchManifest, TableSummary, batch_dir_name
+from airflow_provider_pgdecode.staging.table_snapshot import (
+    DEFAULT_ROWS_PER_BATCH,
+    TableSnapshotter,
+    added_tables,
+    list_snapshot_requests,
+)
 from airflow_provider_pgdecode.staging.writer import DEFAULT_PART_ROWS, BatchWriter
 
 log = logging.getLogger(__name__)
@@ -73,6 +79,8 @@ def extract_batch(
     part_rows: int = DEFAULT_PART_ROWS,
     memory_items: int = DEFAULT_MEMORY_ITEMS,
     progress_every: int = 100_000,
+    table_snapshots: bool = True,
+    snapshot_rows: int = DEFAULT_ROWS_PER_BATCH,
 ) -> BatchManifest:
     """Stage the slot's changes from its confirmed position (or the checkpoint) up to a ceiling.
 
@@ -95,6 +103,11 @@ def extract_batch(
     :param part_rows: rows per table held in memory before a Parquet part is written.
     :param memory_items: items of one transaction held in memory before spilling to disk.
     :param progress_every: log progress every so many rows.
+    :param table_snapshots: copy chunks of filed table snapshot requests (``add-table``,
+        ``resnapshot``: :mod:`~airflow_provider_pgdecode.staging.table_snapshot`) before the peek
+        and stage them in this batch. Only when ``upto_lsn`` is not given, since the ceiling
+        must lie past the chunks' watermarks.
+    :param snapshot_rows: at most so many snapshot rows per batch, all requests together.
     :returns: the manifest of the staged batch (``manifest.path`` is its directory).
     """
     if plugin not in SUPPORTED_PLUGINS:
@@ -116,7 +129,6 @@ def extract_batch(
     confirmed = info.confirmed_flush_lsn or Lsn(0)
     resume_after = checkpoint.end_lsn if checkpoint is not None else None
     start_lsn = max(confirmed, resume_after) if resume_after is not None else confirmed
-    ceiling = upto_lsn if upto_lsn is not None else slots.current_flush_lsn()
     pending: list[PreparedTransaction] = checkpoint.pending_prepared() if checkpoint is not None else []
     include_pairs = parse_table_names(tables) if tables else None
 
@@ -127,6 +139,22 @@ def extract_batch(
     try:
         spill_dir = tmp / ".spool"
         spill_dir.mkdir()
+        snapshotter = None
+        requests = list_snapshot_requests(staging_root, slot_name) if table_snapshots else []
+        snapshots = dict(checkpoint.snapshots) if checkpoint is not None else {}
+        if requests:
+            snapshotter = TableSnapshotter(
+                conn, tmp, requests, snapshots, rows_per_batch=snapshot_rows, publication=publication
+            )
+            if snapshotter.active and upto_lsn is None:
+                snapshotter.copy_chunks()
+            elif snapshotter.active:
+                log.info("Table snapshot requests wait for a run without a fixed ceiling (upto_lsn=%s)", upto_lsn)
+        if include_pairs is not None:
+            # Tables that requests brought in are staged from then on.
+            include_pairs |= snapshotter.included_tables() if snapshotter is not None else added_tables(snapshots)
+        # Read after the chunks: the ceiling must lie past their watermarks.
+        ceiling = upto_lsn if upto_lsn is not None else slots.current_flush_lsn()
         parse, options = _reader(plugin, slots, info.two_phase, publication, origin, proto_version)
         assembler = TransactionAssembler(pending, memory_items, spill_dir, resume_after=resume_after)
         writer = BatchWriter(tmp, None if include_pairs is None else (lambda s, t: (s, t) in include_pairs), part_rows)
@@ -143,6 +171,8 @@ def extract_batch(
                 out = feed(event)
                 if out is not None:
                     if type(out) is Transaction:
+                        if snapshotter is not None:
+                            snapshotter.observe(out)
                         writer.add_transaction(out)
                         out.items.discard()
                     elif type(out) is Message:
@@ -151,11 +181,17 @@ def extract_batch(
                     _log_progress(rows, writer, started, lsn)
         assembler.finish()
         tables_staged, messages = writer.close()
+        end_lsn = max(start_lsn, assembler.safe_lsn) if assembler.safe_lsn is not None else start_lsn
+        chunk_records: list[dict] = []
+        snapshot_rows_staged = 0
+        if snapshotter is not None:
+            chunk_records, snapshots = snapshotter.finish(end_lsn)
+            tables_staged = snapshotter.table_summaries(tables_staged)
+            snapshot_rows_staged = sum(r["rows"] + (r["kind"] == "truncate") for r in chunk_records)
         _describe_tables(Catalog(conn), tables_staged)
         still_pending = assembler.pending()
         prepared_entries = writer.save_prepared(still_pending)
         shutil.rmtree(spill_dir, ignore_errors=True)
-        end_lsn = max(start_lsn, assembler.safe_lsn) if assembler.safe_lsn is not None else start_lsn
         stats = assembler.stats
         manifest = BatchManifest(
             slot=slot_name,
@@ -165,7 +201,7 @@ def extract_batch(
             end_lsn=str(end_lsn),
             ceiling_lsn=str(ceiling),
             transactions=writer.transactions,
-            changes=writer.changes,
+            changes=writer.changes + snapshot_rows_staged,
             tables=tables_staged,
             messages=messages,
             prepared_pending=prepared_entries,
@@ -182,6 +218,8 @@ def extract_batch(
                 "already_handled": stats.already_handled,
                 "duplicate_prepares": stats.duplicate_prepares,
             },
+            snapshot_chunks=chunk_records,
+            snapshots=snapshots,
         )
         manifest.write(tmp)
         final = base / batch_dir_name(start_lsn, end_lsn)

@@ -78,6 +78,10 @@ class BatchManifest:
     prepared_committed: list[dict[str, Any]] = field(default_factory=list)
     prepared_rolled_back: list[dict[str, Any]] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
+    #: Table snapshot chunks staged in this batch (staging/table_snapshot.py).
+    snapshot_chunks: list[dict[str, Any]] = field(default_factory=list)
+    #: Progress of every table snapshot request once this batch is merged (for the checkpoint).
+    snapshots: dict[str, Any] = field(default_factory=dict)
     format: str = FORMAT
     complete: bool = True
     #: Where the batch lives (not stored in the file).

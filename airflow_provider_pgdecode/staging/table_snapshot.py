@@ -1,0 +1,731 @@
+"""Snapshots of single tables while the slot keeps flowing: add a table, re-snapshot a table.
+
+A running pipeline cannot stop its slot to load one table, and cannot simply copy the table
+either: rows change while the copy runs, and those changes are in the slot too. This module
+copies the table in key-ordered chunks *inside the incremental extract*, and places every
+copied row in the batch's commit order exactly where it belongs (docs/backfill.md):
+
+1. The extract of a run copies a few chunks before it peeks the slot. Each chunk is one
+   ``SELECT ... WHERE key > last ORDER BY key LIMIT n`` in its own ``REPEATABLE READ``
+   transaction, whose snapshot *S* (``pg_current_snapshot()``: xmin, xmax, in-progress xids)
+   is recorded with it.
+2. Right after the chunk, a *high watermark* is written: a transactional logical message
+   (prefix ``pgdecode.snapshot``) in a tiny transaction, synchronously committed. Its LSN *H*
+   is after every transaction visible in *S*; every transaction committing after *H* is
+   invisible in *S*.
+3. The extract then reads the slot up to a ceiling past *H*, as usual. For every staged change
+   to a chunk's table whose transaction commits at or before *H* but is **not visible in S**
+   (it was still running, or began, when the chunk was read), the chunk row of the same key is
+   moved to just before that change (the change's commit LSN, ``_pg_seq`` -1). Every other
+   chunk row is placed at *H*.
+
+Why this is exact: a chunk row holds the row as of *S*, so it must come after every change
+visible in *S* and before every change not visible in *S*. Two transactions that change the
+same row are serialised by the row lock, which the first holds until it is visible, so for one
+key every visible change precedes every invisible one in commit order; the placement above
+puts the chunk row between the two groups. Changes of keys outside the chunk flow as usual.
+A re-snapshot (and an added table) first stages a TRUNCATE of the table at a *low watermark*
+before its first chunk, so that rows Delta held but PostgreSQL no longer has disappear; until
+the last chunk is merged the Delta table holds only the chunks copied so far (plus rows that
+changed meanwhile).
+
+Requests are files, ``<staging_root>/<slot>/snapshot-requests/<id>.json``, written by
+:func:`request_table_snapshot` (the ``pgdecode_backfill`` DAG in ``add-table`` and
+``resnapshot`` modes). Progress travels with the checkpoint (``Checkpoint.snapshots``), so a
+batch that is never merged is copied again by the next run; the confirm step mirrors it to
+``<id>.state.json`` for whoever waits on the request. Plain Python: no Airflow, no Spark.
+
+Example::
+
+    from airflow_provider_pgdecode.staging.table_snapshot import request_table_snapshot
+
+    request_table_snapshot("/data/staging", "pgdecode_shop", ["public.refunds"], mode="add-table")
+    # the next runs of pgdecode_incremental copy public.refunds chunk by chunk
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+from psycopg import sql
+
+from airflow_provider_pgdecode.decoding.assembler import Transaction
+from airflow_provider_pgdecode.decoding.events import Change, RowImage, Truncate
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import CatalogError, StagingError
+from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo
+from airflow_provider_pgdecode.staging.manifest import ColumnSummary, TableSummary, table_path
+from airflow_provider_pgdecode.staging.types import arrow_type, convert_column
+from airflow_provider_pgdecode.staging.writer import METADATA_PREFIX, PARQUET_OPTIONS
+
+log = logging.getLogger(__name__)
+
+MODES = ("add-table", "resnapshot")
+REQUESTS_DIR = "snapshot-requests"
+WATERMARK_PREFIX = "pgdecode.snapshot"
+DEFAULT_CHUNK_ROWS = 50_000
+#: Snapshot rows copied by one extract run, all requests together (the rest waits for the next run).
+DEFAULT_ROWS_PER_BATCH = 500_000
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
+_XID_SPAN = 2**32
+# The session formatting of the decoding session (postgres/slot.py), so copied values print alike.
+_SESSION_GUCS = (
+    ("DateStyle", "ISO, YMD"),
+    ("TimeZone", "UTC"),
+    ("IntervalStyle", "postgres"),
+    ("bytea_output", "hex"),
+    ("extra_float_digits", "3"),
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# Requests and their state files
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SnapshotRequest:
+    """Copy ``tables`` into the running pipeline: ``add-table`` or ``resnapshot``."""
+
+    id: str
+    mode: str
+    tables: tuple[tuple[str, str], ...]
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
+    created: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "mode": self.mode,
+            "tables": [list(t) for t in self.tables],
+            "chunk_rows": self.chunk_rows,
+            "created": self.created,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SnapshotRequest:
+        try:
+            return cls(
+                str(data["id"]),
+                str(data["mode"]),
+                tuple((str(s), str(t)) for s, t in data["tables"]),
+                int(data.get("chunk_rows") or DEFAULT_CHUNK_ROWS),
+                str(data.get("created") or ""),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StagingError(f"malformed snapshot request {dict(data)!r}: {exc}") from None
+
+
+def requests_dir(staging_root: str | os.PathLike[str], slot: str) -> Path:
+    return Path(staging_root) / slot / REQUESTS_DIR
+
+
+def request_table_snapshot(
+    staging_root: str | os.PathLike[str],
+    slot: str,
+    tables: Collection[str | tuple[str, str]],
+    mode: str = "resnapshot",
+    *,
+    request_id: str | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+) -> SnapshotRequest:
+    """File a request for the slot's next extract runs to copy ``tables`` (see the module doc).
+
+    Filing the same ``request_id`` again with the same tables and mode returns the existing
+    request (a re-run does not snapshot twice); with other settings it is an error.
+
+    :param mode: ``add-table`` (a table not staged so far joins the pipeline) or ``resnapshot``
+        (a staged table is copied again, e.g. after its Delta table was deleted or damaged).
+        Both stage a TRUNCATE of the Delta table before the first chunk.
+    :param request_id: letters, digits, ``_.+-``; default one made from the mode and the time.
+    :param chunk_rows: rows per chunk (one query, one Parquet part).
+    """
+    from airflow_provider_pgdecode.staging.extract import parse_table_names
+
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if chunk_rows < 1:
+        raise ValueError("chunk_rows must be at least 1")
+    pairs = tuple(sorted(parse_table_names(tables)))
+    if not pairs:
+        raise ValueError("name at least one table to snapshot")
+    now = datetime.now(timezone.utc)
+    if request_id is None:
+        request_id = f"{mode}-{now.strftime('%Y%m%dT%H%M%S%fZ')}"
+    request_id = re.sub(r"[^A-Za-z0-9_.+-]", "_", request_id)
+    if not _REQUEST_ID.match(request_id):
+        raise ValueError(f"invalid request id {request_id!r}: use letters, digits and _.+- (at most 128)")
+    request = SnapshotRequest(request_id, mode, pairs, chunk_rows, now.isoformat())
+    directory = requests_dir(staging_root, slot)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{request_id}.json"
+    if path.is_file():
+        existing = SnapshotRequest.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        if (existing.mode, existing.tables, existing.chunk_rows) != (mode, pairs, chunk_rows):
+            raise StagingError(
+                f"snapshot request {request_id!r} of slot {slot!r} already exists with other settings "
+                f"({existing.mode}, {', '.join('.'.join(t) for t in existing.tables)}); choose another id"
+            )
+        log.info("Snapshot request %s already filed at %s", request_id, existing.created)
+        return existing
+    _write_json(path, request.to_dict())
+    log.info("Filed snapshot request %s: %s of %s", request_id, mode, ", ".join(".".join(t) for t in pairs))
+    return request
+
+
+def list_snapshot_requests(staging_root: str | os.PathLike[str], slot: str) -> list[SnapshotRequest]:
+    """The slot's filed requests, oldest first."""
+    directory = requests_dir(staging_root, slot)
+    if not directory.is_dir():
+        return []
+    out = []
+    for path in directory.glob("*.json"):
+        if path.name.endswith(".state.json"):
+            continue
+        try:
+            out.append(SnapshotRequest.from_dict(json.loads(path.read_text(encoding="utf-8"))))
+        except ValueError as exc:
+            raise StagingError(f"unreadable snapshot request {path}: {exc}") from None
+    return sorted(out, key=lambda r: (r.created, r.id))
+
+
+def write_snapshot_states(staging_root: str | os.PathLike[str], slot: str, snapshots: Mapping[str, Any]) -> None:
+    """Mirror confirmed progress to ``<id>.state.json`` (the confirm step calls this)."""
+    directory = requests_dir(staging_root, slot)
+    for request_id, state in snapshots.items():
+        if directory.is_dir():
+            _write_json(directory / f"{request_id}.state.json", state)
+
+
+def read_snapshot_state(staging_root: str | os.PathLike[str], slot: str, request_id: str) -> dict[str, Any] | None:
+    """The confirmed progress of a request, or None before its first confirmed chunk."""
+    path = requests_dir(staging_root, slot) / f"{request_id}.state.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def describe_progress(state: Mapping[str, Any]) -> str:
+    """One line per table: chunks, rows, done or not."""
+    parts = []
+    for name, table in sorted((state.get("tables") or {}).items()):
+        status = "done" if table.get("done") else "copying"
+        parts.append(f"{name}: {table.get('chunks', 0)} chunk(s), {table.get('rows', 0)} rows, {status}")
+    if state.get("error"):
+        parts.append(f"failed: {state['error']}")
+    return "; ".join(parts) or "no chunk yet"
+
+
+def _write_json(path: Path, data: Any) -> None:
+    part = path.with_name(path.name + ".part")
+    with open(part, "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(part, path)
+
+
+def _new_state(request: SnapshotRequest) -> dict[str, Any]:
+    return {
+        "mode": request.mode,
+        "done": False,
+        "error": None,
+        "tables": {
+            f"{s}.{t}": {"schema": s, "table": t, "last_key": None, "chunks": 0, "rows": 0, "truncated": False,
+                         "done": False}
+            for s, t in request.tables
+        },
+    }
+
+
+def added_tables(snapshots: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """Tables that requests brought into the pipeline: staged from then on, whatever the table list."""
+    out = set()
+    for state in snapshots.values():
+        if not state.get("error"):
+            for table in (state.get("tables") or {}).values():
+                out.add((table["schema"], table["table"]))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Visibility
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SnapshotVisibility:
+    """Which transactions a snapshot sees: ``pg_current_snapshot()`` as 64-bit xids."""
+
+    xmin: int
+    xmax: int
+    xip: frozenset[int]
+
+    def widen(self, xid: int) -> int:
+        """A 32-bit xid from the slot, as the 64-bit xid nearest ``xmax``."""
+        full = (self.xmax & ~(_XID_SPAN - 1)) | (xid & (_XID_SPAN - 1))
+        if full > self.xmax + _XID_SPAN // 2:
+            full -= _XID_SPAN
+        elif full < self.xmax - _XID_SPAN // 2:
+            full += _XID_SPAN
+        return full
+
+    def sees(self, xid: int | None) -> bool:
+        """True when the transaction's effects are in the snapshot (``None``: unknown, so no)."""
+        if xid is None:
+            return False
+        full = self.widen(xid)
+        return full < self.xmin or (full < self.xmax and full not in self.xip)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"xmin": self.xmin, "xmax": self.xmax, "xip": sorted(self.xip)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Copying chunks inside an extract
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Chunk:
+    """One staged piece of a table snapshot: a TRUNCATE (``truncate``) or copied rows."""
+
+    request_id: str
+    schema: str
+    table: str
+    index: int
+    high: Lsn
+    file: Path
+    columns: list[ColumnInfo]
+    key: list[str]
+    rows: int
+    truncate: bool = False
+    visibility: SnapshotVisibility | None = None
+    keys: dict[tuple[str | None, ...], int] = field(default_factory=dict)
+    placement: dict[int, tuple[int, int]] = field(default_factory=dict)
+    cut: tuple[int, int] | None = None
+    state_before: dict[str, Any] = field(default_factory=dict)
+
+    def key_of(self, image: RowImage) -> tuple[str | None, ...] | None:
+        values = dict(zip(image.names, image.values))
+        try:
+            key = tuple(values[k] for k in self.key)
+        except KeyError:
+            return None
+        return key if all(isinstance(v, str) for v in key) else None
+
+
+class TableSnapshotter:
+    """Copies requested chunks before an extract peeks, and places them once it has read.
+
+    Used by :func:`~airflow_provider_pgdecode.staging.extract.extract_batch`:
+    :meth:`copy_chunks` before the peek, :meth:`observe` for every staged transaction,
+    :meth:`finish` once the batch's end LSN is known.
+    """
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        batch_dir: Path,
+        requests: list[SnapshotRequest],
+        snapshots: Mapping[str, Any] | None,
+        *,
+        rows_per_batch: int = DEFAULT_ROWS_PER_BATCH,
+        publication: str | None = None,
+    ) -> None:
+        self.conn = conn
+        self.batch_dir = batch_dir
+        self.requests = requests
+        self.progress: dict[str, Any] = copy.deepcopy(dict(snapshots or {}))
+        self.rows_per_batch = rows_per_batch
+        self.publication = publication
+        self.chunks: list[_Chunk] = []
+        self._by_table: dict[tuple[str, str], list[_Chunk]] = {}
+        self._part_numbers: dict[tuple[str, str], int] = {}
+
+    @property
+    def active(self) -> bool:
+        """Whether any filed request still has work."""
+        return any(not self.progress.get(r.id, {}).get("done") for r in self.requests)
+
+    def included_tables(self) -> set[tuple[str, str]]:
+        """Tables to stage because of requests (active ones included)."""
+        tables = added_tables(self.progress)
+        for request in self.requests:
+            if not self.progress.get(request.id, {}).get("error"):
+                tables.update(request.tables)
+        return tables
+
+    @property
+    def high_watermark(self) -> Lsn | None:
+        return max((c.high for c in self.chunks), default=None)
+
+    # -- before the peek ----------------------------------------------------------------------
+
+    def copy_chunks(self) -> int:
+        """Copy chunks of the pending requests, oldest first, up to ``rows_per_batch`` rows."""
+        budget = self.rows_per_batch
+        copied = 0
+        for request in self.requests:
+            state = self.progress.get(request.id)
+            if state is None:
+                state = self.progress[request.id] = _new_state(request)
+                log.info("Snapshot request %s (%s): starting", request.id, request.mode)
+            if state["done"]:
+                continue
+            try:
+                for name, tstate in state["tables"].items():
+                    while not tstate["done"] and budget > 0:
+                        started = time.monotonic()
+                        rows = self._copy_chunk(request, tstate)
+                        budget -= max(rows, 1)
+                        copied += rows
+                        elapsed = max(time.monotonic() - started, 1e-6)
+                        log.info(
+                            "Snapshot %s, %s: chunk %d, %d rows (%.0f rows/s), %d rows so far%s",
+                            request.id, name, tstate["chunks"], rows, rows / elapsed, tstate["rows"],
+                            ", table done" if tstate["done"] else "",
+                        )
+            except (CatalogError, StagingError) as exc:
+                # One bad request must not stop the pipeline's other tables.
+                log.error("Snapshot request %s failed and is given up: %s", request.id, exc)
+                state["error"] = str(exc)
+                state["done"] = True
+                self._drop_chunks(request.id)
+                continue
+            if all(t["done"] for t in state["tables"].values()):
+                state["done"] = True
+            if budget <= 0:
+                break
+        return copied
+
+    def _drop_chunks(self, request_id: str) -> None:
+        for chunk in [c for c in self.chunks if c.request_id == request_id]:
+            chunk.file.unlink(missing_ok=True)
+            self.chunks.remove(chunk)
+            self._by_table[(chunk.schema, chunk.table)].remove(chunk)
+
+    def _watermark(self, content: Mapping[str, Any]) -> Lsn:
+        """A transactional logical message, synchronously committed: its LSN orders the chunk."""
+        with self.conn.transaction():
+            self.conn.execute("SET LOCAL synchronous_commit = on")
+            row = self.conn.execute(
+                "SELECT pg_logical_emit_message(true, %s, %s::text)::text",
+                (WATERMARK_PREFIX, json.dumps(content, sort_keys=True)),
+            ).fetchone()
+        assert row is not None
+        return Lsn.parse(row[0])
+
+    def _next_part(self, schema: str, table: str) -> Path:
+        number = self._part_numbers.get((schema, table), 0)
+        self._part_numbers[(schema, table)] = number + 1
+        directory = self.batch_dir / table_path(schema, table)
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory / f"snapshot-{number:05d}.parquet"
+
+    def _check_table(self, catalog: Catalog, schema: str, table: str) -> tuple[list[ColumnInfo], list[str]]:
+        columns = catalog.columns(schema, table)
+        if not columns:
+            raise CatalogError(f"table {schema}.{table} does not exist (or has no columns): check the request's name")
+        identity = catalog.replica_identity(schema, table)
+        key = list(catalog.primary_key(schema, table))
+        if not key and identity.kind == "index":
+            key = list(identity.columns)
+        if not key:
+            raise CatalogError(
+                f"table {schema}.{table} has no primary key (nor a replica identity index): it can be neither "
+                "copied in key order nor merged by key. Add a primary key, then file the request again."
+            )
+        for column in columns:
+            if column.name.startswith(METADATA_PREFIX):
+                raise CatalogError(
+                    f"column {column.name!r} of {schema}.{table} starts with {METADATA_PREFIX!r}, which pgdecode "
+                    "reserves for its metadata columns; rename the column"
+                )
+        if self.publication is not None:
+            row = self.conn.execute(
+                "SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
+                (self.publication, schema, table),
+            ).fetchone()
+            if row is None:
+                raise CatalogError(
+                    f"table {schema}.{table} is not in publication {self.publication!r}, so the slot sends none of "
+                    f"its changes: ALTER PUBLICATION {self.publication} ADD TABLE {schema}.{table}, then file the "
+                    "request again"
+                )
+        return columns, key
+
+    def _copy_chunk(self, request: SnapshotRequest, tstate: dict[str, Any]) -> int:
+        schema, table = tstate["schema"], tstate["table"]
+        before = copy.deepcopy(tstate)
+        conn = self.conn
+        for name, value in _SESSION_GUCS:
+            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+        if not tstate["truncated"]:
+            # Low watermark: the TRUNCATE that clears what Delta held goes before every chunk.
+            catalog = Catalog(conn)
+            columns, key = self._check_table(catalog, schema, table)
+            low = self._watermark({"request": request.id, "table": f"{schema}.{table}", "mark": "low"})
+            # The copy ends at the largest key present now: rows inserted later are in the slot
+            # after the low watermark, so the copy does not chase a growing table.
+            tstate["upper_key"] = _largest_key(conn, schema, table, key)
+            path = self._next_part(schema, table)
+            _write_chunk(path, columns, [], low, truncate=True)
+            tstate["truncated"] = True
+            tstate["truncate_lsn"] = str(low)
+            self._add(_Chunk(request.id, schema, table, -1, low, path, columns, key, 0, truncate=True,
+                             state_before=before))
+            before = copy.deepcopy(tstate)
+            if tstate["upper_key"] is None:  # empty: every row it gets is in the slot after the TRUNCATE
+                tstate["done"] = True
+                return 0
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        try:
+            row = conn.execute(
+                "SELECT pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text,"
+                " array(SELECT pg_snapshot_xip(s)::text) FROM pg_current_snapshot() s"
+            ).fetchone()
+            assert row is not None
+            visibility = SnapshotVisibility(int(row[0]), int(row[1]), frozenset(int(x) for x in row[2]))
+            catalog = Catalog(conn)
+            columns, key = self._check_table(catalog, schema, table)
+            by_name = {c.name: c for c in columns}
+            key_index = [next(i for i, c in enumerate(columns) if c.name == k) for k in key]
+            key_list = sql.SQL(", ").join(sql.Identifier(k) for k in key)
+            def bound(values: list[str]) -> sql.Composable:
+                return sql.SQL(", ").join(
+                    sql.SQL("{}::{}").format(sql.Literal(v), sql.SQL(by_name[k].catalog_type))
+                    for k, v in zip(key, values)
+                )
+
+            conditions = []
+            if tstate["last_key"] is not None:
+                conditions.append(sql.SQL("({}) > ({})").format(key_list, bound(tstate["last_key"])))
+            if tstate.get("upper_key") is not None:
+                conditions.append(sql.SQL("({}) <= ({})").format(key_list, bound(tstate["upper_key"])))
+            where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
+            query = sql.SQL("COPY (SELECT {} FROM {}{} ORDER BY {} LIMIT {}) TO STDOUT").format(
+                sql.SQL(", ").join(sql.Identifier(c.name) for c in columns),
+                sql.Identifier(schema, table), where, key_list, sql.Literal(request.chunk_rows),
+            )
+            with conn.cursor() as cur, cur.copy(query) as out:
+                rows = list(out.rows())
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.execute("ROLLBACK")
+            raise
+        high = self._watermark(
+            {"request": request.id, "table": f"{schema}.{table}", "chunk": tstate["chunks"], "mark": "high"}
+        )
+        path = self._next_part(schema, table)
+        _write_chunk(path, columns, rows, high)
+        keys = {tuple(r[i] for i in key_index): n for n, r in enumerate(rows)}
+        tstate["chunks"] += 1
+        tstate["rows"] += len(rows)
+        if rows:
+            tstate["last_key"] = [rows[-1][i] for i in key_index]
+        tstate["done"] = len(rows) < request.chunk_rows
+        self._add(_Chunk(request.id, schema, table, tstate["chunks"] - 1, high, path, columns, key, len(rows),
+                         visibility=visibility, keys=keys, state_before=before))
+        return len(rows)
+
+    def _add(self, chunk: _Chunk) -> None:
+        self.chunks.append(chunk)
+        self._by_table.setdefault((chunk.schema, chunk.table), []).append(chunk)
+
+    # -- while the slot is read ---------------------------------------------------------------
+
+    def observe(self, txn: Transaction) -> None:
+        """Note changes to chunk keys by transactions the chunk's snapshot did not see."""
+        if not self._by_table:
+            return
+        commit = int(txn.commit_lsn)
+        candidates = [
+            c for chunks in self._by_table.values() for c in chunks
+            if not c.truncate and commit <= c.high and c.visibility is not None and not c.visibility.sees(txn.xid)
+        ]
+        if not candidates:
+            return
+        by_table: dict[tuple[str, str], list[_Chunk]] = {}
+        for chunk in candidates:
+            by_table.setdefault((chunk.schema, chunk.table), []).append(chunk)
+        for seq, item in enumerate(txn.items):
+            kind = type(item)
+            if kind is Change:
+                chunks = by_table.get((item.schema, item.table))  # type: ignore[union-attr]
+                if not chunks:
+                    continue
+                for chunk in chunks:
+                    for image in (item.old, item.new):  # type: ignore[union-attr]
+                        if image is None:
+                            continue
+                        key = chunk.key_of(image)
+                        position = chunk.keys.get(key) if key is not None else None
+                        if position is not None and position not in chunk.placement:
+                            chunk.placement[position] = (commit, seq)
+            elif kind is Truncate:
+                for relation in item.relations:  # type: ignore[union-attr]
+                    for chunk in by_table.get(relation, ()):
+                        if chunk.cut is None:
+                            chunk.cut = (commit, seq)
+
+    # -- once the batch's end is known --------------------------------------------------------
+
+    def finish(self, end_lsn: Lsn) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Place the chunk rows, drop chunks beyond ``end_lsn``; return chunk records and progress."""
+        records: list[dict[str, Any]] = []
+        kept: list[_Chunk] = []
+        restored: set[tuple[str, str, str]] = set()
+        for chunk in self.chunks:
+            ident = (chunk.request_id, chunk.schema, chunk.table)
+            if chunk.high > end_lsn:
+                # Not reached by this batch (cannot happen with a ceiling past the watermark):
+                # the chunk, and every later one of its table, is copied again by the next run
+                # rather than land out of order.
+                log.warning("Snapshot chunk of %s.%s at %s is past the batch end %s: copied again next run",
+                            chunk.schema, chunk.table, chunk.high, end_lsn)
+                chunk.file.unlink(missing_ok=True)
+                if ident not in restored:
+                    self.progress[chunk.request_id]["tables"][f"{chunk.schema}.{chunk.table}"] = chunk.state_before
+                    restored.add(ident)
+                continue
+            kept.append(chunk)
+            moved = self._place(chunk)
+            records.append({
+                "request": chunk.request_id,
+                "table": f"{chunk.schema}.{chunk.table}",
+                "chunk": chunk.index,
+                "kind": "truncate" if chunk.truncate else "rows",
+                "lsn": str(chunk.high),
+                "rows": chunk.rows,
+                "moved_rows": moved,
+                "file": chunk.file.name,
+                **({"snapshot": chunk.visibility.to_dict()} if chunk.visibility is not None else {}),
+            })
+        self.chunks = kept
+        for state in self.progress.values():
+            if not state.get("error"):
+                state["done"] = all(t["done"] for t in state["tables"].values())
+        return records, self.progress
+
+    def _place(self, chunk: _Chunk) -> int:
+        """Rewrite the part's commit LSN and seq where a row must precede an unseen change."""
+        if chunk.truncate or (not chunk.placement and chunk.cut is None):
+            return 0
+        high = int(chunk.high)
+        positions = []
+        moved = 0
+        for n in range(chunk.rows):
+            spot = chunk.placement.get(n)
+            position = (high, n) if spot is None else (spot[0], -1)
+            if chunk.cut is not None and position > (chunk.cut[0], -1):
+                position = (chunk.cut[0], -1)
+            moved += position[0] != high
+            positions.append(position)
+        table = pq.read_table(chunk.file)
+        lsns = pa.array([p[0] for p in positions], pa.int64())
+        table = table.set_column(table.schema.get_field_index("_pg_commit_lsn"), "_pg_commit_lsn", lsns)
+        table = table.set_column(table.schema.get_field_index("_pg_change_lsn"), "_pg_change_lsn", lsns)
+        table = table.set_column(
+            table.schema.get_field_index("_pg_seq"), "_pg_seq", pa.array([p[1] for p in positions], pa.int32())
+        )
+        _write_table(chunk.file, table)
+        return moved
+
+    def table_summaries(self, summaries: list[TableSummary]) -> list[TableSummary]:
+        """The extract's table summaries with the chunk parts added (new tables sorted in)."""
+        by_name = {(s.schema, s.table): s for s in summaries}
+        for chunk in self.chunks:
+            name = (chunk.schema, chunk.table)
+            summary = by_name.get(name)
+            if summary is None:
+                summary = by_name[name] = TableSummary(
+                    schema=chunk.schema, table=chunk.table, path=table_path(*name), files=[], rows=0, inserts=0,
+                    updates=0, deletes=0, truncates=0, min_commit_lsn=str(chunk.high), max_commit_lsn=str(chunk.high),
+                    columns=[],
+                )
+            summary.files.append(chunk.file.name)
+            summary.rows += chunk.rows + (1 if chunk.truncate else 0)
+            summary.inserts += chunk.rows
+            summary.truncates += 1 if chunk.truncate else 0
+            lsns = [int(chunk.high)] + [p[0] for p in chunk.placement.values()]
+            if chunk.cut is not None:
+                lsns.append(chunk.cut[0])
+            summary.min_commit_lsn = str(Lsn(min(int(Lsn.parse(summary.min_commit_lsn)), *lsns)))
+            summary.max_commit_lsn = str(Lsn(max(int(Lsn.parse(summary.max_commit_lsn)), *lsns)))
+            known = {c.name for c in summary.columns}
+            for column in chunk.columns:
+                if column.name not in known:
+                    summary.columns.append(
+                        ColumnSummary(column.name, column.type_name, str(arrow_type(column.type_name)),
+                                      column.catalog_type, column.user_type)
+                    )
+                    known.add(column.name)
+        return [by_name[k] for k in sorted(by_name)]
+
+
+def _largest_key(conn: psycopg.Connection[Any], schema: str, table: str, key: list[str]) -> list[str] | None:
+    """The table's largest key as text (as COPY prints it), or None for an empty table."""
+    key_list = sql.SQL(", ").join(sql.Identifier(k) for k in key)
+    query = sql.SQL("COPY (SELECT {} FROM {} ORDER BY {} LIMIT 1) TO STDOUT").format(
+        key_list, sql.Identifier(schema, table), sql.SQL(", ").join(sql.SQL("{} DESC").format(sql.Identifier(k)) for k in key)
+    )
+    with conn.cursor() as cur, cur.copy(query) as out:
+        rows = list(out.rows())
+    return list(rows[0]) if rows else None
+
+
+def _write_chunk(path: Path, columns: list[ColumnInfo], rows: list[tuple[Any, ...]], lsn: Lsn,
+                 truncate: bool = False) -> None:
+    """A part in the layout of staging/writer.py: op I rows at ``lsn`` (or one op T row)."""
+    count = 1 if truncate else len(rows)
+    lsns = pa.array([int(lsn)] * count, pa.int64())
+    data: dict[str, pa.Array] = {
+        "_pg_commit_lsn": lsns,
+        "_pg_seq": pa.array(range(count), pa.int32()),
+        "_pg_op": pa.array(["T" if truncate else "I"] * count, pa.string()),
+        "_pg_xid": pa.nulls(count, pa.int64()),
+        "_pg_commit_time": pa.nulls(count, pa.timestamp("us", tz="UTC")),
+        "_pg_change_lsn": lsns,
+        "_pg_unchanged_toast": pa.nulls(count, pa.list_(pa.string())),
+    }
+    for index, column in enumerate(columns):
+        values = [None] if truncate else [row[index] for row in rows]
+        data[column.name] = convert_column(column.type_name, values, f"{path.parent.name}.{column.name}")
+    _write_table(path, pa.table(data))
+
+
+def _write_table(path: Path, table: pa.Table) -> None:
+    part = path.with_name(path.name + ".part")
+    pq.write_table(table, part, **PARQUET_OPTIONS)
+    os.replace(part, path)
+
+
+__all__ = [
+    "DEFAULT_CHUNK_ROWS",
+    "DEFAULT_ROWS_PER_BATCH",
+    "MODES",
+    "SnapshotRequest",
+    "SnapshotVisibility",
+    "TableSnapshotter",
+    "describe_progress",
+    "list_snapshot_requests",
+    "read_snapshot_state",
+    "request_table_snapshot",
+    "write_snapshot_states",
+]
