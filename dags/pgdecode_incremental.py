@@ -27,7 +27,12 @@ Deployment settings (environment variables, read when the DAG file is parsed):
 ``PGDECODE_DATA_DIR`` (default staging and Delta location), ``PGDECODE_SCHEDULE`` (cron,
 default every 15 minutes), ``PGDECODE_MAX_LAG_BYTES`` (the health check fails past this slot
 lag; default no limit), ``PGDECODE_WAIT_SECONDS`` (how long a run waits for changes before it
-skips the cycle; default 600).
+skips the cycle; default 600), ``PGDECODE_RETENTION_DAYS`` (staged batches older than this that
+nothing needs are removed after each confirm; default 7, empty keeps everything).
+
+Table snapshots: ``pgdecode_backfill`` in ``add-table`` or ``resnapshot`` mode files a request
+under the staging root; the next runs of this DAG copy the table chunk by chunk inside their
+extract, while every other table keeps flowing (docs/backfill.md).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ DATA_DIR = os.environ.get("PGDECODE_DATA_DIR", "/tmp/pgdecode")
 BATCH = "{{ ti.xcom_pull(task_ids='extract')['path'] }}"
 MAX_LAG_BYTES = int(os.environ["PGDECODE_MAX_LAG_BYTES"]) if os.environ.get("PGDECODE_MAX_LAG_BYTES") else None
 WAIT_SECONDS = int(os.environ.get("PGDECODE_WAIT_SECONDS", "600"))
+# Staged batches are the replay log of pgdecode_backfill; "" keeps them all.
+RETENTION_DAYS = os.environ.get("PGDECODE_RETENTION_DAYS", "7") or None
 
 with DAG(
     dag_id="pgdecode_incremental",
@@ -92,6 +99,7 @@ with DAG(
         slot_name="{{ params.slot_name }}",
         postgres_conn_id="{{ params.postgres_conn_id }}",
         publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
+        staging_root="{{ params.staging_uri }}",  # table snapshot requests count as work
         poke_interval=min(15, max(WAIT_SECONDS, 1)),
         timeout=WAIT_SECONDS,
         soft_fail=True,  # no changes: the cycle is skipped, not failed
@@ -118,6 +126,7 @@ with DAG(
         batch_path=BATCH,
         postgres_conn_id="{{ params.postgres_conn_id }}",
         merge_task_id="merge",
+        retention_days=RETENTION_DAYS,
     )
 
     ensure_slot >> [slot_health, wait_for_changes]

@@ -7,6 +7,7 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
@@ -60,6 +61,12 @@ class PgDecodeHook(PostgresHook):
             conn.autocommit = True
             client = self._slot_client = SlotClient(conn)
         return client
+
+    def dsn(self) -> str:
+        """The libpq connection string of this hook's connection, password included (for
+        connections opened elsewhere: the replication connection of an initial load)."""
+        info = self.get_slot_client().conn.info
+        return make_conninfo(info.dsn, password=info.password) if info.password else info.dsn
 
     def get_catalog(self) -> Catalog:
         """A :class:`Catalog` on the same connection as :meth:`get_slot_client`."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,6 +16,8 @@ from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.operators.extract import checkpoint_xcom_key
 from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
 from airflow_provider_pgdecode.staging.manifest import BatchManifest
+from airflow_provider_pgdecode.staging.retention import DEFAULT_KEEP_BATCHES, prune_batches
+from airflow_provider_pgdecode.staging.table_snapshot import describe_progress, write_snapshot_states
 
 
 def _same_path(a: str, b: str) -> bool:
@@ -50,9 +53,15 @@ class PgDecodeConfirmOperator(BaseOperator):
     :param postgres_conn_id: the Airflow connection of the slot's database. (templated)
     :param merge_task_id: the merge task whose XCom must list the batch; ``None`` skips this
         check (when the merge is done elsewhere). (templated)
+    :param retention_days: after confirming, remove the slot's staged batches older than this
+        many days that nothing needs any more
+        (:func:`~airflow_provider_pgdecode.staging.retention.prune_batches`: pending prepared
+        transactions and the newest ``retention_batches`` batches are kept). ``None`` keeps
+        every batch. (templated)
+    :param retention_batches: the newest confirmed batches always kept.
     """
 
-    template_fields: Sequence[str] = ("slot_name", "batch_path", "postgres_conn_id", "merge_task_id")
+    template_fields: Sequence[str] = ("slot_name", "batch_path", "postgres_conn_id", "merge_task_id", "retention_days")
     ui_color = "#e3d9f0"
 
     def __init__(
@@ -62,9 +71,13 @@ class PgDecodeConfirmOperator(BaseOperator):
         batch_path: str,
         postgres_conn_id: str = PgDecodeHook.default_conn_name,
         merge_task_id: str | None = "merge",
+        retention_days: float | str | None = None,
+        retention_batches: int = DEFAULT_KEEP_BATCHES,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.retention_days = retention_days
+        self.retention_batches = retention_batches
         self.slot_name = slot_name
         self.batch_path = batch_path
         self.postgres_conn_id = postgres_conn_id
@@ -127,5 +140,20 @@ class PgDecodeConfirmOperator(BaseOperator):
             checkpoint.end_lsn,
             len(checkpoint.prepared_pending),
         )
+        if checkpoint.snapshots:
+            # Whoever waits on a table snapshot request (pgdecode_backfill) reads the confirmed state.
+            write_snapshot_states(Path(path).parent.parent, self.slot_name, checkpoint.snapshots)
+            for request_id, state in checkpoint.snapshots.items():
+                if manifest.snapshot_chunks or not state.get("done"):
+                    self.log.info("Snapshot request %s: %s", request_id, describe_progress(state))
         context["ti"].xcom_push(key=checkpoint_xcom_key(self.slot_name), value=checkpoint.to_dict())
+        if self.retention_days not in (None, ""):
+            removed = prune_batches(
+                Path(path).parent.parent, checkpoint, keep_days=float(self.retention_days),
+                keep_batches=self.retention_batches,
+            )
+            self.log.info(
+                "Retention (%s days, newest %d kept): removed %d staged batch(es)",
+                self.retention_days, self.retention_batches, len(removed),
+            )
         return checkpoint.to_dict()

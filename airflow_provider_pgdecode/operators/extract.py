@@ -60,6 +60,14 @@ def log_manifest(log: Any, manifest: BatchManifest, seconds: float | None = None
             entry.get("xid"),
             entry.get("prepare_lsn"),
         )
+    for chunk in manifest.snapshot_chunks:
+        if chunk.get("kind") == "truncate":
+            log.info("  snapshot %s of %s: TRUNCATE at low watermark %s", chunk["request"], chunk["table"], chunk["lsn"])
+        else:
+            log.info(
+                "  snapshot %s of %s: chunk %d, %d rows at watermark %s (%d placed before changes the chunk missed)",
+                chunk["request"], chunk["table"], chunk["chunk"], chunk["rows"], chunk["lsn"], chunk.get("moved_rows", 0),
+            )
     for entry in manifest.prepared_committed:
         log.info("  prepared transaction %r committed at %s", entry.get("gid"), entry.get("commit_lsn"))
     for entry in manifest.prepared_rolled_back:

@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_pgdecode.errors import SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.staging.table_snapshot import pending_snapshot_requests
 from airflow_provider_pgdecode.triggers.slot_changes import (
     DEFAULT_HEARTBEAT_PREFIX,
     DEFAULT_PROBE_ROWS,
@@ -59,13 +60,16 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
     :param probe_rows: rows peeked per probe.
     :param heartbeat_prefix: the prefix of heartbeat messages. (templated)
     :param publication: for pgoutput slots, the publication they are read with. (templated)
+    :param staging_root: the staging root of the slot's batches; when given, a table snapshot
+        request still in progress (``pgdecode_backfill`` modes ``add-table``/``resnapshot``)
+        counts as work, so its chunks get copied even while the database is idle. (templated)
     :param deferrable: wait in the triggerer instead of a worker.
     :param kwargs: :class:`~airflow.sdk.BaseSensorOperator` arguments (``poke_interval``,
         ``timeout``, ``mode``, ``soft_fail`` ...). ``poke_interval`` is also the trigger's
         poll interval.
     """
 
-    template_fields: Sequence[str] = ("slot_name", "postgres_conn_id", "heartbeat_prefix", "publication")
+    template_fields: Sequence[str] = ("slot_name", "postgres_conn_id", "heartbeat_prefix", "publication", "staging_root")
     ui_color = "#d9eaf7"
 
     def __init__(
@@ -78,6 +82,7 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
         probe_rows: int = DEFAULT_PROBE_ROWS,
         heartbeat_prefix: str = DEFAULT_HEARTBEAT_PREFIX,
         publication: str | None = None,
+        staging_root: str | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ) -> None:
@@ -89,6 +94,7 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
         self.probe_rows = probe_rows
         self.heartbeat_prefix = heartbeat_prefix
         self.publication = publication
+        self.staging_root = staging_root
         self.deferrable = deferrable
 
     def _check(self) -> tuple[bool, dict[str, Any]]:
@@ -108,6 +114,11 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
 
     def poke(self, context: Context) -> PokeReturnValue:
         done, report = self._check()
+        if not done and self.staging_root:
+            waiting = pending_snapshot_requests(self.staging_root, self.slot_name)
+            if waiting:
+                done = True
+                report = {**report, "reason": f"table snapshot request(s) in progress: {', '.join(waiting)}"}
         self.log.info("Slot %s: %s", self.slot_name, report["reason"])
         return PokeReturnValue(is_done=done, xcom_value=report if done else None)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import StagingError
 
 FORMAT = "pgdecode.batch/1"
+_BATCH_NAME = re.compile(r"^[0-9A-F]{16}-[0-9A-F]{16}$")
 MANIFEST_NAME = "manifest.json"
 
 
@@ -170,4 +172,4 @@ def list_batches(staging_root: str | os.PathLike[str], slot: str) -> list[Path]:
     base = Path(staging_root) / slot
     if not base.is_dir():
         return []
-    return sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith(".") and "-" in p.name)
+    return sorted(p for p in base.iterdir() if p.is_dir() and _BATCH_NAME.match(p.name))

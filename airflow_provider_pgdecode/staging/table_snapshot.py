@@ -219,6 +219,16 @@ def read_snapshot_state(staging_root: str | os.PathLike[str], slot: str, request
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def pending_snapshot_requests(staging_root: str | os.PathLike[str], slot: str) -> list[str]:
+    """Ids of filed requests whose confirmed state is not done yet."""
+    out = []
+    for request in list_snapshot_requests(staging_root, slot):
+        state = read_snapshot_state(staging_root, slot, request.id)
+        if state is None or not state.get("done"):
+            out.append(request.id)
+    return out
+
+
 def describe_progress(state: Mapping[str, Any]) -> str:
     """One line per table: chunks, rows, done or not."""
     parts = []
@@ -725,6 +735,7 @@ __all__ = [
     "TableSnapshotter",
     "describe_progress",
     "list_snapshot_requests",
+    "pending_snapshot_requests",
     "read_snapshot_state",
     "request_table_snapshot",
     "write_snapshot_states",

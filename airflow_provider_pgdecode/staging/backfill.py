@@ -1,0 +1,72 @@
+"""What ``pgdecode_backfill`` works on: chains of retained batches and a slot's initial load. Plain Python.
+
+Example::
+
+    from airflow_provider_pgdecode.staging.backfill import select_batch_chain
+
+    chain = select_batch_chain("/data/staging", "pgdecode_shop", start_lsn=None, end_lsn=None)
+    print([m.name for m in chain])
+"""
+
+from __future__ import annotations
+
+import os
+
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import StagingError
+from airflow_provider_pgdecode.staging.manifest import BatchManifest, list_batches
+from airflow_provider_pgdecode.staging.snapshot import SNAPSHOT_START_LSN
+
+
+def select_batch_chain(
+    staging_root: str | os.PathLike[str], slot: str, start_lsn: Lsn | None = None, end_lsn: Lsn | None = None
+) -> list[BatchManifest]:
+    """The chain of retained batches from ``start_lsn`` up to ``end_lsn``, in LSN order.
+
+    Each batch starts where the previous one ended. Batches that a failed run staged and a
+    later run replaced (same start, smaller end) are passed over: from each start the batch
+    reaching furthest is taken. ``start_lsn`` None: from the first retained batch (the
+    initial load when it is still retained); ``end_lsn`` None: to the last. A gap, or a range
+    retention already removed, is an error that says so.
+    """
+    manifests = [BatchManifest.read(path) for path in list_batches(staging_root, slot)]
+    if not manifests:
+        raise StagingError(f"no retained batch of slot {slot!r} under {staging_root}")
+    by_start: dict[Lsn, BatchManifest] = {}
+    for manifest in manifests:
+        begin = Lsn.parse(manifest.start_lsn)
+        best = by_start.get(begin)
+        if best is None or Lsn.parse(manifest.end_lsn) > Lsn.parse(best.end_lsn):
+            by_start[begin] = manifest
+    position = start_lsn if start_lsn is not None else min(by_start)
+    chain: list[BatchManifest] = []
+    while position in by_start and (end_lsn is None or position < end_lsn):
+        manifest = by_start[position]
+        if Lsn.parse(manifest.end_lsn) == position:  # an empty batch: nothing further from here
+            break
+        chain.append(manifest)
+        position = Lsn.parse(manifest.end_lsn)
+    if not chain:
+        first = min(by_start)
+        raise StagingError(
+            f"no retained batch of slot {slot!r} starts at {position} (the first retained batch starts at {first}); "
+            "give a start_lsn where a batch starts, or leave it empty"
+        )
+    if end_lsn is not None and position < end_lsn:
+        raise StagingError(
+            f"retained batches of slot {slot!r} end at {position}, before {end_lsn}: the changes after it are not "
+            "staged (yet, or no longer: see the retention setting)"
+        )
+    return chain
+
+
+def find_initial_load(staging_root: str | os.PathLike[str], slot: str) -> BatchManifest | None:
+    """The slot's staged initial load (the snapshot batch starting at 0/0), if retained."""
+    for path in list_batches(staging_root, slot):
+        manifest = BatchManifest.read(path)
+        if Lsn.parse(manifest.start_lsn) == SNAPSHOT_START_LSN:
+            return manifest
+    return None
+
+
+__all__ = ["find_initial_load", "select_batch_chain"]
