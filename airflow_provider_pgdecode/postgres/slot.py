@@ -45,6 +45,9 @@ _PEEK_SQL = (
     " FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, VARIADIC %s::text[])"
 )
 
+# The same peek as one COPY: raw rows in binary COPY format, no per-row objects on the client.
+_PEEK_COPY_SQL = f"COPY ({_PEEK_SQL}) TO STDOUT (FORMAT BINARY)"
+
 _ENCODINGS: dict[str, str] = {
     "UTF8": "utf-8",
     "SQL_ASCII": "ascii",
@@ -119,6 +122,19 @@ def validate_slot_name(name: str) -> str:
             "digits and underscores ([a-z0-9_])"
         )
     return name
+
+
+def _peek_arguments(name: str, upto_lsn: Lsn, options: Sequence[tuple[str, str]]) -> tuple[Lsn, list[str]]:
+    """Checked slot name, ceiling and flattened plugin options of a peek."""
+    validate_slot_name(name)
+    if not isinstance(upto_lsn, int):
+        raise TypeError(f"upto_lsn must be an Lsn, got {upto_lsn!r}")
+    flat: list[str] = []
+    for option in options:
+        if len(option) != 2 or not all(isinstance(part, str) for part in option):
+            raise ValueError(f"plugin options must be (name, value) pairs of strings, got {option!r}")
+        flat.extend(option)
+    return Lsn.coerce(upto_lsn), flat
 
 
 def _lsn(text: str | None) -> Lsn | None:
@@ -387,18 +403,33 @@ class SlotClient:
         :param options: output plugin options as ``(name, value)`` pairs.
         :param chunk_size: rows fetched per round trip.
         """
-        validate_slot_name(name)
-        if not isinstance(upto_lsn, int):
-            raise TypeError(f"upto_lsn must be an Lsn, got {upto_lsn!r}")
-        ceiling = Lsn.coerce(upto_lsn)
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-        flat: list[str] = []
-        for option in options:
-            if len(option) != 2 or not all(isinstance(part, str) for part in option):
-                raise ValueError(f"plugin options must be (name, value) pairs of strings, got {option!r}")
-            flat.extend(option)
+        ceiling, flat = _peek_arguments(name, upto_lsn, options)
         return self._peek_rows(name, str(ceiling), flat, chunk_size)
+
+    def peek_copy(
+        self, name: str, upto_lsn: Lsn, options: Sequence[tuple[str, str]] = ()
+    ) -> Generator[memoryview, None, None]:
+        """The rows :meth:`peek` gives, as raw ``COPY ... (FORMAT BINARY)`` blocks.
+
+        Columns: lsn as int8, xid as int8 (NULL for non-transactional messages), data as bytea.
+        Same function, options and pinned GUCs as :meth:`peek`; for readers that parse the
+        binary COPY format themselves (the extract's native fast path).
+        """
+        ceiling, flat = _peek_arguments(name, upto_lsn, options)
+        return self._peek_blocks(name, str(ceiling), flat)
+
+    def _peek_blocks(self, name: str, upto: str, options: list[str]) -> Generator[memoryview, None, None]:
+        conn = self.conn
+        with conn.transaction():
+            conn.execute(_PIN_GUCS_SQL)
+            with conn.cursor() as cur:
+                try:
+                    with cur.copy(_PEEK_COPY_SQL, (name, upto, options)) as copy:
+                        yield from copy
+                except psycopg.Error as exc:
+                    raise self._error(exc, name, "peek changes") from exc
 
     def _peek_rows(
         self, name: str, upto: str, options: list[str], chunk_size: int

@@ -1,0 +1,413 @@
+"""The extract's native fast path: COPY blocks into a C scanner, columnar buffers into Parquet.
+
+Why: the Python path spends ~12 µs per slot row (tuples from the cursor, the line scanner,
+event and row objects, Python lists turned into Arrow columns), while the server decodes a
+row in 1-2 µs. ``pg_logical_slot_peek_*changes`` materialises its whole result before
+returning anything, so extract time is server time plus client time; to stay within twice
+the server's time the client may spend no more than the server per row. Here no Python
+object is made per row or per value:
+
+1. Transfer: the peek (same SQL, options and pinned GUCs as :meth:`SlotClient.peek`) runs
+   inside ``COPY ... TO STDOUT (FORMAT BINARY)``; the raw blocks go to the C reader
+   (:mod:`airflow_provider_pgdecode.decoding._native`), which handles rows straddling blocks.
+2. The C reader parses test_decoding lines (the same scanning rules as
+   :mod:`~airflow_provider_pgdecode.decoding.test_decoding`) or pgoutput messages (its
+   Relation cache is filled by the Python parser, so type names come from the same place)
+   and appends values as text to per-table Arrow-layout buffers (validity, int32 offsets,
+   bytes) together with the writer's metadata columns. Commit LSN and time are filled in at
+   COMMIT.
+3. Parts are cut exactly where :class:`~airflow_provider_pgdecode.staging.writer.BatchWriter`
+   cuts them (``part_rows`` over all tables, the largest table first; a change of a table's
+   columns). At a flush Python wraps the buffers as Arrow arrays without copying values
+   and converts them with the same vectorised rules
+   (:func:`~airflow_provider_pgdecode.staging.types.convert_column`).
+4. Anything but plain committed INSERT/UPDATE/DELETE transactions, and any row the C scanner
+   cannot read, goes to the Python path: the reader keeps a raw copy of the open
+   transaction's rows and hands them over with the unusual row (TRUNCATE, messages,
+   two-phase, streamed transactions, origins, a column change while rows of the old columns
+   are buffered, a transaction of ``memory_items`` changes or more, rows before a
+   checkpoint's end...). Python parses them with the pure-Python parser and
+   :class:`TransactionAssembler` (so errors and spilling are those of the Python path) and
+   passes rows through until the assembler is idle again. Transactions it assembles are
+   added to the same buffers row by row.
+
+Memory is bounded by ``part_rows`` buffered rows plus one open transaction of fewer than
+``memory_items`` rows (kept twice: parsed and raw), whatever the batch size.
+
+Select the path with ``extract_batch(..., native=False)`` or ``PGDECODE_NATIVE=0``; the
+Python path is used when the extension is not built or the database encoding is not UTF-8.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction, TransactionAssembler
+from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, Truncate
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import CatalogError
+from airflow_provider_pgdecode.staging.manifest import ColumnSummary, TableSummary, table_path
+from airflow_provider_pgdecode.staging.types import arrow_type, convert_column
+from airflow_provider_pgdecode.staging.writer import METADATA_PREFIX, PARQUET_OPTIONS, BatchWriter
+
+log = logging.getLogger(__name__)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_missing_logged = False
+
+
+def load_native() -> Any | None:
+    """The C extension module, or ``None`` (logged once) when it was not built."""
+    global _missing_logged
+    try:
+        from airflow_provider_pgdecode.decoding import _native
+    except ImportError as exc:
+        if not _missing_logged:
+            log.warning("pgdecode's native extract is not available (%s); using the Python path", exc)
+            _missing_logged = True
+        return None
+    return _native
+
+
+def native_wanted(native: bool | None) -> bool:
+    """``native`` if given, else the environment (``PGDECODE_NATIVE=0`` turns it off; default on)."""
+    if native is not None:
+        return native
+    return os.environ.get("PGDECODE_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _micros(when: datetime | None) -> int | None:
+    if when is None:
+        return None
+    if when.tzinfo is None:  # as pyarrow reads a naive datetime for a UTC column
+        when = when.replace(tzinfo=timezone.utc)
+    delta = when - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _text(n: int, parts: tuple[bytes, int, bytes, bytes]) -> pa.Array:
+    valid, nulls, offsets, data = parts
+    return pa.Array.from_buffers(
+        pa.string(), n, [pa.py_buffer(valid) if nulls else None, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls
+    )
+
+
+def _fixed(kind: pa.DataType, n: int, data: bytes, valid: tuple[bytes, int] | None = None) -> pa.Array:
+    bits, nulls = valid if valid is not None else (None, 0)
+    return pa.Array.from_buffers(kind, n, [pa.py_buffer(bits) if nulls else None, pa.py_buffer(data)], null_count=nulls)
+
+
+class _Table:
+    """Python-side state of one table: its part files and the columns it has staged."""
+
+    __slots__ = ("schema", "table", "relpath", "directory", "files", "all_columns")
+
+    def __init__(self, schema: str, table: str, root: Path) -> None:
+        self.schema = schema
+        self.table = table
+        self.relpath = table_path(schema, table)
+        self.directory = root / self.relpath
+        self.files: list[str] = []
+        self.all_columns: dict[str, str] = {}
+
+
+class NativeWriter:
+    """Stages into one batch directory from the C reader's buffers (the fast path's writer).
+
+    It has :class:`BatchWriter`'s interface for the extract; messages and pending prepared
+    transactions go through the wrapped ``BatchWriter``, table rows through the reader.
+    """
+
+    def __init__(self, reader: Any, writer: BatchWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.directory = writer.directory
+        self._tables: dict[int, _Table] = {}
+        self._py_transactions = 0
+        self._py_changes = 0
+        self._py_skipped = 0
+
+    # -- totals as BatchWriter has them -------------------------------------------------------
+
+    @property
+    def transactions(self) -> int:
+        return self._py_transactions + self.reader.stats()["transactions"]
+
+    @property
+    def changes(self) -> int:
+        return self._py_changes + self.reader.stats()["changes"]
+
+    @property
+    def skipped_changes(self) -> int:
+        return self._py_skipped + self.reader.stats()["skipped"]
+
+    # -- the Python path's transactions ----------------------------------------------------------
+
+    def add_transaction(self, txn: Transaction) -> None:
+        """One transaction assembled in Python, row by row (as BatchWriter.add_transaction)."""
+        reader = self.reader
+        staged = 0
+        commit = int(txn.commit_lsn)
+        when = _micros(txn.commit_time)
+        for seq, item in enumerate(txn.items):
+            kind = type(item)
+            if kind is Change:
+                tid = reader.table_id(item.schema, item.table)  # type: ignore[union-attr]
+                if tid < 0:
+                    self._py_skipped += 1
+                    continue
+                if not item.has_tuple_data:  # type: ignore[union-attr]
+                    raise CatalogError(
+                        f"{item.operation.name} on {item.schema}.{item.table} at LSN {item.lsn} carries no row "  # type: ignore[union-attr]
+                        "data: the table has no primary key and REPLICA IDENTITY DEFAULT (or NOTHING), so "
+                        "PostgreSQL does not log which row changed. Add a primary key, or run ALTER TABLE "
+                        "... REPLICA IDENTITY FULL, or exclude the table from the pipeline"
+                    )
+                new = item.new  # type: ignore[union-attr]
+                values = None
+                if new is not None:
+                    layout = reader.layout(tid)
+                    if layout is None or layout != (new.names, new.types):
+                        if layout is not None and reader.pending(tid):
+                            self._flush(tid, reader.pending(tid))
+                        self._check_names(tid, new.names)
+                        reader.set_layout(tid, tuple(new.names), tuple(new.types))
+                    values = tuple(new.values)
+                old = item.old  # type: ignore[union-attr]
+                flush = reader.append(
+                    tid, seq, item.operation.value, txn.xid, commit, when, int(item.lsn), values,  # type: ignore[union-attr]
+                    None if old is None else (tuple(old.names), tuple(old.types), tuple(old.values)),
+                )
+                staged += 1
+                if flush is not None:
+                    self._flush(*flush)
+            elif kind is Truncate:
+                for schema, table in item.relations:  # type: ignore[union-attr]
+                    tid = reader.table_id(schema, table)
+                    if tid < 0:
+                        self._py_skipped += 1
+                        continue
+                    flush = reader.append(tid, seq, "T", txn.xid, commit, when, int(item.lsn), None, None)  # type: ignore[union-attr]
+                    staged += 1
+                    if flush is not None:
+                        self._flush(*flush)
+            elif kind is Message:
+                self.writer._add_message(item, txn.commit_lsn, seq, txn.xid)  # type: ignore[arg-type]
+        if staged:
+            self._py_transactions += 1
+            self._py_changes += staged
+
+    def add_message(self, message: Message) -> None:
+        self.writer.add_message(message)
+
+    def _check_names(self, tid: int, names: Iterable[str]) -> None:
+        for name in names:
+            if name.startswith(METADATA_PREFIX):
+                info = self.reader.table_info(tid)
+                raise CatalogError(
+                    f"column {name!r} of {info['schema']}.{info['table']} starts with {METADATA_PREFIX!r}, which "
+                    "pgdecode reserves for its metadata columns; rename the column or exclude the table"
+                )
+
+    # -- parts -----------------------------------------------------------------------------------
+
+    def _table(self, tid: int) -> _Table:
+        table = self._tables.get(tid)
+        if table is None:
+            info = self.reader.table_info(tid)
+            table = self._tables[tid] = _Table(info["schema"], info["table"], self.directory)
+        return table
+
+    def flush_all(self, flushes: Iterable[tuple[int, int]]) -> None:
+        for tid, rows in flushes:
+            self._flush(tid, rows)
+
+    def _flush(self, tid: int, rows: int) -> None:
+        """Write the first ``rows`` buffered rows of a table as one part (as _TableBuffer.flush)."""
+        if rows <= 0:
+            return
+        state = self._table(tid)
+        layout = self.reader.layout(tid)
+        b = self.reader.take(tid, rows)
+        n = b["n"]
+        toast_child = _text(b["toast_n"], b["toast_names"])
+        bits, nulls = b["toast_valid"]
+        toast = pa.Array.from_buffers(
+            pa.list_(pa.string()), n, [pa.py_buffer(bits) if nulls else None, pa.py_buffer(b["toast_offsets"])],
+            null_count=nulls, children=[toast_child],
+        )
+        columns: dict[str, pa.Array] = {
+            "_pg_commit_lsn": _fixed(pa.int64(), n, b["commit_lsn"]),
+            "_pg_seq": _fixed(pa.int32(), n, b["seq"]),
+            "_pg_op": pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(b["op_offsets"]), pa.py_buffer(b["op"])]),
+            "_pg_xid": _fixed(pa.int64(), n, b["xid"], b["xid_valid"]),
+            "_pg_commit_time": _fixed(pa.timestamp("us", tz="UTC"), n, b["ctime"], b["ctime_valid"]),
+            "_pg_change_lsn": _fixed(pa.int64(), n, b["change_lsn"]),
+            "_pg_unchanged_toast": toast,
+        }
+        label = f"{state.schema}.{state.table}"
+        values: dict[str, pa.Array] = {}
+        names: tuple[str, ...] = ()
+        if layout is not None:
+            names, types = layout
+            for name, pg_type, parts in zip(names, types, b["values"]):
+                values[name] = convert_column(pg_type, _text(n, parts), f"{label}.{name}")
+                state.all_columns[name] = pg_type
+        old = self._old_struct(state, n, names, layout, b["old"], b["has_old"], label)
+        if old is not None:
+            columns["_pg_old"] = old
+            for child in old.type:
+                if child.name not in values:
+                    values[child.name] = pa.nulls(n, child.type)
+        columns.update(values)
+        table = pa.table(columns)
+        state.directory.mkdir(parents=True, exist_ok=True)
+        file_name = f"part-{len(state.files):05d}.parquet"
+        pq.write_table(table, state.directory / file_name, **PARQUET_OPTIONS)
+        state.files.append(file_name)
+
+    def _old_struct(
+        self, state: _Table, n: int, names: tuple[str, ...], layout: Any, old: list[Any], has_old: bytes, label: str
+    ) -> pa.Array | None:
+        for name, pg_type, _ in old:
+            state.all_columns.setdefault(name, pg_type)
+        if not old:
+            if not names:
+                return None
+            types = layout[1]
+            return pa.nulls(n, pa.struct([(nm, arrow_type(t)) for nm, t in zip(names, types)]))
+        order = {name: i for i, name in enumerate(names)}
+        fields = sorted(old, key=lambda f: (order.get(f[0], len(order)), f[0]))
+        children = [convert_column(t, _text(n, parts), f"{label}._pg_old.{name}") for name, t, parts in fields]
+        mask = pa.array(np.frombuffer(has_old, dtype=np.uint8) == 0)
+        return pa.StructArray.from_arrays(children, names=[f[0] for f in fields], mask=mask)
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def close(self) -> tuple[list[TableSummary], dict[str, Any] | None]:
+        for tid in self.reader.order():
+            self._flush(tid, self.reader.pending(tid))
+        _, messages = self.writer.close()
+        summaries = []
+        for tid in self.reader.order():
+            state = self._tables.get(tid)
+            if state is None or not state.files:
+                continue
+            info = self.reader.table_info(tid)
+            summaries.append(
+                TableSummary(
+                    schema=state.schema,
+                    table=state.table,
+                    path=state.relpath,
+                    files=list(state.files),
+                    rows=info["I"] + info["U"] + info["D"] + info["T"],
+                    inserts=info["I"],
+                    updates=info["U"],
+                    deletes=info["D"],
+                    truncates=info["T"],
+                    min_commit_lsn=str(Lsn(info["min_commit"] or 0)),
+                    max_commit_lsn=str(Lsn(info["max_commit"])),
+                    columns=[ColumnSummary(nm, t, str(arrow_type(t))) for nm, t in state.all_columns.items()],
+                )
+            )
+        summaries.sort(key=lambda s: (s.schema, s.table))
+        return summaries, messages
+
+    def save_prepared(self, prepared: list[PreparedTransaction]) -> list[dict[str, Any]]:
+        return self.writer.save_prepared(prepared)
+
+
+def extract_native(
+    native: Any,
+    blocks: Iterable[Any],
+    parser: Any,
+    plugin: str,
+    assembler: TransactionAssembler,
+    writer: BatchWriter,
+    include: Callable[[str, str], bool] | None,
+    part_rows: int,
+    memory_items: int,
+    resume_after: Lsn | None,
+) -> tuple[NativeWriter, int]:
+    """Run the peek's COPY blocks through the C reader; returns the writer and the rows read.
+
+    ``parser`` is the plugin's Python parser (used for the rows handed over, and for pgoutput's
+    Relation and Type messages); ``assembler`` and ``writer`` are those of the Python path.
+    """
+    relations: dict[int, Any] = {}
+
+    def sync_relations() -> None:
+        for relid, rel in parser.relations.items():
+            if relations.get(relid) is not rel:
+                reader.set_relation(relid, rel.schema, rel.table, rel.names, rel.types, rel.key_flags)
+                relations[relid] = rel
+
+    def on_relation(lsn: int, xid: int | None, data: bytes) -> None:
+        parser.parse(Lsn(lsn), xid, data)
+        sync_relations()
+
+    reader = native.Reader(
+        plugin,
+        part_rows,
+        memory_items,
+        None if resume_after is None else int(resume_after),
+        include if include is not None else (lambda schema, table: True),
+        on_relation if plugin == "pgoutput" else None,
+        UNCHANGED_TOAST,
+    )
+    out = NativeWriter(reader, writer)
+    parse = parser.parse
+    feed = assembler.feed
+    is_pgoutput = plugin == "pgoutput"
+
+    def python_rows(rows: list[tuple[int, int | None, bytes]]) -> None:
+        for lsn, xid, data in rows:
+            event = parse(Lsn(lsn), xid, data)
+            if event is None:
+                if is_pgoutput:
+                    sync_relations()
+                continue
+            done = feed(event)
+            if done is not None:
+                if type(done) is Transaction:
+                    out.add_transaction(done)
+                    done.items.discard()
+                elif type(done) is Message:
+                    out.add_message(done)
+
+    run = reader.run
+    for block in blocks:
+        reader.feed(block)
+        while True:
+            result = run()
+            if result is None:
+                break
+            kind = result[0]
+            if kind == "flush":
+                out.flush_all(result[1])
+            elif kind == "rows":
+                python_rows(result[1])
+                if assembler.idle:
+                    reader.resume()
+            else:  # "end": rows of a transaction cut off by the end, for the assembler to judge
+                python_rows(result[1])
+    stats = reader.stats()
+    assembler.add_fast_totals(
+        safe_lsn=None if stats["safe_lsn"] is None else Lsn(stats["safe_lsn"]),
+        transactions=stats["assembled_transactions"],
+        changes=stats["assembled_changes"],
+        empty=stats["empty_transactions"],
+    )
+    return out, stats["rows_read"]
+
+
+__all__ = ["NativeWriter", "extract_native", "load_native", "native_wanted"]
