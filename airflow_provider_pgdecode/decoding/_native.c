@@ -177,6 +177,10 @@ typedef struct {
     char **utypes; Py_ssize_t *utlen;
     TextCol *cols;
     long layout_version;
+    /* test_decoding: each column's " name[type]:" text as printed, for a fast match */
+    int has_markers;
+    Buf markers;
+    Py_ssize_t *mk_off;
     /* old images */
     Py_ssize_t nold, oldcap;
     OldField *old;
@@ -224,6 +228,10 @@ static void free_layout(Table *t) {
     Py_CLEAR(t->names); Py_CLEAR(t->types);
     t->ncols = 0;
     t->has_layout = 0;
+    t->has_markers = 0;
+    t->markers.len = 0;
+    PyMem_Free(t->mk_off);
+    t->mk_off = NULL;
 }
 
 static char *dup_utf8(PyObject *s, Py_ssize_t *len) {
@@ -305,6 +313,7 @@ static void table_free(Table *t) {
     Py_XDECREF(t->schema); Py_XDECREF(t->table);
     PyMem_Free(t->key);
     free_layout(t);
+    buf_free(&t->markers);
     for (Py_ssize_t i = 0; i < t->nold; i++) {
         OldField *f = &t->old[i];
         Py_XDECREF(f->name); Py_XDECREF(f->type); PyMem_Free(f->uname); PyMem_Free(f->utype);
@@ -343,6 +352,7 @@ static void relation_free(Relation *r) {
 /* ---------------------------------------------------------------- parsed columns (test_decoding) */
 
 typedef struct {
+    const char *marker; Py_ssize_t marker_len; /* " name[type]:" as printed */
     Py_ssize_t name_at, name_len; /* into the scratch buffer (unescaped) */
     const char *type; Py_ssize_t type_len;
     int kind; /* 0 text, 1 null, 2 unchanged toast */
@@ -378,6 +388,8 @@ typedef struct {
     Buf txn_tables; /* Py_ssize_t per touched table */
     Buf txn_tids;   /* int32 table id per included row */
     Buf raw; Py_ssize_t raw_rows;
+    /* test_decoding: raw "schema.table" texts of recent lines -> table id */
+    Buf head_cache[8]; Py_ssize_t head_tid[8]; int head_next;
     /* scratch */
     Col *cols; Py_ssize_t colcap, ncol;
     Buf scratch;
@@ -713,6 +725,7 @@ static Py_ssize_t td_tuple(Reader *r, const char *s, Py_ssize_t pos, Py_ssize_t 
             r->cols = c; r->colcap = cap;
         }
         Col *c = &r->cols[r->ncol];
+        c->marker = s + pos - 1;
         if (pos >= n) return -1;
         if (s[pos] == '"') {
             pos = td_quoted_ident(r, s, pos, n, &c->name_at, &c->name_len);
@@ -738,12 +751,48 @@ static Py_ssize_t td_tuple(Reader *r, const char *s, Py_ssize_t pos, Py_ssize_t 
         c->type = s + pos + 1;
         c->type_len = end - pos - 1;
         pos = end + 2;
+        c->marker_len = s + pos - c->marker;
         pos = td_value(s, pos, n, c);
         if (pos < 0) return -1;
         r->ncol++;
     }
     if (stop_at_new) return -1;
     return pos;
+}
+
+/* The new tuple when every column's marker is where the generic scanner would read it
+ * (the same result, as in test_decoding.py's _Layout). -1: not so, scan generically. */
+static Py_ssize_t td_tuple_fast(Reader *r, Table *t, const char *s, Py_ssize_t pos, Py_ssize_t n) {
+    if (!t->has_markers) return -1;
+    if (r->colcap < t->ncols) {
+        Col *c = PyMem_Realloc(r->cols, (t->ncols + 1) * sizeof(Col));
+        if (!c) return -1;
+        r->cols = c; r->colcap = t->ncols + 1;
+    }
+    for (Py_ssize_t i = 0; i < t->ncols; i++) {
+        Py_ssize_t ml = t->mk_off[i + 1] - t->mk_off[i];
+        if (pos + ml > n || memcmp(s + pos, t->markers.p + t->mk_off[i], ml) != 0) return -1;
+        pos = td_value(s, pos + ml, n, &r->cols[i]);
+        if (pos < 0) return -1;
+    }
+    if (pos != n) return -1;
+    r->ncol = t->ncols;
+    return pos;
+}
+
+static int td_store_markers(Reader *r, Table *t) {
+    if (t->has_markers || t->ncols != r->ncol) return 0;
+    t->markers.len = 0;
+    PyMem_Free(t->mk_off);
+    t->mk_off = PyMem_Malloc((r->ncol + 1) * sizeof(Py_ssize_t));
+    if (!t->mk_off) { PyErr_NoMemory(); return -1; }
+    t->mk_off[0] = 0;
+    for (Py_ssize_t i = 0; i < r->ncol; i++) {
+        if (buf_put(&t->markers, r->cols[i].marker, r->cols[i].marker_len) < 0) return -1;
+        t->mk_off[i + 1] = t->markers.len;
+    }
+    t->has_markers = 1;
+    return 0;
 }
 
 static int td_layout_equal(Reader *r, Table *t) {
@@ -918,6 +967,7 @@ static int td_change(Reader *r, int64_t lsn, const char *s, Py_ssize_t n) {
     pos = td_ident(r, s, pos + 1, n, &tat, &tlen);
     if (pos == -2) return FAIL;
     if (pos < 0 || !starts(s, pos, n, ": ")) return UNUSUAL; /* includes multi-table TRUNCATE */
+    Py_ssize_t head_len = pos - 6;
     pos += 2;
     Py_ssize_t colon = find_byte(s, pos, n, ':');
     if (colon < 0) return UNUSUAL;
@@ -930,9 +980,21 @@ static int td_change(Reader *r, int64_t lsn, const char *s, Py_ssize_t n) {
     pos = colon + 1;
     if (starts(s, pos, n, " (no-tuple-data)") && pos + 16 == n) return UNUSUAL;
     if (r->txn_items + 1 >= r->memory_items) return UNUSUAL; /* large: the Python path spools it */
-    Py_ssize_t tid = lookup_table(r, r->scratch.p + sat, slen, r->scratch.p + tat, tlen);
-    if (tid == -2) return FAIL;
-    if (tid == -3) return UNUSUAL;
+    Py_ssize_t tid = -4;
+    for (int i = 0; i < 8; i++) {
+        Buf *h = &r->head_cache[i];
+        if (h->p && h->len == head_len && memcmp(h->p, s + 6, head_len) == 0) { tid = r->head_tid[i]; break; }
+    }
+    if (tid == -4) {
+        tid = lookup_table(r, r->scratch.p + sat, slen, r->scratch.p + tat, tlen);
+        if (tid == -2) return FAIL;
+        if (tid == -3) return UNUSUAL;
+        int slot = r->head_next;
+        r->head_next = (slot + 1) % 8;
+        r->head_cache[slot].len = 0;
+        if (buf_put(&r->head_cache[slot], s + 6, head_len) < 0) return FAIL;
+        r->head_tid[slot] = tid;
+    }
     int32_t seq = (int32_t)r->txn_items;
     if (tid == -1) {
         /* an excluded table: the line must still read (the Python path parses it too) */
@@ -956,13 +1018,20 @@ static int td_change(Reader *r, int64_t lsn, const char *s, Py_ssize_t n) {
     Py_ssize_t base = t->n;
     int rc;
     if (op == 'I' || op == 'D') {
-        Py_ssize_t end = td_tuple(r, s, pos, n, 0);
-        if (end == -2) return FAIL;
-        if (end < 0) return UNUSUAL;
-        if (check_duplicate_names(r)) return UNUSUAL;
+        Py_ssize_t end = op == 'I' ? td_tuple_fast(r, t, s, pos, n) : -1;
+        int fast = end >= 0;
+        if (!fast) {
+            end = td_tuple(r, s, pos, n, 0);
+            if (end == -2) return FAIL;
+            if (end < 0) return UNUSUAL;
+            if (check_duplicate_names(r)) return UNUSUAL;
+        }
         if (op == 'I') {
-            rc = td_adopt_layout(r, t);
-            if (rc != OK) return rc;
+            if (!fast) {
+                rc = td_adopt_layout(r, t);
+                if (rc != OK) return rc;
+                if (td_store_markers(r, t) < 0) return FAIL;
+            }
             if (td_put_new(r, t) < 0 || put_no_old(t) < 0) goto fail;
         } else {
             if (put_nulls_new(t) < 0 || td_put_old(r, t) < 0) goto fail;
@@ -980,10 +1049,14 @@ static int td_change(Reader *r, int64_t lsn, const char *s, Py_ssize_t n) {
             pos = end + 11;
             if (starts(s, pos, n, " (no-tuple-data)") && pos + 16 == n) { table_truncate(t, base); return UNUSUAL; }
         }
-        Py_ssize_t end = td_tuple(r, s, pos, n, 0);
-        if (end < 0 || check_duplicate_names(r)) { table_truncate(t, base); return end == -2 ? FAIL : UNUSUAL; }
-        rc = td_adopt_layout(r, t);
-        if (rc != OK) { table_truncate(t, base); return rc; }
+        Py_ssize_t end = td_tuple_fast(r, t, s, pos, n);
+        if (end < 0) {
+            end = td_tuple(r, s, pos, n, 0);
+            if (end < 0 || check_duplicate_names(r)) { table_truncate(t, base); return end == -2 ? FAIL : UNUSUAL; }
+            rc = td_adopt_layout(r, t);
+            if (rc != OK) { table_truncate(t, base); return rc; }
+            if (td_store_markers(r, t) < 0) return FAIL;
+        }
         if (td_put_new(r, t) < 0) goto fail;
         if (!has_old && put_no_old(t) < 0) goto fail;
         if (meta_row(t, seq, 'U', r->txn_xid, r->txn_xid_valid, lsn, (uint8_t)has_old) < 0) goto fail;
@@ -1248,21 +1321,25 @@ static void compact_input(Reader *r) {
     if (r->pos > 0) { buf_shift(&r->in, r->pos); r->pos = 0; }
 }
 
-static PyObject *Reader_run(Reader *r, PyObject *unused) {
+#define NEED_INPUT do { compact_input(r); *need = 1; return NULL; } while (0)
+
+/* Parse buffered rows; NULL with *need set when more input is needed (NULL alone: an error). */
+static PyObject *parse_some(Reader *r, int *need) {
+    *need = 0;
     for (;;) {
         const char *b = r->in.p + r->pos;
         Py_ssize_t avail = r->in.len - r->pos;
-        if (r->ended) Py_RETURN_NONE;
+        if (r->ended) NEED_INPUT;
         if (!r->header_done) {
-            if (avail < 19) { compact_input(r); Py_RETURN_NONE; }
+            if (avail < 19) NEED_INPUT;
             if (memcmp(b, COPY_SIG, 11) != 0) return copy_error("bad signature");
             uint32_t ext = be32(b + 15);
-            if (avail < 19 + (Py_ssize_t)ext) { compact_input(r); Py_RETURN_NONE; }
+            if (avail < 19 + (Py_ssize_t)ext) NEED_INPUT;
             r->pos += 19 + ext;
             r->header_done = 1;
             continue;
         }
-        if (avail < 2) { compact_input(r); Py_RETURN_NONE; }
+        if (avail < 2) NEED_INPUT;
         int16_t nf = be16(b);
         if (nf == -1) {
             r->pos += 2;
@@ -1280,17 +1357,17 @@ static PyObject *Reader_run(Reader *r, PyObject *unused) {
         if (nf != 3) return copy_error("expected 3 columns per row");
         /* lsn int8, xid int8 or NULL, data bytea */
         Py_ssize_t p = 2;
-        if (avail < p + 4) { compact_input(r); Py_RETURN_NONE; }
+        if (avail < p + 4) NEED_INPUT;
         if ((int32_t)be32(b + p) != 8) return copy_error("lsn is not int8");
-        if (avail < p + 12) { compact_input(r); Py_RETURN_NONE; }
+        if (avail < p + 12) NEED_INPUT;
         int64_t lsn = be64(b + p + 4);
         p += 12;
-        if (avail < p + 4) { compact_input(r); Py_RETURN_NONE; }
+        if (avail < p + 4) NEED_INPUT;
         int32_t xl = (int32_t)be32(b + p);
         int64_t xid = 0;
         int xid_null = 1;
         if (xl == 8) {
-            if (avail < p + 12) { compact_input(r); Py_RETURN_NONE; }
+            if (avail < p + 12) NEED_INPUT;
             xid = be64(b + p + 4);
             xid_null = xid == 0; /* the Python path reads 0 as None too */
             p += 12;
@@ -1299,13 +1376,10 @@ static PyObject *Reader_run(Reader *r, PyObject *unused) {
         } else {
             return copy_error("xid is not int8");
         }
-        if (avail < p + 4) { compact_input(r); Py_RETURN_NONE; }
+        if (avail < p + 4) NEED_INPUT;
         int32_t dl = (int32_t)be32(b + p);
         if (dl < 0) return copy_error("data is NULL");
-        if (avail < p + 4 + dl) {
-            compact_input(r);
-            Py_RETURN_NONE;
-        }
+        if (avail < p + 4 + dl) NEED_INPUT;
         const char *data = b + p + 4;
         r->pos += p + 4 + dl;
         r->rows_read++;
@@ -1327,6 +1401,58 @@ static PyObject *Reader_run(Reader *r, PyObject *unused) {
         }
         if (r->open && raw_put(r, lsn, xid_null ? INT64_MIN : xid, xid_null, data, dl) < 0) return NULL;
         if (out) return out;
+    }
+}
+
+static PyObject *Reader_run(Reader *r, PyObject *unused) {
+    int need;
+    PyObject *res = parse_some(r, &need);
+    if (!res && need) Py_RETURN_NONE;
+    return res;
+}
+
+/* libpq of the connection (the very library psycopg loaded, found by the caller) */
+#include <dlfcn.h>
+typedef int (*get_copy_data_fn)(void *conn, char **buffer, int async);
+typedef void (*freemem_fn)(void *ptr);
+static get_copy_data_fn pq_get_copy_data = NULL;
+static freemem_fn pq_freemem = NULL;
+
+static PyObject *native_bind_libpq(PyObject *mod, PyObject *arg) {
+    const char *path = PyUnicode_AsUTF8(arg);
+    if (!path) return NULL;
+    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (!h) { PyErr_Format(PyExc_OSError, "libpq %s is not loaded: %s", path, dlerror()); return NULL; }
+    get_copy_data_fn g = (get_copy_data_fn)dlsym(h, "PQgetCopyData");
+    freemem_fn f = (freemem_fn)dlsym(h, "PQfreemem");
+    if (!g || !f) { PyErr_SetString(PyExc_OSError, "PQgetCopyData or PQfreemem not found"); return NULL; }
+    pq_get_copy_data = g;
+    pq_freemem = f;
+    Py_RETURN_NONE;
+}
+
+/* pump(pgconn_ptr): like run(), reading COPY data straight from libpq when it needs input.
+ * ("eof",) when libpq has no more COPY data (psycopg then finishes the COPY and reports errors). */
+static PyObject *Reader_pump(Reader *r, PyObject *arg) {
+    if (!pq_get_copy_data) { PyErr_SetString(PyExc_RuntimeError, "bind_libpq() first"); return NULL; }
+    void *conn = PyLong_AsVoidPtr(arg);
+    if (!conn && PyErr_Occurred()) return NULL;
+    for (;;) {
+        int need;
+        PyObject *res = parse_some(r, &need);
+        if (res || !need) return res;
+        if (r->ended) return Py_BuildValue("(s)", "eof");
+        char *data = NULL;
+        int n = pq_get_copy_data(conn, &data, 1);
+        if (n == 0) {
+            Py_BEGIN_ALLOW_THREADS
+            n = pq_get_copy_data(conn, &data, 0);
+            Py_END_ALLOW_THREADS
+        }
+        if (n <= 0) return Py_BuildValue("(s)", "eof");
+        int rc = buf_put(&r->in, data, n);
+        pq_freemem(data);
+        if (rc < 0) return NULL;
     }
 }
 
@@ -1673,6 +1799,7 @@ static void Reader_dealloc(Reader *r) {
     Py_XDECREF(r->include_cb); Py_XDECREF(r->relation_cb); Py_XDECREF(r->toast_marker); Py_XDECREF(r->table_ids);
     buf_free(&r->in); buf_free(&r->txn_tables); buf_free(&r->txn_tids); buf_free(&r->raw); buf_free(&r->scratch);
     PyMem_Free(r->cols);
+    for (int i = 0; i < 8; i++) buf_free(&r->head_cache[i]);
     Py_TYPE(r)->tp_free((PyObject *)r);
 }
 
@@ -1685,6 +1812,7 @@ static PyGetSetDef Reader_getset[] = {
 static PyMethodDef Reader_methods[] = {
     {"feed", (PyCFunction)Reader_feed, METH_O, "append COPY BINARY bytes"},
     {"run", (PyCFunction)Reader_run, METH_NOARGS, "process buffered rows"},
+    {"pump", (PyCFunction)Reader_pump, METH_O, "process rows read from libpq"},
     {"resume", (PyCFunction)Reader_resume, METH_NOARGS, "leave pass-through mode"},
     {"table_id", (PyCFunction)Reader_table_id, METH_VARARGS, "table id (-1 excluded)"},
     {"layout", (PyCFunction)Reader_layout, METH_O, "(names, types) or None"},
@@ -1710,7 +1838,11 @@ static PyTypeObject ReaderType = {
     .tp_doc = "COPY BINARY peek rows to columnar buffers (see the module source).",
 };
 
-static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_native", "pgdecode native fast path", -1, NULL};
+static PyMethodDef module_methods[] = {
+    {"bind_libpq", (PyCFunction)native_bind_libpq, METH_O, "use the already loaded libpq at this path"},
+    {NULL}};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_native", "pgdecode native fast path", -1, module_methods};
 
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&ReaderType) < 0) return NULL;

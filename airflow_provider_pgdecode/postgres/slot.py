@@ -8,10 +8,11 @@ consumes non-transactionally and is never used.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -408,29 +409,6 @@ class SlotClient:
         ceiling, flat = _peek_arguments(name, upto_lsn, options)
         return self._peek_rows(name, str(ceiling), flat, chunk_size)
 
-    def peek_copy(
-        self, name: str, upto_lsn: Lsn, options: Sequence[tuple[str, str]] = ()
-    ) -> Generator[memoryview, None, None]:
-        """The rows :meth:`peek` gives, as raw ``COPY ... (FORMAT BINARY)`` blocks.
-
-        Columns: lsn as int8, xid as int8 (NULL for non-transactional messages), data as bytea.
-        Same function, options and pinned GUCs as :meth:`peek`; for readers that parse the
-        binary COPY format themselves (the extract's native fast path).
-        """
-        ceiling, flat = _peek_arguments(name, upto_lsn, options)
-        return self._peek_blocks(name, str(ceiling), flat)
-
-    def _peek_blocks(self, name: str, upto: str, options: list[str]) -> Generator[memoryview, None, None]:
-        conn = self.conn
-        with conn.transaction():
-            conn.execute(_PIN_GUCS_SQL)
-            with conn.cursor() as cur:
-                try:
-                    with cur.copy(_PEEK_COPY_SQL, (name, upto, options)) as copy:
-                        yield from copy
-                except psycopg.Error as exc:
-                    raise self._error(exc, name, "peek changes") from exc
-
     def _peek_rows(
         self, name: str, upto: str, options: list[str], chunk_size: int
     ) -> PeekRows:
@@ -454,6 +432,29 @@ class SlotClient:
                         rows = cur.fetchmany(chunk_size)
                     except psycopg.Error as exc:
                         raise self._error(exc, name, "peek changes") from exc
+
+    @contextlib.contextmanager
+    def peek_copy(
+        self, name: str, upto_lsn: Lsn, options: Sequence[tuple[str, str]] = ()
+    ) -> Iterator[psycopg.Copy]:
+        """The rows :meth:`peek` gives, as a ``COPY ... TO STDOUT (FORMAT BINARY)`` in progress.
+
+        A context manager giving psycopg's ``Copy`` (iterate it for raw blocks). Columns: lsn as
+        int8, xid as int8 (NULL for non-transactional messages), data as bytea. Same function,
+        options and pinned GUCs as :meth:`peek`; for readers that parse the binary COPY format
+        themselves (the extract's native fast path, which may also read the connection's libpq
+        directly while the COPY is open).
+        """
+        ceiling, flat = _peek_arguments(name, upto_lsn, options)
+        conn = self.conn
+        with conn.transaction():
+            conn.execute(_PIN_GUCS_SQL)
+            with conn.cursor() as cur:
+                try:
+                    with cur.copy(_PEEK_COPY_SQL, (name, str(ceiling), flat)) as copy:
+                        yield copy
+                except psycopg.Error as exc:
+                    raise self._error(exc, name, "peek changes") from exc
 
     def advance(self, name: str, lsn: Lsn) -> Lsn:
         """Confirm the slot up to ``lsn``; never moves backwards. Returns the slot's new position.

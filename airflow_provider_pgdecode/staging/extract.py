@@ -141,10 +141,10 @@ def extract_batch(
         fast = _native_module(native, parse)
         if ceiling > confirmed and fast is not None:
             include = None if include_pairs is None else (lambda s, t: (s, t) in include_pairs)
-            blocks = slots.peek_copy(slot_name, ceiling, options)
-            writer, rows = extract_native(  # type: ignore[assignment]
-                fast, blocks, parse.__self__, plugin, assembler, writer, include, part_rows, memory_items, resume_after
-            )
+            with slots.peek_copy(slot_name, ceiling, options) as copy:
+                writer, rows = extract_native(  # type: ignore[assignment]
+                    fast, copy, parse.__self__, plugin, assembler, writer, include, part_rows, memory_items, resume_after
+                )
         elif ceiling > confirmed:
             for lsn, xid, data in slots.peek(slot_name, ceiling, options, chunk_rows):
                 rows += 1

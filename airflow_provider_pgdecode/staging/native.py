@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -62,6 +64,8 @@ from airflow_provider_pgdecode.staging.writer import METADATA_PREFIX, PARQUET_OP
 log = logging.getLogger(__name__)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+#: Parts handed to the writer thread and not written yet, at most.
+_IN_FLIGHT = 2
 _missing_logged = False
 
 
@@ -135,6 +139,8 @@ class NativeWriter:
         self._py_transactions = 0
         self._py_changes = 0
         self._py_skipped = 0
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgdecode-parquet")
+        self._futures: deque[Future[None]] = deque()
 
     # -- totals as BatchWriter has them -------------------------------------------------------
 
@@ -232,12 +238,36 @@ class NativeWriter:
             self._flush(tid, rows)
 
     def _flush(self, tid: int, rows: int) -> None:
-        """Write the first ``rows`` buffered rows of a table as one part (as _TableBuffer.flush)."""
+        """Write the first ``rows`` buffered rows of a table as one part (as _TableBuffer.flush).
+
+        The rows leave the C buffers here; converting and writing them happens on a writer
+        thread (pyarrow releases the GIL), overlapping the next rows' transfer and parsing.
+        At most ``_IN_FLIGHT`` parts wait for it, so memory stays bounded.
+        """
         if rows <= 0:
             return
         state = self._table(tid)
         layout = self.reader.layout(tid)
-        b = self.reader.take(tid, rows)
+        buffers = self.reader.take(tid, rows)
+        file_name = f"part-{len(state.files):05d}.parquet"
+        state.files.append(file_name)
+        while len(self._futures) >= _IN_FLIGHT:
+            self._futures.popleft().result()
+        self._futures.append(self._executor.submit(self._write_part, state, layout, buffers, file_name))
+
+    def wait(self) -> None:
+        """Wait for the parts being written; raise the first error."""
+        while self._futures:
+            self._futures.popleft().result()
+
+    def abort(self) -> None:
+        """Stop writing (after an error elsewhere): wait for the writer thread, drop its errors."""
+        for future in self._futures:
+            future.cancel()
+        self._executor.shutdown(wait=True)
+        self._futures.clear()
+
+    def _write_part(self, state: _Table, layout: Any, b: dict[str, Any], file_name: str) -> None:
         n = b["n"]
         toast_child = _text(b["toast_n"], b["toast_names"])
         bits, nulls = b["toast_valid"]
@@ -271,9 +301,7 @@ class NativeWriter:
         columns.update(values)
         table = pa.table(columns)
         state.directory.mkdir(parents=True, exist_ok=True)
-        file_name = f"part-{len(state.files):05d}.parquet"
         pq.write_table(table, state.directory / file_name, **PARQUET_OPTIONS)
-        state.files.append(file_name)
 
     def _old_struct(
         self, state: _Table, n: int, names: tuple[str, ...], layout: Any, old: list[Any], has_old: bytes, label: str
@@ -294,8 +322,14 @@ class NativeWriter:
     # -- the end ---------------------------------------------------------------------------------
 
     def close(self) -> tuple[list[TableSummary], dict[str, Any] | None]:
-        for tid in self.reader.order():
-            self._flush(tid, self.reader.pending(tid))
+        try:
+            for tid in self.reader.order():
+                self._flush(tid, self.reader.pending(tid))
+            self.wait()
+        except BaseException:
+            self.abort()
+            raise
+        self._executor.shutdown(wait=True)
         _, messages = self.writer.close()
         summaries = []
         for tid in self.reader.order():
@@ -326,9 +360,43 @@ class NativeWriter:
         return self.writer.save_prepared(prepared)
 
 
+_libpq_path: str | None | bool = False
+
+
+def _libpq_connection(native: Any, copy: Any) -> int | None:
+    """The ``PGconn*`` of a psycopg ``Copy`` whose libpq the reader can call, else ``None``.
+
+    The reader must call the very libpq that psycopg loaded (the connection's structure is
+    private to it): it is found among the process's loaded libraries and bound once.
+    """
+    global _libpq_path
+    pgconn = getattr(getattr(getattr(copy, "cursor", None), "connection", None), "pgconn", None)
+    if pgconn is None or os.environ.get("PGDECODE_NATIVE_LIBPQ", "1") == "0":
+        return None
+    if _libpq_path is False:
+        _libpq_path = None
+        try:
+            import psycopg
+
+            wanted = "psycopg_binary" if psycopg.pq.__impl__ == "binary" else ""
+            with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+                paths = {line.split()[-1] for line in maps if "/libpq" in line}
+            found = sorted(p for p in paths if wanted in p and "psycopg2" not in p)
+            if len(found) == 1:
+                native.bind_libpq(found[0])
+                _libpq_path = found[0]
+            else:
+                log.info("Native extract: libpq of psycopg not identified (%s); reading COPY through psycopg", found)
+        except OSError as exc:
+            log.info("Native extract: cannot use libpq directly (%s); reading COPY through psycopg", exc)
+    if _libpq_path is None:
+        return None
+    return int(pgconn.pgconn_ptr)
+
+
 def extract_native(
     native: Any,
-    blocks: Iterable[Any],
+    copy: Any,
     parser: Any,
     plugin: str,
     assembler: TransactionAssembler,
@@ -338,7 +406,8 @@ def extract_native(
     memory_items: int,
     resume_after: Lsn | None,
 ) -> tuple[NativeWriter, int]:
-    """Run the peek's COPY blocks through the C reader; returns the writer and the rows read.
+    """Run the peek's COPY (a psycopg ``Copy`` in progress, or any iterable of COPY blocks)
+    through the C reader; returns the writer and the rows read.
 
     ``parser`` is the plugin's Python parser (used for the rows handed over, and for pgoutput's
     Relation and Type messages); ``assembler`` and ``writer`` are those of the Python path.
@@ -369,7 +438,11 @@ def extract_native(
     feed = assembler.feed
     is_pgoutput = plugin == "pgoutput"
 
+    handed = 0
+
     def python_rows(rows: list[tuple[int, int | None, bytes]]) -> None:
+        nonlocal handed
+        handed += len(rows)
         for lsn, xid, data in rows:
             event = parse(Lsn(lsn), xid, data)
             if event is None:
@@ -384,23 +457,41 @@ def extract_native(
                 elif type(done) is Message:
                     out.add_message(done)
 
-    run = reader.run
-    for block in blocks:
-        reader.feed(block)
-        while True:
-            result = run()
-            if result is None:
-                break
-            kind = result[0]
-            if kind == "flush":
-                out.flush_all(result[1])
-            elif kind == "rows":
-                python_rows(result[1])
-                if assembler.idle:
-                    reader.resume()
-            else:  # "end": rows of a transaction cut off by the end, for the assembler to judge
-                python_rows(result[1])
+    def handle(result: tuple[Any, ...]) -> None:
+        kind = result[0]
+        if kind == "flush":
+            out.flush_all(result[1])
+        elif kind == "rows":
+            python_rows(result[1])
+            if assembler.idle:
+                reader.resume()
+        elif kind == "end":  # rows of a transaction cut off by the end, for the assembler to judge
+            python_rows(result[1])
+
+    try:
+        pgconn = _libpq_connection(native, copy)
+        if pgconn is not None:
+            # Rows straight from libpq into the reader: no Python object per row.
+            pump = reader.pump
+            while True:
+                result = pump(pgconn)
+                if result[0] == "eof":
+                    break
+                handle(result)
+        # The rest through psycopg (all of it without libpq access): it also ends the COPY and
+        # raises the server's error if the COPY failed.
+        run = reader.run
+        for block in copy:
+            reader.feed(block)
+            while (result := run()) is not None:
+                handle(result)
+    except BaseException:
+        out.abort()
+        raise
     stats = reader.stats()
+    log.info(
+        "Native extract: %d rows read, %d of them handed to the Python path", stats["rows_read"], handed
+    )
     assembler.add_fast_totals(
         safe_lsn=None if stats["safe_lsn"] is None else Lsn(stats["safe_lsn"]),
         transactions=stats["assembled_transactions"],
