@@ -485,6 +485,7 @@ def extract_native(
             reader.feed(block)
             while (result := run()) is not None:
                 handle(result)
+        out.wait()  # no part is still being written when the extract goes on (or fails)
     except BaseException:
         out.abort()
         raise
