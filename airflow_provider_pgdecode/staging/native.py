@@ -49,8 +49,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction, TransactionAssembler
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 #: Parts handed to the writer thread and not written yet, at most.
-_IN_FLIGHT = 2
+_IN_FLIGHT = 1
 _missing_logged = False
 
 
@@ -316,7 +316,7 @@ class NativeWriter:
         order = {name: i for i, name in enumerate(names)}
         fields = sorted(old, key=lambda f: (order.get(f[0], len(order)), f[0]))
         children = [convert_column(t, _text(n, parts), f"{label}._pg_old.{name}") for name, t, parts in fields]
-        mask = pa.array(np.frombuffer(has_old, dtype=np.uint8) == 0)
+        mask = pc.equal(pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(has_old)]), 0)
         return pa.StructArray.from_arrays(children, names=[f[0] for f in fields], mask=mask)
 
     # -- the end ---------------------------------------------------------------------------------
