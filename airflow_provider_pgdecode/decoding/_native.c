@@ -1355,10 +1355,10 @@ static PyObject *parse_some(Reader *r, int *need) {
             return Py_BuildValue("(sN)", "end", PyList_New(0));
         }
         if (nf != 3) return copy_error("expected 3 columns per row");
-        /* lsn int8, xid int8 or NULL, data bytea */
+        /* lsn (pg_lsn or int8: 8 bytes), xid (xid: 4 bytes, or int8; NULL), data (bytea) */
         Py_ssize_t p = 2;
         if (avail < p + 4) NEED_INPUT;
-        if ((int32_t)be32(b + p) != 8) return copy_error("lsn is not int8");
+        if ((int32_t)be32(b + p) != 8) return copy_error("lsn is not 8 bytes");
         if (avail < p + 12) NEED_INPUT;
         int64_t lsn = be64(b + p + 4);
         p += 12;
@@ -1366,15 +1366,15 @@ static PyObject *parse_some(Reader *r, int *need) {
         int32_t xl = (int32_t)be32(b + p);
         int64_t xid = 0;
         int xid_null = 1;
-        if (xl == 8) {
-            if (avail < p + 12) NEED_INPUT;
-            xid = be64(b + p + 4);
+        if (xl == 4 || xl == 8) {
+            if (avail < p + 4 + xl) NEED_INPUT;
+            xid = xl == 4 ? (int64_t)be32(b + p + 4) : be64(b + p + 4);
             xid_null = xid == 0; /* the Python path reads 0 as None too */
-            p += 12;
+            p += 4 + xl;
         } else if (xl == -1) {
             p += 4;
         } else {
-            return copy_error("xid is not int8");
+            return copy_error("xid is neither 4 nor 8 bytes");
         }
         if (avail < p + 4) NEED_INPUT;
         int32_t dl = (int32_t)be32(b + p);

@@ -46,8 +46,14 @@ _PEEK_SQL = (
     " FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, VARIADIC %s::text[])"
 )
 
-# The same peek as one COPY: raw rows in binary COPY format, no per-row objects on the client.
-_PEEK_COPY_SQL = f"COPY ({_PEEK_SQL}) TO STDOUT (FORMAT BINARY)"
+# The same peek as one COPY in binary format, for readers that parse it themselves: columns as
+# the function returns them (pg_lsn and xid travel as 8- and 4-byte integers), so the server
+# evaluates no expression per row.
+_PEEK_COPY_SQL = (
+    "COPY (SELECT lsn, xid, data"
+    " FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, VARIADIC %s::text[]))"
+    " TO STDOUT (FORMAT BINARY)"
+)
 
 _ENCODINGS: dict[str, str] = {
     "UTF8": "utf-8",
@@ -439,8 +445,8 @@ class SlotClient:
     ) -> Iterator[psycopg.Copy]:
         """The rows :meth:`peek` gives, as a ``COPY ... TO STDOUT (FORMAT BINARY)`` in progress.
 
-        A context manager giving psycopg's ``Copy`` (iterate it for raw blocks). Columns: lsn as
-        int8, xid as int8 (NULL for non-transactional messages), data as bytea. Same function,
+        A context manager giving psycopg's ``Copy`` (iterate it for raw blocks). Columns: lsn
+        (pg_lsn: 8 bytes), xid (xid: 4 bytes, NULL for non-transactional messages), data (bytea). Same function,
         options and pinned GUCs as :meth:`peek`; for readers that parse the binary COPY format
         themselves (the extract's native fast path, which may also read the connection's libpq
         directly while the COPY is open).

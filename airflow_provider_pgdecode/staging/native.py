@@ -64,8 +64,8 @@ from airflow_provider_pgdecode.staging.writer import METADATA_PREFIX, PARQUET_OP
 log = logging.getLogger(__name__)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-#: Parts handed to the writer thread and not written yet, at most.
-_IN_FLIGHT = 1
+#: Parts handed to the writer threads (one each) and not written yet, at most.
+_IN_FLIGHT = 2
 _missing_logged = False
 
 
@@ -139,7 +139,8 @@ class NativeWriter:
         self._py_transactions = 0
         self._py_changes = 0
         self._py_skipped = 0
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgdecode-parquet")
+        self._in_flight = _IN_FLIGHT
+        self._executor = ThreadPoolExecutor(max_workers=self._in_flight, thread_name_prefix="pgdecode-parquet")
         self._futures: deque[Future[None]] = deque()
 
     # -- totals as BatchWriter has them -------------------------------------------------------
@@ -240,18 +241,25 @@ class NativeWriter:
     def _flush(self, tid: int, rows: int) -> None:
         """Write the first ``rows`` buffered rows of a table as one part (as _TableBuffer.flush).
 
-        The rows leave the C buffers here; converting and writing them happens on a writer
-        thread (pyarrow releases the GIL), overlapping the next rows' transfer and parsing.
-        At most ``_IN_FLIGHT`` parts wait for it, so memory stays bounded.
+        The rows leave the C buffers here; converting and writing them happens on writer
+        threads (pyarrow releases the GIL), overlapping the next rows' transfer and parsing.
+        At most ``_IN_FLIGHT`` parts are being written, so memory stays bounded; errors are
+        raised in part order.
         """
         if rows <= 0:
             return
         state = self._table(tid)
         layout = self.reader.layout(tid)
         buffers = self.reader.take(tid, rows)
+        # The manifest's column list, in the order the Python writer records it.
+        if layout is not None:
+            for name, pg_type in zip(*layout):
+                state.all_columns[name] = pg_type
+        for name, pg_type, _ in buffers["old"]:
+            state.all_columns.setdefault(name, pg_type)
         file_name = f"part-{len(state.files):05d}.parquet"
         state.files.append(file_name)
-        while len(self._futures) >= _IN_FLIGHT:
+        while len(self._futures) >= self._in_flight:
             self._futures.popleft().result()
         self._futures.append(self._executor.submit(self._write_part, state, layout, buffers, file_name))
 
@@ -291,8 +299,7 @@ class NativeWriter:
             names, types = layout
             for name, pg_type, parts in zip(names, types, b["values"]):
                 values[name] = convert_column(pg_type, _text(n, parts), f"{label}.{name}")
-                state.all_columns[name] = pg_type
-        old = self._old_struct(state, n, names, layout, b["old"], b["has_old"], label)
+        old = self._old_struct(n, names, layout, b["old"], b["has_old"], label)
         if old is not None:
             columns["_pg_old"] = old
             for child in old.type:
@@ -303,11 +310,10 @@ class NativeWriter:
         state.directory.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, state.directory / file_name, **PARQUET_OPTIONS)
 
+    @staticmethod
     def _old_struct(
-        self, state: _Table, n: int, names: tuple[str, ...], layout: Any, old: list[Any], has_old: bytes, label: str
+        n: int, names: tuple[str, ...], layout: Any, old: list[Any], has_old: bytes, label: str
     ) -> pa.Array | None:
-        for name, pg_type, _ in old:
-            state.all_columns.setdefault(name, pg_type)
         if not old:
             if not names:
                 return None
