@@ -1804,9 +1804,11 @@ static void Reader_dealloc(Reader *r) {
 }
 
 static PyObject *Reader_in_transaction(Reader *r, void *closure) { return PyBool_FromLong(r->open); }
+static PyObject *Reader_ended(Reader *r, void *closure) { return PyBool_FromLong(r->ended); }
 
 static PyGetSetDef Reader_getset[] = {
     {"in_transaction", (getter)Reader_in_transaction, NULL, "a fast transaction is open", NULL},
+    {"ended", (getter)Reader_ended, NULL, "the COPY trailer was read", NULL},
     {NULL}};
 
 static PyMethodDef Reader_methods[] = {

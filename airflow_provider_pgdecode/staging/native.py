@@ -56,7 +56,7 @@ import pyarrow.parquet as pq
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction, TransactionAssembler
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, Truncate
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import CatalogError
+from airflow_provider_pgdecode.errors import CatalogError, DecodingError
 from airflow_provider_pgdecode.staging.manifest import ColumnSummary, TableSummary, table_path
 from airflow_provider_pgdecode.staging.types import arrow_type, convert_column
 from airflow_provider_pgdecode.staging.writer import METADATA_PREFIX, PARQUET_OPTIONS, BatchWriter
@@ -400,6 +400,20 @@ def _libpq_connection(native: Any, copy: Any) -> int | None:
     return int(pgconn.pgconn_ptr)
 
 
+def _raise_copy_end(copy: Any) -> None:
+    """After libpq ended a COPY before its trailer: raise the server's error (as psycopg would)."""
+    import psycopg
+
+    conn = copy.cursor.connection
+    results = []
+    while (res := conn.pgconn.get_result()) is not None:
+        results.append(res)
+    for res in results:
+        if res.status != psycopg.pq.ExecStatus.COMMAND_OK:
+            raise psycopg.errors.error_from_result(res, encoding=conn.info.encoding)
+    raise DecodingError("the peek's COPY data ended without its trailer")
+
+
 def extract_native(
     native: Any,
     copy: Any,
@@ -484,6 +498,9 @@ def extract_native(
                 if result[0] == "eof":
                     break
                 handle(result)
+            if not reader.ended:
+                # libpq ended the COPY early (a cancel, a server error): report what the server said.
+                _raise_copy_end(copy)
         # The rest through psycopg (all of it without libpq access): it also ends the COPY and
         # raises the server's error if the COPY failed.
         run = reader.run

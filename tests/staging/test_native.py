@@ -238,3 +238,34 @@ def test_random_text_stages_alike_through_both_paths(pg_conn, slots, tmp_path_fa
         python, native = extract_both(pg_conn, plugin, slot, root, upto, part_rows=part_rows)
         assert_same_batches(python, native)
         pg_conn.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, python.end_lsn))
+
+
+def test_a_cancel_while_rows_stream_from_libpq_reports_the_server_error(
+    pg_conn, pg_dsn, slots, tmp_path, monkeypatch
+) -> None:
+    import airflow_provider_pgdecode.staging.extract as extract_module
+    import airflow_provider_pgdecode.staging.native as native_module
+    from airflow_provider_pgdecode.errors import SlotError
+
+    pg_conn.execute("insert into nat_keys select g, 'c', repeat('c', 100) from generate_series(1, 100000) g")
+    upto = flush_lsn(pg_conn)
+    cancelled: list[bool] = []
+    ended_early: list[bool] = []
+    raise_copy_end = native_module._raise_copy_end
+    monkeypatch.setattr(native_module, "_raise_copy_end", lambda copy: ended_early.append(True) or raise_copy_end(copy))
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+
+        class CancelOnFirstLookup:
+            """The table filter, asked when the first change streams in: cancel the peek then."""
+
+            def __contains__(self, name: tuple[str, str]) -> bool:
+                if not cancelled:
+                    conn.cancel_safe()
+                    cancelled.append(True)
+                return True
+
+        monkeypatch.setattr(extract_module, "parse_table_names", lambda tables: CancelOnFirstLookup())
+        with pytest.raises(SlotError, match="canceling statement due to user request"):
+            extract_batch(conn, slots["test_decoding"], tmp_path, upto_lsn=upto, tables=["x"], native=True)
+    assert cancelled and ended_early  # the error came through the libpq reader
+    assert list((tmp_path / slots["test_decoding"]).iterdir()) == []
