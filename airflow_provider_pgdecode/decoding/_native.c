@@ -4,7 +4,11 @@
  * The Python side (airflow_provider_pgdecode.staging.native) drives a Reader:
  *   feed(block)  appends COPY bytes (rows may straddle blocks);
  *   run()        parses rows until it needs input (None), has rows for Python ("rows", [...]),
- *                has Parquet parts to write ("flush", [(table_id, rows), ...]) or saw the end ("end",).
+ *                has Parquet parts to write ("flush", [(table_id, rows), ...]) or saw the end
+ *                ("end", [rows of a transaction cut off by the end]);
+ *   pump(ptr)    the same, reading rows itself from libpq (PQgetCopyData on the PGconn* of
+ *                psycopg's connection, from the libpq psycopg loaded: bind_libpq(path)); ("eof",)
+ *                once the trailer was read or libpq ended the COPY.
  * Only plain committed transactions of INSERT/UPDATE/DELETE are handled here. Any other row,
  * and any row this scanner cannot read, is handed to Python together with the raw rows of the
  * transaction it belongs to (the scanner keeps a copy of them); the reader then passes every
