@@ -269,3 +269,15 @@ def test_a_cancel_while_rows_stream_from_libpq_reports_the_server_error(
             extract_batch(conn, slots["test_decoding"], tmp_path, upto_lsn=upto, tables=["x"], native=True)
     assert cancelled and ended_early  # the error came through the libpq reader
     assert list((tmp_path / slots["test_decoding"]).iterdir()) == []
+
+
+def test_without_the_extension_the_python_path_stages_the_batch(pg_conn, slots, tmp_path, monkeypatch) -> None:
+    import airflow_provider_pgdecode.staging.extract as extract_module
+
+    pg_conn.execute("insert into nat_keys values (1, 'a', 'x')")
+    upto = flush_lsn(pg_conn)
+    native = extract_batch(pg_conn, slots["test_decoding"], tmp_path / "native", upto_lsn=upto)
+    monkeypatch.setattr(extract_module, "load_native", lambda: None)
+    python = extract_batch(pg_conn, slots["test_decoding"], tmp_path / "python", upto_lsn=upto)
+    assert_same_batches(python, native)
+    assert python.changes == 1
