@@ -23,9 +23,9 @@ object is made per row or per value:
    cuts them (``part_rows`` over all tables, the largest table first; a change of a table's
    columns): in C when a commit crosses the budget (replaying the writer's rule over the
    transaction's rows), here for transactions assembled in Python. At a flush the rows leave
-   the C buffers and two writer threads wrap them as Arrow arrays without copying, convert
+   the C buffers and a writer thread wraps them as Arrow arrays without copying, converts
    them with the same vectorised rules (:func:`~airflow_provider_pgdecode.staging.types.convert_column`)
-   and write Parquet with the writer's options; pyarrow releases the GIL, so this overlaps the
+   and writes Parquet with the writer's options; pyarrow releases the GIL, so this overlaps the
    transfer and parsing of the next rows.
 4. Anything but plain committed INSERT/UPDATE/DELETE transactions, and any row the C scanner
    cannot read, goes to the Python path: the reader keeps a raw copy of the open
@@ -37,13 +37,13 @@ object is made per row or per value:
    passes rows through until the assembler is idle again. Transactions it assembles are
    added to the same buffers row by row.
 
-Memory is bounded by configuration, whatever the batch size: ``part_rows`` buffered rows, two
-parts being written, and one open transaction of fewer than ``memory_items`` rows (kept twice:
+Memory is bounded by configuration, whatever the batch size: ``part_rows`` buffered rows, one
+part being written, and one open transaction of fewer than ``memory_items`` rows (kept twice:
 parsed and raw).
 
 Measured (bench/extract_bench.py, 500,000 changes, 2 cores): the server decodes a row in
 ~1-2 µs; transfer plus C parsing costs ~0.4-0.5 µs per row, converting and writing Parquet
-~0.6-0.9 µs per row of CPU on the writer threads; the Python path spends ~12 µs per row.
+~0.6-0.9 µs per row of CPU on the writer thread; the Python path spends ~12 µs per row.
 
 Known difference: a column of the old-key image whose type changes within one part takes the
 type first registered for the table while rows with it are buffered (the Python writer takes
@@ -79,8 +79,10 @@ from airflow_provider_pgdecode.staging.writer import METADATA_PREFIX, PARQUET_OP
 log = logging.getLogger(__name__)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-#: Parts handed to the writer threads (one each) and not written yet, at most.
-_IN_FLIGHT = 2
+#: Parts handed to the writer threads (one each) and not written yet, at most. Two threads
+#: measured no faster on two cores (the server and the reader use them too) and cost a part
+#: of memory more.
+_IN_FLIGHT = 1
 _missing_logged = False
 
 
