@@ -164,3 +164,17 @@ def test_cut_transaction_reaches_the_assembler() -> None:
 
     with pytest.raises(AssemblyError, match="neither committed nor prepared"):
         run_extract(ROWS[:3])
+
+
+def test_quoted_names_and_types_are_read_in_c() -> None:
+    line = (
+        b'table "Odd Schema"."we""ird": INSERT: "Col A"[integer]:1 "x[y]"[text]:\'a] b\' '
+        b'moods["Odd Schema"."Mo]:od"[]]:\'{a,"b c"}\''
+    )
+    r = reader()
+    results = drain_no_resume(r, copy_data([(1, 3, b"BEGIN 3"), (2, 3, line), (3, 3, b"COMMIT 3")]))
+    assert results == [("end", [])]  # nothing handed over
+    tid = r.table_id("Odd Schema", 'we"ird')
+    assert r.layout(tid) == (("Col A", "x[y]", "moods"), ("integer", "text", '"Odd Schema"."Mo]:od"[]'))
+    b = r.take(tid, 1)
+    assert [v[3] for v in b["values"]] == [b"1", b"a] b", b'{a,"b c"}']

@@ -74,7 +74,9 @@ def slots(pg_conn: psycopg.Connection, slot_name: str):
            alter table nat_toast alter column big set storage external;
            create table nat_del (id int primary key, v text);
            create schema "Odd Schema";
-           create table "Odd Schema"."we""ird" ("Col A" int primary key, "x[y]" text, "new-tuple:" text);"""
+           create type "Odd Schema"."Mo]:od" as enum ('a', 'b c');
+           create table "Odd Schema"."we""ird" ("Col A" int primary key, "x[y]" text, "new-tuple:" text,
+                                                 moods "Odd Schema"."Mo]:od"[]);"""
         f" create publication {PUBLICATION} for table {', '.join(TABLES)}"
     )
     c.execute("insert into nat_toast values (1, repeat('x', 4000), 1)")
@@ -102,7 +104,7 @@ def first_batch_workload(c: psycopg.Connection) -> None:
            (3, 1, 2, 0.5, 0, -0.0, null, e'éß😀 \\t tab', '', '-infinity', 'infinity', '-infinity',
             null, 'null', '[]', '\\x', '{-1}', '{}', 'happy', '-3 mons', B'')"""
     )
-    c.execute("insert into \"Odd Schema\".\"we\"\"ird\" values (1, 'a] b:[c', ' new-tuple: x[text]:''y''')")
+    c.execute("insert into \"Odd Schema\".\"we\"\"ird\" values (1, 'a] b:[c', ' new-tuple: x[text]:''y''', '{a,\"b c\"}')")
     c.execute("update \"Odd Schema\".\"we\"\"ird\" set \"Col A\" = 2 where \"Col A\" = 1")
     c.execute("insert into nat_keys values (1, 'x', 'one'), (1, 'y', 'two'), (2, 'it''s', e'line\\nbreak')")
     c.execute("update nat_keys set k2 = 'z' where k2 = 'y'")
