@@ -410,9 +410,9 @@ class SlotClient:
         :param options: output plugin options as ``(name, value)`` pairs.
         :param chunk_size: rows fetched per round trip.
         """
+        ceiling, flat = _peek_arguments(name, upto_lsn, options)
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-        ceiling, flat = _peek_arguments(name, upto_lsn, options)
         return self._peek_rows(name, str(ceiling), flat, chunk_size)
 
     def _peek_rows(
@@ -446,10 +446,10 @@ class SlotClient:
         """The rows :meth:`peek` gives, as a ``COPY ... TO STDOUT (FORMAT BINARY)`` in progress.
 
         A context manager giving psycopg's ``Copy`` (iterate it for raw blocks). Columns: lsn
-        (pg_lsn: 8 bytes), xid (xid: 4 bytes, NULL for non-transactional messages), data (bytea). Same function,
-        options and pinned GUCs as :meth:`peek`; for readers that parse the binary COPY format
-        themselves (the extract's native fast path, which may also read the connection's libpq
-        directly while the COPY is open).
+        (pg_lsn, 8 bytes), xid (xid, 4 bytes; NULL for non-transactional messages), data (bytea).
+        Same function, options and pinned GUCs as :meth:`peek`; for readers that parse the binary
+        COPY format themselves (the extract's native fast path, which may also read the
+        connection's libpq directly while the COPY is open).
         """
         ceiling, flat = _peek_arguments(name, upto_lsn, options)
         conn = self.conn
