@@ -6,9 +6,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast demo bench bench-extract bench-merge delta-jars system-deps venv clean
+.PHONY: test test-fast demo bench bench-extract bench-merge delta-jars system-deps venv native clean
 
-$(STAMP): setup.cfg pyproject.toml requirements/constraints.txt
+$(STAMP): setup.cfg setup.py pyproject.toml requirements/constraints.txt airflow_provider_pgdecode/decoding/_native.c
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "needs $(PYTHON) (set PYTHON=...)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -17,6 +17,11 @@ $(STAMP): setup.cfg pyproject.toml requirements/constraints.txt
 
 venv: $(STAMP)
 
+# Rebuild the native extract in place after editing decoding/_native.c (make venv does it too).
+# Also run by test and bench-extract, after system-deps has installed a compiler if one was missing.
+native: $(STAMP) system-deps
+	$(PY) setup.py -q build_ext --inplace
+
 system-deps:
 	@bash scripts/ensure-system-deps.sh
 
@@ -24,12 +29,12 @@ system-deps:
 delta-jars: $(STAMP) system-deps
 	$(PY) scripts/fetch_delta_jars.py
 
-test: $(STAMP) system-deps delta-jars
+test: $(STAMP) system-deps native delta-jars
 	$(PY) -m pytest
 
 # The README's first command: a throwaway PostgreSQL, the incremental DAG run with Airflow
 # several times, local Spark merging into Delta, and PostgreSQL against Delta at the end.
-demo: $(STAMP) system-deps delta-jars
+demo: $(STAMP) system-deps native delta-jars
 	$(PY) scripts/demo.py
 
 test-fast: $(STAMP)
@@ -37,7 +42,7 @@ test-fast: $(STAMP)
 
 bench: bench-extract bench-merge
 
-bench-extract: $(STAMP) system-deps
+bench-extract: $(STAMP) system-deps native
 	$(PY) -m bench.extract_bench
 
 bench-merge: $(STAMP) system-deps delta-jars

@@ -5,11 +5,14 @@ plugin (a ``test_decoding`` slot and a ``pgoutput`` slot over the same WAL):
 
 1. raw:     ``select count(*) from pg_logical_slot_peek_changes(slot, ceiling, NULL, <options>)``
             (``peek_binary_changes`` for pgoutput), with the options the extract uses;
-2. extract: :func:`extract_batch` over the same slot and ceiling, to Parquet,
-            in a child process so its peak memory (max RSS) is its own;
-3. extract of the first fifth of the range, to show peak memory does not grow with batch size.
+2. extract: :func:`extract_batch` over the same slot and ceiling, to Parquet, with the native
+            fast path, in a child process so its peak memory (max RSS) is its own;
+3. extract of the first fifth of the range, to show peak memory does not grow with batch size;
+4. the same full extract through the pure-Python path (``native=False``), for comparison
+   (``--no-python`` skips it).
 
-Prints both rates, their ratio, and the peak memory of both extracts. Usage::
+Prints the rates, the native extract's ratio to the raw decode, and the peak memory of the
+extracts. Usage::
 
     make bench-extract            # or: .venv/bin/python -m bench.extract_bench --changes 500000
 """
@@ -92,10 +95,13 @@ def raw_decode(conn: psycopg.Connection, plugin: str, ceiling: Lsn) -> tuple[int
     return rows, time.perf_counter() - started
 
 
-def extract_in_child(dsn: str, plugin: str, ceiling: Lsn, staging: Path) -> dict:
+def extract_in_child(dsn: str, plugin: str, ceiling: Lsn, staging: Path, native: bool = True) -> dict:
     """Run the extract in a fresh interpreter; return its timing and peak RSS."""
     out = subprocess.run(
-        [sys.executable, "-m", "bench.extract_bench", "--child", dsn, plugin, str(ceiling), str(staging)],
+        [
+            sys.executable, "-m", "bench.extract_bench", "--child", dsn, plugin, str(ceiling), str(staging),
+            "1" if native else "0",
+        ],
         check=True,
         capture_output=True,
         text=True,
@@ -104,7 +110,7 @@ def extract_in_child(dsn: str, plugin: str, ceiling: Lsn, staging: Path) -> dict
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def child(dsn: str, plugin: str, ceiling: str, staging: str) -> None:
+def child(dsn: str, plugin: str, ceiling: str, staging: str, native: str) -> None:
     from airflow_provider_pgdecode.staging.extract import extract_batch
 
     publication = PUBLICATION if plugin == "pgoutput" else None
@@ -112,7 +118,8 @@ def child(dsn: str, plugin: str, ceiling: str, staging: str) -> None:
         base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         started = time.perf_counter()
         manifest = extract_batch(
-            conn, SLOTS[plugin], staging, plugin=plugin, publication=publication, upto_lsn=Lsn.parse(ceiling)
+            conn, SLOTS[plugin], staging, plugin=plugin, publication=publication, upto_lsn=Lsn.parse(ceiling),
+            native=native == "1",
         )
         elapsed = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -134,7 +141,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--changes", type=int, default=500_000)
     parser.add_argument("--txn-size", type=int, default=1_000)
-    parser.add_argument("--child", nargs=4, metavar=("DSN", "PLUGIN", "CEILING", "STAGING"), help=argparse.SUPPRESS)
+    parser.add_argument("--no-python", action="store_true", help="skip the pure-Python extract")
+    parser.add_argument(
+        "--child", nargs=5, metavar=("DSN", "PLUGIN", "CEILING", "STAGING", "NATIVE"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.child:
         child(*args.child)
@@ -166,7 +176,10 @@ def main() -> int:
                     raw_rows, raw_seconds = raw_decode(conn, plugin, ceiling)
                 full = extract_in_child(dsn, plugin, ceiling, work / plugin / "full")
                 part = extract_in_child(dsn, plugin, fifth, work / plugin / "fifth")
-                results[plugin] = {"raw_rows": raw_rows, "raw_seconds": raw_seconds, "full": full, "fifth": part}
+                python = None if args.no_python else extract_in_child(dsn, plugin, ceiling, work / plugin / "py", False)
+                results[plugin] = {
+                    "raw_rows": raw_rows, "raw_seconds": raw_seconds, "full": full, "fifth": part, "python": python
+                }
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -178,7 +191,14 @@ def main() -> int:
         print()
         print(f"== {plugin}: {full['changes']} changes staged, {full['rows']} slot rows read (raw: {r['raw_rows']})")
         print(f"raw slot decode   : {r['raw_seconds']:8.2f} s  {raw_rate:12,.0f} rows/s")
-        print(f"extract to Parquet: {full['seconds']:8.2f} s  {ours_rate:12,.0f} rows/s")
+        print(f"extract to Parquet: {full['seconds']:8.2f} s  {ours_rate:12,.0f} rows/s  (native fast path)")
+        if r["python"] is not None:
+            py = r["python"]
+            py_rate = py["rows"] / py["seconds"]
+            print(
+                f"Python path       : {py['seconds']:8.2f} s  {py_rate:12,.0f} rows/s  "
+                f"(ratio {py_rate / raw_rate:.2f}; native is {ours_rate / py_rate:.1f}x; peak RSS {py['peak_rss_mib']:.0f} MiB)"
+            )
         print(f"ratio extract/raw rate: {ours_rate / raw_rate:.2f}  (aim: >= 0.5)")
         print(
             f"extract peak RSS: {full['peak_rss_mib']:.0f} MiB for {full['rows']} rows; "

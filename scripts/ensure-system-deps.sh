@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages pgdecode needs when they are absent: PostgreSQL's server
-# binaries (for the throwaway clusters of tests, benchmarks and the demo) and a Java 17+
-# runtime (for Spark). Debian/Ubuntu only; as root, or through sudo when it is available.
+# binaries (for the throwaway clusters of tests, benchmarks and the demo), a Java 17+
+# runtime (for Spark), and gcc with the Python headers (for the native extract). Debian/Ubuntu only; as root, or through sudo when it is available.
 set -euo pipefail
 
 need=()
@@ -10,6 +10,18 @@ if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
 fi
 if ! command -v java >/dev/null 2>&1; then
     need+=(openjdk-17-jre-headless)
+fi
+# A C compiler and the Python headers build the native extract (decoding/_native.c); without
+# them the install still works and the extract uses its pure-Python path.
+if ! command -v gcc >/dev/null 2>&1; then
+    need+=(gcc)
+fi
+PY_FOR_HEADERS="${PYTHON:-python3.11}"
+if command -v "$PY_FOR_HEADERS" >/dev/null 2>&1; then
+    include_dir="$("$PY_FOR_HEADERS" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+    if [ ! -f "$include_dir/Python.h" ]; then
+        need+=("$(basename "$PY_FOR_HEADERS")-dev")
+    fi
 fi
 if [ ${#need[@]} -eq 0 ]; then
     exit 0

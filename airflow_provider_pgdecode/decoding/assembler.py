@@ -245,6 +245,19 @@ class TransactionAssembler:
                 "nor prepared within the rows read: the slot output was cut inside a transaction"
             )
 
+    @property
+    def idle(self) -> bool:
+        """No transaction (or stream block) is open: the next row starts a new one."""
+        return self._open is None
+
+    def add_fast_totals(self, safe_lsn: Lsn | None, transactions: int, changes: int, empty: int) -> None:
+        """Count plain transactions assembled elsewhere (the extract's native fast path)."""
+        if safe_lsn is not None:
+            self._advance(safe_lsn)
+        self.stats.transactions += transactions
+        self.stats.changes += changes
+        self.stats.empty_transactions += empty
+
     def pending(self) -> list[PreparedTransaction]:
         """Prepared transactions not yet committed or rolled back, in prepare order."""
         return sorted(self._pending.values(), key=lambda p: int(p.prepare_lsn))

@@ -8,10 +8,11 @@ consumes non-transactionally and is never used.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -43,6 +44,15 @@ _PIN_GUCS_SQL = "; ".join(f"SET LOCAL {name} = '{value}'" for name, value in PIN
 _PEEK_SQL = (
     "SELECT (lsn - '0/0'::pg_lsn)::int8, xid::text::int8, data"
     " FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, VARIADIC %s::text[])"
+)
+
+# The same peek as one COPY in binary format, for readers that parse it themselves: columns as
+# the function returns them (pg_lsn and xid travel as 8- and 4-byte integers), so the server
+# evaluates no expression per row.
+_PEEK_COPY_SQL = (
+    "COPY (SELECT lsn, xid, data"
+    " FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, VARIADIC %s::text[]))"
+    " TO STDOUT (FORMAT BINARY)"
 )
 
 _ENCODINGS: dict[str, str] = {
@@ -119,6 +129,19 @@ def validate_slot_name(name: str) -> str:
             "digits and underscores ([a-z0-9_])"
         )
     return name
+
+
+def _peek_arguments(name: str, upto_lsn: Lsn, options: Sequence[tuple[str, str]]) -> tuple[Lsn, list[str]]:
+    """Checked slot name, ceiling and flattened plugin options of a peek."""
+    validate_slot_name(name)
+    if not isinstance(upto_lsn, int):
+        raise TypeError(f"upto_lsn must be an Lsn, got {upto_lsn!r}")
+    flat: list[str] = []
+    for option in options:
+        if len(option) != 2 or not all(isinstance(part, str) for part in option):
+            raise ValueError(f"plugin options must be (name, value) pairs of strings, got {option!r}")
+        flat.extend(option)
+    return Lsn.coerce(upto_lsn), flat
 
 
 def _lsn(text: str | None) -> Lsn | None:
@@ -387,17 +410,9 @@ class SlotClient:
         :param options: output plugin options as ``(name, value)`` pairs.
         :param chunk_size: rows fetched per round trip.
         """
-        validate_slot_name(name)
-        if not isinstance(upto_lsn, int):
-            raise TypeError(f"upto_lsn must be an Lsn, got {upto_lsn!r}")
-        ceiling = Lsn.coerce(upto_lsn)
+        ceiling, flat = _peek_arguments(name, upto_lsn, options)
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-        flat: list[str] = []
-        for option in options:
-            if len(option) != 2 or not all(isinstance(part, str) for part in option):
-                raise ValueError(f"plugin options must be (name, value) pairs of strings, got {option!r}")
-            flat.extend(option)
         return self._peek_rows(name, str(ceiling), flat, chunk_size)
 
     def _peek_rows(
@@ -423,6 +438,29 @@ class SlotClient:
                         rows = cur.fetchmany(chunk_size)
                     except psycopg.Error as exc:
                         raise self._error(exc, name, "peek changes") from exc
+
+    @contextlib.contextmanager
+    def peek_copy(
+        self, name: str, upto_lsn: Lsn, options: Sequence[tuple[str, str]] = ()
+    ) -> Iterator[psycopg.Copy]:
+        """The rows :meth:`peek` gives, as a ``COPY ... TO STDOUT (FORMAT BINARY)`` in progress.
+
+        A context manager giving psycopg's ``Copy`` (iterate it for raw blocks). Columns: lsn
+        (pg_lsn, 8 bytes), xid (xid, 4 bytes; NULL for non-transactional messages), data (bytea).
+        Same function, options and pinned GUCs as :meth:`peek`; for readers that parse the binary
+        COPY format themselves (the extract's native fast path, which may also read the
+        connection's libpq directly while the COPY is open).
+        """
+        ceiling, flat = _peek_arguments(name, upto_lsn, options)
+        conn = self.conn
+        with conn.transaction():
+            conn.execute(_PIN_GUCS_SQL)
+            with conn.cursor() as cur:
+                try:
+                    with cur.copy(_PEEK_COPY_SQL, (name, str(ceiling), flat)) as copy:
+                        yield copy
+                except psycopg.Error as exc:
+                    raise self._error(exc, name, "peek changes") from exc
 
     def advance(self, name: str, lsn: Lsn) -> Lsn:
         """Confirm the slot up to ``lsn``; never moves backwards. Returns the slot's new position.

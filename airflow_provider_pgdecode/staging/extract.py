@@ -36,6 +36,7 @@ from airflow_provider_pgdecode.postgres.catalog import Catalog
 from airflow_provider_pgdecode.postgres.slot import SlotClient
 from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
 from airflow_provider_pgdecode.staging.manifest import BatchManifest, TableSummary, batch_dir_name
+from airflow_provider_pgdecode.staging.native import extract_native, load_native, native_wanted
 from airflow_provider_pgdecode.staging.table_snapshot import (
     DEFAULT_ROWS_PER_BATCH,
     TableSnapshotter,
@@ -81,6 +82,7 @@ def extract_batch(
     progress_every: int = 100_000,
     table_snapshots: bool = True,
     snapshot_rows: int = DEFAULT_ROWS_PER_BATCH,
+    native: bool | None = None,
 ) -> BatchManifest:
     """Stage the slot's changes from its confirmed position (or the checkpoint) up to a ceiling.
 
@@ -108,6 +110,8 @@ def extract_batch(
         and stage them in this batch. Only when ``upto_lsn`` is not given, since the ceiling
         must lie past the chunks' watermarks.
     :param snapshot_rows: at most so many snapshot rows per batch, all requests together.
+    :param native: use the C fast path (:mod:`airflow_provider_pgdecode.staging.native`); default
+        on unless ``PGDECODE_NATIVE=0``. It stages the same batch as the Python path.
     :returns: the manifest of the staged batch (``manifest.path`` is its directory).
     """
     if plugin not in SUPPORTED_PLUGINS:
@@ -162,7 +166,15 @@ def extract_batch(
         started = time.monotonic()
         log.info("Extracting slot %s from %s up to %s", slot_name, start_lsn, ceiling)
         feed = assembler.feed
-        if ceiling > confirmed:
+        # Chunk placement needs to see each transaction: the Python path while chunks are staged.
+        fast = _native_module(native, parse) if snapshotter is None or not snapshotter.chunks else None
+        if ceiling > confirmed and fast is not None:
+            include = None if include_pairs is None else (lambda s, t: (s, t) in include_pairs)
+            with slots.peek_copy(slot_name, ceiling, options) as copy:
+                writer, rows = extract_native(  # type: ignore[assignment]
+                    fast, copy, parse.__self__, plugin, assembler, writer, include, part_rows, memory_items, resume_after
+                )
+        elif ceiling > confirmed:
             for lsn, xid, data in slots.peek(slot_name, ceiling, options, chunk_rows):
                 rows += 1
                 event = parse(lsn, xid, data)
@@ -262,6 +274,16 @@ def _reader(
         origin="none" if origin == "none" else None,
     )
     return PgOutputParser(proto, encoding, Catalog(slots.conn).type_names()).parse, options
+
+
+def _native_module(native: bool | None, parse: Callable[..., Any]) -> Any | None:
+    """The C extension when the fast path is wanted and can stage this slot's rows exactly."""
+    if not native_wanted(native):
+        return None
+    if getattr(parse.__self__, "encoding", None) != "utf-8":
+        log.info("The native extract reads UTF-8 databases only; using the Python path")
+        return None
+    return load_native()
 
 
 def _describe_tables(catalog: Catalog, tables: list[TableSummary]) -> None:
