@@ -154,9 +154,10 @@ def extract_batch(
                 snapshotter.copy_chunks()
             elif snapshotter.active:
                 log.info("Table snapshot requests wait for a run without a fixed ceiling (upto_lsn=%s)", upto_lsn)
-        if include_pairs is not None:
-            # Tables that requests brought in are staged from then on.
-            include_pairs |= snapshotter.included_tables() if snapshotter is not None else added_tables(snapshots)
+        # Tables that snapshot requests brought in are staged from then on.
+        added = snapshotter.included_tables() if snapshotter is not None else added_tables(snapshots)
+        if include_pairs is not None and added:
+            include_pairs = set(include_pairs) | added
         # Read after the chunks: the ceiling must lie past their watermarks.
         ceiling = upto_lsn if upto_lsn is not None else slots.current_flush_lsn()
         parse, options = _reader(plugin, slots, info.two_phase, publication, origin, proto_version)
