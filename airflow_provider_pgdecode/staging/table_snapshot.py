@@ -310,6 +310,10 @@ class SnapshotVisibility:
 # ----------------------------------------------------------------------------------------------
 
 
+class _NotNow(Exception):
+    """A chunk cannot be taken in this run; the request goes on in a later one."""
+
+
 @dataclass
 class _Chunk:
     """One staged piece of a table snapshot: a TRUNCATE (``truncate``) or copied rows."""
@@ -410,6 +414,9 @@ class TableSnapshotter:
                             request.id, name, tstate["chunks"], rows, rows / elapsed, tstate["rows"],
                             ", table done" if tstate["done"] else "",
                         )
+            except _NotNow as exc:
+                log.warning("Snapshot request %s waits: %s", request.id, exc)
+                break
             except (CatalogError, StagingError) as exc:
                 # One bad request must not stop the pipeline's other tables.
                 log.error("Snapshot request %s failed and is given up: %s", request.id, exc)
@@ -432,7 +439,8 @@ class TableSnapshotter:
     def _watermark(self, content: Mapping[str, Any]) -> Lsn:
         """A transactional logical message, synchronously committed: its LSN orders the chunk."""
         with self.conn.transaction():
-            self.conn.execute("SET LOCAL synchronous_commit = on")
+            # Flushed locally before the peek reads the WAL; never waits for a standby.
+            self.conn.execute("SET LOCAL synchronous_commit = local")
             row = self.conn.execute(
                 "SELECT pg_logical_emit_message(true, %s, %s::text)::text",
                 (WATERMARK_PREFIX, json.dumps(content, sort_keys=True)),
@@ -503,19 +511,14 @@ class TableSnapshotter:
             if tstate["upper_key"] is None:  # empty: every row it gets is in the slot after the TRUNCATE
                 tstate["done"] = True
                 return 0
-        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        visibility = self._begin_chunk_snapshot()
         try:
-            row = conn.execute(
-                "SELECT pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text,"
-                " array(SELECT pg_snapshot_xip(s)::text) FROM pg_current_snapshot() s"
-            ).fetchone()
-            assert row is not None
-            visibility = SnapshotVisibility(int(row[0]), int(row[1]), frozenset(int(x) for x in row[2]))
             catalog = Catalog(conn)
             columns, key = self._check_table(catalog, schema, table)
             by_name = {c.name: c for c in columns}
             key_index = [next(i for i, c in enumerate(columns) if c.name == k) for k in key]
             key_list = sql.SQL(", ").join(sql.Identifier(k) for k in key)
+
             def bound(values: list[str]) -> sql.Composable:
                 return sql.SQL(", ").join(
                     sql.SQL("{}::{}").format(sql.Literal(v), sql.SQL(by_name[k].catalog_type))
@@ -553,6 +556,41 @@ class TableSnapshotter:
         self._add(_Chunk(request.id, schema, table, tstate["chunks"] - 1, high, path, columns, key, len(rows),
                          visibility=visibility, keys=keys, state_before=before))
         return len(rows)
+
+    #: How often, and how far apart, a chunk's snapshot is tried before the chunk waits for the next run.
+    snapshot_attempts = 25
+    snapshot_pause = 0.2
+
+    def _begin_chunk_snapshot(self) -> SnapshotVisibility:
+        """Open the chunk's REPEATABLE READ transaction; return what its snapshot sees.
+
+        A transaction whose commit is already in the WAL (and so possibly in an earlier batch)
+        but not yet visible, as when a commit waits for a synchronous standby, would make the
+        chunk older than changes Delta already holds. While any commit waits so (seen in
+        ``pg_stat_activity``, which shows other users' sessions to members of ``pg_monitor``),
+        the snapshot is not used: the chunk waits, at most a few seconds, else for the next run.
+        """
+        conn = self.conn
+        row: Any = None
+        for _ in range(self.snapshot_attempts):
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            row = conn.execute(
+                "SELECT pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text,"
+                " array(SELECT x::text FROM pg_snapshot_xip(s) x),"
+                # Committed in the WAL, invisible until a synchronous standby answers.
+                " array(SELECT a.backend_xid::text FROM pg_stat_activity a WHERE a.wait_event = 'SyncRep'"
+                "  AND a.backend_xid IS NOT NULL)"
+                " FROM pg_current_snapshot() s"
+            ).fetchone()
+            assert row is not None
+            if not row[3]:
+                return SnapshotVisibility(int(row[0]), int(row[1]), frozenset(int(x) for x in row[2]))
+            conn.execute("ROLLBACK")
+            time.sleep(self.snapshot_pause)
+        raise _NotNow(
+            f"transactions {', '.join(row[3])} are committed but not yet visible (a synchronous standby not "
+            "answering?); the chunk is taken in a later run"
+        )
 
     def _add(self, chunk: _Chunk) -> None:
         self.chunks.append(chunk)

@@ -339,3 +339,46 @@ def test_pgoutput_request_for_a_table_outside_the_publication_says_how_to_fix_it
 def test_module_imports_neither_airflow_nor_spark() -> None:
     source = Path(table_snapshot.__file__).read_text()
     assert "airflow." not in source.replace("airflow_provider_pgdecode", "") and "pyspark" not in source
+
+
+@pytest.mark.postgres
+def test_a_commit_not_yet_visible_makes_the_chunk_wait(
+    tables: None, pg_conn: psycopg.Connection, pg_dsn: str, slot_name: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit waiting for a synchronous standby is in the WAL (an earlier batch may hold it)
+    but invisible: a chunk read then would be older than Delta. The chunk waits instead."""
+    pg_conn.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (slot_name,))
+    staging = str(tmp_path / "staging")
+    monkeypatch.setattr(TableSnapshotter, "snapshot_attempts", 3)
+    monkeypatch.setattr(TableSnapshotter, "snapshot_pause", 0.1)
+    request = request_table_snapshot(staging, slot_name, [REFUNDS], "add-table", chunk_rows=1000)
+    pg_conn.execute("alter system set synchronous_standby_names = 'nobody'")
+    pg_conn.execute("select pg_reload_conf()")
+    waiting = threading.Thread(
+        target=lambda: psycopg.connect(pg_dsn, autocommit=True).execute(
+            "set synchronous_commit = on; update ts_refunds set reason = 'waits for a standby' where id = 7"
+        ),
+        daemon=True,
+    )
+    try:
+        time.sleep(0.5)
+        waiting.start()
+        for _ in range(50):
+            if pg_conn.execute("select count(*) from pg_stat_activity where wait_event = 'SyncRep'").fetchone()[0]:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the update did not wait for the synchronous standby")
+        first = extract_batch(pg_conn, slot_name, staging, tables=[ORDERS])
+    finally:
+        pg_conn.execute("alter system reset synchronous_standby_names")
+        pg_conn.execute("select pg_reload_conf()")
+        waiting.join(10)
+    state = first.snapshots[request.id]
+    assert not state["done"] and not state["error"]
+    assert [c["kind"] for c in first.snapshot_chunks] == ["truncate"]  # the TRUNCATE, no rows yet
+    pg_conn.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot_name, first.end_lsn))
+    second = extract_batch(pg_conn, slot_name, staging, tables=[ORDERS], checkpoint=Checkpoint.from_manifest(first))
+    assert second.snapshots[request.id]["done"]
+    assert [c["rows"] for c in second.snapshot_chunks] == [ROWS]
