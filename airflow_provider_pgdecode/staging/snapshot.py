@@ -69,7 +69,6 @@ table finishes.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import math
@@ -137,6 +136,7 @@ _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 _SNAPSHOT_NAME = re.compile(r"^[0-9A-Fa-f-]{1,64}$")
 _SEQ_MAX = 2**31 - 1
 _CSV_BLOCK = 1 << 22
+_CSV_BATCH_BYTES = 256 << 20
 
 
 class ExportedSnapshot(NamedTuple):
@@ -774,67 +774,41 @@ def _copy_chunk(
     return rows, name
 
 
-class _CopyStream(io.RawIOBase):
-    """COPY TO STDOUT's data blocks as a readable binary stream (for Arrow's CSV reader)."""
-
-    def __init__(self, first: Any, blocks: Iterator[Any]) -> None:
-        self._blocks = blocks
-        self._buffer = memoryview(first)
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, target: Any) -> int:
-        while not len(self._buffer):
-            block = next(self._blocks, None)
-            if block is None:
-                return 0
-            self._buffer = memoryview(block)
-        count = min(len(target), len(self._buffer))
-        target[:count] = self._buffer[:count]
-        self._buffer = self._buffer[count:]
-        return count
-
-
 def _read_csv(copy: Any, names: list[str], chunk_rows: int) -> Iterator[tuple[list[pa.Array], int]]:
-    """COPY's CSV text as string columns, about ``chunk_rows`` rows at a time.
+    """COPY's CSV output as string columns, at most ``chunk_rows`` rows at a time.
 
-    PostgreSQL's CSV prints NULL unquoted and empty, an empty string as ``""``: Arrow reads the
-    first as null and the second as an empty string; values are the output functions' text,
-    exactly as the text format prints them.
+    libpq hands COPY data over one row at a time, so rows are gathered as bytes (the only
+    per-row Python work: the floor any client pays) and every ``chunk_rows`` rows or
+    :data:`_CSV_BATCH_BYTES` bytes are parsed by Arrow's CSV reader at once. PostgreSQL's CSV
+    prints NULL unquoted and empty, an empty string as ``""``: Arrow reads the first as null and
+    the second as an empty string; values are the output functions' text, exactly as the text
+    format prints them.
     """
-    blocks = iter(copy)
-    first = next(blocks, None)
-    if first is None:
-        return
-    reader = pacsv.open_csv(
-        io.BufferedReader(_CopyStream(first, blocks), buffer_size=_CSV_BLOCK),
-        read_options=pacsv.ReadOptions(column_names=names, block_size=_CSV_BLOCK),
-        parse_options=pacsv.ParseOptions(newlines_in_values=True),
-        convert_options=pacsv.ConvertOptions(
-            column_types={n: pa.string() for n in names},
-            strings_can_be_null=True,
-            quoted_strings_can_be_null=False,
-            null_values=[""],
-        ),
+    read_options = pacsv.ReadOptions(column_names=names, block_size=_CSV_BLOCK)
+    parse_options = pacsv.ParseOptions(newlines_in_values=True)
+    convert_options = pacsv.ConvertOptions(
+        column_types={n: pa.string() for n in names},
+        strings_can_be_null=True,
+        quoted_strings_can_be_null=False,
+        null_values=[""],
     )
-    pending: list[pa.RecordBatch] = []
+
+    def parse(data: bytearray) -> list[pa.Array]:
+        table = pacsv.read_csv(pa.py_buffer(data), read_options=read_options, parse_options=parse_options,
+                               convert_options=convert_options).combine_chunks()
+        return [column.chunk(0) if column.num_chunks else pa.array([], pa.string()) for column in table.columns]
+
+    data = bytearray()
     count = 0
-    for batch in reader:
-        if batch.num_rows == 0:
-            continue
-        pending.append(batch)
-        count += batch.num_rows
-        if count >= chunk_rows:
-            yield _columns(pending), count
-            pending, count = [], 0
+    for row in copy:
+        data += row
+        count += 1
+        if count >= chunk_rows or len(data) >= _CSV_BATCH_BYTES:
+            yield parse(data), count
+            data = bytearray()
+            count = 0
     if count:
-        yield _columns(pending), count
-
-
-def _columns(batches: list[pa.RecordBatch]) -> list[pa.Array]:
-    table = pa.Table.from_batches(batches).combine_chunks()
-    return [column.chunk(0) for column in table.columns]
+        yield parse(data), count
 
 
 def _part_schema(columns: list[ColumnInfo]) -> pa.Schema:

@@ -176,7 +176,7 @@ def test_chunked_copy_resumes_after_a_failure_and_gives_the_same_result(
 
     def fail_once(schema: str, table: str, chunk: int, rows: int) -> None:
         seen.append((table, chunk))
-        if table == "snap_pairs" and chunk == 3 and seen.count((table, chunk)) == 1:
+        if table == "snap_items" and chunk == 3 and seen.count((table, chunk)) == 1:
             raise ConnectionError("simulated failure after chunk 3")
 
     writer = Writer(pg_dsn)
