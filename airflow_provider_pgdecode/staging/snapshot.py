@@ -48,10 +48,11 @@ table grew meanwhile), so they stage the same manifest.
 Workers. ``workers`` threads each open their own connection that imports the snapshot
 (:func:`_import_snapshot`) and take chunks from one queue, in table then chunk order: chunks of
 one table and of different tables run concurrently. A planning connection holds the snapshot
-and ACCESS SHARE locks on every table until the copy ends. COPY's CSV output is parsed by
-Arrow (no Python per row) and converted column-wise (staging/types.py), then written as the
-chunk's Parquet part; memory is bounded by ``chunk_rows`` per worker (a chunk larger than
-estimated is written in several row groups).
+and ACCESS SHARE locks on every table until the copy ends. COPY's CSV output is gathered as
+bytes, parsed by Arrow's CSV reader and converted column-wise (staging/types.py), then written
+as the chunk's Parquet part; memory is bounded by ``chunk_rows`` rows per worker (a chunk larger
+than estimated is written in several row groups). Threads suffice: libpq, Arrow's parser and
+the Parquet writer release the GIL.
 
 Resume. Each part is written to ``<name>.part``, fsynced and renamed; only then is the chunk
 recorded in ``progress.json`` (rewritten atomically, fsynced), together with the chunk plan.
@@ -60,7 +61,13 @@ A copy that stops at any point — an error, or the process killed with SIGKILL 
 half-written ``.part`` files and parts not recorded are deleted, and the remaining chunks are
 copied. If a table was rewritten meanwhile (its relfilenode changed) its chunks are discarded
 and it is planned and copied again. Once the block has ended the snapshot is gone and nothing
-can resume: drop the slot and start over (docs/staging-format.md, "Snapshot batches").
+can resume: drop the slot and start over (docs/staging-format.md, "Snapshot batches"). To
+survive a kill of the copy, the process holding the block must outlive it: run the copy in a
+child process.
+
+Errors are specific: an unknown table or one without a primary key (nor replica identity
+index) is refused before anything is copied (:class:`CatalogError`), a snapshot that is no
+longer exported is reported with what to do (:class:`StagingError`).
 
 Progress goes to this module's logger: per table and overall, chunks done of total, rows
 copied, rows/s and an estimated time to go, at most every ``log_interval`` seconds and when a
@@ -136,7 +143,7 @@ _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 _SNAPSHOT_NAME = re.compile(r"^[0-9A-Fa-f-]{1,64}$")
 _SEQ_MAX = 2**31 - 1
 _CSV_BLOCK = 1 << 22
-_CSV_BATCH_BYTES = 256 << 20
+_CSV_BATCH_BYTES = 64 << 20
 
 
 class ExportedSnapshot(NamedTuple):
@@ -362,7 +369,10 @@ def stage_snapshot(
         copier = _Copier(opener, snapshot_name, slot_name, tmp, progress, plans, lsn, chunk_rows, replace,
                          on_chunk, log_interval)
         copier.run(workers)
-        planner.execute("COMMIT")
+        try:
+            planner.execute("COMMIT")  # read-only: its end matters only for the locks it releases
+        except psycopg.Error as exc:
+            log.warning("Snapshot copy: the planning transaction ended with an error (%s)", str(exc).strip())
     finally:
         planner.close()
 
