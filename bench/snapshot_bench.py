@@ -183,8 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     rows = args.rows
+    report["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]  # other work on the host skews rates
     print()
-    print(f"== snapshot of {rows:,} rows ({report['table_mib']} MiB heap), {report['cores']} cores")
+    print(f"== snapshot of {rows:,} rows ({report['table_mib']} MiB heap), {report['cores']} cores,"
+          f" load average {report['load_average_at_end'][1]} (5 min)")
     print(f"COPY floor (client reads COPY text)  : {report['copy_floor_rows_per_s']:>12,} rows/s")
     print(f"stage_snapshot, workers=1            : {report['stage_w1_rows_per_s']:>12,} rows/s"
           f"  ratio to floor {report['stage_w1_over_floor']:.2f}")

@@ -334,3 +334,35 @@ def test_copy_killed_with_sigkill_resumes_without_redoing_chunks(
     assert sorted(ids) == list(range(1, BIG_ROWS + 1))
 
     merge_then_follow(pg_conn, spark, slot_name, snapshot, staging, delta_root, tables)
+
+
+def test_awkward_values_survive_the_csv_copy(pg_conn, pg_dsn, slot_name, spark, tmp_path: Path) -> None:
+    """NULL against '', quotes, commas, newlines, backslashes, arrays with quoted and NULL elements."""
+    c = pg_conn
+    c.execute("drop table if exists snap_awkward")
+    c.execute(
+        "create table snap_awkward (id int primary key, t text, tags text[], j jsonb, b bytea, n numeric,"
+        " d date, ts timestamp)"
+    )
+    c.execute(
+        "insert into snap_awkward values"
+        " (1, '', '{}', '{}', '\\x', 0, '2026-01-01', '2000-01-01 00:00:00'),"
+        " (2, null, null, null, null, null, null, null),"
+        " (3, 'a,b \"q\" ''s''', array['x,y', 'q\"t', null, '', 'NULL'], '{\"k\": \"v\\n\"}', '\\x00ff', 1.5,"
+        "  '2026-02-03', '2026-02-03 04:05:06.789'),"
+        " (4, e'line\\nbreak\\r\\n\\ttab \\\\ back', array[e'a\\\\b', 'ü'], '[1, 2.5, null]', '\\x0a0d', -1.5e-10,"
+        "  '0001-01-01', '1999-12-31 23:59:59.999999'),"
+        " (5, '\"', array['\"'], '\"\"', null, 12345678901234567890.123, null, null)"
+    )
+    with create_slot_with_snapshot(pg_dsn, slot_name) as (lsn, name):
+        snapshot = stage_snapshot(pg_dsn, name, lsn, slot_name, tmp_path / "staging", ["public.snap_awkward"],
+                                  workers=2)
+    staged = pq.read_table(snapshot.path / snapshot.tables[0].path).to_pydict()
+    rows = {i: (t, tags) for i, t, tags in zip(staged["id"], staged["t"], staged["tags"]) if i is not None}
+    assert rows[1] == ("", []) and rows[2] == (None, None)
+    assert rows[3] == ('a,b "q" \'s\'', ["x,y", 'q"t', None, "", "NULL"])
+    assert rows[4][0] == "line\nbreak\r\n\ttab \\ back" and rows[5][0] == '"'
+    summary = merge_batches(spark, [str(snapshot.path)], str(tmp_path / "delta"))
+    assert summary["tables"]["public.snap_awkward"]["status"] == "merged", summary
+    result = compare_table(pg_conn, spark, str(tmp_path / "delta"), "public", "snap_awkward")
+    assert result.equal, result.describe()
