@@ -51,8 +51,9 @@ one table and of different tables run concurrently. A planning connection holds 
 and ACCESS SHARE locks on every table until the copy ends. COPY's CSV output is gathered as
 bytes, parsed by Arrow's CSV reader and converted column-wise (staging/types.py), then written
 as the chunk's Parquet part; memory is bounded by ``chunk_rows`` rows per worker (a chunk larger
-than estimated is written in several row groups). Threads suffice: libpq, Arrow's parser and
-the Parquet writer release the GIL.
+than estimated is written in several row groups). Threads suffice: the only per-row Python
+work is gathering COPY's rows, while the server's side of COPY, Arrow's parser, the conversions
+and the Parquet writer run outside the GIL.
 
 Resume. Each part is written to ``<name>.part``, fsynced and renamed; only then is the chunk
 recorded in ``progress.json`` (rewritten atomically, fsynced), together with the chunk plan.
