@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast demo bench bench-extract bench-merge delta-jars system-deps venv native clean
+.PHONY: test test-fast demo bench bench-extract bench-merge bench-snapshot delta-jars system-deps venv native clean
 
 $(STAMP): setup.cfg setup.py pyproject.toml requirements/constraints.txt airflow_provider_pgdecode/decoding/_native.c
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "needs $(PYTHON) (set PYTHON=...)"; exit 1; }
@@ -40,13 +40,17 @@ demo: $(STAMP) system-deps native delta-jars
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
 
-bench: bench-extract bench-merge
+bench: bench-extract bench-merge bench-snapshot
 
 bench-extract: $(STAMP) system-deps native
 	$(PY) -m bench.extract_bench
 
 bench-merge: $(STAMP) system-deps delta-jars
 	$(PY) -m bench.merge_bench
+
+# Initial load: COPY floor, stage_snapshot (1 and default workers), stage + merge into Delta.
+bench-snapshot: $(STAMP) system-deps delta-jars
+	$(PY) -m bench.snapshot_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -795,14 +795,39 @@ def run_merge(
         spark.conf.unset(TXN_VERSION_CONF)
 
 
+def inserts_only(profile: Profile) -> bool:
+    """A batch of inserts (and TRUNCATEs) only, such as an initial snapshot: every key once after
+    the last TRUNCATE (PostgreSQL refuses a second insert of a key without a delete between)."""
+    return profile.updates == 0 and profile.deletes == 0 and not profile.keep_columns
+
+
+def append_inserts(spark: SparkSession, plan: TablePlan, events: DataFrame, profile: Profile, slot: str) -> None:
+    """Into a table this run created (empty), an inserts-only batch is appended, not merged: no
+    collapse, no join. One Delta commit holding the watermark, as the MERGE's does."""
+    rows = events.where(F.col(OP) == "I")
+    if profile.truncate_at is not None:
+        rows = rows.where(collapse.after(*profile.truncate_at))
+    rows = rows.select(*[col(c) for c in plan.columns], *[F.col(c) for c in METADATA_COLUMNS])
+    spark.conf.set(TXN_APP_ID_CONF, app_id(slot))
+    spark.conf.set(TXN_VERSION_CONF, str(plan.watermark_after))
+    try:
+        rows.write.format("delta").mode("append").save(plan.path)
+    finally:
+        spark.conf.unset(TXN_APP_ID_CONF)
+        spark.conf.unset(TXN_VERSION_CONF)
+
+
 def _last_commit(spark: SparkSession, path: str) -> tuple[int, dict[str, int]]:
-    """The table's latest version, and its row counts when that commit is a MERGE (read from the log only)."""
+    """The table's latest version, and its row counts when that commit is a MERGE or an append
+    (read from the log only)."""
     from delta.tables import DeltaTable
 
     row = DeltaTable.forPath(spark, path).history(1).collect()[0]
+    metrics = row["operationMetrics"] or {}
+    if row["operation"] == "WRITE":
+        return int(row["version"]), {"inserted": int(metrics.get("numOutputRows", 0)), "updated": 0, "deleted": 0}
     if row["operation"] != "MERGE":
         return int(row["version"]), {}
-    metrics = row["operationMetrics"] or {}
     return int(row["version"]), {
         "inserted": int(metrics.get("numTargetRowsInserted", 0)),
         "updated": int(metrics.get("numTargetRowsUpdated", 0)),
@@ -886,8 +911,10 @@ def merge_batches(
             version_before, _ = _last_commit(spark, plan.path)
         else:
             version_before = plan.state.version
-        source = merge_source(spark, events, plan, profile)
-        run_merge(spark, plan, source, profile, slot, options)
+        if result.created and inserts_only(profile):
+            append_inserts(spark, plan, events, profile, slot)
+        else:
+            run_merge(spark, plan, merge_source(spark, events, plan, profile), profile, slot, options)
         version_after, metrics = _last_commit(spark, plan.path)
         result.delta_version = version_after
         if version_after == version_before:

@@ -12,33 +12,89 @@ makes the copy and the slot's later batches fit exactly: nothing missed, nothing
 
     with create_slot_with_snapshot(dsn, "pgdecode_shop") as (consistent_lsn, snapshot_name):
         manifest = stage_snapshot(dsn, snapshot_name, consistent_lsn, "pgdecode_shop",
-                                  "/data/staging", ["public.orders", "public.customers"])
+                                  "/data/staging", ["public.orders", "public.customers"], workers=4)
     # merge manifest.path into Delta, then extract_batch(...) from the slot as usual
 
 The snapshot exists only while the connection that created the slot stays open, so the copy
-must run inside the ``with`` block. Tables are read in key order, ``chunk_rows`` rows at a
-time (keyset pagination); every chunk becomes one Parquet part and is recorded in a progress
-file, so a copy that fails part-way (a dropped connection, a statement timeout) continues
-from its last finished chunk when :func:`stage_snapshot` is called again *inside the same
-block*. Once the block has ended the snapshot is gone and nothing can resume: drop the slot
-and start over (docs/staging-format.md, "Snapshot batches").
+must run inside the ``with`` block.
+
+Chunks. Every table is cut into chunks of consecutive heap *pages* (``ctid`` ranges), read with
+TID range scans (PostgreSQL 14+)::
+
+    COPY (SELECT <columns> FROM t WHERE ctid >= '(first,0)'::tid AND ctid < '(next,0)'::tid)
+        TO STDOUT (FORMAT csv)
+
+the last chunk of a table open-ended (``ctid >= '(first,0)'``). Page ranges rather than key
+ranges, because
+
+* they are computed up front from two cheap numbers and nothing else: the table's size in pages
+  (``pg_relation_size / block_size``) and the number of rows visible in its first 32 pages (read
+  inside the snapshot), which sizes chunks of about ``chunk_rows`` rows. Key ranges would need
+  the key's distribution (a sample or an index walk) and break down on skewed or composite keys;
+* every chunk is a sequential read of its own pages: no index, no sort, no ``OFFSET``; chunks
+  are independent, so any number of them run at once and each can be redone alone;
+* tuples visible in the snapshot cannot move while it is held (the exported snapshot keeps
+  VACUUM from removing them, and every copying transaction holds ACCESS SHARE locks, which keep
+  ``VACUUM FULL``/``CLUSTER`` out), and pages added after the plan hold only newer tuples, which
+  the snapshot does not see: the open-ended last chunk covers them anyway.
+
+Within a chunk rows come in physical order (synchronized and parallel scans are switched off),
+so a part's contents depend only on the snapshot and the chunk plan, never on worker count or
+timing. Parts are named by chunk index (``part-00007.parquet``); a chunk with no visible row
+writes no part (except the first chunk of a table, which carries the TRUNCATE row when
+``replace``). Two plans of one snapshot can differ only in trailing empty chunks (when the
+table grew meanwhile), so they stage the same manifest.
+
+Workers. ``workers`` threads each open their own connection that imports the snapshot
+(:func:`_import_snapshot`) and take chunks from one queue, in table then chunk order: chunks of
+one table and of different tables run concurrently. A planning connection holds the snapshot
+and ACCESS SHARE locks on every table until the copy ends. COPY's CSV output is gathered as
+bytes, parsed by Arrow's CSV reader and converted column-wise (staging/types.py), then written
+as the chunk's Parquet part; memory is bounded by ``chunk_rows`` rows per worker (a chunk larger
+than estimated is written in several row groups). Threads suffice: the only per-row Python
+work is gathering COPY's rows, while the server's side of COPY, Arrow's parser, the conversions
+and the Parquet writer run outside the GIL.
+
+Resume. Each part is written to ``<name>.part``, fsynced and renamed; only then is the chunk
+recorded in ``progress.json`` (rewritten atomically, fsynced), together with the chunk plan.
+A copy that stops at any point — an error, or the process killed with SIGKILL — continues when
+:func:`stage_snapshot` is called again *inside the same block*: the recorded chunks are kept,
+half-written ``.part`` files and parts not recorded are deleted, and the remaining chunks are
+copied. If a table was rewritten meanwhile (its relfilenode changed) its chunks are discarded
+and it is planned and copied again. Once the block has ended the snapshot is gone and nothing
+can resume: drop the slot and start over (docs/staging-format.md, "Snapshot batches"). To
+survive a kill of the copy, the process holding the block must outlive it: run the copy in a
+child process.
+
+Errors are specific: an unknown table or one without a primary key (nor replica identity
+index) is refused before anything is copied (:class:`CatalogError`), a snapshot that is no
+longer exported is reported with what to do (:class:`StagingError`).
+
+Progress goes to this module's logger: per table and overall, chunks done of total, rows
+copied, rows/s and an estimated time to go, at most every ``log_interval`` seconds and when a
+table finishes.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import shutil
+import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from psycopg import sql
 
@@ -59,11 +115,15 @@ from airflow_provider_pgdecode.staging.writer import PARQUET_OPTIONS, METADATA_P
 log = logging.getLogger(__name__)
 
 DEFAULT_SNAPSHOT_CHUNK_ROWS = 100_000
-SNAPSHOT_FORMAT = "pgdecode.snapshot/1"
+#: Copying connections (threads) by default: a few, never more than the cores.
+DEFAULT_SNAPSHOT_WORKERS = max(1, min(4, os.cpu_count() or 1))
+SNAPSHOT_FORMAT = "pgdecode.snapshot/2"
 SNAPSHOT_INFO_NAME = "snapshot.json"
 PROGRESS_NAME = "progress.json"
 #: The start LSN of every snapshot batch: the copy holds the effect of all WAL up to its end.
 SNAPSHOT_START_LSN = Lsn(0)
+#: Pages at the start of a table whose visible rows are counted to size its chunks.
+SAMPLE_PAGES = 32
 
 # The formatting the decoding session pins (extract), so that values read here print alike.
 SESSION_GUCS = (
@@ -73,10 +133,18 @@ SESSION_GUCS = (
     ("bytea_output", "hex"),
     ("extra_float_digits", "3"),
 )
+# Physical order within a chunk, whatever the plan: no scan starting mid-table, no parallel scan.
+_SCAN_GUCS = (
+    ("synchronize_seqscans", "off"),
+    ("max_parallel_workers_per_gather", "0"),
+    ("client_encoding", "UTF8"),
+)
 
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 _SNAPSHOT_NAME = re.compile(r"^[0-9A-Fa-f-]{1,64}$")
 _SEQ_MAX = 2**31 - 1
+_CSV_BLOCK = 1 << 22
+_CSV_BATCH_BYTES = 64 << 20
 
 
 class ExportedSnapshot(NamedTuple):
@@ -175,6 +243,47 @@ def create_slot_with_snapshot(
         conn.close()
 
 
+@dataclass
+class _TablePlan:
+    """One table's columns, key and chunk plan; ``state`` is its entry in the progress record."""
+
+    schema: str
+    table: str
+    columns: list[ColumnInfo]
+    key: list[str]
+    identity: str
+    state: dict[str, Any]
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @property
+    def relpath(self) -> str:
+        return table_path(self.schema, self.table)
+
+    @property
+    def chunks(self) -> int:
+        return int(self.state["chunks"])
+
+    def bounds(self, index: int) -> tuple[int, int | None]:
+        """Pages ``[first, stop)`` of chunk ``index``; ``stop`` is None for the last (open-ended) chunk."""
+        per = int(self.state["pages_per_chunk"])
+        return index * per, (None if index == self.chunks - 1 else (index + 1) * per)
+
+    def chunk_pages(self, index: int) -> int:
+        first, stop = self.bounds(index)
+        return max(1, (stop if stop is not None else int(self.state["pages"])) - first)
+
+    def done_rows(self) -> int:
+        return sum(int(d["rows"]) for d in self.state["done"].values())
+
+    def files(self) -> list[str]:
+        done = self.state["done"]
+        return [done[i]["file"] for i in sorted(done, key=int) if done[i]["file"]]
+
+
 def stage_snapshot(
     connect: str | Callable[[], psycopg.Connection[Any]],
     snapshot_name: str,
@@ -187,23 +296,35 @@ def stage_snapshot(
     chunk_rows: int = DEFAULT_SNAPSHOT_CHUNK_ROWS,
     replace: bool = True,
     on_chunk: Callable[[str, str, int, int], None] | None = None,
+    workers: int | None = None,
+    chunk_pages: int | None = None,
+    log_interval: float = 10.0,
 ) -> BatchManifest:
     """Copy ``tables`` inside an exported snapshot and stage them as one snapshot batch.
 
-    :param connect: a DSN, or a function returning a new psycopg 3 connection; the copy runs
-        in its own REPEATABLE READ transaction that imports the snapshot.
+    :param connect: a DSN, or a function returning a new psycopg 3 connection in autocommit
+        mode; it is called once to plan (that connection holds the snapshot and the tables'
+        ACCESS SHARE locks until the copy ends) and once per worker. Every connection imports
+        the snapshot in its own REPEATABLE READ transaction.
     :param snapshot_name: from :func:`create_slot_with_snapshot`, whose block must still be open.
     :param consistent_lsn: the slot's consistent point: the commit LSN of every staged row and
         the batch's end LSN.
     :param slot_name: the slot the snapshot belongs to (the batch goes under its directory, and
         the merge keeps its watermark under it).
     :param tables: ``schema.table`` names or ``(schema, table)`` pairs; each needs a primary
-        key (or a replica identity index) to be read in key order.
-    :param chunk_rows: rows read per query and written per Parquet part.
+        key (or a replica identity index): the merge works by key.
+    :param chunk_rows: the target rows per chunk (one chunk, one Parquet part); chunks are page
+        ranges sized from the rows visible in a table's first pages. It also bounds the rows
+        a worker holds in memory (a larger chunk is written in several row groups).
     :param replace: stage a TRUNCATE before each table's rows, so that merging the batch replaces
         whatever the Delta table held (a re-snapshot after a lost slot); ``False`` stages inserts only.
     :param on_chunk: called as ``on_chunk(schema, table, chunk_index, rows)`` after each chunk is
-        durably staged (progress reporting).
+        durably staged and recorded (one call at a time, from the worker threads); an exception
+        it raises stops the copy (the chunk stays recorded) and is raised here.
+    :param workers: chunks copied at once, each worker on its own connection; default
+        :data:`DEFAULT_SNAPSHOT_WORKERS` (``min(4, cores)``). The staged contents do not depend on it.
+    :param chunk_pages: pages per chunk, instead of the estimate from ``chunk_rows``.
+    :param log_interval: seconds between progress lines (a finished table is always logged).
     :returns: the manifest of the published batch ``<staging_root>/<slot>/<0>-<consistent_lsn>``.
     """
     lsn = Lsn.coerce(consistent_lsn)
@@ -211,6 +332,11 @@ def stage_snapshot(
         raise StagingError(f"{snapshot_name!r} is not an exported snapshot name")
     if chunk_rows < 1:
         raise ValueError("chunk_rows must be at least 1")
+    if chunk_pages is not None and chunk_pages < 1:
+        raise ValueError("chunk_pages must be at least 1")
+    workers = DEFAULT_SNAPSHOT_WORKERS if workers is None else workers
+    if workers < 1:
+        raise ValueError("workers must be at least 1")
     names = sorted(parse_table_names(tables))
     if not names:
         raise ValueError("no table to snapshot")
@@ -219,34 +345,40 @@ def stage_snapshot(
     tmp = base / f".tmp-snapshot-{snapshot_name}"
     settings = {
         "format": SNAPSHOT_FORMAT, "slot": slot_name, "plugin": plugin, "snapshot_name": snapshot_name,
-        "consistent_lsn": str(lsn), "chunk_rows": chunk_rows, "replace": replace,
+        "consistent_lsn": str(lsn), "chunk_rows": chunk_rows, "chunk_pages": chunk_pages, "replace": replace,
         "tables": [list(n) for n in names],
     }
-    progress = _load_progress(tmp, settings)
-    conn = connect() if callable(connect) else psycopg.connect(connect, autocommit=True)
-    try:
-        _import_snapshot(conn, snapshot_name, slot_name)
-        catalog = Catalog(conn)
-        summaries: list[TableSummary] = []
-        total_rows = 0
-        for schema, table in names:
-            state = progress["progress"].setdefault(
-                f"{schema}.{table}", {"schema": schema, "table": table, "files": [], "rows": 0, "last_key": None, "done": False}
-            )
-            summary = _stage_table(conn, catalog, tmp, progress, state, schema, table, lsn, chunk_rows, replace, on_chunk)
-            total_rows += state["rows"]
-            if summary.files:
-                summaries.append(summary)
-        conn.execute("COMMIT")
-        database = conn.info.dbname
-    except psycopg.Error as exc:
-        raise StagingError(
-            f"the snapshot copy for slot {slot_name!r} failed: {str(exc).strip()}. Its finished chunks are kept in "
-            f"{tmp}: call stage_snapshot again while the slot's snapshot is still exported to continue from there."
-        ) from exc
-    finally:
-        conn.close()
 
+    def opener() -> psycopg.Connection[Any]:
+        return connect() if callable(connect) else psycopg.connect(connect, autocommit=True)
+
+    progress = _load_progress(tmp, settings)
+    planner = opener()
+    try:
+        try:
+            _import_snapshot(planner, snapshot_name, slot_name)
+            catalog = Catalog(planner)
+            plans = [
+                _plan_table(planner, catalog, progress, schema, table, chunk_rows, chunk_pages)
+                for schema, table in names
+            ]
+            database = planner.info.dbname
+        except psycopg.Error as exc:
+            raise StagingError(f"planning the snapshot copy for slot {slot_name!r} failed: {str(exc).strip()}") from exc
+        _save_progress(tmp, progress)
+        _discard_unrecorded(tmp, plans)
+        copier = _Copier(opener, snapshot_name, slot_name, tmp, progress, plans, lsn, chunk_rows, replace,
+                         on_chunk, log_interval)
+        copier.run(workers)
+        try:
+            planner.execute("COMMIT")  # read-only: its end matters only for the locks it releases
+        except psycopg.Error as exc:
+            log.warning("Snapshot copy: the planning transaction ended with an error (%s)", str(exc).strip())
+    finally:
+        planner.close()
+
+    summaries = [s for s in (_summary(plan, lsn, replace) for plan in plans) if s.files]
+    total_rows = sum(plan.done_rows() for plan in plans)
     manifest = BatchManifest(
         slot=slot_name,
         plugin=plugin,
@@ -258,14 +390,284 @@ def stage_snapshot(
         changes=sum(s.rows for s in summaries),
         tables=summaries,
     )
-    info = {**settings, "kind": "snapshot", "rows": total_rows,
-            "tables": [{k: v for k, v in s.items() if k != "done"} for s in progress["progress"].values()]}
+    info = {
+        **settings, "kind": "snapshot", "rows": total_rows,
+        "tables": [
+            {"schema": p.schema, "table": p.table, "files": p.files(), "rows": p.done_rows(),
+             **{k: p.state[k] for k in ("chunks", "pages", "pages_per_chunk", "relfilenode", "seq_stride")}}
+            for p in plans
+        ],
+    }
     (tmp / SNAPSHOT_INFO_NAME).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (tmp / PROGRESS_NAME).unlink()
     manifest.write(tmp)
     manifest.path = publish_batch(tmp, base / batch_dir_name(SNAPSHOT_START_LSN, lsn), manifest)
     log.info("Staged the snapshot of %d table(s), %d rows, at %s: %s", len(names), total_rows, lsn, manifest.path)
     return manifest
+
+
+def _plan_table(
+    conn: psycopg.Connection[Any],
+    catalog: Catalog,
+    progress: dict[str, Any],
+    schema: str,
+    table: str,
+    chunk_rows: int,
+    chunk_pages: int | None,
+) -> _TablePlan:
+    """Columns, key and chunk plan of one table, read inside the snapshot; an earlier plan is kept."""
+    columns = catalog.columns(schema, table)  # inside the snapshot: the columns as of the consistent point
+    key, identity = _table_key(catalog, schema, table)
+    for column in columns:
+        if column.name.startswith(METADATA_PREFIX):
+            raise CatalogError(
+                f"column {column.name!r} of {schema}.{table} starts with {METADATA_PREFIX!r}, which pgdecode reserves "
+                "for its metadata columns; rename the column or leave the table out"
+            )
+    ident = sql.Identifier(schema, table)
+    # Held by the planning transaction until the copy ends: no rewrite (VACUUM FULL, CLUSTER,
+    # ALTER TABLE) can move the snapshot's tuples meanwhile.
+    conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(ident))
+    block_size, size, relfilenode = conn.execute(
+        "SELECT current_setting('block_size')::int, pg_relation_size(c.oid), pg_relation_filenode(c.oid)"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+        (schema, table),
+    ).fetchone()
+    name = f"{schema}.{table}"
+    state = progress["tables"].get(name)
+    if state is not None and state.get("relfilenode") == relfilenode:
+        log.info("Snapshot copy of %s: resuming, %d of %d chunk(s) already staged", name, len(state["done"]),
+                 state["chunks"])
+        return _TablePlan(schema, table, columns, key, identity, state)
+    if state is not None:
+        log.warning("Snapshot copy of %s: the table was rewritten since its chunks were planned; copying it again",
+                    name)
+    pages = int(size) // int(block_size)
+    if conn.info.server_version < 140000:
+        # Before PostgreSQL 14 a ctid range is a filter on a full scan, not a TID range scan.
+        per, chunks = max(pages, 1), 1
+    else:
+        if chunk_pages is None:
+            sample = conn.execute(
+                sql.SQL("SELECT count(*) FROM {} WHERE ctid < {}::tid").format(ident, sql.Literal(f"({SAMPLE_PAGES},0)"))
+            ).fetchone()[0]
+            per = max(1, math.ceil(chunk_rows / max(1.0, sample / SAMPLE_PAGES)))
+        else:
+            per = chunk_pages
+        chunks = max(1, math.ceil(pages / per))
+    # Heap tuples per page at most (MaxHeapTuplesPerPage): a chunk's rows get _pg_seq values
+    # from index * seq_stride on, so seqs grow in physical order whatever the worker count.
+    max_tuples = (int(block_size) - 24) // 28
+    state = {
+        "schema": schema, "table": table, "relfilenode": relfilenode, "pages": pages, "pages_per_chunk": per,
+        "chunks": chunks, "seq_stride": per * max_tuples, "done": {},
+    }
+    progress["tables"][name] = state
+    log.info("Snapshot copy of %s: %d page(s) in %d chunk(s) of %d page(s)", name, pages, chunks, per)
+    return _TablePlan(schema, table, columns, key, identity, state)
+
+
+def _discard_unrecorded(tmp: Path, plans: Sequence[_TablePlan]) -> None:
+    """Delete half-written parts and parts whose chunk was not recorded (a kill between the two)."""
+    for plan in plans:
+        directory = tmp / plan.relpath
+        directory.mkdir(parents=True, exist_ok=True)
+        keep = set(plan.files())
+        for path in directory.iterdir():
+            if path.name not in keep:
+                log.info("Snapshot copy of %s: discarding unfinished %s", plan.name, path.name)
+                path.unlink()
+
+
+def _summary(plan: _TablePlan, lsn: Lsn, replace: bool) -> TableSummary:
+    rows = plan.done_rows()
+    return TableSummary(
+        schema=plan.schema,
+        table=plan.table,
+        path=plan.relpath,
+        files=plan.files(),
+        rows=rows + (1 if replace else 0),
+        inserts=rows,
+        updates=0,
+        deletes=0,
+        truncates=1 if replace else 0,
+        min_commit_lsn=str(lsn),
+        max_commit_lsn=str(lsn),
+        columns=[
+            ColumnSummary(c.name, c.type_name, str(arrow_type(c.type_name)), c.catalog_type, c.user_type)
+            for c in plan.columns
+        ],
+        key=list(plan.key),
+        replica_identity=plan.identity,
+    )
+
+
+class _Copier:
+    """Runs the chunks not yet staged on ``workers`` threads, each with its own connection."""
+
+    def __init__(
+        self,
+        opener: Callable[[], psycopg.Connection[Any]],
+        snapshot_name: str,
+        slot_name: str,
+        tmp: Path,
+        progress: dict[str, Any],
+        plans: Sequence[_TablePlan],
+        lsn: Lsn,
+        chunk_rows: int,
+        replace: bool,
+        on_chunk: Callable[[str, str, int, int], None] | None,
+        log_interval: float,
+    ) -> None:
+        self.opener = opener
+        self.snapshot_name = snapshot_name
+        self.slot_name = slot_name
+        self.tmp = tmp
+        self.progress = progress
+        self.plans = plans
+        self.lsn = lsn
+        self.chunk_rows = chunk_rows
+        self.replace = replace
+        self.on_chunk = on_chunk
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.queue: list[tuple[_TablePlan, int]] = [
+            (plan, index) for plan in plans for index in range(plan.chunks) if str(index) not in plan.state["done"]
+        ]
+        self.queue.reverse()  # popped from the end: table order, then chunk order
+        self.report = _Report(plans, log_interval)
+
+    def run(self, workers: int) -> None:
+        count = min(workers, len(self.queue))
+        if count == 0:
+            return
+        log.info("Snapshot copy: %d chunk(s) of %d table(s) to copy with %d worker(s)", len(self.queue),
+                 len(self.plans), count)
+        threads = [threading.Thread(target=self._work, name=f"pgdecode-snapshot-{i}", daemon=True) for i in range(count)]
+        for thread in threads:
+            thread.start()
+        try:
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(0.5)
+        except BaseException:
+            self.stop.set()
+            for thread in threads:
+                thread.join()
+            raise
+        if self.errors:
+            error = self.errors[0]
+            if isinstance(error, psycopg.Error):
+                raise StagingError(
+                    f"the snapshot copy for slot {self.slot_name!r} failed: {str(error).strip()}. Its finished chunks "
+                    f"are kept in {self.tmp}: call stage_snapshot again while the slot's snapshot is still exported "
+                    "to continue from there."
+                ) from error
+            raise error
+        self.report.finish()
+
+    def _next(self) -> tuple[_TablePlan, int] | None:
+        with self.lock:
+            if self.stop.is_set() or not self.queue:
+                return None
+            item = self.queue.pop()
+            self.report.chunk_started(item[0])
+            return item
+
+    def _work(self) -> None:
+        conn = None
+        try:
+            conn = self.opener()
+            _import_snapshot(conn, self.snapshot_name, self.slot_name)
+            for name, value in _SCAN_GUCS:
+                conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+            while (item := self._next()) is not None:
+                plan, index = item
+                rows, file = _copy_chunk(conn, plan, index, self.tmp, self.lsn, self.chunk_rows, self.replace)
+                with self.lock:
+                    plan.state["done"][str(index)] = {"rows": rows, "file": file}
+                    _save_progress(self.tmp, self.progress)
+                    self.report.chunk_done(plan, index, rows)
+                    if self.on_chunk is not None:
+                        self.on_chunk(plan.schema, plan.table, index, rows)
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            with self.lock:
+                self.errors.append(exc)
+            self.stop.set()
+        finally:
+            if conn is not None:
+                conn.close()
+
+
+class _Report:
+    """Progress lines: per table and overall chunks, rows, rows/s and time to go (by pages left)."""
+
+    def __init__(self, plans: Sequence[_TablePlan], interval: float) -> None:
+        self.plans = plans
+        self.interval = interval
+        self.started = self.last = time.monotonic()
+        self.pages_total = sum(p.chunk_pages(i) for p in plans for i in range(p.chunks))
+        self.pages_before = sum(p.chunk_pages(int(i)) for p in plans for i in p.state["done"])
+        self.pages_now = 0
+        self.rows_now = 0
+        # per table: pages and rows copied by this call, when its first chunk started
+        self.table_now: dict[str, list[float]] = {p.name: [0, 0, 0.0] for p in plans}
+        self.changed: set[str] = set()
+
+    def chunk_started(self, plan: _TablePlan) -> None:
+        if not self.table_now[plan.name][2]:
+            self.table_now[plan.name][2] = time.monotonic()
+
+    def chunk_done(self, plan: _TablePlan, index: int, rows: int) -> None:
+        pages = plan.chunk_pages(index)
+        self.pages_now += pages
+        self.rows_now += rows
+        now_table = self.table_now[plan.name]
+        now_table[0] += pages
+        now_table[1] += rows
+        self.changed.add(plan.name)
+        now = time.monotonic()
+        if len(plan.state["done"]) == plan.chunks:
+            log.info("Snapshot copy of %s: done, %d chunk(s), %d rows in %d part(s) (%.1f s)", plan.name, plan.chunks,
+                     plan.done_rows(), len(plan.files()), now - now_table[2])
+            self.changed.discard(plan.name)
+        if now - self.last >= self.interval:
+            self.log(now)
+
+    def log(self, now: float) -> None:
+        self.last = now
+        elapsed = max(now - self.started, 1e-6)
+        for plan in self.plans:
+            if plan.name not in self.changed:
+                continue
+            pages, rows, started = self.table_now[plan.name]
+            left = sum(plan.chunk_pages(i) for i in range(plan.chunks) if str(i) not in plan.state["done"])
+            spent = max(now - started, 1e-6)
+            log.info("Snapshot copy of %s: %d/%d chunks, %d rows, %.0f rows/s, ETA %s", plan.name,
+                     len(plan.state["done"]), plan.chunks, plan.done_rows(), rows / spent,
+                     _eta(spent, pages, left))
+        self.changed.clear()
+        done_chunks = sum(len(p.state["done"]) for p in self.plans)
+        left = self.pages_total - self.pages_before - self.pages_now
+        log.info("Snapshot copy overall: %d/%d tables, %d/%d chunks, %d rows, %.0f rows/s, ETA %s",
+                 sum(len(p.state["done"]) == p.chunks for p in self.plans), len(self.plans), done_chunks,
+                 sum(p.chunks for p in self.plans), sum(p.done_rows() for p in self.plans), self.rows_now / elapsed,
+                 _eta(elapsed, self.pages_now, left))
+
+    def finish(self) -> None:
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        log.info("Snapshot copy finished: %d rows copied in %.1f s (%.0f rows/s)", self.rows_now, elapsed,
+                 self.rows_now / elapsed)
+
+
+def _eta(spent: float, done: float, left: float) -> str:
+    if left <= 0:
+        return "0 s"
+    if done <= 0:
+        return "unknown"
+    return f"{spent * left / done:.0f} s"
 
 
 def _load_progress(tmp: Path, settings: dict[str, Any]) -> dict[str, Any]:
@@ -282,12 +684,13 @@ def _load_progress(tmp: Path, settings: dict[str, Any]) -> dict[str, Any]:
         log.warning("Discarding the unfinished snapshot copy in %s (other settings or unreadable)", tmp)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    progress = {"settings": settings, "progress": {}}
+    progress = {"settings": settings, "tables": {}}
     _save_progress(tmp, progress)
     return progress
 
 
 def _save_progress(tmp: Path, progress: dict[str, Any]) -> None:
+    """Replace the progress record atomically: a kill at any point leaves the old or the new one."""
     part = tmp / (PROGRESS_NAME + ".part")
     with open(part, "w", encoding="utf-8") as f:
         f.write(json.dumps(progress, sort_keys=True))
@@ -321,88 +724,159 @@ def _table_key(catalog: Catalog, schema: str, table: str) -> tuple[list[str], st
         key = list(identity.columns)
     if not key:
         raise CatalogError(
-            f"table {schema}.{table} has no primary key (nor a replica identity index): it can be neither copied in "
-            "key order nor merged by key. Add a primary key, or leave the table out."
+            f"table {schema}.{table} has no primary key (nor a replica identity index): it cannot be merged by key. "
+            "Add a primary key, or leave the table out."
         )
     return key, identity.kind
 
 
-def _stage_table(
+def _copy_chunk(
     conn: psycopg.Connection[Any],
-    catalog: Catalog,
+    plan: _TablePlan,
+    index: int,
     tmp: Path,
-    progress: dict[str, Any],
-    state: dict[str, Any],
-    schema: str,
-    table: str,
     lsn: Lsn,
     chunk_rows: int,
     replace: bool,
-    on_chunk: Callable[[str, str, int, int], None] | None,
-) -> TableSummary:
-    columns = catalog.columns(schema, table)  # inside the snapshot: the columns as of the consistent point
-    key, identity = _table_key(catalog, schema, table)
-    for column in columns:
-        if column.name.startswith(METADATA_PREFIX):
-            raise CatalogError(
-                f"column {column.name!r} of {schema}.{table} starts with {METADATA_PREFIX!r}, which pgdecode reserves "
-                "for its metadata columns; rename the column or leave the table out"
-            )
-    by_name = {c.name: c for c in columns}
-    key_index = [next(i for i, c in enumerate(columns) if c.name == k) for k in key]
-    relpath = table_path(schema, table)
-    directory = tmp / relpath
-    directory.mkdir(parents=True, exist_ok=True)
-    select = sql.SQL(", ").join(sql.Identifier(c.name) for c in columns)
-    key_list = sql.SQL(", ").join(sql.Identifier(k) for k in key)
-    started = time.monotonic()
-    while not state["done"]:
-        chunk = len(state["files"])
-        where = sql.SQL("")
-        if state["last_key"] is not None:
-            bound = sql.SQL(", ").join(
-                sql.SQL("{}::{}").format(sql.Literal(v), sql.SQL(by_name[k].catalog_type))
-                for k, v in zip(key, state["last_key"])
-            )
-            where = sql.SQL(" WHERE ({}) > ({})").format(key_list, bound)
-        query = sql.SQL("COPY (SELECT {} FROM {}{} ORDER BY {} LIMIT {}) TO STDOUT").format(
-            select, sql.Identifier(schema, table), where, key_list, sql.Literal(chunk_rows)
-        )
-        with conn.cursor() as cur, cur.copy(query) as copy:
-            rows = list(copy.rows())
-        leading_truncate = replace and chunk == 0
-        if rows or leading_truncate:
-            name = f"part-{chunk:05d}.parquet"
-            _write_part(directory / name, columns, rows, lsn, state["rows"], leading_truncate, f"{schema}.{table}")
-            state["files"].append(name)
-            state["rows"] += len(rows)
-        if rows:
-            state["last_key"] = [rows[-1][i] for i in key_index]
-        state["done"] = len(rows) < chunk_rows
-        _save_progress(tmp, progress)
-        if on_chunk is not None:
-            on_chunk(schema, table, chunk, len(rows))
-    log.info("Snapshot of %s.%s: %d rows in %d part(s) (%.1f s)", schema, table, state["rows"],
-             len(state["files"]), time.monotonic() - started)
-    return TableSummary(
-        schema=schema,
-        table=table,
-        path=relpath,
-        files=list(state["files"]),
-        rows=state["rows"] + (1 if replace else 0),
-        inserts=state["rows"],
-        updates=0,
-        deletes=0,
-        truncates=1 if replace else 0,
-        min_commit_lsn=str(lsn),
-        max_commit_lsn=str(lsn),
-        columns=[
-            ColumnSummary(c.name, c.type_name, str(arrow_type(c.type_name)), c.catalog_type, c.user_type)
-            for c in columns
-        ],
-        key=list(key),
-        replica_identity=identity,
+) -> tuple[int, str | None]:
+    """Copy one chunk into its part (written under ``.part``, fsynced, renamed); its rows and file name."""
+    first, stop = plan.bounds(index)
+    conditions = []
+    if plan.chunks > 1:
+        conditions.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({first},0)")))
+        if stop is not None:
+            conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({stop},0)")))
+    query = sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT (FORMAT csv)").format(
+        sql.SQL(", ").join(sql.Identifier(c.name) for c in plan.columns),
+        sql.Identifier(plan.schema, plan.table),
+        sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL(""),
     )
+    name = f"part-{index:05d}.parquet"
+    path = tmp / plan.relpath / name
+    part = path.with_name(name + ".part")
+    leading_truncate = replace and index == 0
+    seq_start = (1 if replace else 0) + index * int(plan.state["seq_stride"])
+    schema = _part_schema(plan.columns)
+    writer: pq.ParquetWriter | None = None
+    rows = 0
+    try:
+        with conn.cursor() as cur, cur.copy(query) as copy:
+            for texts, count in _read_csv(copy, [c.name for c in plan.columns], chunk_rows):
+                table = _part_table(plan.columns, texts, count, lsn, seq_start + rows, leading_truncate and rows == 0,
+                                    plan.name, schema)
+                if writer is None:
+                    writer = pq.ParquetWriter(part, schema, **PARQUET_OPTIONS)
+                writer.write_table(table)
+                rows += count
+        if writer is None:
+            if not leading_truncate:
+                return 0, None
+            writer = pq.ParquetWriter(part, schema, **PARQUET_OPTIONS)
+            writer.write_table(_part_table(plan.columns, [pa.array([], pa.string())] * len(plan.columns), 0, lsn,
+                                           seq_start, True, plan.name, schema))
+        writer.close()
+        writer = None
+        with open(part, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(part, path)
+    finally:
+        if writer is not None:
+            writer.close()
+    return rows, name
+
+
+def _read_csv(copy: Any, names: list[str], chunk_rows: int) -> Iterator[tuple[list[pa.Array], int]]:
+    """COPY's CSV output as string columns, at most ``chunk_rows`` rows at a time.
+
+    libpq hands COPY data over one row at a time, so rows are gathered as bytes (the only
+    per-row Python work: the floor any client pays) and every ``chunk_rows`` rows or
+    :data:`_CSV_BATCH_BYTES` bytes are parsed by Arrow's CSV reader at once. PostgreSQL's CSV
+    prints NULL unquoted and empty, an empty string as ``""``: Arrow reads the first as null and
+    the second as an empty string; values are the output functions' text, exactly as the text
+    format prints them.
+    """
+    read_options = pacsv.ReadOptions(column_names=names, block_size=_CSV_BLOCK)
+    parse_options = pacsv.ParseOptions(newlines_in_values=True)
+    convert_options = pacsv.ConvertOptions(
+        column_types={n: pa.string() for n in names},
+        strings_can_be_null=True,
+        quoted_strings_can_be_null=False,
+        null_values=[""],
+    )
+
+    def parse(data: bytearray) -> list[pa.Array]:
+        table = pacsv.read_csv(pa.py_buffer(data), read_options=read_options, parse_options=parse_options,
+                               convert_options=convert_options).combine_chunks()
+        return [column.chunk(0) if column.num_chunks else pa.array([], pa.string()) for column in table.columns]
+
+    data = bytearray()
+    count = 0
+    for row in copy:
+        data += row
+        count += 1
+        if count >= chunk_rows or len(data) >= _CSV_BATCH_BYTES:
+            yield parse(data), count
+            data = bytearray()
+            count = 0
+    if count:
+        yield parse(data), count
+
+
+def _part_schema(columns: list[ColumnInfo]) -> pa.Schema:
+    return pa.schema(
+        [
+            ("_pg_commit_lsn", pa.int64()),
+            ("_pg_seq", pa.int32()),
+            ("_pg_op", pa.string()),
+            ("_pg_xid", pa.int64()),
+            ("_pg_commit_time", pa.timestamp("us", tz="UTC")),
+            ("_pg_change_lsn", pa.int64()),
+            ("_pg_unchanged_toast", pa.list_(pa.string())),
+            ("_pg_old", pa.struct([(c.name, arrow_type(c.type_name)) for c in columns])),
+        ]
+        + [(c.name, arrow_type(c.type_name)) for c in columns]
+    )
+
+
+def _part_table(
+    columns: list[ColumnInfo],
+    texts: Sequence[pa.Array],
+    rows: int,
+    lsn: Lsn,
+    seq_start: int,
+    leading_truncate: bool,
+    where: str,
+    schema: pa.Schema | None = None,
+) -> pa.Table:
+    """Rows of one part in the layout of staging/writer.py: op I rows (after an op T row).
+
+    ``_pg_seq`` is 0 for the TRUNCATE, then ``seq_start``, ``seq_start + 1``, ... (capped at
+    int32: each key occurs once in a snapshot, so only the order against the TRUNCATE matters).
+    """
+    schema = schema or _part_schema(columns)
+    count = rows + (1 if leading_truncate else 0)
+    seqs = pc.min_element_wise(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), rows), start=seq_start - 1),
+                               pa.scalar(_SEQ_MAX, pa.int64())) if rows else pa.array([], pa.int64())
+    ops = pa.repeat(pa.scalar("I"), rows)
+    if leading_truncate:
+        seqs = pa.concat_arrays([pa.array([0], pa.int64()), seqs])
+        ops = pa.concat_arrays([pa.array(["T"]), ops])
+    data: list[pa.Array] = [
+        pa.repeat(pa.scalar(int(lsn), pa.int64()), count),
+        seqs.cast(pa.int32()),
+        ops,
+        pa.nulls(count, pa.int64()),
+        pa.nulls(count, pa.timestamp("us", tz="UTC")),
+        pa.repeat(pa.scalar(int(lsn), pa.int64()), count),
+        pa.nulls(count, pa.list_(pa.string())),
+        # No old images: a null struct shaped like the row, as the writer stages it.
+        pa.nulls(count, schema.field("_pg_old").type),
+    ]
+    for column, text in zip(columns, texts):
+        if leading_truncate:
+            text = pa.concat_arrays([pa.nulls(1, pa.string()), text.cast(pa.string())])
+        data.append(convert_column(column.type_name, text, f"{where}.{column.name}"))
+    return pa.Table.from_arrays(data, schema=schema)
 
 
 def _write_part(
@@ -414,31 +888,12 @@ def _write_part(
     leading_truncate: bool,
     where: str,
 ) -> None:
-    """One Parquet part in the layout of staging/writer.py: op I rows (after an op T row)."""
-    count = len(rows) + (1 if leading_truncate else 0)
+    """One Parquet part from text rows (``None`` = NULL), written under ``.part``, fsynced, renamed."""
+    texts = [pa.array([row[index] for row in rows], pa.string()) for index in range(len(columns))]
     first = 1 if leading_truncate else 0
-    ops = (["T"] if leading_truncate else []) + ["I"] * len(rows)
-    # _pg_seq: 0 for the TRUNCATE, then the row number within the table (capped at int32: each
-    # key occurs once in a snapshot, so only the order against the TRUNCATE matters).
-    seqs = ([0] if leading_truncate else []) + [
-        min(first + rows_before + i, _SEQ_MAX) for i in range(len(rows))
-    ]
-    data: dict[str, pa.Array] = {
-        "_pg_commit_lsn": pa.array([int(lsn)] * count, pa.int64()),
-        "_pg_seq": pa.array(seqs, pa.int32()),
-        "_pg_op": pa.array(ops, pa.string()),
-        "_pg_xid": pa.nulls(count, pa.int64()),
-        "_pg_commit_time": pa.nulls(count, pa.timestamp("us", tz="UTC")),
-        "_pg_change_lsn": pa.array([int(lsn)] * count, pa.int64()),
-        "_pg_unchanged_toast": pa.nulls(count, pa.list_(pa.string())),
-        # No old images: a null struct shaped like the row, as the writer stages it.
-        "_pg_old": pa.nulls(count, pa.struct([(c.name, arrow_type(c.type_name)) for c in columns])),
-    }
-    for index, column in enumerate(columns):
-        values = ([None] if leading_truncate else []) + [row[index] for row in rows]
-        data[column.name] = convert_column(column.type_name, values, f"{where}.{column.name}")
+    table = _part_table(columns, texts, len(rows), lsn, first + rows_before, leading_truncate, where)
     part = path.with_name(path.name + ".part")
-    pq.write_table(pa.table(data), part, **PARQUET_OPTIONS)
+    pq.write_table(table, part, **PARQUET_OPTIONS)
     with open(part, "rb") as f:
         os.fsync(f.fileno())
     os.replace(part, path)
@@ -446,6 +901,7 @@ def _write_part(
 
 __all__ = [
     "DEFAULT_SNAPSHOT_CHUNK_ROWS",
+    "DEFAULT_SNAPSHOT_WORKERS",
     "ExportedSnapshot",
     "SNAPSHOT_START_LSN",
     "create_slot_with_snapshot",

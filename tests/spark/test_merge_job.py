@@ -163,7 +163,8 @@ def test_truncate_mid_batch_then_changes_in_one_commit(spark: Any, tmp_path: Pat
     assert [r["id"] for r in expected] == [2, 8]
     assert delta_rows(spark, path, ["id", "note", "amount", "_pg_commit_lsn"]) == expected
     # One Delta commit for the whole batch, TRUNCATE included.
-    assert history(spark, path)[:2] == [(before + 1, "MERGE"), (before, "MERGE")]
+    # (the first batch, inserts into a new table, was appended: a WRITE)
+    assert history(spark, path)[:2] == [(before + 1, "MERGE"), (before, "WRITE")]
     result = summary["tables"]["public.orders"]
     # 1, 3, 4, 5 deleted by the TRUNCATE; 2 existed before it and is written again after it.
     assert result["truncated"] is True
@@ -407,6 +408,32 @@ def test_two_batches_in_one_run_are_one_merge_in_lsn_order(spark: Any, tmp_path:
     assert summary["end_lsn"] == "0/D2"
     assert delta_rows(spark, path, ["id", "note", "amount", "_pg_commit_lsn"]) == orders_state(Model().apply(a, b))
     assert [op for _, op in history(spark, path)] == ["MERGE", "CREATE TABLE"]
+
+
+
+def test_inserts_only_into_a_new_table_are_appended_in_one_commit(spark: Any, tmp_path: Path) -> None:
+    """An initial-snapshot-shaped batch (TRUNCATE, then inserts) into a new table: appended, not merged."""
+    load = TableChanges("public", "orders", ORDERS).truncate(300)
+    for i in range(1, 8):
+        load.insert(300, id=i, note=f"row {i}", amount=f"{i}.25")
+    batch = write_batch(tmp_path / "s", SLOT, 0, 300, [load])
+    summary = merge_batches(spark, [batch], str(tmp_path / "d"))
+    path = str(tmp_path / "d" / "public" / "orders")
+    result = summary["tables"]["public.orders"]
+    assert result["status"] == "merged" and result["created"] is True and result["truncated"] is True
+    assert (result["inserted"], result["updated"], result["deleted"]) == (7, 0, 0)
+    assert result["watermark_lsn"] == "0/12C"
+    assert [op for _, op in history(spark, path)] == ["WRITE", "CREATE TABLE"]
+    assert delta_rows(spark, path, ["id", "note", "amount", "_pg_commit_lsn"]) == orders_state(Model().apply(load))
+    replay = merge_batches(spark, [batch], str(tmp_path / "d"))
+    assert replay["tables"]["public.orders"]["status"] == "skipped"
+    assert [op for _, op in history(spark, path)] == ["WRITE", "CREATE TABLE"]
+    # Later changes merge as usual on top of it.
+    more = TableChanges("public", "orders", ORDERS).update(400, id=1, note="changed", amount="1.00").delete(400, id=2)
+    merge_batches(spark, [write_batch(tmp_path / "s", SLOT, 300, 410, [more])], str(tmp_path / "d"))
+    assert delta_rows(spark, path, ["id", "note", "amount", "_pg_commit_lsn"]) == orders_state(
+        Model().apply(load, more)
+    )
 
 
 # -- bad input: a clear error, and Delta unchanged ---------------------------------------------

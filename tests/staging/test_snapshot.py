@@ -6,7 +6,11 @@ is created and while the tables are copied, so a row missed or applied twice sho
 
 from __future__ import annotations
 
+import json
 import random
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import StagingError
+from airflow_provider_pgdecode.errors import CatalogError, StagingError
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
 from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
 from airflow_provider_pgdecode.staging.extract import extract_batch
@@ -99,14 +103,16 @@ def wait_for_ops(writer: Writer, count: int) -> None:
     assert writer.ops >= target, "the concurrent writer stalled"
 
 
-def assert_delta_equals_postgres(pg_conn, spark, delta_root: str) -> None:
-    for schema, table in TABLES:
+def assert_delta_equals_postgres(pg_conn, spark, delta_root: str, tables=TABLES) -> None:
+    for schema, table in tables:
         result = compare_table(pg_conn, spark, delta_root, schema, table)
         assert result.equal, result.describe()
         assert result.source_rows > 0
 
 
-def merge_then_follow(pg_conn, spark, slot: str, snapshot: BatchManifest, staging: Path, delta_root: str) -> None:
+def merge_then_follow(
+    pg_conn, spark, slot: str, snapshot: BatchManifest, staging: Path, delta_root: str, tables=TABLES
+) -> None:
     """Merge the snapshot, then the slot's batch after it; Delta must equal PostgreSQL; replays are no-ops."""
     lsn = snapshot.end_lsn
     assert snapshot.start_lsn == "0/0"
@@ -120,11 +126,11 @@ def merge_then_follow(pg_conn, spark, slot: str, snapshot: BatchManifest, stagin
     assert follow.changes > 0
     merge_batches(spark, [str(follow.path)], delta_root)
     pg_conn.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, follow.end_lsn))
-    assert_delta_equals_postgres(pg_conn, spark, delta_root)
+    assert_delta_equals_postgres(pg_conn, spark, delta_root, tables)
 
     replay = merge_batches(spark, [str(snapshot.path), str(follow.path)], delta_root)
     assert all(t["status"] == "skipped" for t in replay["tables"].values()), replay
-    assert_delta_equals_postgres(pg_conn, spark, delta_root)
+    assert_delta_equals_postgres(pg_conn, spark, delta_root, tables)
 
 
 def test_snapshot_then_slot_batches_equal_source_under_concurrent_writes(
@@ -170,7 +176,7 @@ def test_chunked_copy_resumes_after_a_failure_and_gives_the_same_result(
 
     def fail_once(schema: str, table: str, chunk: int, rows: int) -> None:
         seen.append((table, chunk))
-        if table == "snap_pairs" and chunk == 3 and seen.count((table, chunk)) == 1:
+        if table == "snap_items" and chunk == 3 and seen.count((table, chunk)) == 1:
             raise ConnectionError("simulated failure after chunk 3")
 
     writer = Writer(pg_dsn)
@@ -178,21 +184,59 @@ def test_chunked_copy_resumes_after_a_failure_and_gives_the_same_result(
     try:
         with create_slot_with_snapshot(pg_dsn, slot_name) as (lsn, name):
             with pytest.raises(ConnectionError):
-                stage_snapshot(pg_dsn, name, lsn, slot_name, staging, TABLES, chunk_rows=97, on_chunk=fail_once)
+                stage_snapshot(pg_dsn, name, lsn, slot_name, staging, TABLES, chunk_pages=1, workers=2,
+                               on_chunk=fail_once)
+            before = len(seen)
             wait_for_ops(writer, 30)  # the source moves on; the snapshot does not
-            snapshot = stage_snapshot(pg_dsn, name, lsn, slot_name, staging, TABLES, chunk_rows=97, on_chunk=fail_once)
+            snapshot = stage_snapshot(pg_dsn, name, lsn, slot_name, staging, TABLES, chunk_pages=1, workers=2,
+                                      on_chunk=fail_once)
         wait_for_ops(writer, 30)
     finally:
         writer.stop.set()
         writer.join(10)
     assert writer.error is None, writer.error
 
-    pairs = [chunk for table, chunk in seen if table == "snap_pairs"]
-    assert pairs == list(range(len(pairs))) and len(pairs) > 6  # resumed after chunk 3, nothing redone
+    assert 0 < before < len(seen)
+    info = json.loads((snapshot.path / "snapshot.json").read_text())
+    for entry in info["tables"]:
+        chunks = [chunk for table, chunk in seen if table == entry["table"]]
+        assert sorted(chunks) == list(range(entry["chunks"])), entry["table"]  # each chunk copied once
+        assert entry["chunks"] > 3
     items = next(t for t in snapshot.tables if t.table == "snap_items")
-    assert [c for t, c in seen if t == "snap_items"] == list(range(items.inserts // 97 + 1))  # not redone
-    assert len(items.files) == -(-items.inserts // 97) and items.inserts > ROWS - 100
+    assert items.inserts > ROWS - 100 and len(items.files) > 3
     merge_then_follow(pg_conn, spark, slot_name, snapshot, staging, delta_root)
+
+
+def test_workers_do_not_change_what_is_staged(pg_conn, pg_dsn, source, slot_name, tmp_path: Path) -> None:
+    writer = Writer(pg_dsn)  # the tables grow while they are planned twice: only trailing empty chunks differ
+    writer.start()
+    try:
+        with create_slot_with_snapshot(pg_dsn, slot_name) as (lsn, name):
+            one = stage_snapshot(pg_dsn, name, lsn, slot_name, tmp_path / "one", TABLES, chunk_pages=2, workers=1)
+            wait_for_ops(writer, 100)
+            three = stage_snapshot(pg_dsn, name, lsn, slot_name, tmp_path / "three", TABLES, chunk_pages=2, workers=3)
+    finally:
+        writer.stop.set()
+        writer.join(10)
+    assert writer.error is None, writer.error
+    assert one.contents() == three.contents()
+    for table in one.tables:
+        assert len(table.files) > 1
+        for file in table.files:
+            a = pq.read_table(one.path / table.path / file)
+            b = pq.read_table(three.path / table.path / file)
+            assert a.equals(b), (table.table, file)
+
+
+def test_clear_errors_for_bad_tables(pg_conn, pg_dsn, source, slot_name, tmp_path: Path) -> None:
+    pg_conn.execute("drop table if exists snap_nokey; create table snap_nokey (a int, b text)")
+    with create_slot_with_snapshot(pg_dsn, slot_name) as (lsn, name):
+        with pytest.raises(CatalogError, match="snap_missing"):
+            stage_snapshot(pg_dsn, name, lsn, slot_name, tmp_path, ["public.snap_missing"])
+        with pytest.raises(CatalogError, match="no primary key"):
+            stage_snapshot(pg_dsn, name, lsn, slot_name, tmp_path, ["public.snap_items", "public.snap_nokey"])
+        with pytest.raises(ValueError, match="workers"):
+            stage_snapshot(pg_dsn, name, lsn, slot_name, tmp_path, TABLES, workers=0)
 
 
 def test_snapshot_cannot_be_used_after_the_slot_connection_closed(pg_conn, pg_dsn, source, slot_name, tmp_path) -> None:
@@ -207,3 +251,118 @@ def test_snapshot_cannot_be_used_after_the_slot_connection_closed(pg_conn, pg_ds
             raise RuntimeError("copy failed")
     assert pg_conn.execute("select count(*) from pg_replication_slots where slot_name = %s", (other,)).fetchone() == (0,)
     assert pg_conn.execute("select count(*) from pg_replication_slots where slot_name = %s", (slot_name,)).fetchone() == (1,)
+
+
+BIG_ROWS = 60_000
+CHILD = """
+import json, logging, sys, time
+from airflow_provider_pgdecode.staging.snapshot import stage_snapshot
+logging.basicConfig(level=logging.INFO)
+a = json.loads(sys.argv[1])
+stage_snapshot(a["dsn"], a["name"], a["lsn"], a["slot"], a["staging"], [tuple(t) for t in a["tables"]], chunk_pages=a["pages"],
+               workers=2, on_chunk=lambda *_: time.sleep(0.2), log_interval=0)
+"""
+
+
+def test_copy_killed_with_sigkill_resumes_without_redoing_chunks(
+    pg_conn, pg_dsn, source, slot_name, spark, tmp_path: Path
+) -> None:
+    staging, delta_root = tmp_path / "staging", str(tmp_path / "delta")
+    c = pg_conn
+    c.execute("drop table if exists snap_big")
+    c.execute(
+        "create table snap_big (id bigint primary key, label text, amount numeric(14,4), at timestamptz,"
+        " ok boolean, doc jsonb)"
+    )
+    c.execute(
+        f"insert into snap_big select g, repeat('x', g % 50) || g, g / 7.0, timestamptz '2026-01-01' + g * interval '1 s',"
+        f" g % 3 = 0, jsonb_build_object('g', g, 's', 'a\"b,c') from generate_series(1, {BIG_ROWS}) g"
+    )
+    tables = [*TABLES, ("public", "snap_big")]
+    with create_slot_with_snapshot(pg_dsn, slot_name) as (lsn, name):
+        # Changes after the consistent point: the slot's next batch carries them.
+        c.execute("update snap_big set label = 'changed' where id % 1000 = 0")
+        c.execute("delete from snap_big where id % 997 = 0")
+        c.execute("insert into snap_big select g, 'new', 1, now(), true, '{}' from generate_series(100001, 100500) g")
+        arguments = {"dsn": pg_dsn, "name": name, "lsn": str(lsn), "slot": slot_name, "staging": str(staging),
+                     "tables": [list(t) for t in tables], "pages": 20}
+        child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(arguments)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        progress = staging / slot_name / f".tmp-snapshot-{name}" / "progress.json"
+        deadline = time.monotonic() + 60
+        done = 0
+        while time.monotonic() < deadline and child.poll() is None:
+            try:
+                record = json.loads(progress.read_text())
+                done = sum(len(t["done"]) for t in record["tables"].values())
+            except (OSError, ValueError):
+                pass
+            if done >= 6:
+                break
+            time.sleep(0.05)
+        assert child.poll() is None, child.stderr.read().decode()[-3000:]
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        log = child.stderr.read().decode()
+        assert "Snapshot copy overall" in log and "rows/s, ETA" in log
+        record = json.loads(progress.read_text())  # what survived the kill
+        before = {(t["table"], int(i)) for t in record["tables"].values() for i in t["done"]}
+        total = {t["table"]: t["chunks"] for t in record["tables"].values()}
+        assert 6 <= len(before) < sum(total.values()) - 2
+        big = record["tables"]["public.snap_big"]
+        assert big["chunks"] > 5
+        stamps = {}
+        for t in record["tables"].values():
+            for i, d in t["done"].items():
+                if d["file"]:
+                    st = (progress.parent / "tables" / "public" / t["table"] / d["file"]).stat()
+                    stamps[(t["table"], d["file"])] = (st.st_ino, st.st_mtime_ns)
+
+        seen: list[tuple[str, int]] = []
+        snapshot = stage_snapshot(pg_dsn, name, lsn, slot_name, staging, tables, chunk_pages=20, workers=3,
+                                  on_chunk=lambda s, t, i, r: seen.append((t, i)))
+    assert not before & set(seen), "chunks finished before the kill were copied again"
+    assert before | set(seen) == {(t, i) for t, n in total.items() for i in range(n)}
+    assert len(seen) == len(set(seen))
+    for (table, file), stamp in stamps.items():
+        st = (snapshot.path / "tables" / "public" / table / file).stat()
+        assert (st.st_ino, st.st_mtime_ns) == stamp, f"{table}/{file} was rewritten"
+    assert not list(snapshot.path.rglob("*.part"))
+    staged = next(t for t in snapshot.tables if t.table == "snap_big")
+    assert staged.inserts == BIG_ROWS
+    ids = pq.read_table(snapshot.path / staged.path, columns=["id"]).column("id").drop_null().to_pylist()
+    assert sorted(ids) == list(range(1, BIG_ROWS + 1))
+
+    merge_then_follow(pg_conn, spark, slot_name, snapshot, staging, delta_root, tables)
+
+
+def test_awkward_values_survive_the_csv_copy(pg_conn, pg_dsn, slot_name, spark, tmp_path: Path) -> None:
+    """NULL against '', quotes, commas, newlines, backslashes, arrays with quoted and NULL elements."""
+    c = pg_conn
+    c.execute("drop table if exists snap_awkward")
+    c.execute(
+        "create table snap_awkward (id int primary key, t text, tags text[], j jsonb, b bytea, n numeric,"
+        " d date, ts timestamp)"
+    )
+    c.execute(
+        "insert into snap_awkward values"
+        " (1, '', '{}', '{}', '\\x', 0, '2026-01-01', '2000-01-01 00:00:00'),"
+        " (2, null, null, null, null, null, null, null),"
+        " (3, 'a,b \"q\" ''s''', array['x,y', 'q\"t', null, '', 'NULL'], '{\"k\": \"v\\n\"}', '\\x00ff', 1.5,"
+        "  '2026-02-03', '2026-02-03 04:05:06.789'),"
+        " (4, e'line\\nbreak\\r\\n\\ttab \\\\ back', array[e'a\\\\b', 'ü'], '[1, 2.5, null]', '\\x0a0d', -1.5e-10,"
+        "  '0001-01-01', '1999-12-31 23:59:59.999999'),"
+        " (5, '\"', array['\"'], '\"\"', null, 12345678901234567890.123, null, null)"
+    )
+    with create_slot_with_snapshot(pg_dsn, slot_name) as (lsn, name):
+        snapshot = stage_snapshot(pg_dsn, name, lsn, slot_name, tmp_path / "staging", ["public.snap_awkward"],
+                                  workers=2)
+    staged = pq.read_table(snapshot.path / snapshot.tables[0].path).to_pydict()
+    rows = {i: (t, tags) for i, t, tags in zip(staged["id"], staged["t"], staged["tags"]) if i is not None}
+    assert rows[1] == ("", []) and rows[2] == (None, None)
+    assert rows[3] == ('a,b "q" \'s\'', ["x,y", 'q"t', None, "", "NULL"])
+    assert rows[4][0] == "line\nbreak\r\n\ttab \\ back" and rows[5][0] == '"'
+    summary = merge_batches(spark, [str(snapshot.path)], str(tmp_path / "delta"))
+    assert summary["tables"]["public.snap_awkward"]["status"] == "merged", summary
+    result = compare_table(pg_conn, spark, str(tmp_path / "delta"), "public", "snap_awkward")
+    assert result.equal, result.describe()
