@@ -856,6 +856,7 @@ def merge_batches(
     options = options or MergeOptions()
     batches = read_batches(list(batch_dirs))
     slot = batches[0].slot
+    chunked = any(batch.manifest.get("snapshot_chunks") for batch in batches)
     plans = plan_merge(spark, batches, delta_root, options)
 
     prepared: list[tuple[TablePlan, DataFrame | None, Profile | None]] = []
@@ -911,7 +912,9 @@ def merge_batches(
             version_before, _ = _last_commit(spark, plan.path)
         else:
             version_before = plan.state.version
-        if result.created and inserts_only(profile):
+        # Table snapshot chunks (staging/table_snapshot.py) are upserts: a key may come both as a
+        # chunk row and as a logged INSERT, so those batches always MERGE.
+        if result.created and inserts_only(profile) and not chunked:
             append_inserts(spark, plan, events, profile, slot)
         else:
             run_merge(spark, plan, merge_source(spark, events, plan, profile), profile, slot, options)

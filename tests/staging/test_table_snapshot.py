@@ -382,3 +382,29 @@ def test_a_commit_not_yet_visible_makes_the_chunk_wait(
     second = extract_batch(pg_conn, slot_name, staging, tables=[ORDERS], checkpoint=Checkpoint.from_manifest(first))
     assert second.snapshots[request.id]["done"]
     assert [c["rows"] for c in second.snapshot_chunks] == [ROWS]
+
+
+@pytest.mark.postgres
+@pytest.mark.spark
+def test_a_row_inserted_during_the_copy_is_not_doubled_in_a_new_delta_table(
+    tables: None, pg_conn: psycopg.Connection, pg_dsn: str, slot_name: str, spark: Any, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An INSERT committed after the low watermark and seen by the chunk arrives twice: as a
+    logged INSERT and as a chunk row. Into a Delta table the batch creates, with nothing but
+    inserts, it must still be one row (the merge, not a plain append)."""
+    pg_conn.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (slot_name,))
+    pipeline = Pipeline(pg_conn, spark, slot_name, tmp_path, [ORDERS])
+    original = table_snapshot._largest_key
+
+    def largest_key(conn: Any, *args: Any) -> Any:
+        with psycopg.connect(pg_dsn, autocommit=True) as other:
+            other.execute("insert into ts_refunds values (999, 1, 1.0, 'during the copy', '{}', now())")
+        return original(conn, *args)
+
+    monkeypatch.setattr(table_snapshot, "_largest_key", largest_key)
+    request_table_snapshot(pipeline.staging, slot_name, [REFUNDS], "add-table", chunk_rows=ROWS * 2)
+    manifest = pipeline.run()
+    refunds = next(t for t in manifest.tables if t.table == "ts_refunds")
+    assert refunds.updates == refunds.deletes == 0 and refunds.inserts == ROWS + 2  # 401 copied + 1 logged
+    _equal(pg_conn, spark, pipeline.delta, REFUNDS)
