@@ -60,6 +60,8 @@ with DAG(
         "start_lsn": Param("", type="string", description="replay: X/Y; empty: from the first retained batch"),
         "end_lsn": Param("", type="string", description="replay: X/Y; empty: up to the last retained batch"),
         "chunk_rows": Param(50_000, type="integer", minimum=1),
+        "workers": Param(0, type="integer", minimum=0,
+                         description="initial: parallel copy connections; 0 picks min(4, cores)"),
         "request_id": Param("", type="string", description="add-table/resnapshot: empty means one per run"),
         "wait_seconds": Param(6 * 3600, type="integer", minimum=0,
                               description="add-table/resnapshot: how long to wait for the copy (0: do not wait)"),
@@ -123,7 +125,7 @@ with DAG(
         with create_slot_with_snapshot(dsn, slot, params["plugin"], two_phase=True) as snapshot:
             manifest = stage_snapshot(
                 dsn, snapshot.snapshot_name, snapshot.consistent_lsn, slot, staging, tables,
-                plugin=params["plugin"], chunk_rows=params["chunk_rows"],
+                plugin=params["plugin"], chunk_rows=params["chunk_rows"], workers=params["workers"] or None,
             )
         return [str(manifest.path)]
 
