@@ -119,3 +119,22 @@ def test_add_table_without_tables_or_slot_fails_clearly(dags) -> None:
     assert dag_run.state == DagRunState.FAILED
     prepare = next(ti for ti in dag_run.get_task_instances() if ti.task_id == "prepare")
     assert prepare.state == "failed"
+
+
+def test_airflow_backfill_accepts_the_dag_and_its_conf(dags) -> None:
+    """`airflow backfill create` needs a periodic timetable and params that validate."""
+    from datetime import datetime, timezone
+
+    from airflow.models.backfill import InvalidBackfillConf, ReprocessBehavior, _do_dry_run
+    from airflow.utils.session import create_session
+
+    backfill, _, conf = dags
+    backfill.test(run_conf={**conf, "mode": "replay"})  # serialises the DAG into the metadata DB
+    window = {"from_date": datetime(2026, 3, 1, tzinfo=timezone.utc), "to_date": datetime(2026, 3, 3, tzinfo=timezone.utc)}
+    with create_session() as session:
+        runs = list(_do_dry_run(dag_id="pgdecode_backfill", reverse=False, reprocess_behavior=ReprocessBehavior.NONE,
+                                session=session, dag_run_conf={**conf, "mode": "replay"}, **window))
+        assert [r.logical_date.day for r in runs] == [1, 2, 3]
+        with pytest.raises(InvalidBackfillConf):
+            list(_do_dry_run(dag_id="pgdecode_backfill", reverse=False, reprocess_behavior=ReprocessBehavior.NONE,
+                             session=session, dag_run_conf={**conf, "mode": "reload"}, **window))
