@@ -74,7 +74,7 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CatalogError, DecodingError
 from airflow_provider_pgdecode.staging.manifest import ColumnSummary, TableSummary, table_path
 from airflow_provider_pgdecode.staging.types import arrow_type, convert_column
-from airflow_provider_pgdecode.staging.writer import METADATA_PREFIX, PARQUET_OPTIONS, BatchWriter
+from airflow_provider_pgdecode.staging.writer import METADATA_PREFIX, PARQUET_OPTIONS, BatchWriter, no_tuple_data_error
 
 log = logging.getLogger(__name__)
 
@@ -190,12 +190,7 @@ class NativeWriter:
                     self._py_skipped += 1
                     continue
                 if not item.has_tuple_data:  # type: ignore[union-attr]
-                    raise CatalogError(
-                        f"{item.operation.name} on {item.schema}.{item.table} at LSN {item.lsn} carries no row "  # type: ignore[union-attr]
-                        "data: the table has no primary key and REPLICA IDENTITY DEFAULT (or NOTHING), so "
-                        "PostgreSQL does not log which row changed. Add a primary key, or run ALTER TABLE "
-                        "... REPLICA IDENTITY FULL, or exclude the table from the pipeline"
-                    )
+                    raise no_tuple_data_error(item)  # type: ignore[arg-type]
                 new = item.new  # type: ignore[union-attr]
                 values = None
                 if new is not None:

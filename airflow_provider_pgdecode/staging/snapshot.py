@@ -101,6 +101,7 @@ from psycopg import sql
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CatalogError, SlotError, StagingError
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo
+from airflow_provider_pgdecode.postgres.slot import PINNED_GUCS
 from airflow_provider_pgdecode.staging.extract import SUPPORTED_PLUGINS, publish_batch, parse_table_names
 from airflow_provider_pgdecode.staging.manifest import (
     BatchManifest,
@@ -126,13 +127,7 @@ SNAPSHOT_START_LSN = Lsn(0)
 SAMPLE_PAGES = 32
 
 # The formatting the decoding session pins (extract), so that values read here print alike.
-SESSION_GUCS = (
-    ("DateStyle", "ISO, YMD"),
-    ("TimeZone", "UTC"),
-    ("IntervalStyle", "postgres"),
-    ("bytea_output", "hex"),
-    ("extra_float_digits", "3"),
-)
+SESSION_GUCS = PINNED_GUCS
 # Physical order within a chunk, whatever the plan: no scan starting mid-table, no parallel scan.
 _SCAN_GUCS = (
     ("synchronize_seqscans", "off"),

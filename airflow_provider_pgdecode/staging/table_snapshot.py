@@ -67,6 +67,7 @@ from airflow_provider_pgdecode.decoding.events import Change, RowImage, Truncate
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CatalogError, StagingError
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo
+from airflow_provider_pgdecode.postgres.slot import PINNED_GUCS
 from airflow_provider_pgdecode.staging.manifest import ColumnSummary, TableSummary, table_path
 from airflow_provider_pgdecode.staging.types import arrow_type, convert_column
 from airflow_provider_pgdecode.staging.writer import METADATA_PREFIX, PARQUET_OPTIONS
@@ -82,14 +83,6 @@ DEFAULT_ROWS_PER_BATCH = 500_000
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
 _XID_SPAN = 2**32
-# The session formatting of the decoding session (postgres/slot.py), so copied values print alike.
-_SESSION_GUCS = (
-    ("DateStyle", "ISO, YMD"),
-    ("TimeZone", "UTC"),
-    ("IntervalStyle", "postgres"),
-    ("bytea_output", "hex"),
-    ("extra_float_digits", "3"),
-)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -459,15 +452,9 @@ class TableSnapshotter:
         columns = catalog.columns(schema, table)
         if not columns:
             raise CatalogError(f"table {schema}.{table} does not exist (or has no columns): check the request's name")
-        identity = catalog.replica_identity(schema, table)
-        key = list(catalog.primary_key(schema, table))
-        if not key and identity.kind == "index":
-            key = list(identity.columns)
-        if not key:
-            raise CatalogError(
-                f"table {schema}.{table} has no primary key (nor a replica identity index): it can be neither "
-                "copied in key order nor merged by key. Add a primary key, then file the request again."
-            )
+        from airflow_provider_pgdecode.staging.snapshot import _table_key  # snapshot imports extract, which imports this
+
+        key, _ = _table_key(catalog, schema, table)
         for column in columns:
             if column.name.startswith(METADATA_PREFIX):
                 raise CatalogError(
@@ -491,7 +478,7 @@ class TableSnapshotter:
         schema, table = tstate["schema"], tstate["table"]
         before = copy.deepcopy(tstate)
         conn = self.conn
-        for name, value in _SESSION_GUCS:
+        for name, value in PINNED_GUCS:  # copied values print as decoded ones
             conn.execute("SELECT set_config(%s, %s, false)", (name, value))
         if not tstate["truncated"]:
             # Low watermark: the TRUNCATE that clears what Delta held goes before every chunk.

@@ -168,6 +168,16 @@ class _TableBuffer:
         )
 
 
+def no_tuple_data_error(change: Change) -> CatalogError:
+    """The error for ``(no-tuple-data)``: PostgreSQL logged no key for the changed row."""
+    return CatalogError(
+        f"{change.operation.name} on {change.schema}.{change.table} at LSN {change.lsn} carries no row "
+        "data: the table has no primary key and REPLICA IDENTITY DEFAULT (or NOTHING), so "
+        "PostgreSQL does not log which row changed. Add a primary key, or run ALTER TABLE "
+        "... REPLICA IDENTITY FULL, or exclude the table from the pipeline"
+    )
+
+
 class BatchWriter:
     """Stages transactions and messages into ``directory``.
 
@@ -228,12 +238,7 @@ class BatchWriter:
                     self.skipped_changes += 1
                     continue
                 if not item.has_tuple_data:  # type: ignore[union-attr]
-                    raise CatalogError(
-                        f"{item.operation.name} on {item.schema}.{item.table} at LSN {item.lsn} carries no row "  # type: ignore[union-attr]
-                        "data: the table has no primary key and REPLICA IDENTITY DEFAULT (or NOTHING), so "
-                        "PostgreSQL does not log which row changed. Add a primary key, or run ALTER TABLE "
-                        "... REPLICA IDENTITY FULL, or exclude the table from the pipeline"
-                    )
+                    raise no_tuple_data_error(item)  # type: ignore[arg-type]
                 buffer.add(txn, seq, item.operation.value, int(item.lsn), item.old, item.new)  # type: ignore[union-attr]
                 staged += 1
                 self._buffered += 1
