@@ -179,3 +179,20 @@ def test_a_slot_held_by_another_process_is_waited_for(
         assert time.monotonic() < deadline
         time.sleep(0.02)
     assert PgDecodeSlotChangesSensor(task_id="wait", slot_name=slot_name).poke({}).is_done is True
+
+
+def test_a_table_snapshot_request_in_progress_counts_as_work(
+    source_conn: str, slot_name: str, tmp_path: Any
+) -> None:
+    from airflow_provider_pgdecode.staging.table_snapshot import request_table_snapshot, write_snapshot_states
+
+    staging = str(tmp_path)
+    sensor = PgDecodeSlotChangesSensor(task_id="wait", slot_name=slot_name, staging_root=staging)
+    with PgDecodeHook() as hook:
+        hook.ensure_slot(slot_name)
+    assert sensor.poke({}).is_done is False  # idle database, no request
+    request = request_table_snapshot(staging, slot_name, ["public.some_table"], "add-table", request_id="r1")
+    returned = sensor.poke({})
+    assert returned.is_done is True and "r1" in returned.xcom_value["reason"]
+    write_snapshot_states(staging, slot_name, {request.id: {"done": True, "tables": {}}})
+    assert sensor.poke({}).is_done is False  # done: nothing to do again
