@@ -5,6 +5,8 @@
 3. runs the ``pgdecode_incremental`` DAG with Airflow (SQLite metadata DB) and local Spark
    several times, with changes in between: inserts, updates, deletes, a key change, a TRUNCATE,
    an unchanged TOAST value, a prepared transaction committed in a later run and one rolled back;
+   then brings a table whose rows predate the slot into the pipeline: ``pgdecode_backfill`` in
+   ``add-table`` mode files the request, and the next incremental run copies it chunk by chunk;
 4. prints, per table, the source row count, the Delta row count and whether they are equal,
    and where the Delta tables are.
 
@@ -26,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / ".demo"
 SLOT = "pgdecode_demo"
-TABLES = ("customers", "orders", "order_items")
+TABLES = ("customers", "orders", "order_items", "suppliers")
 
 
 def banner(text: str) -> None:
@@ -51,12 +53,12 @@ def quiet_fds(log: Path):
             os.close(saved[1])
 
 
-def run_dag(env: dict[str, str], conf: dict[str, object], label: str) -> None:
-    banner(f"Airflow: airflow dags test pgdecode_incremental ({label})")
+def run_dag(env: dict[str, str], conf: dict[str, object], label: str, dag_id: str = "pgdecode_incremental") -> None:
+    banner(f"Airflow: airflow dags test {dag_id} ({label})")
     started = time.monotonic()
     airflow = str(Path(sys.executable).parent / "airflow")
     result = subprocess.run(
-        [airflow, "dags", "test", "pgdecode_incremental", "-c", json.dumps(conf)],
+        [airflow, "dags", "test", dag_id, "-c", json.dumps(conf)],
         env=env,
         capture_output=True,
         text=True,
@@ -70,6 +72,10 @@ def run_dag(env: dict[str, str], conf: dict[str, object], label: str) -> None:
         if "Batch " in line and " LSN " in line and "changes in" in line:
             text = line[line.find("Batch ") :].replace(str(REPO) + "/", "")
             print("   ", text.split(" [")[0])
+        elif "  snapshot " in line and ("chunk" in line or "TRUNCATE" in line):
+            print("     ", line[line.find("snapshot ") :].split(" [")[0])
+        elif "filed request" in line:
+            print("     ", line[line.find("filed request") :])
         elif "prepared transaction" in line and ("committed at" in line or "rolled back at" in line or "still pending" in line):
             print("     ", line[line.find("prepared transaction") :].split(" [")[0])
     print(f"    finished in {time.monotonic() - started:.0f} s, exit code {result.returncode} (log: {log.relative_to(REPO)})")
@@ -116,7 +122,10 @@ def main() -> int:
                 " create table orders (id bigint primary key, customer_id int, status order_status,"
                 "  total numeric(12,2), tags text[], placed_at timestamptz);"
                 " create table order_items (order_id bigint, line int, sku text, qty int, price numeric(10,2),"
-                "  primary key (order_id, line))"
+                "  primary key (order_id, line));"
+                # rows that predate the slot: the slot never carries them (add-table, below)
+                " create table suppliers (id int primary key, name text, country char(2));"
+                " insert into suppliers select g, 'Supplier ' || g, 'NL' from generate_series(1, 200) g"
             )
             run_dag(env, conf, "run 1 - slot created")
 
@@ -154,6 +163,13 @@ def main() -> int:
                 "insert into orders select g, 1 + g % 50, 'new', g * 1.5, '{}', now() from generate_series(301, 320) g"
             )
             run_dag(env, conf, "run 4 - truncate")
+
+            banner("Backfill: suppliers' 200 rows predate the slot; add the table while changes go on")
+            c.execute("update suppliers set country = 'BE' where id <= 10")
+            run_dag(env, {**conf, "mode": "add-table", "tables": ["public.suppliers"], "wait_seconds": 0},
+                    "add-table request", dag_id="pgdecode_backfill")
+            c.execute("update suppliers set name = name || ' (renamed)' where id between 5 and 15")
+            run_dag(env, conf, "run 5 - suppliers copied in chunks")
 
             banner("Result: PostgreSQL (the oracle) against Delta")
             from airflow_provider_pgdecode.spark.session import build_spark_session

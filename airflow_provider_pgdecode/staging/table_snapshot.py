@@ -314,7 +314,7 @@ class _Chunk:
     request_id: str
     schema: str
     table: str
-    index: int
+    index: int  # 1, 2, ... for row chunks as the logs count them; 0 for the TRUNCATE
     high: Lsn
     file: Path
     columns: list[ColumnInfo]
@@ -492,7 +492,7 @@ class TableSnapshotter:
             _write_chunk(path, columns, [], low, truncate=True)
             tstate["truncated"] = True
             tstate["truncate_lsn"] = str(low)
-            self._add(_Chunk(request.id, schema, table, -1, low, path, columns, key, 0, truncate=True,
+            self._add(_Chunk(request.id, schema, table, 0, low, path, columns, key, 0, truncate=True,
                              state_before=before))
             before = copy.deepcopy(tstate)
             if tstate["upper_key"] is None:  # empty: every row it gets is in the slot after the TRUNCATE
@@ -540,7 +540,7 @@ class TableSnapshotter:
         if rows:
             tstate["last_key"] = [rows[-1][i] for i in key_index]
         tstate["done"] = len(rows) < request.chunk_rows
-        self._add(_Chunk(request.id, schema, table, tstate["chunks"] - 1, high, path, columns, key, len(rows),
+        self._add(_Chunk(request.id, schema, table, tstate["chunks"], high, path, columns, key, len(rows),
                          visibility=visibility, keys=keys, state_before=before))
         return len(rows)
 
