@@ -153,12 +153,14 @@ class Pipeline:
         self.tables = tables
         self.checkpoint: Checkpoint | None = None
         self.manifests: list[Any] = []
+        self.options: dict[str, Any] = {}
 
     def run(self, **options: Any) -> Any:
         from airflow_provider_pgdecode.spark.merge_job import merge_batches
 
         manifest = extract_batch(
-            self.conn, self.slot, self.staging, checkpoint=self.checkpoint, tables=self.tables, **options
+            self.conn, self.slot, self.staging, checkpoint=self.checkpoint, tables=self.tables,
+            **self.options, **options,
         )
         if any(t.rows for t in manifest.tables):
             merge_batches(self.spark, [str(manifest.path)], self.delta)
@@ -200,11 +202,16 @@ def _stop(writer: Writer) -> None:
 
 @pytest.mark.postgres
 @pytest.mark.spark
+@pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])
 def test_add_table_under_concurrent_writes(
-    tables: None, pg_conn: psycopg.Connection, pg_dsn: str, slot_name: str, spark: Any, tmp_path: Path
+    tables: None, pg_conn: psycopg.Connection, pg_dsn: str, slot_name: str, spark: Any, tmp_path: Path, plugin: str
 ) -> None:
-    pg_conn.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (slot_name,))
+    pg_conn.execute("drop publication if exists ts_all")
+    pg_conn.execute("create publication ts_all for table ts_orders, ts_refunds")
+    pg_conn.execute("select pg_create_logical_replication_slot(%s, %s, false, true)", (slot_name, plugin))
     pipeline = Pipeline(pg_conn, spark, slot_name, tmp_path, [ORDERS])  # refunds not in the pipeline yet
+    if plugin == "pgoutput":
+        pipeline.options = {"plugin": "pgoutput", "publication": "ts_all"}
     writer = _writer(pg_dsn, 1)
     try:
         pipeline.run()
@@ -226,6 +233,7 @@ def test_add_table_under_concurrent_writes(
     last = pipeline.run()
     assert any(t.table == "ts_refunds" and t.updates == 1 for t in last.tables)
     _equal(pg_conn, spark, pipeline.delta, REFUNDS)
+    pg_conn.execute("drop publication ts_all")
 
 
 @pytest.mark.postgres
