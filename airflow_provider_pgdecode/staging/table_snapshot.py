@@ -377,10 +377,6 @@ class TableSnapshotter:
                 tables.update(request.tables)
         return tables
 
-    @property
-    def high_watermark(self) -> Lsn | None:
-        return max((c.high for c in self.chunks), default=None)
-
     # -- before the peek ----------------------------------------------------------------------
 
     def copy_chunks(self) -> int:
