@@ -71,10 +71,10 @@ import pyarrow.parquet as pq
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction, TransactionAssembler
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, Truncate
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import CatalogError, DecodingError
+from airflow_provider_pgdecode.errors import DecodingError
 from airflow_provider_pgdecode.staging.manifest import ColumnSummary, TableSummary, table_path
 from airflow_provider_pgdecode.staging.types import arrow_type, convert_column
-from airflow_provider_pgdecode.staging.writer import METADATA_PREFIX, PARQUET_OPTIONS, BatchWriter, no_tuple_data_error
+from airflow_provider_pgdecode.staging.writer import METADATA_PREFIX, PARQUET_OPTIONS, BatchWriter, check_column_names, no_tuple_data_error
 
 log = logging.getLogger(__name__)
 
@@ -229,13 +229,10 @@ class NativeWriter:
         self.writer.add_message(message)
 
     def _check_names(self, tid: int, names: Iterable[str]) -> None:
-        for name in names:
-            if name.startswith(METADATA_PREFIX):
-                info = self.reader.table_info(tid)
-                raise CatalogError(
-                    f"column {name!r} of {info['schema']}.{info['table']} starts with {METADATA_PREFIX!r}, which "
-                    "pgdecode reserves for its metadata columns; rename the column or exclude the table"
-                )
+        names = list(names)
+        if any(name.startswith(METADATA_PREFIX) for name in names):
+            info = self.reader.table_info(tid)
+            check_column_names(info["schema"], info["table"], names)
 
     # -- parts -----------------------------------------------------------------------------------
 

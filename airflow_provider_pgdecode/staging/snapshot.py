@@ -111,7 +111,7 @@ from airflow_provider_pgdecode.staging.manifest import (
     table_path,
 )
 from airflow_provider_pgdecode.staging.types import arrow_type, convert_column
-from airflow_provider_pgdecode.staging.writer import PARQUET_OPTIONS, METADATA_PREFIX
+from airflow_provider_pgdecode.staging.writer import PARQUET_OPTIONS, check_column_names
 
 log = logging.getLogger(__name__)
 
@@ -413,12 +413,7 @@ def _plan_table(
     """Columns, key and chunk plan of one table, read inside the snapshot; an earlier plan is kept."""
     columns = catalog.columns(schema, table)  # inside the snapshot: the columns as of the consistent point
     key, identity = _table_key(catalog, schema, table)
-    for column in columns:
-        if column.name.startswith(METADATA_PREFIX):
-            raise CatalogError(
-                f"column {column.name!r} of {schema}.{table} starts with {METADATA_PREFIX!r}, which pgdecode reserves "
-                "for its metadata columns; rename the column or leave the table out"
-            )
+    check_column_names(schema, table, [c.name for c in columns])
     ident = sql.Identifier(schema, table)
     # Held by the planning transaction until the copy ends: no rewrite (VACUUM FULL, CLUSTER,
     # ALTER TABLE) can move the snapshot's tuples meanwhile.

@@ -70,7 +70,7 @@ from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo
 from airflow_provider_pgdecode.postgres.slot import PINNED_GUCS
 from airflow_provider_pgdecode.staging.manifest import ColumnSummary, TableSummary, table_path
 from airflow_provider_pgdecode.staging.types import arrow_type, convert_column
-from airflow_provider_pgdecode.staging.writer import METADATA_PREFIX, PARQUET_OPTIONS
+from airflow_provider_pgdecode.staging.writer import PARQUET_OPTIONS, check_column_names
 
 log = logging.getLogger(__name__)
 
@@ -451,12 +451,7 @@ class TableSnapshotter:
         from airflow_provider_pgdecode.staging.snapshot import _table_key  # snapshot imports extract, which imports this
 
         key, _ = _table_key(catalog, schema, table)
-        for column in columns:
-            if column.name.startswith(METADATA_PREFIX):
-                raise CatalogError(
-                    f"column {column.name!r} of {schema}.{table} starts with {METADATA_PREFIX!r}, which pgdecode "
-                    "reserves for its metadata columns; rename the column"
-                )
+        check_column_names(schema, table, [c.name for c in columns])
         if self.publication is not None:
             row = self.conn.execute(
                 "SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",

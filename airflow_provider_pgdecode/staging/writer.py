@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,16 @@ from airflow_provider_pgdecode.staging.types import arrow_type, convert_column
 DEFAULT_PART_ROWS = 100_000
 METADATA_PREFIX = "_pg_"
 PARQUET_OPTIONS: dict[str, Any] = {"compression": "snappy", "write_statistics": True}
+
+
+def check_column_names(schema: str, table: str, names: Iterable[str]) -> None:
+    """A source column named like pgdecode's metadata columns cannot be staged."""
+    for name in names:
+        if name.startswith(METADATA_PREFIX):
+            raise CatalogError(
+                f"column {name!r} of {schema}.{table} starts with {METADATA_PREFIX!r}, which pgdecode "
+                "reserves for its metadata columns; rename the column or leave the table out"
+            )
 
 
 class _TableBuffer:
@@ -78,12 +88,7 @@ class _TableBuffer:
 
 
     def _check_names(self, names: tuple[str, ...]) -> None:
-        for name in names:
-            if name.startswith(METADATA_PREFIX):
-                raise CatalogError(
-                    f"column {name!r} of {self.schema}.{self.table} starts with {METADATA_PREFIX!r}, which pgdecode "
-                    "reserves for its metadata columns; rename the column or exclude the table"
-                )
+        check_column_names(self.schema, self.table, names)
 
     def flush(self) -> None:
         if not self.meta:
