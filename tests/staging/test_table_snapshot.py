@@ -251,8 +251,7 @@ def test_resnapshot_of_a_deleted_delta_table_while_other_tables_flow(
     merge_batches(spark, [str(initial.path)], pipeline.delta)
     writer = _writer(pg_dsn, 2)
     try:
-        pipeline.run()
-        _equal(pg_conn, spark, pipeline.delta, REFUNDS)  # not a stale copy: the writer keeps going
+        pipeline.run()  # the writer keeps going: Delta is compared once it has stopped
         shutil.rmtree(Path(pipeline.delta) / "public" / "ts_refunds")
         request = request_table_snapshot(pipeline.staging, slot_name, [REFUNDS], "resnapshot", chunk_rows=80)
         orders_rows_during = 0
