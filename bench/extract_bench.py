@@ -111,7 +111,7 @@ def extract_in_child(dsn: str, plugin: str, ceiling: Lsn, staging: Path, native:
 
 
 def child(dsn: str, plugin: str, ceiling: str, staging: str, native: str) -> None:
-    from airflow_provider_pgdecode.staging.extract import extract_batch
+    from airflow_provider_pgdecode.capture.extract import extract_batch
 
     publication = PUBLICATION if plugin == "pgoutput" else None
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg  # noqa: E402
 
-from airflow_provider_pgdecode.staging.snapshot import (  # noqa: E402
+from airflow_provider_pgdecode.capture.snapshot import (  # noqa: E402
     DEFAULT_SNAPSHOT_WORKERS,
     create_slot_with_snapshot,
     stage_snapshot,
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-delta", action="store_true", help="no Spark: floor and stage-only rates")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("airflow_provider_pgdecode.staging.snapshot").setLevel(logging.INFO)
+    logging.getLogger("airflow_provider_pgdecode.capture.snapshot").setLevel(logging.INFO)
 
     work = Path(tempfile.mkdtemp(prefix="pgdecode-snapbench-"))
     report: dict[str, Any] = {"rows": args.rows, "cores": os.cpu_count(), "default_workers": args.workers}

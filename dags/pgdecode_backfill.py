@@ -90,7 +90,7 @@ with DAG(
     def _replay_chain(slot: str, staging: str, start_lsn: str, end_lsn: str) -> list[str]:
         from airflow_provider_pgdecode.decoding.lsn import Lsn
         from airflow_provider_pgdecode.errors import StagingError
-        from airflow_provider_pgdecode.staging.backfill import select_batch_chain
+        from airflow_provider_pgdecode.capture.backfill import select_batch_chain
 
         try:
             chain = select_batch_chain(
@@ -103,8 +103,8 @@ with DAG(
 
     def _initial_load(params: dict[str, Any], slot: str, staging: str) -> list[str]:
         from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-        from airflow_provider_pgdecode.staging.backfill import find_initial_load
-        from airflow_provider_pgdecode.staging.snapshot import create_slot_with_snapshot, stage_snapshot
+        from airflow_provider_pgdecode.capture.backfill import find_initial_load
+        from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot, stage_snapshot
 
         with PgDecodeHook(postgres_conn_id=params["postgres_conn_id"]) as hook:
             exists = hook.get_slot_client().exists(slot)
@@ -131,7 +131,7 @@ with DAG(
 
     def _file_request(params: dict[str, Any], mode: str, slot: str, staging: str, run_id: str) -> str:
         from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-        from airflow_provider_pgdecode.staging.table_snapshot import request_table_snapshot
+        from airflow_provider_pgdecode.capture.table_snapshot import request_table_snapshot
 
         if not params["tables"]:
             raise AirflowFailException(f"mode {mode!r} needs the tables to copy (param 'tables')")
@@ -151,7 +151,7 @@ with DAG(
     @task.sensor(poke_interval=30, timeout=timedelta(days=2).total_seconds(), mode="reschedule")
     def wait_for_snapshot(prepared: dict[str, Any]) -> PokeReturnValue:
         """For add-table/resnapshot: until pgdecode_incremental has copied and confirmed every chunk."""
-        from airflow_provider_pgdecode.staging.table_snapshot import describe_progress, read_snapshot_state
+        from airflow_provider_pgdecode.capture.table_snapshot import describe_progress, read_snapshot_state
 
         context = get_current_context()
         params = context["params"]

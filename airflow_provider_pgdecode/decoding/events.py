@@ -8,7 +8,7 @@ through that row) and the row's top-level ``xid`` (``None`` where the plugin giv
 Column values are kept as the text PostgreSQL's type output function printed (what
 ``test_decoding`` quotes and what ``pgoutput`` sends in text mode), together with the
 column's type name. Turning that text into typed values is the staging layer's job
-(:mod:`airflow_provider_pgdecode.staging.types`), done column-wise so that both plugins
+(:mod:`airflow_provider_pgdecode.batch.values`), done column-wise so that both plugins
 stage identical values. ``None`` is SQL NULL; :data:`UNCHANGED_TOAST` marks an
 out-of-line value the UPDATE did not change, which must never overwrite real data.
 

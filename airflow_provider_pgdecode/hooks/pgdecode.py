@@ -15,8 +15,8 @@ from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, Repl
 from airflow_provider_pgdecode.postgres.slot import PeekRows, SlotClient, SlotInfo
 
 if TYPE_CHECKING:
-    from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
-    from airflow_provider_pgdecode.staging.manifest import BatchManifest
+    from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+    from airflow_provider_pgdecode.batch.manifest import BatchManifest
 
 
 class PgDecodeHook(PostgresHook):
@@ -172,11 +172,11 @@ class PgDecodeHook(PostgresHook):
     ) -> BatchManifest:
         """Stage the slot's changes as one batch on this hook's connection.
 
-        Delegates to :func:`airflow_provider_pgdecode.staging.extract.extract_batch`, which
+        Delegates to :func:`airflow_provider_pgdecode.capture.extract.extract_batch`, which
         documents the parameters (``options``: ``chunk_rows``, ``part_rows``, ``memory_items``,
         ``progress_every``).
         """
-        from airflow_provider_pgdecode.staging.extract import extract_batch
+        from airflow_provider_pgdecode.capture.extract import extract_batch
 
         return extract_batch(
             self.get_slot_client().conn,

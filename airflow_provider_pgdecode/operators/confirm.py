@@ -14,10 +14,10 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import SlotError, StagingError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.operators.extract import checkpoint_xcom_key
-from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
-from airflow_provider_pgdecode.staging.manifest import BatchManifest
-from airflow_provider_pgdecode.staging.retention import DEFAULT_KEEP_BATCHES, prune_batches
-from airflow_provider_pgdecode.staging.table_snapshot import describe_progress, write_snapshot_states
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.batch.manifest import BatchManifest
+from airflow_provider_pgdecode.batch.retention import DEFAULT_KEEP_BATCHES, prune_batches
+from airflow_provider_pgdecode.capture.table_snapshot import describe_progress, write_snapshot_states
 
 
 def _same_path(a: str, b: str) -> bool:
@@ -55,7 +55,7 @@ class PgDecodeConfirmOperator(BaseOperator):
         check (when the merge is done elsewhere). (templated)
     :param retention_days: after confirming, remove the slot's staged batches older than this
         many days that nothing needs any more
-        (:func:`~airflow_provider_pgdecode.staging.retention.prune_batches`: pending prepared
+        (:func:`~airflow_provider_pgdecode.batch.retention.prune_batches`: pending prepared
         transactions and the newest ``retention_batches`` batches are kept). ``None`` keeps
         every batch. (templated)
     :param retention_batches: the newest confirmed batches always kept.

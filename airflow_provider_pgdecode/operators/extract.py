@@ -9,12 +9,12 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_provider_pgdecode.checkpoints import CheckpointError, reconcile
+from airflow_provider_pgdecode.capture.reconcile import CheckpointError, reconcile
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
-from airflow_provider_pgdecode.staging.manifest import BatchManifest
+from airflow_provider_pgdecode.batch.manifest import BatchManifest
 
 
 def checkpoint_xcom_key(slot_name: str) -> str:
@@ -80,7 +80,7 @@ class PgDecodeExtractOperator(BaseOperator):
     The run starts from the previous successful run's checkpoint, pulled from XCom (the
     return value of the confirm task, ``checkpoint_task_id``, from this or earlier DAG runs)
     and reconciled with the slot's confirmed position
-    (:func:`airflow_provider_pgdecode.checkpoints.reconcile`): a slot behind the checkpoint
+    (:func:`airflow_provider_pgdecode.capture.reconcile.reconcile`): a slot behind the checkpoint
     resumes safely; a slot ahead of everything merged fails the task with
     :class:`AirflowFailException` and the steps to recover. The slot is only peeked, never
     consumed: the confirm task advances it after the merge.
@@ -119,7 +119,7 @@ class PgDecodeExtractOperator(BaseOperator):
         key outside the system schemas. (templated)
     :param publication: the publication of a pgoutput slot. (templated)
     :param extract_options: more keyword arguments of
-        :func:`~airflow_provider_pgdecode.staging.extract.extract_batch` (``chunk_rows``,
+        :func:`~airflow_provider_pgdecode.capture.extract.extract_batch` (``chunk_rows``,
         ``part_rows``, ``memory_items``, ``progress_every``, ...).
     """
 

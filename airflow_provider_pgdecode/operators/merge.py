@@ -18,7 +18,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import StagingError
-from airflow_provider_pgdecode.staging.manifest import BatchManifest
+from airflow_provider_pgdecode.batch.manifest import BatchManifest
 
 MERGE_JOB_MODULE = "airflow_provider_pgdecode.spark.merge_job"
 DEFAULT_ASSET_ALIAS = "pgdecode_delta_tables"

@@ -11,7 +11,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_pgdecode.errors import SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-from airflow_provider_pgdecode.staging.table_snapshot import pending_snapshot_requests
+from airflow_provider_pgdecode.capture.table_snapshot import pending_snapshot_requests
 from airflow_provider_pgdecode.triggers.slot_changes import (
     DEFAULT_HEARTBEAT_PREFIX,
     DEFAULT_PROBE_ROWS,

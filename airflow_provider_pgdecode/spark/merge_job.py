@@ -912,7 +912,7 @@ def merge_batches(
             version_before, _ = _last_commit(spark, plan.path)
         else:
             version_before = plan.state.version
-        # Table snapshot chunks (staging/table_snapshot.py) are upserts: a key may come both as a
+        # Table snapshot chunks (capture/table_snapshot.py) are upserts: a key may come both as a
         # chunk row and as a logged INSERT, so those batches always MERGE.
         if result.created and inserts_only(profile) and not chunked:
             append_inserts(spark, plan, events, profile, slot)

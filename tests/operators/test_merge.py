@@ -18,7 +18,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator, merge_job_path, parse_batch_paths
 from airflow_provider_pgdecode.spark.session import delta_maven_coordinates, ivy_dir
-from airflow_provider_pgdecode.staging.manifest import BatchManifest, ColumnSummary, TableSummary, batch_dir_name
+from airflow_provider_pgdecode.batch.manifest import BatchManifest, ColumnSummary, TableSummary, batch_dir_name
 
 SLOT = "pgdecode_merge_op"
 SPARK_LOCAL = json.dumps({"conn_type": "spark", "host": "local[*]"})

@@ -21,8 +21,8 @@ from airflow_provider_pgdecode.operators import (
     PgDecodeExtractOperator,
     PgDecodeMergeOperator,
 )
-from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
-from airflow_provider_pgdecode.staging.manifest import BatchManifest, list_batches
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
 
 pytestmark = pytest.mark.postgres
 

@@ -9,8 +9,8 @@ import pytest
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches
-from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
-from airflow_provider_pgdecode.staging.extract import extract_batch
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.testing.compare import compare_table
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]

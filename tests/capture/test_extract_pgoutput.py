@@ -9,9 +9,9 @@ import psycopg
 import pytest
 
 from airflow_provider_pgdecode.errors import SlotError
-from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
-from airflow_provider_pgdecode.staging.extract import extract_batch
-from airflow_provider_pgdecode.staging.manifest import BatchManifest
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.capture.extract import extract_batch
+from airflow_provider_pgdecode.batch.manifest import BatchManifest
 
 from tests.staging.test_extract import advance, table_rows
 

@@ -11,7 +11,7 @@ from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.spool import ItemSpool
 from airflow_provider_pgdecode.errors import StagingError
-from airflow_provider_pgdecode.staging.manifest import BatchManifest
+from airflow_provider_pgdecode.batch.manifest import BatchManifest
 
 
 @dataclass
@@ -23,7 +23,7 @@ class Checkpoint:
     :param prepared_pending: headers of prepared transactions still open, each with the
         absolute ``path`` of its spooled items.
     :param snapshots: progress of table snapshot requests, by request id
-        (:mod:`airflow_provider_pgdecode.staging.table_snapshot`).
+        (:mod:`airflow_provider_pgdecode.capture.table_snapshot`).
     """
 
     slot: str

@@ -13,18 +13,18 @@ object is made per row or per value:
    loaded (``PQgetCopyData`` on the connection's ``PGconn``, GIL released while it waits).
    Iterating psycopg's ``Copy`` costs ~1 µs per row in Python, as much as the whole budget; it
    is still used where libpq cannot be identified, and to end the COPY. Rows may straddle blocks.
-2. The C reader (:mod:`airflow_provider_pgdecode.decoding._native`) parses test_decoding lines
+2. The C reader (:mod:`airflow_provider_pgdecode.capture._native`) parses test_decoding lines
    (the scanning rules of :mod:`~airflow_provider_pgdecode.decoding.test_decoding`, with its
    fast match of a table's `` name[type]:`` column markers) or pgoutput messages (its Relation
    cache is filled by the Python parser, so type names come from the same place) and appends
    values as text to per-table Arrow-layout buffers (validity, int32 offsets, bytes) with the
    writer's metadata columns. Commit LSN and time are filled in at COMMIT.
-3. Parts are cut exactly where :class:`~airflow_provider_pgdecode.staging.writer.BatchWriter`
+3. Parts are cut exactly where :class:`~airflow_provider_pgdecode.batch.writer.BatchWriter`
    cuts them (``part_rows`` over all tables, the largest table first; a change of a table's
    columns): in C when a commit crosses the budget (replaying the writer's rule over the
    transaction's rows), here for transactions assembled in Python. At a flush the rows leave
    the C buffers and a writer thread wraps them as Arrow arrays without copying, converts
-   them with the same vectorised rules (:func:`~airflow_provider_pgdecode.staging.types.convert_column`)
+   them with the same vectorised rules (:func:`~airflow_provider_pgdecode.batch.values.convert_column`)
    and writes Parquet with the writer's options; pyarrow releases the GIL, so this overlaps the
    transfer and parsing of the next rows.
 4. Anything but plain committed INSERT/UPDATE/DELETE transactions, and any row the C scanner
@@ -72,9 +72,9 @@ from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Tr
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, Truncate
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import DecodingError
-from airflow_provider_pgdecode.staging.manifest import ColumnSummary, TableSummary, table_path
-from airflow_provider_pgdecode.staging.types import arrow_type, convert_column
-from airflow_provider_pgdecode.staging.writer import METADATA_PREFIX, PARQUET_OPTIONS, BatchWriter, check_column_names, no_tuple_data_error
+from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary, table_path
+from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
+from airflow_provider_pgdecode.batch.writer import METADATA_PREFIX, PARQUET_OPTIONS, BatchWriter, check_column_names, no_tuple_data_error
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def load_native() -> Any | None:
     """The C extension module, or ``None`` (logged once) when it was not built."""
     global _missing_logged
     try:
-        from airflow_provider_pgdecode.decoding import _native
+        from airflow_provider_pgdecode.capture import _native
     except ImportError as exc:
         if not _missing_logged:
             log.warning("pgdecode's native extract is not available (%s); using the Python path", exc)

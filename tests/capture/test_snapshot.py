@@ -22,10 +22,10 @@ import pytest
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CatalogError, StagingError
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
-from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
-from airflow_provider_pgdecode.staging.extract import extract_batch
-from airflow_provider_pgdecode.staging.manifest import BatchManifest
-from airflow_provider_pgdecode.staging.snapshot import create_slot_with_snapshot, stage_snapshot
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.capture.extract import extract_batch
+from airflow_provider_pgdecode.batch.manifest import BatchManifest
+from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot, stage_snapshot
 from airflow_provider_pgdecode.testing.compare import compare_table
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
@@ -256,7 +256,7 @@ def test_snapshot_cannot_be_used_after_the_slot_connection_closed(pg_conn, pg_ds
 BIG_ROWS = 60_000
 CHILD = """
 import json, logging, sys, time
-from airflow_provider_pgdecode.staging.snapshot import stage_snapshot
+from airflow_provider_pgdecode.capture.snapshot import stage_snapshot
 logging.basicConfig(level=logging.INFO)
 a = json.loads(sys.argv[1])
 stage_snapshot(a["dsn"], a["name"], a["lsn"], a["slot"], a["staging"], [tuple(t) for t in a["tables"]], chunk_pages=a["pages"],

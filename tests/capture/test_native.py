@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
-from airflow_provider_pgdecode.staging.extract import extract_batch
-from airflow_provider_pgdecode.staging.manifest import BatchManifest
-from airflow_provider_pgdecode.staging.native import load_native
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.capture.extract import extract_batch
+from airflow_provider_pgdecode.batch.manifest import BatchManifest
+from airflow_provider_pgdecode.capture.native import load_native
 
 from tests.staging.test_extract import TEXT, table_rows
 
@@ -177,7 +177,7 @@ def test_native_and_python_paths_stage_identical_batches(pg_conn, slots, tmp_pat
     first_batch_workload(pg_conn)
     upto = flush_lsn(pg_conn)
     firsts = {}
-    with caplog.at_level(logging.INFO, logger="airflow_provider_pgdecode.staging.native"):
+    with caplog.at_level(logging.INFO, logger="airflow_provider_pgdecode.capture.native"):
         for label, kwargs in PARAMETERS.items():
             python, native = extract_both(pg_conn, plugin, slot, tmp_path / label / "1", upto, **kwargs)
             assert_same_batches(python, native)
@@ -217,7 +217,7 @@ def test_checkpoint_ahead_of_the_slot_is_honoured_alike(pg_conn, slots, tmp_path
 def test_environment_switch_selects_the_python_path(pg_conn, slots, tmp_path, monkeypatch, caplog) -> None:
     pg_conn.execute("insert into nat_keys values (1, 'a', 'x')")
     monkeypatch.setenv("PGDECODE_NATIVE", "0")
-    with caplog.at_level(logging.INFO, logger="airflow_provider_pgdecode.staging.native"):
+    with caplog.at_level(logging.INFO, logger="airflow_provider_pgdecode.capture.native"):
         manifest = extract_batch(pg_conn, slots["test_decoding"], tmp_path)
     assert manifest.changes == 1
     assert "Native extract" not in caplog.text
@@ -245,8 +245,8 @@ def test_random_text_stages_alike_through_both_paths(pg_conn, slots, tmp_path_fa
 def test_a_cancel_while_rows_stream_from_libpq_reports_the_server_error(
     pg_conn, pg_dsn, slots, tmp_path, monkeypatch
 ) -> None:
-    import airflow_provider_pgdecode.staging.extract as extract_module
-    import airflow_provider_pgdecode.staging.native as native_module
+    import airflow_provider_pgdecode.capture.extract as extract_module
+    import airflow_provider_pgdecode.capture.native as native_module
     from airflow_provider_pgdecode.errors import SlotError
 
     pg_conn.execute("insert into nat_keys select g, 'c', repeat('c', 100) from generate_series(1, 100000) g")
@@ -274,7 +274,7 @@ def test_a_cancel_while_rows_stream_from_libpq_reports_the_server_error(
 
 
 def test_without_the_extension_the_python_path_stages_the_batch(pg_conn, slots, tmp_path, monkeypatch) -> None:
-    import airflow_provider_pgdecode.staging.extract as extract_module
+    import airflow_provider_pgdecode.capture.extract as extract_module
 
     pg_conn.execute("insert into nat_keys values (1, 'a', 'x')")
     upto = flush_lsn(pg_conn)

@@ -1,7 +1,7 @@
 /*
  * pgdecode native fast path: COPY BINARY rows of a peek -> per-table columnar text buffers.
  *
- * The Python side (airflow_provider_pgdecode.staging.native) drives a Reader:
+ * The Python side (airflow_provider_pgdecode.capture.native) drives a Reader:
  *   feed(block)  appends COPY bytes (rows may straddle blocks);
  *   run()        parses rows until it needs input (None), has rows for Python ("rows", [...]),
  *                has Parquet parts to write ("flush", [(table_id, rows), ...]) or saw the end
@@ -17,7 +17,7 @@
  *
  * Buffers hold, per table, the rows not yet written: text values in Arrow layout (validity,
  * int32 offsets, bytes) plus the writer's metadata columns. The part-splitting rules of
- * staging/writer.py (a budget of part_rows rows over all tables, flushing the largest table,
+ * batch/writer.py (a budget of part_rows rows over all tables, flushing the largest table,
  * a flush when a table's columns change) are reproduced exactly; see native.py.
  */
 #define PY_SSIZE_T_CLEAN
@@ -1833,7 +1833,7 @@ static PyMethodDef Reader_methods[] = {
     {NULL}};
 
 static PyTypeObject ReaderType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "airflow_provider_pgdecode.decoding._native.Reader",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "airflow_provider_pgdecode.capture._native.Reader",
     .tp_basicsize = sizeof(Reader),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = PyType_GenericNew,

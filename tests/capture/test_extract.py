@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CatalogError, SlotError
-from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
-from airflow_provider_pgdecode.staging.extract import extract_batch
-from airflow_provider_pgdecode.staging.manifest import BatchManifest, list_batches
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.capture.extract import extract_batch
+from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
 
 pytestmark = pytest.mark.postgres
 

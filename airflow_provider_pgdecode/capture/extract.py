@@ -7,7 +7,7 @@ place when complete, so a crash leaves either no batch or a whole one.
 Example (a psycopg connection in autocommit mode, a slot created with test_decoding)::
 
     import psycopg
-    from airflow_provider_pgdecode.staging.extract import extract_batch
+    from airflow_provider_pgdecode.capture.extract import extract_batch
 
     with psycopg.connect("host=127.0.0.1 dbname=shop user=postgres", autocommit=True) as conn:
         manifest = extract_batch(conn, "pgdecode_shop", "/data/staging")
@@ -34,16 +34,16 @@ from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS, Te
 from airflow_provider_pgdecode.errors import CatalogError, SlotError, StagingError
 from airflow_provider_pgdecode.postgres.catalog import Catalog
 from airflow_provider_pgdecode.postgres.slot import SlotClient
-from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
-from airflow_provider_pgdecode.staging.manifest import BatchManifest, TableSummary, batch_dir_name
-from airflow_provider_pgdecode.staging.native import extract_native, load_native, native_wanted
-from airflow_provider_pgdecode.staging.table_snapshot import (
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, batch_dir_name
+from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
+from airflow_provider_pgdecode.capture.table_snapshot import (
     DEFAULT_ROWS_PER_BATCH,
     TableSnapshotter,
     added_tables,
     list_snapshot_requests,
 )
-from airflow_provider_pgdecode.staging.writer import DEFAULT_PART_ROWS, BatchWriter
+from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +106,11 @@ def extract_batch(
     :param memory_items: items of one transaction held in memory before spilling to disk.
     :param progress_every: log progress every so many rows.
     :param table_snapshots: copy chunks of filed table snapshot requests (``add-table``,
-        ``resnapshot``: :mod:`~airflow_provider_pgdecode.staging.table_snapshot`) before the peek
+        ``resnapshot``: :mod:`~airflow_provider_pgdecode.capture.table_snapshot`) before the peek
         and stage them in this batch. Only when ``upto_lsn`` is not given, since the ceiling
         must lie past the chunks' watermarks.
     :param snapshot_rows: at most so many snapshot rows per batch, all requests together.
-    :param native: use the C fast path (:mod:`airflow_provider_pgdecode.staging.native`); default
+    :param native: use the C fast path (:mod:`airflow_provider_pgdecode.capture.native`); default
         on unless ``PGDECODE_NATIVE=0``. It stages the same batch as the Python path.
     :returns: the manifest of the staged batch (``manifest.path`` is its directory).
     """

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
-from airflow_provider_pgdecode.staging.manifest import MANIFEST_NAME, BatchManifest, batch_dir_name
-from airflow_provider_pgdecode.staging.retention import prune_batches
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.batch.manifest import MANIFEST_NAME, BatchManifest, batch_dir_name
+from airflow_provider_pgdecode.batch.retention import prune_batches
 
 DAY = 86400.0
 NOW = 1_800_000_000.0

@@ -2,7 +2,7 @@
 
 Example::
 
-    from airflow_provider_pgdecode.staging.backfill import select_batch_chain
+    from airflow_provider_pgdecode.capture.backfill import select_batch_chain
 
     chain = select_batch_chain("/data/staging", "pgdecode_shop", start_lsn=None, end_lsn=None)
     print([m.name for m in chain])
@@ -14,8 +14,8 @@ import os
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import StagingError
-from airflow_provider_pgdecode.staging.manifest import BatchManifest, list_batches
-from airflow_provider_pgdecode.staging.snapshot import SNAPSHOT_START_LSN
+from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
+from airflow_provider_pgdecode.capture.snapshot import SNAPSHOT_START_LSN
 
 
 def select_batch_chain(

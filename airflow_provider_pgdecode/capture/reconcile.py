@@ -9,7 +9,7 @@ do not, :func:`reconcile` decides:
   position. When a staged batch ends exactly there, its checkpoint is adopted, so prepared
   transactions it left pending are not lost.
 * **slot at or behind the checkpoint** (normal, or a confirm that did not persist): resume
-  from the checkpoint; :func:`~airflow_provider_pgdecode.staging.extract.extract_batch` skips
+  from the checkpoint; :func:`~airflow_provider_pgdecode.capture.extract.extract_batch` skips
   rows at or before the checkpoint's end, and the next confirm moves the slot forward.
 * **slot ahead of the checkpoint**: if staged batches chain from the checkpoint's end to the
   slot's position exactly, a confirm advanced the slot but its checkpoint never reached XCom;
@@ -18,7 +18,7 @@ do not, :func:`reconcile` decides:
 
 Example::
 
-    from airflow_provider_pgdecode.checkpoints import reconcile
+    from airflow_provider_pgdecode.capture.reconcile import reconcile
 
     decision = reconcile(previous_checkpoint_dict, slot_info, "/data/staging")
     print(decision.action, decision.message)
@@ -37,8 +37,8 @@ from typing import Any
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import PgDecodeError, StagingError
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
-from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
-from airflow_provider_pgdecode.staging.manifest import BatchManifest, list_batches
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
 
 START = "start"
 """No checkpoint: the batch starts at the slot's confirmed position."""

@@ -19,10 +19,10 @@ import psycopg
 import pytest
 
 from airflow_provider_pgdecode.errors import StagingError
-from airflow_provider_pgdecode.staging import table_snapshot
-from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
-from airflow_provider_pgdecode.staging.extract import extract_batch
-from airflow_provider_pgdecode.staging.table_snapshot import (
+from airflow_provider_pgdecode.capture import table_snapshot
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.capture.extract import extract_batch
+from airflow_provider_pgdecode.capture.table_snapshot import (
     SnapshotVisibility,
     TableSnapshotter,
     describe_progress,
@@ -241,7 +241,7 @@ def test_add_table_under_concurrent_writes(
 def test_resnapshot_of_a_deleted_delta_table_while_other_tables_flow(
     tables: None, pg_conn: psycopg.Connection, pg_dsn: str, slot_name: str, spark: Any, tmp_path: Path
 ) -> None:
-    from airflow_provider_pgdecode.staging.snapshot import create_slot_with_snapshot, stage_snapshot
+    from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot, stage_snapshot
     from airflow_provider_pgdecode.spark.merge_job import merge_batches
 
     pipeline = Pipeline(pg_conn, spark, slot_name, tmp_path, [ORDERS, REFUNDS])

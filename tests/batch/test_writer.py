@@ -9,7 +9,7 @@ from airflow_provider_pgdecode.decoding.events import Change, Operation, RowImag
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.spool import ItemSpool
 from airflow_provider_pgdecode.errors import CatalogError
-from airflow_provider_pgdecode.staging.writer import BatchWriter
+from airflow_provider_pgdecode.batch.writer import BatchWriter
 
 
 def transaction(commit: int, items: list) -> Transaction:

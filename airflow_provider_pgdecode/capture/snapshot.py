@@ -8,7 +8,7 @@ makes the copy and the slot's later batches fit exactly: nothing missed, nothing
 
 ::
 
-    from airflow_provider_pgdecode.staging.snapshot import create_slot_with_snapshot, stage_snapshot
+    from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot, stage_snapshot
 
     with create_slot_with_snapshot(dsn, "pgdecode_shop") as (consistent_lsn, snapshot_name):
         manifest = stage_snapshot(dsn, snapshot_name, consistent_lsn, "pgdecode_shop",
@@ -49,7 +49,7 @@ Workers. ``workers`` threads each open their own connection that imports the sna
 (:func:`_import_snapshot`) and take chunks from one queue, in table then chunk order: chunks of
 one table and of different tables run concurrently. A planning connection holds the snapshot
 and ACCESS SHARE locks on every table until the copy ends. COPY's CSV output is gathered as
-bytes, parsed by Arrow's CSV reader and converted column-wise (staging/types.py), then written
+bytes, parsed by Arrow's CSV reader and converted column-wise (batch/values.py), then written
 as the chunk's Parquet part; memory is bounded by ``chunk_rows`` rows per worker (a chunk larger
 than estimated is written in several row groups). Threads suffice: the only per-row Python
 work is gathering COPY's rows, while the server's side of COPY, Arrow's parser, the conversions
@@ -102,16 +102,16 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CatalogError, SlotError, StagingError
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo
 from airflow_provider_pgdecode.postgres.slot import PINNED_GUCS
-from airflow_provider_pgdecode.staging.extract import SUPPORTED_PLUGINS, publish_batch, parse_table_names
-from airflow_provider_pgdecode.staging.manifest import (
+from airflow_provider_pgdecode.capture.extract import SUPPORTED_PLUGINS, publish_batch, parse_table_names
+from airflow_provider_pgdecode.batch.manifest import (
     BatchManifest,
     ColumnSummary,
     TableSummary,
     batch_dir_name,
     table_path,
 )
-from airflow_provider_pgdecode.staging.types import arrow_type, convert_column
-from airflow_provider_pgdecode.staging.writer import PARQUET_OPTIONS, check_column_names
+from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
+from airflow_provider_pgdecode.batch.writer import PARQUET_OPTIONS, check_column_names
 
 log = logging.getLogger(__name__)
 
@@ -838,7 +838,7 @@ def _part_table(
     where: str,
     schema: pa.Schema | None = None,
 ) -> pa.Table:
-    """Rows of one part in the layout of staging/writer.py: op I rows (after an op T row).
+    """Rows of one part in the layout of batch/writer.py: op I rows (after an op T row).
 
     ``_pg_seq`` is 0 for the TRUNCATE, then ``seq_start``, ``seq_start + 1``, ... (capped at
     int32: each key occurs once in a snapshot, so only the order against the TRUNCATE matters).

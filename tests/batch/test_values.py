@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_pgdecode.errors import ValueConversionError
-from airflow_provider_pgdecode.staging.types import arrow_type, convert_column, parse_array_literal, python_value
+from airflow_provider_pgdecode.batch.values import arrow_type, convert_column, parse_array_literal, python_value
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ batch that is never merged is copied again by the next run; the confirm step mir
 
 Example::
 
-    from airflow_provider_pgdecode.staging.table_snapshot import request_table_snapshot
+    from airflow_provider_pgdecode.capture.table_snapshot import request_table_snapshot
 
     request_table_snapshot("/data/staging", "pgdecode_shop", ["public.refunds"], mode="add-table")
     # the next runs of pgdecode_incremental copy public.refunds chunk by chunk
@@ -68,9 +68,9 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CatalogError, StagingError
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo
 from airflow_provider_pgdecode.postgres.slot import PINNED_GUCS
-from airflow_provider_pgdecode.staging.manifest import ColumnSummary, TableSummary, table_path
-from airflow_provider_pgdecode.staging.types import arrow_type, convert_column
-from airflow_provider_pgdecode.staging.writer import PARQUET_OPTIONS, check_column_names
+from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary, table_path
+from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
+from airflow_provider_pgdecode.batch.writer import PARQUET_OPTIONS, check_column_names
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def request_table_snapshot(
     :param request_id: letters, digits, ``_.+-``; default one made from the mode and the time.
     :param chunk_rows: rows per chunk (one query, one Parquet part).
     """
-    from airflow_provider_pgdecode.staging.extract import parse_table_names
+    from airflow_provider_pgdecode.capture.extract import parse_table_names
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -339,7 +339,7 @@ class _Chunk:
 class TableSnapshotter:
     """Copies requested chunks before an extract peeks, and places them once it has read.
 
-    Used by :func:`~airflow_provider_pgdecode.staging.extract.extract_batch`:
+    Used by :func:`~airflow_provider_pgdecode.capture.extract.extract_batch`:
     :meth:`copy_chunks` before the peek, :meth:`observe` for every staged transaction,
     :meth:`finish` once the batch's end LSN is known.
     """
@@ -448,7 +448,7 @@ class TableSnapshotter:
         columns = catalog.columns(schema, table)
         if not columns:
             raise CatalogError(f"table {schema}.{table} does not exist (or has no columns): check the request's name")
-        from airflow_provider_pgdecode.staging.snapshot import _table_key  # snapshot imports extract, which imports this
+        from airflow_provider_pgdecode.capture.snapshot import _table_key  # snapshot imports extract, which imports this
 
         key, _ = _table_key(catalog, schema, table)
         check_column_names(schema, table, [c.name for c in columns])
@@ -718,7 +718,7 @@ def _largest_key(conn: psycopg.Connection[Any], schema: str, table: str, key: li
 
 def _write_chunk(path: Path, columns: list[ColumnInfo], rows: list[tuple[Any, ...]], lsn: Lsn,
                  truncate: bool = False) -> None:
-    """A part in the layout of staging/writer.py: op I rows at ``lsn`` (or one op T row)."""
+    """A part in the layout of batch/writer.py: op I rows at ``lsn`` (or one op T row)."""
     count = 1 if truncate else len(rows)
     lsns = pa.array([int(lsn)] * count, pa.int64())
     data: dict[str, pa.Array] = {

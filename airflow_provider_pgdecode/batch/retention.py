@@ -17,7 +17,7 @@ snapshot is gone.
 
 Example::
 
-    from airflow_provider_pgdecode.staging.retention import prune_batches
+    from airflow_provider_pgdecode.batch.retention import prune_batches
 
     removed = prune_batches("/data/staging", checkpoint, keep_days=7)
 """
@@ -32,8 +32,8 @@ from pathlib import Path
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import StagingError
-from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
-from airflow_provider_pgdecode.staging.manifest import MANIFEST_NAME, BatchManifest, list_batches
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.batch.manifest import MANIFEST_NAME, BatchManifest, list_batches
 
 log = logging.getLogger(__name__)
 

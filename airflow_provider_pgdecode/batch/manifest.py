@@ -80,7 +80,7 @@ class BatchManifest:
     prepared_committed: list[dict[str, Any]] = field(default_factory=list)
     prepared_rolled_back: list[dict[str, Any]] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
-    #: Table snapshot chunks staged in this batch (staging/table_snapshot.py).
+    #: Table snapshot chunks staged in this batch (capture/table_snapshot.py).
     snapshot_chunks: list[dict[str, Any]] = field(default_factory=list)
     #: Progress of every table snapshot request once this batch is merged (for the checkpoint).
     snapshots: dict[str, Any] = field(default_factory=dict)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pgdecode.checkpoints import (
+from airflow_provider_pgdecode.capture.reconcile import (
     ADOPTED,
     RESUME,
     SLOT_BEHIND,
@@ -20,8 +20,8 @@ from airflow_provider_pgdecode.checkpoints import (
 )
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
-from airflow_provider_pgdecode.staging.checkpoint import Checkpoint
-from airflow_provider_pgdecode.staging.manifest import BatchManifest, batch_dir_name
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.batch.manifest import BatchManifest, batch_dir_name
 
 SLOT = "pgdecode_orders"
 
@@ -181,7 +181,7 @@ def test_checkpoints_module_does_not_import_airflow() -> None:
     import subprocess
 
     code = (
-        "import sys, airflow_provider_pgdecode.checkpoints; "
+        "import sys, airflow_provider_pgdecode.capture.reconcile; "
         "sys.exit(1 if any(m == 'airflow' or m.startswith('airflow.') for m in sys.modules) else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -13,8 +13,8 @@ from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.test_decoding import TestDecodingParser
 from airflow_provider_pgdecode.errors import DecodingError
-from airflow_provider_pgdecode.staging.native import extract_native, load_native
-from airflow_provider_pgdecode.staging.writer import BatchWriter
+from airflow_provider_pgdecode.capture.native import extract_native, load_native
+from airflow_provider_pgdecode.batch.writer import BatchWriter
 
 native = load_native()
 pytestmark = pytest.mark.skipif(native is None, reason="the native extension is not built")

@@ -4,7 +4,7 @@ Rows wait in per-table buffers; all buffers together hold at most ``part_rows`` 
 budget flushes the largest buffer, and a change of a table's columns flushes that table's
 buffer: each flush becomes one Parquet part file. Memory is bounded by ``part_rows`` whatever
 the number of tables. Values are converted column-wise at flush
-time (:mod:`airflow_provider_pgdecode.staging.types`).
+time (:mod:`airflow_provider_pgdecode.batch.values`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Tr
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, RowImage, Truncate
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CatalogError
-from airflow_provider_pgdecode.staging.manifest import ColumnSummary, TableSummary, table_path
-from airflow_provider_pgdecode.staging.types import arrow_type, convert_column
+from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary, table_path
+from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
 
 DEFAULT_PART_ROWS = 100_000
 METADATA_PREFIX = "_pg_"

@@ -1,0 +1,1 @@
+"""Capture: from a replication slot (or a table snapshot) to staged batches."""
