@@ -1,0 +1,293 @@
+"""Catalog lookups against the real test cluster: columns, primary keys, replica identity, type names."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from airflow_provider_pgdecode.decoding.events import Change
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.decoding.pgoutput import BUILTIN_TYPE_NAMES
+from airflow_provider_pgdecode.decoding.test_decoding import TestDecodingParser
+from airflow_provider_pgdecode.errors import CatalogError
+from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, ReplicaIdentity
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def schema(pg_conn: psycopg.Connection[Any]) -> Iterator[str]:
+    """A fresh schema of this test's own (the database is shared with other tests)."""
+    name = f"cat_{uuid.uuid4().hex[:10]}"
+    pg_conn.execute(f'CREATE SCHEMA "{name}"')
+    yield name
+    pg_conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+
+
+@pytest.fixture
+def catalog(pg_conn: psycopg.Connection[Any]) -> Catalog:
+    return Catalog(pg_conn)
+
+
+def run(conn: psycopg.Connection[Any], schema: str, sql: str) -> None:
+    """Run DDL with ``schema`` first on the search path (so unqualified names land there)."""
+    with conn.transaction():
+        conn.execute(f'SET LOCAL search_path = "{schema}", public')
+        conn.execute(sql)
+
+
+# --- columns ----------------------------------------------------------------------------------
+
+
+def test_columns_names_types_typmods_and_not_null(pg_conn, catalog, schema) -> None:
+    run(pg_conn, schema, """
+        CREATE TABLE t (
+            id integer PRIMARY KEY,
+            name character varying(20) NOT NULL,
+            amount numeric(12,2),
+            free numeric,
+            tags text[],
+            codes varchar(5)[],
+            at timestamp(3) with time zone,
+            flags bit(4),
+            doc jsonb,
+            "Odd Col" text,
+            "select" int8
+        )""")
+    columns = catalog.columns(schema, "t")
+    assert [c.name for c in columns] == ["id", "name", "amount", "free", "tags", "codes", "at", "flags", "doc",
+                                         "Odd Col", "select"]
+    by_name = {c.name: c for c in columns}
+    # type_name: what test_decoding prints (no typmod); catalog_type: with the typmod.
+    expected = {
+        "id": ("integer", "integer"),
+        "name": ("character varying", "character varying(20)"),
+        "amount": ("numeric", "numeric(12,2)"),
+        "free": ("numeric", "numeric"),
+        "tags": ("text[]", "text[]"),
+        "codes": ("character varying[]", "character varying(5)[]"),
+        "at": ("timestamp with time zone", "timestamp(3) with time zone"),
+        "flags": ("bit", "bit(4)"),
+        "doc": ("jsonb", "jsonb"),
+        "Odd Col": ("text", "text"),
+        "select": ("bigint", "bigint"),
+    }
+    assert {n: (c.type_name, c.catalog_type) for n, c in by_name.items()} == expected
+    assert by_name["id"].not_null and by_name["name"].not_null
+    assert not by_name["amount"].not_null
+    assert all(c.user_type is None for c in columns)  # all built in
+    assert [c.attnum for c in columns] == list(range(1, 12))
+    assert all(isinstance(c, ColumnInfo) for c in columns)
+
+
+def test_dropped_columns_are_left_out_and_attnums_kept(pg_conn, catalog, schema) -> None:
+    run(pg_conn, schema, "CREATE TABLE t (a int, b text, c int); ALTER TABLE t DROP COLUMN b; ALTER TABLE t ADD COLUMN d date")
+    columns = catalog.columns(schema, "t")
+    assert [(c.name, c.attnum) for c in columns] == [("a", 1), ("c", 3), ("d", 4)]
+
+
+def test_user_types_enum_domain_composite_range_and_arrays(pg_conn, catalog, schema) -> None:
+    run(pg_conn, schema, """
+        CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
+        CREATE DOMAIN positive AS integer CHECK (VALUE > 0);
+        CREATE DOMAIN short_text AS varchar(10);
+        CREATE TYPE pair AS (x int, y text);
+        CREATE TYPE floatrange AS RANGE (subtype = float8);
+        CREATE TABLE t (
+            id int PRIMARY KEY,
+            m mood,
+            ms mood[],
+            p positive,
+            s short_text,
+            pr pair,
+            fr floatrange,
+            plain int
+        )""")
+    by_name = {c.name: c for c in catalog.columns(schema, "t")}
+    assert by_name["m"].user_type == "enum"
+    assert by_name["ms"].user_type == "enum"  # an array reports its element's kind
+    assert by_name["p"].user_type == "domain"
+    assert by_name["s"].user_type == "domain"
+    assert by_name["pr"].user_type == "composite"
+    assert by_name["fr"].user_type == "range"
+    assert by_name["plain"].user_type is None and by_name["id"].user_type is None
+    # The schema is on no one's search path here: format_type qualifies the names.
+    assert by_name["m"].type_name == f"{schema}.mood"
+    assert by_name["ms"].type_name == f"{schema}.mood[]"
+    assert by_name["p"].type_name == f"{schema}.positive"
+
+
+def test_type_names_of_visible_user_types_are_unqualified(pg_conn, catalog, schema) -> None:
+    run(pg_conn, schema, "CREATE TYPE mood AS ENUM ('a'); CREATE TABLE t (m mood, ms mood[])")
+    with pg_conn.transaction():
+        pg_conn.execute(f'SET LOCAL search_path = "{schema}", public')
+        by_name = {c.name: c for c in catalog.columns(schema, "t")}
+    assert (by_name["m"].type_name, by_name["ms"].type_name) == ("mood", "mood[]")
+
+
+def test_names_are_case_sensitive_and_unquoted(pg_conn, catalog, schema) -> None:
+    run(pg_conn, schema, 'CREATE TABLE "Odd Tbl" ("Col A" int PRIMARY KEY)')
+    assert [c.name for c in catalog.columns(schema, "Odd Tbl")] == ["Col A"]
+    with pytest.raises(CatalogError, match="does not exist"):
+        catalog.columns(schema, '"Odd Tbl"')
+    with pytest.raises(CatalogError, match="does not exist"):
+        catalog.columns(schema, "odd tbl")
+
+
+def test_a_missing_table_names_table_and_database(pg_conn, catalog, schema) -> None:
+    with pytest.raises(CatalogError) as info:
+        catalog.columns(schema, "nope")
+    message = str(info.value)
+    assert f"'{schema}'.'nope'" in message
+    assert pg_conn.info.dbname in message
+    # Not a table: an index or a sequence of that name does not count.
+    run(pg_conn, schema, "CREATE SEQUENCE seq1; CREATE TABLE t (id int PRIMARY KEY)")
+    for name in ("seq1", "t_pkey"):
+        with pytest.raises(CatalogError, match="does not exist"):
+            catalog.primary_key(schema, name)
+        with pytest.raises(CatalogError, match="does not exist"):
+            catalog.replica_identity(schema, name)
+
+
+def test_catalog_type_names_are_what_test_decoding_prints(pg_conn, catalog, schema, slot_name) -> None:
+    run(pg_conn, schema, """
+        CREATE TYPE mood AS ENUM ('ok');
+        CREATE TABLE t (id int PRIMARY KEY, v varchar(9), n numeric(5,1), a int[], ts timestamptz(2),
+                        b bit(3), m mood, ms mood[], j json)""")
+    pg_conn.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", (slot_name,))
+    run(pg_conn, schema, "INSERT INTO t VALUES (1, 'x', 1.5, '{1}', now(), B'101', 'ok', '{ok}', '{}')")
+    rows = pg_conn.execute(
+        "SELECT lsn::text, data FROM pg_logical_slot_peek_changes(%s, NULL, NULL, 'include-xids', '0',"
+        " 'skip-empty-xacts', '1')",
+        (slot_name,),
+    ).fetchall()
+    parser = TestDecodingParser()
+    changes = [e for e in (parser.parse(Lsn.parse(lsn), None, data) for lsn, data in rows) if isinstance(e, Change)]
+    assert len(changes) == 1
+    printed = dict(zip(changes[0].new.names, changes[0].new.types))
+    assert printed == {c.name: c.type_name for c in catalog.columns(schema, "t")}
+
+
+# --- primary keys -----------------------------------------------------------------------------
+
+
+def test_primary_key_in_index_order_not_column_order(pg_conn, catalog, schema) -> None:
+    run(pg_conn, schema, """
+        CREATE TABLE composite (a int, b text, c int, d int, PRIMARY KEY (c, a));
+        CREATE TABLE single (x int, y int PRIMARY KEY);
+        CREATE TABLE nokey (x int, y int);
+        CREATE TABLE unique_only (x int NOT NULL UNIQUE, y int);
+        CREATE TABLE with_include (a int, b int, c int, PRIMARY KEY (b) INCLUDE (a, c))""")
+    assert catalog.primary_key(schema, "composite") == ["c", "a"]
+    assert catalog.primary_key(schema, "single") == ["y"]
+    assert catalog.primary_key(schema, "nokey") == []
+    assert catalog.primary_key(schema, "unique_only") == []  # a unique index is not a primary key
+    assert catalog.primary_key(schema, "with_include") == ["b"]  # INCLUDE columns are not key columns
+
+
+def test_primary_key_follows_ddl(pg_conn, catalog, schema) -> None:
+    run(pg_conn, schema, "CREATE TABLE t (a int, b int)")
+    assert catalog.primary_key(schema, "t") == []
+    run(pg_conn, schema, "ALTER TABLE t ADD PRIMARY KEY (b, a)")
+    assert catalog.primary_key(schema, "t") == ["b", "a"]
+    run(pg_conn, schema, "ALTER TABLE t DROP CONSTRAINT t_pkey")
+    assert catalog.primary_key(schema, "t") == []
+
+
+def test_primary_key_of_a_partitioned_table_and_its_partitions(pg_conn, catalog, schema) -> None:
+    run(pg_conn, schema, """
+        CREATE TABLE parted (region text, id int, PRIMARY KEY (id, region)) PARTITION BY LIST (region);
+        CREATE TABLE parted_eu PARTITION OF parted FOR VALUES IN ('eu')""")
+    assert catalog.primary_key(schema, "parted") == ["id", "region"]
+    assert catalog.primary_key(schema, "parted_eu") == ["id", "region"]
+
+
+# --- replica identity -------------------------------------------------------------------------
+
+
+def test_replica_identity_kinds(pg_conn, catalog, schema) -> None:
+    run(pg_conn, schema, """
+        CREATE TABLE dflt (a int, b int, c text, PRIMARY KEY (b, a));
+        CREATE TABLE dflt_nokey (a int, b text);
+        CREATE TABLE idx (a int, b int NOT NULL, c int NOT NULL, d text);
+        CREATE UNIQUE INDEX idx_cb ON idx (c, b);
+        ALTER TABLE idx REPLICA IDENTITY USING INDEX idx_cb;
+        CREATE TABLE full_t (a int PRIMARY KEY, b text, gone int, c jsonb);
+        ALTER TABLE full_t DROP COLUMN gone;
+        ALTER TABLE full_t REPLICA IDENTITY FULL;
+        CREATE TABLE nothing_t (a int PRIMARY KEY, b text);
+        ALTER TABLE nothing_t REPLICA IDENTITY NOTHING""")
+    assert catalog.replica_identity(schema, "dflt") == ReplicaIdentity("default", ("b", "a"))
+    assert catalog.replica_identity(schema, "dflt_nokey") == ReplicaIdentity("default", ())
+    assert catalog.replica_identity(schema, "idx") == ReplicaIdentity("index", ("c", "b"), "idx_cb")
+    assert catalog.replica_identity(schema, "full_t") == ReplicaIdentity("full", ("a", "b", "c"))
+    assert catalog.replica_identity(schema, "nothing_t") == ReplicaIdentity("nothing", ())
+
+
+def test_replica_identity_of_a_dropped_index_is_nothing(pg_conn, catalog, schema) -> None:
+    run(pg_conn, schema, """
+        CREATE TABLE t (a int NOT NULL, b text);
+        CREATE UNIQUE INDEX t_a ON t (a);
+        ALTER TABLE t REPLICA IDENTITY USING INDEX t_a""")
+    assert catalog.replica_identity(schema, "t") == ReplicaIdentity("index", ("a",), "t_a")
+    run(pg_conn, schema, "DROP INDEX t_a")
+    # PostgreSQL keeps relreplident = 'i' and logs no old key: as NOTHING.
+    kind = pg_conn.execute(
+        "SELECT relreplident::text FROM pg_class WHERE oid = %s::regclass", (f'"{schema}".t',)
+    ).fetchone()[0]
+    assert kind == "i"
+    assert catalog.replica_identity(schema, "t") == ReplicaIdentity("nothing", ())
+
+
+# --- type names and tables with a primary key --------------------------------------------------
+
+
+def test_type_names_by_oid(pg_conn, catalog, schema) -> None:
+    run(pg_conn, schema, "CREATE TYPE mood AS ENUM ('a')")
+    oid, array_oid = pg_conn.execute(
+        "SELECT t.oid::int8, t.typarray::int8 FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace"
+        " WHERE n.nspname = %s AND t.typname = 'mood'",
+        (schema,),
+    ).fetchone()
+    names = catalog.type_names()
+    assert names[23] == "integer" and names[1043] == "character varying" and names[1007] == "integer[]"
+    assert names[oid] == f"{schema}.mood"
+    assert names[array_oid] == f"{schema}.mood[]"
+    assert all(isinstance(k, int) for k in names)
+
+
+def test_pgoutput_builtin_type_table_agrees_with_the_server(catalog) -> None:
+    # The pgoutput parser names built-in types from its own table when no catalog names are given:
+    # every entry must be what format_type says on a real server.
+    names = catalog.type_names()
+    wrong = {oid: (name, names.get(oid)) for oid, name in BUILTIN_TYPE_NAMES.items() if names.get(oid) != name}
+    assert wrong == {}
+
+
+def test_tables_with_primary_key(pg_conn, catalog, schema) -> None:
+    run(pg_conn, schema, """
+        CREATE TABLE b_keyed (id int PRIMARY KEY);
+        CREATE TABLE a_keyed (x int, y int, PRIMARY KEY (y, x));
+        CREATE TABLE keyless (id int);
+        CREATE TABLE unique_only (id int UNIQUE NOT NULL);
+        CREATE VIEW keyed_view AS SELECT * FROM b_keyed;
+        CREATE MATERIALIZED VIEW keyed_mv AS SELECT * FROM b_keyed;
+        CREATE TABLE parted (id int, region text, PRIMARY KEY (id, region)) PARTITION BY LIST (region);
+        CREATE TABLE parted_eu PARTITION OF parted FOR VALUES IN ('eu');
+        CREATE TABLE "Mixed Case" (id int PRIMARY KEY)""")
+    pg_conn.execute("CREATE TEMPORARY TABLE temp_keyed (id int PRIMARY KEY)")
+    mine = [entry for entry in catalog.tables_with_primary_key() if entry[0] == schema]
+    assert mine == [
+        (schema, "Mixed Case"), (schema, "a_keyed"), (schema, "b_keyed"), (schema, "parted"), (schema, "parted_eu"),
+    ]  # sorted by (schema, table); partitions listed with their parent
+    everything = catalog.tables_with_primary_key()
+    assert everything == sorted(everything)
+    assert not any(s.startswith(("pg_temp", "pg_toast_temp")) for s, _ in everything)
+    assert not any(s in ("pg_catalog", "information_schema") for s, _ in everything)
+    # exclude_schemas replaces the default list.
+    assert all(s != schema for s, _ in catalog.tables_with_primary_key(exclude_schemas=[schema]))
+    assert any(s == "pg_catalog" for s, _ in catalog.tables_with_primary_key(exclude_schemas=[]))
