@@ -1,10 +1,26 @@
-"""Errors pgdecode raises. Each message says what is wrong and what to do about it."""
+"""Every public error pgdecode raises, in one place. Each message says what is wrong, names the
+object (slot, table, column, LSN, batch) and says what to do about it.
+
+Errors are *deterministic* unless marked ``retryable``: running the same task again against the
+same inputs fails the same way, so Airflow should not retry it (a slot of the wrong plugin, a
+table without a key, a malformed batch). Errors that are not pgdecode's own (a refused
+connection, a server restart, a network failure) are transient and left to Airflow's retries.
+:func:`is_deterministic` is the one rule; operators, sensors and the backfill tasks apply it
+through :func:`airflow_provider_pgdecode.utils.fail_fast.fail_fast`, which turns deterministic
+errors into ``AirflowFailException`` (this module stays free of Airflow so that every layer
+can import it).
+"""
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 
 class PgDecodeError(Exception):
     """Base class of every pgdecode error."""
+
+    #: True when the same call may succeed later without anyone fixing anything.
+    retryable: ClassVar[bool] = False
 
 
 class DecodingError(PgDecodeError):
@@ -30,6 +46,12 @@ class SlotError(PgDecodeError):
     """A replication slot is missing, of the wrong kind, lost, or cannot be used as asked."""
 
 
+class SlotInUseError(SlotError):
+    """Another process (an extract, a replication connection) holds the slot right now."""
+
+    retryable = True
+
+
 class CatalogError(PgDecodeError):
     """A source table cannot be staged as asked (no usable key, a reserved column name, ...)."""
 
@@ -40,3 +62,28 @@ class StagingError(PgDecodeError):
 
 class ValueConversionError(StagingError):
     """A decoded value cannot be converted to its staged type."""
+
+
+class BatchError(StagingError):
+    """A batch cannot be merged: missing or incomplete manifest, missing files, inconsistent batches."""
+
+
+class ConfigurationError(PgDecodeError):
+    """A task's arguments or connections cannot work as given (a missing connection, a bad parameter)."""
+
+
+class CheckpointError(PgDecodeError):
+    """The checkpoint and the slot disagree in a way that would lose changes if ignored."""
+
+
+class MergeInputError(PgDecodeError):
+    """A batch's contents cannot be merged into its Delta table as they are (the message says why)."""
+
+
+def is_deterministic(exc: BaseException) -> bool:
+    """True when retrying cannot help: a pgdecode error not marked ``retryable``.
+
+    Anything else (``psycopg.OperationalError`` for a refused connection or a restarting
+    server, ``OSError`` on a network filesystem) is treated as transient.
+    """
+    return isinstance(exc, PgDecodeError) and not exc.retryable

@@ -33,6 +33,7 @@ from airflow_provider_pgdecode.decoding.spool import DEFAULT_MEMORY_ITEMS
 from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS, TestDecodingParser
 from airflow_provider_pgdecode.errors import CatalogError, SlotError, StagingError
 from airflow_provider_pgdecode.postgres.catalog import Catalog
+from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.postgres.slot import SlotClient
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, batch_dir_name
@@ -118,16 +119,7 @@ def extract_batch(
         raise SlotError(f"output plugin {plugin!r} is not supported; use one of {', '.join(SUPPORTED_PLUGINS)}")
     slots = SlotClient(conn)
     info = slots.describe(slot_name)
-    if info.plugin != plugin:
-        raise SlotError(
-            f"slot {slot_name!r} uses the output plugin {info.plugin!r}, but {plugin!r} was asked for. "
-            f"Use plugin={info.plugin!r}, or drop the slot and create it again with {plugin!r}."
-        )
-    if info.wal_status == "lost":
-        raise SlotError(
-            f"slot {slot_name!r} has lost WAL it needed (wal_status 'lost'): changes are gone. Drop it, "
-            "create it again and re-snapshot the tables (pgdecode_backfill)."
-        )
+    check_readable(info, plugin)
     if checkpoint is not None and checkpoint.slot != slot_name:
         raise StagingError(f"the checkpoint belongs to slot {checkpoint.slot!r}, not {slot_name!r}")
     confirmed = info.confirmed_flush_lsn or Lsn(0)

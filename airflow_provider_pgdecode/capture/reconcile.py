@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import PgDecodeError, StagingError
+from airflow_provider_pgdecode.errors import CheckpointError, StagingError
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
@@ -50,10 +50,6 @@ ADOPTED = "adopted"
 """A staged batch's checkpoint was adopted (a confirm advanced the slot but its XCom was lost)."""
 
 _BATCH_NAME = re.compile(r"([0-9A-F]{16})-([0-9A-F]{16})")
-
-
-class CheckpointError(PgDecodeError):
-    """The checkpoint and the slot disagree in a way that would lose changes if ignored."""
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,14 @@ DEFAULT_OPTIONS: tuple[tuple[str, str], ...] = (
     ("skip-empty-xacts", "0"),
 )
 
+#: Options of a probe (does the slot hold changes?): empty transactions print nothing, so any
+#: row other than BEGIN/COMMIT is a change.
+PROBE_OPTIONS: tuple[tuple[str, str], ...] = (
+    ("include-xids", "0"),
+    ("include-timestamp", "0"),
+    ("skip-empty-xacts", "1"),
+)
+
 _OPERATIONS = {"INSERT": Operation.INSERT, "UPDATE": Operation.UPDATE, "DELETE": Operation.DELETE}
 
 

@@ -8,11 +8,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
-from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import SlotError, StagingError
+from airflow_provider_pgdecode.errors import ConfigurationError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 from airflow_provider_pgdecode.operators.extract import checkpoint_xcom_key
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
@@ -88,39 +88,36 @@ class PgDecodeConfirmOperator(BaseOperator):
             return
         merged = context["ti"].xcom_pull(task_ids=self.merge_task_id)
         if not isinstance(merged, Mapping):
-            raise AirflowFailException(
+            raise ConfigurationError(
                 f"the merge task {self.merge_task_id!r} left no result in this DAG run, so batch {path} may not be "
                 "in Delta; the slot was not advanced. Run this task downstream of the merge task, set "
                 "merge_task_id to that task's id, or merge_task_id=None if the merge is checked elsewhere"
             )
         handled = [*(merged.get("batches") or []), *(merged.get("skipped") or [])]
         if not any(_same_path(path, str(done)) for done in handled):
-            raise AirflowFailException(
+            raise ConfigurationError(
                 f"batch {path} is not among the batches the merge task {self.merge_task_id!r} handled "
                 f"({', '.join(map(str, handled)) or 'none'}); the slot was not advanced. Pass the same batch path "
                 "to the merge and confirm tasks"
             )
 
     def execute(self, context: Context) -> dict[str, Any]:
+        with fail_fast():
+            return self._confirm(context)
+
+    def _confirm(self, context: Context) -> dict[str, Any]:
         path = str(self.batch_path)
-        try:
-            manifest = BatchManifest.read(path)
-        except StagingError as exc:
-            raise AirflowFailException(str(exc)) from exc
+        manifest = BatchManifest.read(path)
         if manifest.slot != self.slot_name:
-            raise AirflowFailException(
+            raise ConfigurationError(
                 f"batch {path} belongs to replication slot {manifest.slot!r}, not {self.slot_name!r}"
             )
         self._check_merged(context, path)
         end = Lsn.parse(manifest.end_lsn)
         with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
-            try:
+            with fail_fast(f"batch {path} is merged, but the slot could not be advanced to {end}"):
                 before = hook.describe_slot(self.slot_name).confirmed_flush_lsn
                 position = hook.advance_slot(self.slot_name, end)
-            except SlotError as exc:
-                raise AirflowFailException(
-                    f"{exc}. Batch {path} is merged, but the slot could not be advanced to {end}"
-                ) from exc
         if position > end:
             self.log.warning(
                 "Slot %s was already at %s, beyond this batch's end %s: something else advanced it. The next "

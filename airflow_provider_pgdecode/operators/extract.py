@@ -7,14 +7,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
-from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_provider_pgdecode.capture.reconcile import CheckpointError, reconcile
-from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import SlotError
-from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-from airflow_provider_pgdecode.postgres.slot import SlotInfo
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
+from airflow_provider_pgdecode.capture.reconcile import reconcile
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.postgres.health import check_readable
+from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
 def checkpoint_xcom_key(slot_name: str) -> str:
@@ -199,38 +198,16 @@ class PgDecodeExtractOperator(BaseOperator):
             )
         return value
 
-    def _check_slot(self, info: SlotInfo) -> None:
-        name = info.slot_name
-        if info.plugin != self.plugin:
-            raise AirflowFailException(
-                f"replication slot {name!r} uses output plugin {info.plugin!r}, but the task reads it as "
-                f"{self.plugin!r}. Set plugin={info.plugin!r}, or drop the slot "
-                f"(SELECT pg_drop_replication_slot('{name}')), recreate it with {self.plugin!r} and "
-                "re-snapshot the tables (pgdecode_backfill)"
-            )
-        if info.wal_status == "lost":
-            raise AirflowFailException(
-                f"replication slot {name!r} is lost (wal_status = lost): the server removed WAL it still needed, "
-                f"so changes are gone. Drop it (SELECT pg_drop_replication_slot('{name}')), recreate it, and "
-                "re-snapshot the tables with the pgdecode_backfill DAG"
-            )
-
     def execute(self, context: Context) -> dict[str, Any]:
         previous = self.previous_checkpoint(context)
         options = dict(self.extract_options)
         if self.publication is not None:
             options["publication"] = self.publication
-        with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
+        with fail_fast(), PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
             self._hook = hook
-            try:
-                info = hook.describe_slot(self.slot_name)
-            except SlotError as exc:
-                raise AirflowFailException(str(exc)) from exc
-            self._check_slot(info)
-            try:
-                decision = reconcile(previous, info, self.staging_root)
-            except CheckpointError as exc:
-                raise AirflowFailException(str(exc)) from exc
+            info = hook.describe_slot(self.slot_name)
+            check_readable(info, self.plugin)
+            decision = reconcile(previous, info, self.staging_root)
             self.log.info("%s", decision.message)
             # Without a fixed ceiling the extract reads the flush position itself, after copying
             # any table snapshot chunks (their watermarks must lie below the ceiling).

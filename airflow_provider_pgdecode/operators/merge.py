@@ -14,10 +14,11 @@ from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import Asset, AssetAlias, BaseHook, BaseOperator, Context
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import StagingError
+from airflow_provider_pgdecode.errors import ConfigurationError, MergeInputError
+from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
 
 MERGE_JOB_MODULE = "airflow_provider_pgdecode.spark.merge_job"
@@ -28,7 +29,7 @@ def merge_job_path() -> str:
     """The file of the merge job inside the installed package (what spark-submit runs)."""
     spec = importlib.util.find_spec(MERGE_JOB_MODULE)
     if spec is None or not spec.origin:
-        raise AirflowFailException(f"cannot find {MERGE_JOB_MODULE} in the installed airflow-provider-pgdecode")
+        raise ConfigurationError(f"cannot find {MERGE_JOB_MODULE} in the installed airflow-provider-pgdecode")
     return spec.origin
 
 
@@ -186,10 +187,8 @@ class PgDecodeMergeOperator(BaseOperator):
         """The batches' manifests, split into those with rows to merge and those without."""
         to_merge, empty = [], []
         for path in parse_batch_paths(self.batch_paths):
-            try:
+            with fail_fast():
                 manifest = BatchManifest.read(path)
-            except StagingError as exc:
-                raise AirflowFailException(str(exc)) from exc
             (to_merge if any(t.rows for t in manifest.tables) else empty).append(manifest)
         order = lambda m: (Lsn.parse(m.start_lsn), Lsn.parse(m.end_lsn))  # noqa: E731
         return sorted(to_merge, key=order), sorted(empty, key=order)
@@ -199,7 +198,7 @@ class PgDecodeMergeOperator(BaseOperator):
         try:
             BaseHook.get_connection(self.conn_id)
         except AirflowException as exc:
-            raise AirflowFailException(
+            raise ConfigurationError(
                 f"Spark connection {self.conn_id!r} not found ({exc}). Without it spark-submit would silently "
                 "use master 'yarn'. Create it, e.g. for local mode "
                 f"AIRFLOW_CONN_{self.conn_id.upper()}='{{\"conn_type\": \"spark\", \"host\": \"local[*]\"}}'"
@@ -231,6 +230,10 @@ class PgDecodeMergeOperator(BaseOperator):
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
+        with fail_fast():
+            return self._merge(context)
+
+    def _merge(self, context: Context) -> dict[str, Any]:
         to_merge, empty = self.read_batches()
         for manifest in empty:
             self.log.info(
@@ -275,7 +278,7 @@ class PgDecodeMergeOperator(BaseOperator):
                 refusal = _read_refusal(summary_path)
                 if refusal is not None:
                     # The job refused the input and left Delta unchanged: retrying cannot help.
-                    raise AirflowFailException(f"the merge job refused the batch: {refusal}") from None
+                    raise MergeInputError(f"the merge job refused the batch: {refusal}") from None
                 raise
             summary = self._read_summary(summary_path)
         finally:

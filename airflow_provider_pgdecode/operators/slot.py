@@ -6,9 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
-from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_provider_pgdecode.errors import SlotError
+from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 
 
@@ -63,10 +62,8 @@ class PgDecodeEnsureSlotOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
-            try:
+            with fail_fast():
                 info = hook.ensure_slot(self.slot_name, plugin=self.plugin, two_phase=bool(self.two_phase))
-            except SlotError as exc:
-                raise AirflowFailException(str(exc)) from exc
         self.log.info(
             "Slot %s ready: plugin %s, two_phase %s, database %s, confirmed at %s, wal_status %s, lag %s bytes",
             info.slot_name,

@@ -22,6 +22,7 @@ from psycopg.rows import tuple_row
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import PgDecodeError, SlotError
+from airflow_provider_pgdecode.postgres.health import check_readable, not_logical, slot_in_use, slot_lost, slot_missing
 
 SLOT_NAME_RE = re.compile(r"[a-z0-9_]{1,63}")
 """What PostgreSQL accepts as a replication slot name."""
@@ -53,6 +54,12 @@ _PEEK_COPY_SQL = (
     "COPY (SELECT lsn, xid, data"
     " FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, VARIADIC %s::text[]))"
     " TO STDOUT (FORMAT BINARY)"
+)
+
+# A probe: at most N rows (whole transactions) from the confirmed position, never consuming.
+_PROBE_SQL = (
+    "SELECT (lsn - '0/0'::pg_lsn)::int8, data"
+    " FROM pg_logical_slot_peek_binary_changes(%s, NULL, %s::int4, VARIADIC %s::text[])"
 )
 
 _ENCODINGS: dict[str, str] = {
@@ -180,26 +187,20 @@ class SlotClient:
     def _database(self) -> str:
         return self.conn.info.dbname
 
+    def _where(self) -> str:
+        return f"database {self._database()!r} on {self.conn.info.host}:{self.conn.info.port}"
+
     def _error(self, exc: psycopg.Error, name: str, action: str) -> SlotError:
         diag = exc.diag
         text = diag.message_primary or str(exc).strip()
         if diag.message_detail:
             text += f" ({diag.message_detail})"
         if isinstance(exc, pg_errors.UndefinedObject):
-            return SlotError(
-                f"cannot {action}: replication slot {name!r} does not exist "
-                f"(database {self._database()!r}); create it first (ensure_slot)"
-            )
+            return slot_missing(name, self._where())
         if isinstance(exc, pg_errors.ObjectInUse):
-            return SlotError(
-                f"cannot {action}: replication slot {name!r} is in use by another process: {text}; "
-                "wait for it or stop the other consumer"
-            )
+            return slot_in_use(name, text)
         if "invalidated" in text or "can no longer get changes" in text:
-            return SlotError(
-                f"cannot {action}: replication slot {name!r} lost the WAL it needs: {text}; "
-                "drop it and recreate it, then reload the tables from a new snapshot"
-            )
+            return slot_lost(name, text)
         return SlotError(f"cannot {action} on replication slot {name!r}: {text}")
 
     # -- server facts --------------------------------------------------------------------------
@@ -270,10 +271,7 @@ class SlotClient:
         validate_slot_name(name)
         info = self._describe(name)
         if info is None:
-            raise SlotError(
-                f"replication slot {name!r} does not exist (looked from database {self._database()!r} "
-                f"on {self.conn.info.host}:{self.conn.info.port}); create it first (ensure_slot)"
-            )
+            raise slot_missing(name, self._where())
         return info
 
     def create(
@@ -342,28 +340,13 @@ class SlotClient:
                     raise
         database = self._database()
         if info.slot_type != "logical":
-            raise SlotError(
-                f"replication slot {name!r} is a {info.slot_type} slot, not a logical one; "
-                "use another slot name or drop that slot"
-            )
+            raise not_logical(name, info.slot_type)
         if info.database != database:
             raise SlotError(
                 f"replication slot {name!r} belongs to database {info.database!r}, not {database!r}; "
                 "connect to that database or use another slot name"
             )
-        if info.wal_status == "lost":
-            raise SlotError(
-                f"replication slot {name!r} lost the WAL it needs (wal_status = lost): changes were lost. "
-                f"Drop it (SELECT pg_drop_replication_slot('{name}')), recreate it and reload the tables "
-                "from a new snapshot"
-            )
-        if info.plugin != plugin:
-            raise SlotError(
-                f"replication slot {name!r} uses output plugin {info.plugin!r}, but {plugin!r} was asked for. "
-                f"Set the DAG's plugin parameter to {info.plugin!r}, or drop the slot "
-                f"(SELECT pg_drop_replication_slot('{name}')) and recreate it with {plugin!r} "
-                "(then reload the tables from a new snapshot)"
-            )
+        check_readable(info, plugin)
         if info.two_phase != bool(two_phase):
             raise SlotError(
                 f"replication slot {name!r} was created with two_phase={info.two_phase}, but "
@@ -438,6 +421,22 @@ class SlotClient:
                         rows = cur.fetchmany(chunk_size)
                     except psycopg.Error as exc:
                         raise self._error(exc, name, "peek changes") from exc
+
+    def probe(self, name: str, limit: int, options: Sequence[tuple[str, str]] = ()) -> list[tuple[Lsn, bytes]]:
+        """At most ``limit`` rows (completing the transaction at the limit) from the slot's confirmed
+        position, with the same pinned settings as :meth:`peek`; never consumes. For the changes
+        probe of the sensors and the trigger."""
+        _, flat = _peek_arguments(name, Lsn(0), options)
+        conn = self.conn
+        with conn.transaction():
+            conn.execute(_PIN_GUCS_SQL)
+            with conn.cursor(row_factory=tuple_row) as cur:
+                try:
+                    cur.execute(_PROBE_SQL, (name, limit, flat), binary=True)
+                    rows = cur.fetchall()
+                except psycopg.Error as exc:
+                    raise self._error(exc, name, "probe changes") from exc
+        return [(Lsn(lsn), bytes(data)) for lsn, data in rows]
 
     @contextlib.contextmanager
     def peek_copy(

@@ -9,8 +9,8 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_provider_pgdecode.errors import SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 from airflow_provider_pgdecode.capture.table_snapshot import pending_snapshot_requests
 from airflow_provider_pgdecode.triggers.slot_changes import (
     DEFAULT_HEARTBEAT_PREFIX,
@@ -98,19 +98,16 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
         self.deferrable = deferrable
 
     def _check(self) -> tuple[bool, dict[str, Any]]:
-        with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
-            try:
-                return check_slot_changes(
-                    hook,
-                    self.slot_name,
-                    min_lag_bytes=self.min_lag_bytes,
-                    advance_lag_bytes=self.advance_lag_bytes,
-                    probe_rows=self.probe_rows,
-                    heartbeat_prefix=self.heartbeat_prefix,
-                    publication=self.publication,
-                )
-            except SlotError as exc:
-                raise AirflowFailException(str(exc)) from exc
+        with fail_fast(), PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
+            return check_slot_changes(
+                hook,
+                self.slot_name,
+                min_lag_bytes=self.min_lag_bytes,
+                advance_lag_bytes=self.advance_lag_bytes,
+                probe_rows=self.probe_rows,
+                heartbeat_prefix=self.heartbeat_prefix,
+                publication=self.publication,
+            )
 
     def poke(self, context: Context) -> PokeReturnValue:
         done, report = self._check()

@@ -6,10 +6,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_pgdecode.errors import SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.postgres.health import check_readable
+from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
 from airflow_provider_pgdecode.triggers.slot_changes import DEFAULT_HEARTBEAT_PREFIX, probe_changes
 
@@ -102,10 +104,9 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
     def poke(self, context: Context) -> PokeReturnValue:
         name = self.slot_name
         with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
-            try:
+            with fail_fast():
                 info = hook.describe_slot(name)
-            except SlotError as exc:
-                raise AirflowFailException(str(exc)) from exc
+                check_readable(info, self.plugin)
             self._check_state(info)
             heartbeat_lsn = self._maybe_heartbeat(hook, info) if self.heartbeat else None
         lag = info.lag_bytes or 0
@@ -134,22 +135,6 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
 
     def _check_state(self, info: SlotInfo) -> None:
         name = info.slot_name
-        if self.plugin is not None and info.plugin != self.plugin:
-            raise AirflowFailException(
-                f"replication slot {name!r} uses output plugin {info.plugin!r}, not {self.plugin!r}. Set the "
-                f"DAG's plugin to {info.plugin!r}, or drop the slot (SELECT pg_drop_replication_slot('{name}')), "
-                f"recreate it with {self.plugin!r} and re-snapshot the tables (pgdecode_backfill)"
-            )
-        if info.slot_type != "logical":
-            raise AirflowFailException(f"replication slot {name!r} is a {info.slot_type} slot, not a logical one")
-        if info.wal_status == "lost":
-            raise AirflowFailException(
-                f"replication slot {name!r} is lost (wal_status = lost): the server removed WAL it still "
-                "needed, so changes since its confirmed position are gone and it cannot be read any more. "
-                f"Drop it (SELECT pg_drop_replication_slot('{name}')), recreate it, and re-snapshot the tables "
-                "with the pgdecode_backfill DAG; to keep this from recurring, run the pipeline more often or "
-                "raise max_slot_wal_keep_size"
-            )
         if info.wal_status == "unreserved":
             raise AirflowException(
                 f"replication slot {name!r} has wal_status = unreserved: it retains {_size(info.lag_bytes)} of "

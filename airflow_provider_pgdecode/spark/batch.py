@@ -14,14 +14,10 @@ from typing import Any, Iterable
 from urllib.parse import quote, urlparse
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import StagingError
+from airflow_provider_pgdecode.errors import BatchError
 
 BATCH_FORMAT = "pgdecode.batch/1"
 MANIFEST_NAME = "manifest.json"
-
-
-class BatchError(StagingError):
-    """A batch cannot be merged: missing or incomplete manifest, missing files, inconsistent batches."""
 
 
 @dataclass(frozen=True)

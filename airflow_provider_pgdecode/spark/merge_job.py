@@ -50,9 +50,9 @@ from pyspark.sql.types import (
 )
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import PgDecodeError
+from airflow_provider_pgdecode.errors import BatchError, MergeInputError
 from airflow_provider_pgdecode.spark import collapse
-from airflow_provider_pgdecode.spark.batch import Batch, BatchError, StagedTable, is_local, join, read_batches
+from airflow_provider_pgdecode.spark.batch import Batch, StagedTable, is_local, join, read_batches
 from airflow_provider_pgdecode.spark.collapse import KEEP, KIND, LSN, OP, SEQ, CollapseInput, col, old_key_name
 from airflow_provider_pgdecode.spark.types import (
     DEFAULT_UNBOUNDED_NUMERIC,
@@ -92,10 +92,6 @@ TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 MAX_KEY_RANGES = 16
 KEY_BUCKETS = 4096
-
-
-class MergeInputError(PgDecodeError):
-    """A batch cannot be merged as it is: no usable key, a type change, a NULL key, a value that does not fit."""
 
 
 @dataclass(frozen=True)

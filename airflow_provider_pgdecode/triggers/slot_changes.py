@@ -32,36 +32,22 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
-from asgiref.sync import sync_to_async
-from psycopg import errors as pg_errors
 from airflow.triggers.base import BaseTrigger, TriggerEvent
-from psycopg.rows import tuple_row
+from asgiref.sync import sync_to_async
 
 from airflow_provider_pgdecode.decoding.events import Begin, Commit, Event, Message, Origin, StreamStart, StreamStop
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.decoding.pgoutput import PgOutputParser
-from airflow_provider_pgdecode.decoding.test_decoding import TestDecodingParser
-from airflow_provider_pgdecode.errors import SlotError
+from airflow_provider_pgdecode.decoding.pgoutput import PgOutputParser, pgoutput_options
+from airflow_provider_pgdecode.decoding.test_decoding import PROBE_OPTIONS, TestDecodingParser
+from airflow_provider_pgdecode.errors import SlotError, SlotInUseError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.postgres.health import check_readable, slot_in_use
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
 
 DEFAULT_HEARTBEAT_PREFIX = "pgdecode.heartbeat"
 DEFAULT_PROBE_ROWS = 100
 
-_TEXT_PROBE_SQL = (
-    "SELECT lsn::text, data FROM pg_logical_slot_peek_changes(%s, NULL, %s, "
-    "'include-xids', '0', 'include-timestamp', '0', 'skip-empty-xacts', '1')"
-)
-_BINARY_PROBE_SQL = (
-    "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes(%s, NULL, %s, "
-    "'proto_version', '1', 'publication_names', %s, 'messages', 'true')"
-)
 _NOT_CHANGES = (Begin, Commit, Origin, StreamStart, StreamStop)
-
-
-class SlotInUse(SlotError):
-    """Another process (an extract, a replication connection) holds the slot right now."""
 
 
 @dataclass(frozen=True)
@@ -102,20 +88,23 @@ def classify_events(
 
 
 def classify_text_rows(
-    rows: Iterable[tuple[str, str]], heartbeat_prefix: str = DEFAULT_HEARTBEAT_PREFIX
+    rows: Iterable[tuple[Lsn | str, bytes | str]],
+    heartbeat_prefix: str = DEFAULT_HEARTBEAT_PREFIX,
+    encoding: str = "utf-8",
 ) -> tuple[int, int, Lsn | None]:
     """``(changes, heartbeats, first change LSN)`` of test_decoding rows peeked with the probe's options."""
-    parser = TestDecodingParser()
-    return classify_events(((Lsn.parse(lsn), parser.parse(Lsn.parse(lsn), None, data)) for lsn, data in rows), heartbeat_prefix)
+    parser = TestDecodingParser(encoding)
+    events = ((Lsn.coerce(lsn), parser.parse(Lsn.coerce(lsn), None, data)) for lsn, data in rows)
+    return classify_events(events, heartbeat_prefix)
 
 
 def classify_pgoutput_rows(
-    rows: Iterable[tuple[str, bytes]], heartbeat_prefix: str = DEFAULT_HEARTBEAT_PREFIX
+    rows: Iterable[tuple[Lsn | str, bytes]], heartbeat_prefix: str = DEFAULT_HEARTBEAT_PREFIX
 ) -> tuple[int, int, Lsn | None]:
     """``(changes, heartbeats, first change LSN)`` of pgoutput (protocol 1) messages."""
     parser = PgOutputParser(proto_version=1)
     return classify_events(
-        ((Lsn.parse(lsn), parser.parse(Lsn.parse(lsn), None, bytes(data))) for lsn, data in rows), heartbeat_prefix
+        ((Lsn.coerce(lsn), parser.parse(Lsn.coerce(lsn), None, bytes(data))) for lsn, data in rows), heartbeat_prefix
     )
 
 
@@ -129,51 +118,41 @@ def probe_changes(
 ) -> ChangesProbe:
     """Peek at most ``probe_rows`` rows of the slot (never consuming) and classify them.
 
-    :raises SlotInUse: another process holds the slot.
+    :raises SlotInUseError: another process holds the slot.
     :raises SlotError: the slot is lost, of an unsupported plugin, or a pgoutput slot without
         ``publication``.
     """
     if probe_rows < 1:
         raise ValueError(f"probe_rows must be positive, got {probe_rows}")
     name = info.slot_name
-    if info.wal_status == "lost":
-        raise SlotError(_lost_message(name))
+    check_readable(info)
     client = hook.get_slot_client()
+    rows = client.probe(name, probe_rows, probe_options(info, publication, client.server_version_num()))
     if info.plugin == "test_decoding":
-        query: str = _TEXT_PROBE_SQL
-        params: tuple[Any, ...] = (name, probe_rows)
-    elif info.plugin == "pgoutput":
-        if not publication:
-            raise SlotError(
-                f"replication slot {name!r} uses pgoutput: probing it for changes needs the publication "
-                "it is read with (publication=...)"
-            )
-        query, params = _BINARY_PROBE_SQL, (name, probe_rows, publication)
-    else:
-        raise SlotError(
-            f"replication slot {name!r} uses output plugin {info.plugin!r}; pgdecode reads test_decoding "
-            "and pgoutput slots only"
-        )
-    try:
-        with client.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(query, params)
-            rows = cur.fetchall()
-    except pg_errors.ObjectInUse as exc:
-        raise SlotInUse(f"replication slot {name!r} is in use by another process") from exc
-    except psycopg.Error as exc:
-        raise client._error(exc, name, "probe changes") from exc
-    if info.plugin == "test_decoding":
-        changes, heartbeats, first = classify_text_rows(rows, heartbeat_prefix)
+        changes, heartbeats, first = classify_text_rows(rows, heartbeat_prefix, client.server_encoding())
     else:
         changes, heartbeats, first = classify_pgoutput_rows(rows, heartbeat_prefix)
     return ChangesProbe(changes, heartbeats, len(rows), len(rows) >= probe_rows, first)
 
 
-def _lost_message(name: str) -> str:
-    return (
-        f"replication slot {name!r} lost the WAL it needs (wal_status = lost): changes were lost. Drop it "
-        f"(SELECT pg_drop_replication_slot('{name}')), recreate it, and re-snapshot the tables with the "
-        "pgdecode_backfill DAG"
+def probe_options(info: SlotInfo, publication: str | None, server_version_num: int) -> list[tuple[str, str]]:
+    """The plugin options a probe reads ``info``'s slot with (protocol 1 for pgoutput: enough to
+    tell changes from transaction boundaries).
+
+    :raises SlotError: an unsupported plugin, or a pgoutput slot without ``publication``.
+    """
+    if info.plugin == "test_decoding":
+        return list(PROBE_OPTIONS)
+    if info.plugin == "pgoutput":
+        if not publication:
+            raise SlotError(
+                f"replication slot {info.slot_name!r} uses pgoutput: probing it for changes needs the publication "
+                "it is read with (publication=...)"
+            )
+        return pgoutput_options(publication, server_version_num, proto_version=1, streaming=False, messages=True)
+    raise SlotError(
+        f"replication slot {info.slot_name!r} uses output plugin {info.plugin!r}; pgdecode reads test_decoding "
+        "and pgoutput slots only"
     )
 
 
@@ -192,8 +171,7 @@ def check_slot_changes(
     :raises SlotError: the slot is missing or lost, or cannot be probed.
     """
     info = hook.describe_slot(slot_name)
-    if info.wal_status == "lost":
-        raise SlotError(_lost_message(slot_name))
+    check_readable(info)
     lag = info.lag_bytes or 0
     report: dict[str, Any] = {
         "slot_name": slot_name,
@@ -210,11 +188,11 @@ def check_slot_changes(
         return False, report
     try:
         if info.active:
-            raise SlotInUse(f"replication slot {slot_name!r} is in use by another process")
+            raise slot_in_use(slot_name)
         probe = probe_changes(
             hook, info, probe_rows=probe_rows, heartbeat_prefix=heartbeat_prefix, publication=publication
         )
-    except SlotInUse as exc:
+    except SlotInUseError as exc:
         report["reason"] = f"{exc} (an extract running?): not probed this time; lag {lag} bytes"
         return False, report
     report.update(

@@ -264,7 +264,7 @@ def test_replica_identity_full_table_without_pk_is_keyed_by_all_columns(pg_conn,
 
 def test_wrong_plugin_is_refused(pg_conn, slot_name, tmp_path) -> None:
     create_slot(pg_conn, slot_name, two_phase=False, plugin="pgoutput")
-    with pytest.raises(SlotError, match="uses the output plugin 'pgoutput'"):
+    with pytest.raises(SlotError, match="uses output plugin 'pgoutput', but 'test_decoding' was asked for"):
         extract_batch(pg_conn, slot_name, tmp_path)
 
 

@@ -212,7 +212,7 @@ def test_missing_slot_and_wrong_plugin_fail_loudly(
     as_pgoutput = PgDecodeExtractOperator(
         task_id="extract", slot_name=slot_name, staging_root=str(tmp_path), plugin="pgoutput", publication="p"
     )
-    with pytest.raises(AirflowFailException, match="uses output plugin 'test_decoding'.*Set plugin='test_decoding'"):
+    with pytest.raises(AirflowFailException, match="uses output plugin 'test_decoding'.*Set the DAG's plugin parameter to 'test_decoding'"):
         as_pgoutput.execute(make_context())
     assert list_batches(tmp_path, slot_name) == []
 
@@ -342,3 +342,20 @@ def test_without_a_table_list_every_table_with_a_primary_key_is_staged(
     assert list(summary["tables"]) == [f"public.{keyed}"]
     manifest = BatchManifest.read(summary["path"])
     assert manifest.skipped["excluded_table_changes"] == 1
+
+
+def test_a_table_without_a_key_fails_the_extract_without_a_retry(
+    source_conn: str, pg_conn: psycopg.Connection[Any], slot_name: str, tmp_path: Path, make_context: Any
+) -> None:
+    name = f"op_nokey_{uuid.uuid4().hex[:8]}"
+    pg_conn.execute(f"CREATE TABLE {name} (id int, v text)")  # no primary key, REPLICA IDENTITY DEFAULT
+    with PgDecodeHook() as hook:
+        hook.ensure_slot(slot_name)
+    pg_conn.execute(f"INSERT INTO {name} VALUES (1, 'a')")
+    extract = PgDecodeExtractOperator(
+        task_id="extract", slot_name=slot_name, staging_root=str(tmp_path), tables=[f"public.{name}"]
+    )
+    # AirflowFailException, not a plain error: Airflow does not retry it.
+    with pytest.raises(AirflowFailException, match=rf"table public\.{name} has no primary key.*Add a primary key"):
+        extract.execute(make_context())
+    assert list_batches(tmp_path, slot_name) == []  # nothing half-staged

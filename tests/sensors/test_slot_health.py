@@ -93,7 +93,7 @@ def test_missing_slot_and_wrong_plugin_fail_for_good(source_conn: str, slot_name
     with PgDecodeHook() as hook:
         hook.ensure_slot(slot_name)
     wrong = PgDecodeSlotHealthSensor(task_id="health", slot_name=slot_name, plugin="pgoutput")
-    with pytest.raises(AirflowFailException, match="uses output plugin 'test_decoding', not 'pgoutput'"):
+    with pytest.raises(AirflowFailException, match="uses output plugin 'test_decoding', but 'pgoutput' was asked for"):
         wrong.execute({})
 
 

@@ -16,8 +16,9 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pytest
 
-from airflow_provider_pgdecode.spark.batch import BatchError
-from airflow_provider_pgdecode.spark.merge_job import MergeInputError, MergeOptions, merge_batches
+from airflow_provider_pgdecode.errors import BatchError
+from airflow_provider_pgdecode.errors import MergeInputError
+from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches
 from tests.spark.staged import UNCHANGED, Model, TableChanges, write_batch
 
 pytestmark = pytest.mark.spark

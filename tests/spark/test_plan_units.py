@@ -8,8 +8,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from airflow_provider_pgdecode.spark.batch import BatchError, read_batch, read_batches
-from airflow_provider_pgdecode.spark.merge_job import delta_table_path, merge_condition, merge_ranges, MergeInputError
+from airflow_provider_pgdecode.errors import BatchError
+from airflow_provider_pgdecode.spark.batch import read_batch, read_batches
+from airflow_provider_pgdecode.errors import MergeInputError
+from airflow_provider_pgdecode.spark.merge_job import delta_table_path, merge_condition, merge_ranges
 from airflow_provider_pgdecode.spark.session import delta_maven_coordinates, delta_spark_conf, ivy_dir
 from airflow_provider_pgdecode.spark.types import UnmappedTypeError, map_catalog_type, parse_unbounded_numeric_rule
 from tests.spark.staged import TableChanges, write_batch

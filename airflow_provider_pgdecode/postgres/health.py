@@ -1,0 +1,83 @@
+"""Slot health: the one wording of each slot error, and the one check that a slot can be read.
+
+Every module that finds a slot missing, lost, in use, of another plugin or of another kind
+raises the error built here, so a user sees the same sentence and the same way forward from the
+extract, the sensors, the trigger and the hook alike.
+
+Example::
+
+    from airflow_provider_pgdecode.postgres.health import check_readable
+
+    check_readable(slots.describe("pgdecode_shop"), plugin="pgoutput")  # raises SlotError if not
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from airflow_provider_pgdecode.errors import SlotError, SlotInUseError
+
+if TYPE_CHECKING:
+    from airflow_provider_pgdecode.postgres.slot import SlotInfo
+
+
+def _drop(name: str) -> str:
+    return f"SELECT pg_drop_replication_slot('{name}')"
+
+
+def slot_missing(name: str, where: str) -> SlotError:
+    """The slot does not exist; ``where`` says where we looked (database, host and port)."""
+    return SlotError(
+        f"replication slot {name!r} does not exist (looked in {where}); create it first "
+        "(PgDecodeEnsureSlotOperator, PgDecodeHook.ensure_slot, or the pgdecode_backfill DAG's initial mode)"
+    )
+
+
+def slot_lost(name: str, detail: str | None = None) -> SlotError:
+    """The server removed WAL the slot still needed: its changes are gone for good."""
+    cause = f" ({detail})" if detail else ""
+    return SlotError(
+        f"replication slot {name!r} is lost (wal_status = lost){cause}: the server removed WAL it still needed, "
+        f"so changes since its confirmed position are gone and it cannot be read any more. Drop it ({_drop(name)}), "
+        "recreate it, and re-snapshot the tables with the pgdecode_backfill DAG; to keep this from recurring, run "
+        "the pipeline more often or raise max_slot_wal_keep_size"
+    )
+
+
+def slot_in_use(name: str, detail: str | None = None) -> SlotInUseError:
+    """Another process holds the slot (transient: retried)."""
+    cause = f": {detail}" if detail else ""
+    return SlotInUseError(
+        f"replication slot {name!r} is in use by another process{cause}; wait for it to finish, or stop the other "
+        "consumer (pg_stat_replication / pg_replication_slots.active_pid names it)"
+    )
+
+
+def wrong_plugin(name: str, actual: str | None, wanted: str) -> SlotError:
+    """The slot was created with another output plugin than the one asked for."""
+    return SlotError(
+        f"replication slot {name!r} uses output plugin {actual!r}, but {wanted!r} was asked for. Set the DAG's "
+        f"plugin parameter to {actual!r}, or drop the slot ({_drop(name)}), recreate it with {wanted!r} and "
+        "re-snapshot the tables with the pgdecode_backfill DAG"
+    )
+
+
+def not_logical(name: str, slot_type: str) -> SlotError:
+    """A physical slot was named where a logical one is needed."""
+    return SlotError(
+        f"replication slot {name!r} is a {slot_type} slot, not a logical one; use another slot name or drop that slot"
+    )
+
+
+def check_readable(info: SlotInfo, plugin: str | None = None) -> None:
+    """Raise the slot's error when it cannot be read (as ``plugin``, when given): a physical slot,
+    a lost slot, or a slot of another output plugin."""
+    if info.slot_type != "logical":
+        raise not_logical(info.slot_name, info.slot_type)
+    if info.wal_status == "lost":
+        raise slot_lost(info.slot_name)
+    if plugin is not None and info.plugin != plugin:
+        raise wrong_plugin(info.slot_name, info.plugin, plugin)
+
+
+__all__ = ["check_readable", "not_logical", "slot_in_use", "slot_lost", "slot_missing", "wrong_plugin"]

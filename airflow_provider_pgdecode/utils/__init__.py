@@ -1,0 +1,1 @@
+"""Airflow-side helpers shared by the operators, sensors and triggers."""
