@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test test-fast demo bench bench-extract bench-merge bench-snapshot delta-jars system-deps venv native clean
 
-$(STAMP): setup.cfg setup.py pyproject.toml requirements/constraints.txt airflow_provider_pgdecode/capture/_native.c
+$(STAMP): setup.cfg setup.py pyproject.toml requirements/constraints.txt \
+		$(wildcard airflow_provider_pgdecode/capture/csrc/*.c airflow_provider_pgdecode/capture/csrc/*.h)
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "needs $(PYTHON) (set PYTHON=...)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -17,7 +18,7 @@ $(STAMP): setup.cfg setup.py pyproject.toml requirements/constraints.txt airflow
 
 venv: $(STAMP)
 
-# Rebuild the native extract in place after editing capture/_native.c (make venv does it too).
+# Rebuild the native extract in place after editing capture/csrc/*.c or *.h (make venv does it too).
 # Also run by test and bench-extract, after system-deps has installed a compiler if one was missing.
 native: $(STAMP) system-deps
 	$(PY) setup.py -q build_ext --inplace

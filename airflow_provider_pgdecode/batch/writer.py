@@ -5,6 +5,9 @@ budget flushes the largest buffer, and a change of a table's columns flushes tha
 buffer: each flush becomes one Parquet part file. Memory is bounded by ``part_rows`` whatever
 the number of tables. Values are converted column-wise at flush
 time (:mod:`airflow_provider_pgdecode.batch.values`).
+
+The native extract's C twin of these buffers and part rules is ``capture/csrc/buffers.c`` and
+``capture/csrc/parts.c``.
 """
 
 from __future__ import annotations

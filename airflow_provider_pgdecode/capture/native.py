@@ -51,6 +51,9 @@ the first in the part); it needs an ALTER COLUMN TYPE between DELETEs of one par
 
 Select the path with ``extract_batch(..., native=False)`` or ``PGDECODE_NATIVE=0``; the
 Python path is used when the extension is not built or the database encoding is not UTF-8.
+
+Its C twin is ``capture/csrc/module.c`` (the Reader; the scanners, buffers and part rules are
+in the other files of ``capture/csrc/``).
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ function printed (``t`` tuple data), so that both plugins stage identical values
 Inside a streamed transaction (between Stream Start and Stream Stop, protocol 2+), data
 messages carry the xid of the (sub)transaction that made the change; that xid is what the
 assembler needs to drop a rolled-back subtransaction's changes on Stream Abort.
+
+Its C twin, for the extract's native fast path, is ``capture/csrc/pgoutput.c``.
 """
 
 from __future__ import annotations

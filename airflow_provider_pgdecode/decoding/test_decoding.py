@@ -12,6 +12,8 @@ decoded line. Formats are those of ``contrib/test_decoding/test_decoding.c`` (Po
   doubled and raw newlines and backslashes;
 - message content is raw bytes measured by ``sz``: lines are scanned as bytes so that the
   content is exact whatever it holds.
+
+Its C twin, for the extract's native fast path, is ``capture/csrc/test_decoding.c``.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ Both the Airflow hook and the plain-Python extract use :class:`SlotClient`. Chan
 ever *peeked* (``pg_logical_slot_peek_binary_changes``) and the slot is moved explicitly with
 :meth:`SlotClient.advance` once they are safely stored: ``pg_logical_slot_get_*changes``
 consumes non-transactionally and is never used.
+
+The C twin of :meth:`SlotClient.peek_copy`'s reading side (COPY BINARY framing, the libpq
+reader) is ``capture/csrc/copy_reader.c``.
 """
 
 from __future__ import annotations

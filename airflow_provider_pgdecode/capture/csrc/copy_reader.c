@@ -1,0 +1,162 @@
+/*
+ * Twin of airflow_provider_pgdecode/postgres/slot.py's peek_copy (the COPY ... TO STDOUT
+ * (FORMAT BINARY) of the peek): the COPY BINARY framing (signature, header, rows of lsn, xid,
+ * data; the trailer) and run(), which dispatches each row to the test_decoding or pgoutput
+ * scanner, plus pump(), which reads the COPY data itself from the libpq psycopg loaded
+ * (bind_libpq, PQgetCopyData on the connection's PGconn) while the COPY is open.
+ */
+#include "native.h"
+
+/* ---------------------------------------------------------------- COPY framing and run() */
+
+static const char COPY_SIG[11] = {'P', 'G', 'C', 'O', 'P', 'Y', '\n', '\377', '\r', '\n', '\0'};
+
+static PyObject *copy_error(const char *what) {
+    PyObject *mod = PyImport_ImportModule("airflow_provider_pgdecode.errors");
+    if (!mod) return NULL;
+    PyObject *cls = PyObject_GetAttrString(mod, "DecodingError");
+    Py_DECREF(mod);
+    if (!cls) return NULL;
+    PyErr_Format(cls, "malformed COPY data from the peek: %s", what);
+    Py_DECREF(cls);
+    return NULL;
+}
+
+void compact_input(Reader *r) {
+    if (r->pos > 0) { buf_shift(&r->in, r->pos); r->pos = 0; }
+}
+
+#define NEED_INPUT do { compact_input(r); *need = 1; return NULL; } while (0)
+
+/* Parse buffered rows; NULL with *need set when more input is needed (NULL alone: an error). */
+static PyObject *parse_some(Reader *r, int *need) {
+    *need = 0;
+    for (;;) {
+        const char *b = r->in.p + r->pos;
+        Py_ssize_t avail = r->in.len - r->pos;
+        if (r->ended) NEED_INPUT;
+        if (!r->header_done) {
+            if (avail < 19) NEED_INPUT;
+            if (memcmp(b, COPY_SIG, 11) != 0) return copy_error("bad signature");
+            uint32_t ext = be32(b + 15);
+            if (avail < 19 + (Py_ssize_t)ext) NEED_INPUT;
+            r->pos += 19 + ext;
+            r->header_done = 1;
+            continue;
+        }
+        if (avail < 2) NEED_INPUT;
+        int16_t nf = be16(b);
+        if (nf == -1) {
+            r->pos += 2;
+            r->ended = 1;
+            if (r->open) {
+                PyObject *res = handover(r, 0, 0, 0, NULL, 0);
+                if (!res) return NULL;
+                PyObject *list = PyTuple_GET_ITEM(res, 1);
+                Py_INCREF(list);
+                Py_DECREF(res);
+                return Py_BuildValue("(sN)", "end", list);
+            }
+            return Py_BuildValue("(sN)", "end", PyList_New(0));
+        }
+        if (nf != 3) return copy_error("expected 3 columns per row");
+        /* lsn (pg_lsn or int8: 8 bytes), xid (xid: 4 bytes, or int8; NULL), data (bytea) */
+        Py_ssize_t p = 2;
+        if (avail < p + 4) NEED_INPUT;
+        if ((int32_t)be32(b + p) != 8) return copy_error("lsn is not 8 bytes");
+        if (avail < p + 12) NEED_INPUT;
+        int64_t lsn = be64(b + p + 4);
+        p += 12;
+        if (avail < p + 4) NEED_INPUT;
+        int32_t xl = (int32_t)be32(b + p);
+        int64_t xid = 0;
+        int xid_null = 1;
+        if (xl == 4 || xl == 8) {
+            if (avail < p + 4 + xl) NEED_INPUT;
+            xid = xl == 4 ? (int64_t)be32(b + p + 4) : be64(b + p + 4);
+            xid_null = xid == 0; /* the Python path reads 0 as None too */
+            p += 4 + xl;
+        } else if (xl == -1) {
+            p += 4;
+        } else {
+            return copy_error("xid is neither 4 nor 8 bytes");
+        }
+        if (avail < p + 4) NEED_INPUT;
+        int32_t dl = (int32_t)be32(b + p);
+        if (dl < 0) return copy_error("data is NULL");
+        if (avail < p + 4 + dl) NEED_INPUT;
+        const char *data = b + p + 4;
+        r->pos += p + 4 + dl;
+        r->rows_read++;
+        if (r->passthrough) {
+            PyObject *row = raw_row(lsn, xid_null ? INT64_MIN : xid, data, dl);
+            if (!row) return NULL;
+            return Py_BuildValue("(s[N])", "rows", row);
+        }
+        PyObject *out = NULL;
+        int rc = r->plugin == P_TEST_DECODING ? td_row(r, lsn, xid, xid_null, data, dl, &out)
+                                              : po_row(r, lsn, xid, xid_null, data, dl, &out);
+        if (rc == FAIL) return NULL;
+        if (rc == UNUSUAL) {
+            if (r->open) return handover(r, 1, lsn, xid_null ? INT64_MIN : xid, data, dl);
+            r->passthrough = 1;
+            PyObject *row = raw_row(lsn, xid_null ? INT64_MIN : xid, data, dl);
+            if (!row) return NULL;
+            return Py_BuildValue("(s[N])", "rows", row);
+        }
+        if (r->open && raw_put(r, lsn, xid_null ? INT64_MIN : xid, xid_null, data, dl) < 0) return NULL;
+        if (out) return out;
+    }
+}
+
+PyObject *Reader_run(Reader *r, PyObject *unused) {
+    int need;
+    PyObject *res = parse_some(r, &need);
+    if (!res && need) Py_RETURN_NONE;
+    return res;
+}
+
+/* libpq of the connection (the very library psycopg loaded, found by the caller) */
+#include <dlfcn.h>
+typedef int (*get_copy_data_fn)(void *conn, char **buffer, int async);
+typedef void (*freemem_fn)(void *ptr);
+static get_copy_data_fn pq_get_copy_data = NULL;
+static freemem_fn pq_freemem = NULL;
+
+PyObject *native_bind_libpq(PyObject *mod, PyObject *arg) {
+    const char *path = PyUnicode_AsUTF8(arg);
+    if (!path) return NULL;
+    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (!h) { PyErr_Format(PyExc_OSError, "libpq %s is not loaded: %s", path, dlerror()); return NULL; }
+    get_copy_data_fn g = (get_copy_data_fn)dlsym(h, "PQgetCopyData");
+    freemem_fn f = (freemem_fn)dlsym(h, "PQfreemem");
+    if (!g || !f) { PyErr_SetString(PyExc_OSError, "PQgetCopyData or PQfreemem not found"); return NULL; }
+    pq_get_copy_data = g;
+    pq_freemem = f;
+    Py_RETURN_NONE;
+}
+
+/* pump(pgconn_ptr): like run(), reading COPY data straight from libpq when it needs input.
+ * ("eof",) when libpq has no more COPY data (psycopg then finishes the COPY and reports errors). */
+PyObject *Reader_pump(Reader *r, PyObject *arg) {
+    if (!pq_get_copy_data) { PyErr_SetString(PyExc_RuntimeError, "bind_libpq() first"); return NULL; }
+    void *conn = PyLong_AsVoidPtr(arg);
+    if (!conn && PyErr_Occurred()) return NULL;
+    for (;;) {
+        int need;
+        PyObject *res = parse_some(r, &need);
+        if (res || !need) return res;
+        if (r->ended) return Py_BuildValue("(s)", "eof");
+        char *data = NULL;
+        int n = pq_get_copy_data(conn, &data, 1);
+        if (n == 0) {
+            Py_BEGIN_ALLOW_THREADS
+            n = pq_get_copy_data(conn, &data, 0);
+            Py_END_ALLOW_THREADS
+        }
+        if (n <= 0) return Py_BuildValue("(s)", "eof");
+        int rc = buf_put(&r->in, data, n);
+        pq_freemem(data);
+        if (rc < 0) return NULL;
+    }
+}
