@@ -90,7 +90,7 @@ with DAG(
     def _replay_chain(slot: str, staging: str, start_lsn: str, end_lsn: str) -> list[str]:
         from airflow_provider_pgdecode.decoding.lsn import Lsn
         from airflow_provider_pgdecode.errors import StagingError
-        from airflow_provider_pgdecode.capture.backfill import select_batch_chain
+        from airflow_provider_pgdecode.batch.chains import select_batch_chain
 
         try:
             chain = select_batch_chain(
@@ -103,7 +103,7 @@ with DAG(
 
     def _initial_load(params: dict[str, Any], slot: str, staging: str) -> list[str]:
         from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-        from airflow_provider_pgdecode.capture.backfill import find_initial_load
+        from airflow_provider_pgdecode.batch.chains import find_initial_load
         from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot, stage_snapshot
 
         with PgDecodeHook(postgres_conn_id=params["postgres_conn_id"]) as hook:

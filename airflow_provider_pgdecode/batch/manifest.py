@@ -4,28 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.batch.format import BATCH_NAME, FORMAT, MANIFEST_NAME, batch_dir_name, table_path
 from airflow_provider_pgdecode.errors import StagingError
 
-FORMAT = "pgdecode.batch/1"
-_BATCH_NAME = re.compile(r"^[0-9A-F]{16}-[0-9A-F]{16}$")
-MANIFEST_NAME = "manifest.json"
-
-
-def batch_dir_name(start_lsn: Lsn, end_lsn: Lsn) -> str:
-    """``<start>-<end>`` as 16 hex digits each, so names sort in LSN order."""
-    return f"{int(start_lsn):016X}-{int(end_lsn):016X}"
-
-
-def table_path(schema: str, table: str) -> str:
-    """Relative directory of a table's files; names percent-encoded so any name is a path part."""
-    return f"tables/{quote(schema, safe='')}/{quote(table, safe='')}"
+__all__ = [
+    "FORMAT", "MANIFEST_NAME", "BatchManifest", "ColumnSummary", "TableSummary", "batch_dir_name", "list_batches",
+    "table_path",
+]
 
 
 @dataclass
@@ -172,4 +162,4 @@ def list_batches(staging_root: str | os.PathLike[str], slot: str) -> list[Path]:
     base = Path(staging_root) / slot
     if not base.is_dir():
         return []
-    return sorted(p for p in base.iterdir() if p.is_dir() and _BATCH_NAME.match(p.name))
+    return sorted(p for p in base.iterdir() if p.is_dir() and BATCH_NAME.match(p.name))

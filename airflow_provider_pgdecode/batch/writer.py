@@ -26,22 +26,21 @@ from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Tr
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, RowImage, Truncate
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CatalogError
-from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary, table_path
+from airflow_provider_pgdecode.batch.format import (
+    COMMIT_LSN,
+    MESSAGE_LSN,
+    OLD,
+    PARQUET_OPTIONS,
+    SEQ,
+    XID,
+    check_column_names,
+    metadata_columns,
+    table_path,
+)
+from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary
 from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
 
 DEFAULT_PART_ROWS = 100_000
-METADATA_PREFIX = "_pg_"
-PARQUET_OPTIONS: dict[str, Any] = {"compression": "snappy", "write_statistics": True}
-
-
-def check_column_names(schema: str, table: str, names: Iterable[str]) -> None:
-    """A source column named like pgdecode's metadata columns cannot be staged."""
-    for name in names:
-        if name.startswith(METADATA_PREFIX):
-            raise CatalogError(
-                f"column {name!r} of {schema}.{table} starts with {METADATA_PREFIX!r}, which pgdecode "
-                "reserves for its metadata columns; rename the column or leave the table out"
-            )
 
 
 class _TableBuffer:
@@ -97,15 +96,7 @@ class _TableBuffer:
         if not self.meta:
             return
         commit, seq, ops, xids, times, change_lsn, toast, olds = zip(*self.meta)
-        columns: dict[str, pa.Array] = {
-            "_pg_commit_lsn": pa.array(commit, pa.int64()),
-            "_pg_seq": pa.array(seq, pa.int32()),
-            "_pg_op": pa.array(ops, pa.string()),
-            "_pg_xid": pa.array(xids, pa.int64()),
-            "_pg_commit_time": pa.array(times, pa.timestamp("us", tz="UTC")),
-            "_pg_change_lsn": pa.array(change_lsn, pa.int64()),
-            "_pg_unchanged_toast": pa.array(toast, pa.list_(pa.string())),
-        }
+        columns = metadata_columns(commit, seq, ops, xids, times, change_lsn, toast)
         values: dict[str, pa.Array] = {}
         names = self.names or ()
         types = self.types or ()
@@ -117,7 +108,7 @@ class _TableBuffer:
                 self.all_columns[name] = pg_type
         old = self._old_struct(olds)  # after the values: new-tuple columns come first in all_columns
         if old is not None:
-            columns["_pg_old"] = old
+            columns[OLD] = old
             # A part of only DELETEs has no new tuple: its columns are null, but present.
             for child in old.type:
                 if child.name not in values:
@@ -155,7 +146,7 @@ class _TableBuffer:
             # The old image never carries unchanged-TOAST marks in practice; if it did, the
             # value is unknown: stage NULL rather than a placeholder.
             column = [None if v is UNCHANGED_TOAST else v for v in column]
-            children.append(convert_column(field_types[name], column, f"{self.schema}.{self.table}._pg_old.{name}"))
+            children.append(convert_column(field_types[name], column, f"{self.schema}.{self.table}.{OLD}.{name}"))
         mask = pa.array([d is None for d in dicts], pa.bool_())
         return pa.StructArray.from_arrays(children, names=field_names, mask=mask)
 
@@ -294,10 +285,10 @@ class BatchWriter:
         lsn, commit, seq, xid, transactional, prefix, content = zip(*self._messages)
         table = pa.table(
             {
-                "_pg_lsn": pa.array(lsn, pa.int64()),
-                "_pg_commit_lsn": pa.array(commit, pa.int64()),
-                "_pg_seq": pa.array(seq, pa.int32()),
-                "_pg_xid": pa.array(xid, pa.int64()),
+                MESSAGE_LSN: pa.array(lsn, pa.int64()),
+                COMMIT_LSN: pa.array(commit, pa.int64()),
+                SEQ: pa.array(seq, pa.int32()),
+                XID: pa.array(xid, pa.int64()),
                 "transactional": pa.array(transactional, pa.bool_()),
                 "prefix": pa.array(prefix, pa.string()),
                 "content": pa.array(content, pa.binary()),

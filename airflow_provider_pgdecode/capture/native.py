@@ -75,9 +75,10 @@ from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Tr
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, Truncate
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import DecodingError
-from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary, table_path
+from airflow_provider_pgdecode.batch.format import METADATA_PREFIX, OLD, PARQUET_OPTIONS, check_column_names, metadata_columns, table_path
+from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary
 from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
-from airflow_provider_pgdecode.batch.writer import METADATA_PREFIX, PARQUET_OPTIONS, BatchWriter, check_column_names, no_tuple_data_error
+from airflow_provider_pgdecode.batch.writer import BatchWriter, no_tuple_data_error
 
 log = logging.getLogger(__name__)
 
@@ -295,15 +296,15 @@ class NativeWriter:
             pa.list_(pa.string()), n, [pa.py_buffer(bits) if nulls else None, pa.py_buffer(b["toast_offsets"])],
             null_count=nulls, children=[toast_child],
         )
-        columns: dict[str, pa.Array] = {
-            "_pg_commit_lsn": _fixed(pa.int64(), n, b["commit_lsn"]),
-            "_pg_seq": _fixed(pa.int32(), n, b["seq"]),
-            "_pg_op": pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(b["op_offsets"]), pa.py_buffer(b["op"])]),
-            "_pg_xid": _fixed(pa.int64(), n, b["xid"], b["xid_valid"]),
-            "_pg_commit_time": _fixed(pa.timestamp("us", tz="UTC"), n, b["ctime"], b["ctime_valid"]),
-            "_pg_change_lsn": _fixed(pa.int64(), n, b["change_lsn"]),
-            "_pg_unchanged_toast": toast,
-        }
+        columns = metadata_columns(
+            _fixed(pa.int64(), n, b["commit_lsn"]),
+            _fixed(pa.int32(), n, b["seq"]),
+            pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(b["op_offsets"]), pa.py_buffer(b["op"])]),
+            _fixed(pa.int64(), n, b["xid"], b["xid_valid"]),
+            _fixed(pa.timestamp("us", tz="UTC"), n, b["ctime"], b["ctime_valid"]),
+            _fixed(pa.int64(), n, b["change_lsn"]),
+            toast,
+        )
         label = f"{state.schema}.{state.table}"
         values: dict[str, pa.Array] = {}
         names: tuple[str, ...] = ()
@@ -313,7 +314,7 @@ class NativeWriter:
                 values[name] = convert_column(pg_type, _text(n, parts), f"{label}.{name}")
         old = self._old_struct(n, names, layout, b["old"], b["has_old"], label)
         if old is not None:
-            columns["_pg_old"] = old
+            columns[OLD] = old
             for child in old.type:
                 if child.name not in values:
                     values[child.name] = pa.nulls(n, child.type)
@@ -333,7 +334,7 @@ class NativeWriter:
             return pa.nulls(n, pa.struct([(nm, arrow_type(t)) for nm, t in zip(names, types)]))
         order = {name: i for i, name in enumerate(names)}
         fields = sorted(old, key=lambda f: (order.get(f[0], len(order)), f[0]))
-        children = [convert_column(t, _text(n, parts), f"{label}._pg_old.{name}") for name, t, parts in fields]
+        children = [convert_column(t, _text(n, parts), f"{label}.{OLD}.{name}") for name, t, parts in fields]
         mask = pc.equal(pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(has_old)]), 0)
         return pa.StructArray.from_arrays(children, names=[f[0] for f in fields], mask=mask)
 

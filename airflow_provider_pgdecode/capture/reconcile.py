@@ -38,7 +38,8 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CheckpointError, StagingError
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
-from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
+from airflow_provider_pgdecode.batch.chains import find_chain, staged_ranges
+from airflow_provider_pgdecode.batch.manifest import BatchManifest
 
 START = "start"
 """No checkpoint: the batch starts at the slot's confirmed position."""
@@ -48,8 +49,6 @@ SLOT_BEHIND = "slot_behind"
 """The slot is behind the checkpoint (its last advance did not persist): resume from the checkpoint."""
 ADOPTED = "adopted"
 """A staged batch's checkpoint was adopted (a confirm advanced the slot but its XCom was lost)."""
-
-_BATCH_NAME = re.compile(r"([0-9A-F]{16})-([0-9A-F]{16})")
 
 
 @dataclass(frozen=True)
@@ -87,45 +86,6 @@ def coerce_checkpoint(value: Checkpoint | Mapping[str, Any] | None) -> Checkpoin
         raise CheckpointError(
             f"{exc}. checkpoint_task_id must name the confirm task (it returns the checkpoint)"
         ) from None
-
-
-def staged_ranges(staging_root: str | os.PathLike[str], slot_name: str) -> list[tuple[Lsn, Lsn, Path]]:
-    """``(start, end, path)`` of the slot's complete batch directories, from their names, in LSN order."""
-    ranges = []
-    for path in list_batches(staging_root, slot_name):
-        match = _BATCH_NAME.fullmatch(path.name)
-        if match:
-            ranges.append((Lsn(int(match.group(1), 16)), Lsn(int(match.group(2), 16)), path))
-    return ranges
-
-
-def find_chain(ranges: Sequence[tuple[Lsn, Lsn, Path]], start: Lsn, target: Lsn) -> list[Path] | None:
-    """Batches that lead from ``start`` to exactly ``target``, each starting where the last ended.
-
-    Prefers the longest steps (a batch re-extracted with a higher ceiling covers a shorter one);
-    empty batches (start = end) are never steps. ``None`` when no chain reaches ``target``.
-    """
-    by_start: dict[int, list[tuple[Lsn, Path]]] = {}
-    for s, e, path in ranges:
-        if e > s:
-            by_start.setdefault(int(s), []).append((e, path))
-    for steps in by_start.values():
-        steps.sort(key=lambda step: (-int(step[0]), str(step[1])))
-    seen: set[int] = set()
-
-    def walk(position: Lsn) -> list[Path] | None:
-        if position == target:
-            return []
-        if position > target or int(position) in seen:
-            return None
-        seen.add(int(position))
-        for end, path in by_start.get(int(position), []):
-            rest = walk(end)
-            if rest is not None:
-                return [path, *rest]
-        return None
-
-    return walk(start) if start < target else None
 
 
 def _latest_ending_at(ranges: Sequence[tuple[Lsn, Lsn, Path]], target: Lsn) -> Path | None:

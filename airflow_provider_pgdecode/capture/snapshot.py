@@ -111,7 +111,7 @@ from airflow_provider_pgdecode.batch.manifest import (
     table_path,
 )
 from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
-from airflow_provider_pgdecode.batch.writer import PARQUET_OPTIONS, check_column_names
+from airflow_provider_pgdecode.batch.format import OLD, PARQUET_OPTIONS, SNAPSHOT_START_LSN, check_column_names, metadata_columns, part_schema
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +121,6 @@ DEFAULT_SNAPSHOT_WORKERS = max(1, min(4, os.cpu_count() or 1))
 SNAPSHOT_FORMAT = "pgdecode.snapshot/2"
 SNAPSHOT_INFO_NAME = "snapshot.json"
 PROGRESS_NAME = "progress.json"
-#: The start LSN of every snapshot batch: the copy holds the effect of all WAL up to its end.
-SNAPSHOT_START_LSN = Lsn(0)
 #: Pages at the start of a table whose visible rows are counted to size its chunks.
 SAMPLE_PAGES = 32
 
@@ -813,19 +811,8 @@ def _read_csv(copy: Any, names: list[str], chunk_rows: int) -> Iterator[tuple[li
 
 
 def _part_schema(columns: list[ColumnInfo]) -> pa.Schema:
-    return pa.schema(
-        [
-            ("_pg_commit_lsn", pa.int64()),
-            ("_pg_seq", pa.int32()),
-            ("_pg_op", pa.string()),
-            ("_pg_xid", pa.int64()),
-            ("_pg_commit_time", pa.timestamp("us", tz="UTC")),
-            ("_pg_change_lsn", pa.int64()),
-            ("_pg_unchanged_toast", pa.list_(pa.string())),
-            ("_pg_old", pa.struct([(c.name, arrow_type(c.type_name)) for c in columns])),
-        ]
-        + [(c.name, arrow_type(c.type_name)) for c in columns]
-    )
+    values = [(c.name, arrow_type(c.type_name)) for c in columns]
+    return part_schema(pa.struct(values), values)
 
 
 def _part_table(
@@ -851,16 +838,11 @@ def _part_table(
     if leading_truncate:
         seqs = pa.concat_arrays([pa.array([0], pa.int64()), seqs])
         ops = pa.concat_arrays([pa.array(["T"]), ops])
+    lsns = pa.repeat(pa.scalar(int(lsn), pa.int64()), count)
     data: list[pa.Array] = [
-        pa.repeat(pa.scalar(int(lsn), pa.int64()), count),
-        seqs.cast(pa.int32()),
-        ops,
-        pa.nulls(count, pa.int64()),
-        pa.nulls(count, pa.timestamp("us", tz="UTC")),
-        pa.repeat(pa.scalar(int(lsn), pa.int64()), count),
-        pa.nulls(count, pa.list_(pa.string())),
+        *metadata_columns(lsns, seqs, ops, [None] * count, [None] * count, lsns, [None] * count).values(),
         # No old images: a null struct shaped like the row, as the writer stages it.
-        pa.nulls(count, schema.field("_pg_old").type),
+        pa.nulls(count, schema.field(OLD).type),
     ]
     for column, text in zip(columns, texts):
         if leading_truncate:

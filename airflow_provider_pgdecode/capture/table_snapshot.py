@@ -68,9 +68,17 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CatalogError, StagingError
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo
 from airflow_provider_pgdecode.postgres.slot import PINNED_GUCS
-from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary, table_path
+from airflow_provider_pgdecode.batch.format import (
+    CHANGE_LSN,
+    COMMIT_LSN,
+    PARQUET_OPTIONS,
+    SEQ,
+    check_column_names,
+    metadata_columns,
+    table_path,
+)
+from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary
 from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
-from airflow_provider_pgdecode.batch.writer import PARQUET_OPTIONS, check_column_names
 
 log = logging.getLogger(__name__)
 
@@ -665,11 +673,9 @@ class TableSnapshotter:
             positions.append(position)
         table = pq.read_table(chunk.file)
         lsns = pa.array([p[0] for p in positions], pa.int64())
-        table = table.set_column(table.schema.get_field_index("_pg_commit_lsn"), "_pg_commit_lsn", lsns)
-        table = table.set_column(table.schema.get_field_index("_pg_change_lsn"), "_pg_change_lsn", lsns)
-        table = table.set_column(
-            table.schema.get_field_index("_pg_seq"), "_pg_seq", pa.array([p[1] for p in positions], pa.int32())
-        )
+        table = table.set_column(table.schema.get_field_index(COMMIT_LSN), COMMIT_LSN, lsns)
+        table = table.set_column(table.schema.get_field_index(CHANGE_LSN), CHANGE_LSN, lsns)
+        table = table.set_column(table.schema.get_field_index(SEQ), SEQ, pa.array([p[1] for p in positions], pa.int32()))
         _write_table(chunk.file, table)
         return moved
 
@@ -721,15 +727,8 @@ def _write_chunk(path: Path, columns: list[ColumnInfo], rows: list[tuple[Any, ..
     """A part in the layout of batch/writer.py: op I rows at ``lsn`` (or one op T row)."""
     count = 1 if truncate else len(rows)
     lsns = pa.array([int(lsn)] * count, pa.int64())
-    data: dict[str, pa.Array] = {
-        "_pg_commit_lsn": lsns,
-        "_pg_seq": pa.array(range(count), pa.int32()),
-        "_pg_op": pa.array(["T" if truncate else "I"] * count, pa.string()),
-        "_pg_xid": pa.nulls(count, pa.int64()),
-        "_pg_commit_time": pa.nulls(count, pa.timestamp("us", tz="UTC")),
-        "_pg_change_lsn": lsns,
-        "_pg_unchanged_toast": pa.nulls(count, pa.list_(pa.string())),
-    }
+    nulls = [None] * count
+    data = metadata_columns(lsns, range(count), ["T" if truncate else "I"] * count, nulls, nulls, lsns, nulls)
     for index, column in enumerate(columns):
         values = [None] if truncate else [row[index] for row in rows]
         data[column.name] = convert_column(column.type_name, values, f"{path.parent.name}.{column.name}")

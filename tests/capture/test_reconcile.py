@@ -8,16 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pgdecode.capture.reconcile import (
-    ADOPTED,
-    RESUME,
-    SLOT_BEHIND,
-    START,
-    CheckpointError,
-    find_chain,
-    reconcile,
-    staged_ranges,
-)
+from airflow_provider_pgdecode.batch.chains import find_chain, staged_ranges
+from airflow_provider_pgdecode.capture.reconcile import ADOPTED, RESUME, SLOT_BEHIND, START, reconcile
+from airflow_provider_pgdecode.errors import CheckpointError
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint

@@ -1,8 +1,12 @@
-"""What ``pgdecode_backfill`` works on: chains of retained batches and a slot's initial load. Plain Python.
+"""Chains of staged batches: which batches lead from one LSN to another. Plain Python.
+
+The incremental run's checkpoint reconciliation (:mod:`airflow_provider_pgdecode.capture.reconcile`)
+and ``pgdecode_backfill``'s replay and initial-load lookups read the retained batches of a slot
+through these functions.
 
 Example::
 
-    from airflow_provider_pgdecode.capture.backfill import select_batch_chain
+    from airflow_provider_pgdecode.batch.chains import select_batch_chain
 
     chain = select_batch_chain("/data/staging", "pgdecode_shop", start_lsn=None, end_lsn=None)
     print([m.name for m in chain])
@@ -11,11 +15,52 @@ Example::
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from pathlib import Path
 
+from airflow_provider_pgdecode.batch.format import SNAPSHOT_START_LSN, parse_batch_dir_name
+from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import StagingError
-from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
-from airflow_provider_pgdecode.capture.snapshot import SNAPSHOT_START_LSN
+
+
+def staged_ranges(staging_root: str | os.PathLike[str], slot_name: str) -> list[tuple[Lsn, Lsn, Path]]:
+    """``(start, end, path)`` of the slot's complete batch directories, from their names, in LSN order."""
+    ranges = []
+    for path in list_batches(staging_root, slot_name):
+        bounds = parse_batch_dir_name(path.name)
+        if bounds is not None:
+            ranges.append((*bounds, path))
+    return ranges
+
+
+def find_chain(ranges: Sequence[tuple[Lsn, Lsn, Path]], start: Lsn, target: Lsn) -> list[Path] | None:
+    """Batches that lead from ``start`` to exactly ``target``, each starting where the last ended.
+
+    Prefers the longest steps (a batch re-extracted with a higher ceiling covers a shorter one);
+    empty batches (start = end) are never steps. ``None`` when no chain reaches ``target``.
+    """
+    by_start: dict[int, list[tuple[Lsn, Path]]] = {}
+    for s, e, path in ranges:
+        if e > s:
+            by_start.setdefault(int(s), []).append((e, path))
+    for steps in by_start.values():
+        steps.sort(key=lambda step: (-int(step[0]), str(step[1])))
+    seen: set[int] = set()
+
+    def walk(position: Lsn) -> list[Path] | None:
+        if position == target:
+            return []
+        if position > target or int(position) in seen:
+            return None
+        seen.add(int(position))
+        for end, path in by_start.get(int(position), []):
+            rest = walk(end)
+            if rest is not None:
+                return [path, *rest]
+        return None
+
+    return walk(start) if start < target else None
 
 
 def select_batch_chain(
@@ -69,4 +114,4 @@ def find_initial_load(staging_root: str | os.PathLike[str], slot: str) -> BatchM
     return None
 
 
-__all__ = ["find_initial_load", "select_batch_chain"]
+__all__ = ["find_chain", "find_initial_load", "select_batch_chain", "staged_ranges"]

@@ -1,0 +1,100 @@
+"""The batch format's fixed parts, defined once: its id, its paths, and the metadata columns.
+
+Every writer of table parts (the Python writer, the native writer, both snapshot kinds) builds
+its metadata columns with :func:`metadata_columns`, and every reader (the manifest, the Spark
+job) names them through the constants here; docs/staging-format.md describes the same layout.
+
+A staged table part holds, in this order, the metadata columns of :data:`CHANGE_COLUMNS`, then
+``_pg_old`` (the old key/row image, a struct shaped like the row; absent only from parts of
+TRUNCATE rows alone), then the source columns in the table's order.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa
+
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import CatalogError
+
+FORMAT = "pgdecode.batch/1"
+MANIFEST_NAME = "manifest.json"
+BATCH_NAME = re.compile(r"^([0-9A-F]{16})-([0-9A-F]{16})$")
+"""A batch directory's name: ``<start>-<end>``, 16 hex digits each."""
+SNAPSHOT_START_LSN = Lsn(0)
+"""Where an initial load's batch starts: it holds the tables as of its end (the consistent point)."""
+PARQUET_OPTIONS: dict[str, Any] = {"compression": "snappy", "write_statistics": True}
+
+METADATA_PREFIX = "_pg_"
+COMMIT_LSN = "_pg_commit_lsn"
+SEQ = "_pg_seq"
+OP = "_pg_op"
+XID = "_pg_xid"
+COMMIT_TIME = "_pg_commit_time"
+CHANGE_LSN = "_pg_change_lsn"
+UNCHANGED_TOAST = "_pg_unchanged_toast"
+OLD = "_pg_old"
+MESSAGE_LSN = "_pg_lsn"
+
+CHANGE_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
+    (COMMIT_LSN, pa.int64()),  # commit LSN of the change's transaction (the merge's order, with _pg_seq)
+    (SEQ, pa.int32()),  # position of the change within its transaction
+    (OP, pa.string()),  # I, U, D or T (TRUNCATE)
+    (XID, pa.int64()),
+    (COMMIT_TIME, pa.timestamp("us", tz="UTC")),
+    (CHANGE_LSN, pa.int64()),  # the change's own LSN
+    (UNCHANGED_TOAST, pa.list_(pa.string())),  # columns whose TOASTed value did not change (NULL here)
+)
+"""The metadata columns at the head of every table part, in file order."""
+
+DELTA_COLUMNS: tuple[str, ...] = (COMMIT_LSN, COMMIT_TIME, XID)
+"""The metadata columns every Delta table keeps beside the source columns."""
+
+
+def metadata_columns(
+    commit_lsn: Any, seq: Any, op: Any, xid: Any, commit_time: Any, change_lsn: Any, unchanged_toast: Any
+) -> dict[str, pa.Array]:
+    """The metadata columns of a part, in file order, each as an array of its staged type
+    (arrays are cast; sequences are converted)."""
+    values = (commit_lsn, seq, op, xid, commit_time, change_lsn, unchanged_toast)
+    return {
+        name: (value if value.type == kind else value.cast(kind)) if isinstance(value, pa.Array) else pa.array(value, kind)
+        for (name, kind), value in zip(CHANGE_COLUMNS, values)
+    }
+
+
+def part_schema(old: pa.StructType | None, values: Iterable[tuple[str, pa.DataType]]) -> pa.Schema:
+    """The schema of a part: metadata columns, ``_pg_old`` (when given), the source columns."""
+    return pa.schema([*CHANGE_COLUMNS, *([(OLD, old)] if old is not None else []), *values])
+
+
+def check_column_names(schema: str, table: str, names: Iterable[str]) -> None:
+    """A source column named like pgdecode's metadata columns cannot be staged."""
+    for name in names:
+        if name.startswith(METADATA_PREFIX):
+            raise CatalogError(
+                f"column {name!r} of {schema}.{table} starts with {METADATA_PREFIX!r}, which pgdecode "
+                "reserves for its metadata columns; rename the column or leave the table out"
+            )
+
+
+def batch_dir_name(start_lsn: Lsn, end_lsn: Lsn) -> str:
+    """``<start>-<end>`` as 16 hex digits each, so names sort in LSN order."""
+    return f"{int(start_lsn):016X}-{int(end_lsn):016X}"
+
+
+def parse_batch_dir_name(name: str) -> tuple[Lsn, Lsn] | None:
+    """``(start, end)`` of a batch directory's name, ``None`` for any other name."""
+    match = BATCH_NAME.match(name)
+    if match is None:
+        return None
+    return Lsn(int(match.group(1), 16)), Lsn(int(match.group(2), 16))
+
+
+def table_path(schema: str, table: str) -> str:
+    """Relative directory of a table's files; names percent-encoded so any name is a path part."""
+    return f"tables/{quote(schema, safe='')}/{quote(table, safe='')}"
