@@ -6,7 +6,7 @@ import asyncio
 import importlib
 import json
 import socket
-import time
+import threading
 import uuid
 from typing import Any
 
@@ -108,12 +108,23 @@ async def test_unreachable_database_is_a_retryable_error_event(monkeypatch: pyte
 
 @pytest.mark.asyncio
 async def test_run_never_blocks_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[float] = []
+    """Each check blocks its thread until a coroutine on the event loop lets it go: if a check
+    ran on the loop's thread (or blocked it), that coroutine could never run and the check
+    would report that nobody released it."""
+    loop = asyncio.get_running_loop()
+    loop_thread = threading.get_ident()
+    entered = asyncio.Queue()  # check number, put from the check's thread through the loop
+    release = [threading.Event(), threading.Event()]
+    released_by_loop: list[bool] = []
+    check_threads: list[int] = []
 
-    def slow_check(hook: Any, slot_name: str, **kwargs: Any) -> tuple[bool, dict[str, Any]]:
-        calls.append(time.monotonic())
-        time.sleep(0.4)  # a slow server
-        return len(calls) >= 2, {"reason": f"check {len(calls)}", "changes": len(calls) - 1}
+    def gated_check(hook: Any, slot_name: str, **kwargs: Any) -> tuple[bool, dict[str, Any]]:
+        number = len(check_threads)
+        check_threads.append(threading.get_ident())
+        loop.call_soon_threadsafe(entered.put_nowait, number)
+        # Blocks like a slow server. The timeout only keeps a broken trigger from hanging the test.
+        released_by_loop.append(release[number].wait(timeout=30))
+        return number == 1, {"reason": f"check {number + 1}", "changes": number}
 
     class NoConnectionHook:
         def __init__(self, **kwargs: Any) -> None:
@@ -125,25 +136,30 @@ async def test_run_never_blocks_the_event_loop(monkeypatch: pytest.MonkeyPatch) 
         def __exit__(self, *exc: object) -> None:
             pass
 
-    monkeypatch.setattr(slot_changes, "check_slot_changes", slow_check)
+    monkeypatch.setattr(slot_changes, "check_slot_changes", gated_check)
     monkeypatch.setattr(slot_changes, "PgDecodeHook", NoConnectionHook)
-    ticks = 0
+    ran_while_blocked: list[bool] = []
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
+    async def gatekeeper() -> None:
+        for _ in range(2):
+            number = await entered.get()
+            for _ in range(5):
+                await asyncio.sleep(0)  # other coroutines get their turns meanwhile
+            # Check `number` has not returned yet: it is still blocked in its thread.
+            ran_while_blocked.append(len(released_by_loop) == number)
+            release[number].set()
 
-    ticking = asyncio.ensure_future(ticker())
-    started = time.monotonic()
-    event = await first_event(SlotChangesTrigger(slot_name="s1", poll_interval=0.05))
-    elapsed = time.monotonic() - started
-    ticking.cancel()
+    keeper = asyncio.ensure_future(gatekeeper())
+    try:
+        event = await first_event(SlotChangesTrigger(slot_name="s1", poll_interval=0.01), timeout=60)
+    finally:
+        for gate in release:
+            gate.set()
+        keeper.cancel()
     assert event == {"status": "success", "polls": 2, "reason": "check 2", "changes": 1}
-    assert elapsed >= 0.8
-    # 0.8 s of blocking checks, yet the loop kept ticking every 10 ms.
-    assert ticks >= 40
+    assert released_by_loop == [True, True]  # both checks were let go by the loop while they blocked
+    assert ran_while_blocked == [True, True]
+    assert len(check_threads) == 2 and loop_thread not in check_threads
 
 
 def test_classify_rows() -> None:
