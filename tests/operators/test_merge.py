@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import sys
 import threading
@@ -160,7 +161,11 @@ def test_a_failing_job_fails_the_task(spark_conn: str, tmp_path: Path) -> None:
 
 
 def test_on_kill_stops_the_spark_submit_process(spark_conn: str, tmp_path: Path) -> None:
-    binary = fake_spark_submit(tmp_path, "print('started', flush=True)\ntime.sleep(60)\n")
+    # The stand-in job writes a marker if it ever gets past its long sleep: only a kill keeps it from doing so.
+    finished = tmp_path / "finished"
+    binary = fake_spark_submit(
+        tmp_path, f"print('started', flush=True)\ntime.sleep(60)\nopen({str(finished)!r}, 'w').close()\n"
+    )
     op = PgDecodeMergeOperator(
         task_id="merge", batch_paths=stage(tmp_path, 1, 2, 1), delta_root=str(tmp_path), spark_binary=binary
     )
@@ -173,19 +178,24 @@ def test_on_kill_stops_the_spark_submit_process(spark_conn: str, tmp_path: Path)
             outcome["error"] = exc
 
     thread = threading.Thread(target=run)
-    started = time.monotonic()
     thread.start()
-    deadline = time.monotonic() + 15
-    while not (op._hook is not None and op._hook._submit_sp is not None and (tmp_path / "call.json").exists()):
-        assert time.monotonic() < deadline, "the fake spark-submit never started"
+    # Wait until the job runs (it wrote call.json) or execute() gave up; no clock involved.
+    while thread.is_alive() and not (
+        op._hook is not None and op._hook._submit_sp is not None and (tmp_path / "call.json").exists()
+    ):
         time.sleep(0.02)
+    assert thread.is_alive(), f"execute() ended before the job started: {outcome.get('error')!r}"
     process = op._hook._submit_sp
-    op.on_kill()
-    thread.join(15)
-    assert not thread.is_alive()
-    assert process.poll() is not None and process.returncode != 0
-    assert isinstance(outcome.get("error"), AirflowException)
-    assert time.monotonic() - started < 15
+    try:
+        assert process.poll() is None  # running, in its sleep
+        op.on_kill()
+        thread.join()  # returns once the job process is gone, killed or (if on_kill failed) finished
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == -signal.SIGKILL  # ended by the kill, not by exiting
+    assert not finished.exists()  # the job never got past its sleep
+    assert isinstance(outcome.get("error"), AirflowException)  # the task fails rather than reporting success
     PgDecodeMergeOperator(task_id="m", batch_paths=[], delta_root="x").on_kill()  # before execute: no-op
 
 
