@@ -87,3 +87,7 @@ def is_deterministic(exc: BaseException) -> bool:
     server, ``OSError`` on a network filesystem) is treated as transient.
     """
     return isinstance(exc, PgDecodeError) and not exc.retryable
+
+
+class UnmappedTypeError(PgDecodeError):
+    """A source column's catalog type has no mapping to a Delta type (see ``airflow_provider_pgdecode.typemap``)."""

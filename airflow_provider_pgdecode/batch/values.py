@@ -3,17 +3,21 @@
 The decoding core keeps values as the text PostgreSQL printed. Here each column of a batch
 part is converted at once, with Arrow's vectorised casts where they parse PostgreSQL's text
 exactly (integers, floats, dates, timestamps) and small Python functions where they do not
-(booleans, bytea, arrays, infinities). The mapping is documented in docs/staging-format.md.
+(booleans, bytea, arrays, infinities). Which Arrow type a PostgreSQL type is staged as is
+decided by :mod:`airflow_provider_pgdecode.typemap` (documented in docs/merge.md); this module
+only turns its names into pyarrow types and picks the converter by the Arrow type.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from airflow_provider_pgdecode import typemap
 from airflow_provider_pgdecode.errors import ValueConversionError
 
 Converter = Callable[[Sequence[Any]], pa.Array]
@@ -25,29 +29,31 @@ _INFINITIES = {
     "-infinity": "min",
 }
 
-_SCALAR_TYPES: dict[str, pa.DataType] = {
-    "smallint": pa.int16(),
-    "integer": pa.int32(),
-    "bigint": pa.int64(),
-    "oid": pa.int64(),
-    "real": pa.float32(),
-    "double precision": pa.float64(),
-    "boolean": pa.bool_(),
-    "date": pa.date32(),
-    "timestamp without time zone": pa.timestamp("us"),
-    "timestamp with time zone": pa.timestamp("us", tz="UTC"),
-    "bytea": pa.binary(),
+# The Arrow types the type map names (pyarrow's own spelling of each).
+_ARROW_TYPES: dict[str, pa.DataType] = {
+    str(t): t
+    for t in (
+        pa.int16(), pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.bool_(), pa.date32(),
+        pa.timestamp("us"), pa.timestamp("us", tz="UTC"), pa.binary(), pa.string(),
+    )
 }
-
-# Array element types whose literal uses a delimiter other than ',' (box uses ';'): staged as text.
-_TEXT_ONLY_ARRAYS = {"box[]"}
+_LIST_PREFIX = "list<item: "
 
 
+def resolve_arrow_type(name: str) -> pa.DataType:
+    """The pyarrow type of a type-map Arrow name (``int32``, ``list<item: string>`` ...)."""
+    if name.startswith(_LIST_PREFIX) and name.endswith(">"):
+        return pa.list_(resolve_arrow_type(name[len(_LIST_PREFIX) : -1]))
+    try:
+        return _ARROW_TYPES[name]
+    except KeyError:
+        raise ValueError(f"{name!r} is not an Arrow type the type map uses") from None
+
+
+@lru_cache(maxsize=1024)
 def arrow_type(pg_type: str) -> pa.DataType:
     """The Arrow type a column of PostgreSQL type ``pg_type`` (format_type's name) is staged as."""
-    if pg_type.endswith("[]") and pg_type not in _TEXT_ONLY_ARRAYS:
-        return pa.list_(arrow_type(pg_type[:-2]))
-    return _SCALAR_TYPES.get(pg_type, pa.string())
+    return resolve_arrow_type(typemap.staged_arrow_type(pg_type))
 
 
 def convert_column(pg_type: str, values: Sequence[Any], column: str = "?") -> pa.Array:
@@ -59,22 +65,25 @@ def convert_column(pg_type: str, values: Sequence[Any], column: str = "?") -> pa
 
 
 def _convert(pg_type: str, values: Sequence[Any]) -> pa.Array:
-    if pg_type.endswith("[]") and pg_type not in _TEXT_ONLY_ARRAYS:
-        return _convert_array(pg_type[:-2], values)
-    target = _SCALAR_TYPES.get(pg_type)
+    return _convert_to(arrow_type(pg_type), values)
+
+
+def _convert_to(target: pa.DataType, values: Sequence[Any]) -> pa.Array:
+    if pa.types.is_list(target):
+        return _convert_array(target.value_type, values)
     text = _as_text(values)
-    if target is None:
+    if pa.types.is_string(target):
         return text
-    if pg_type == "boolean":
+    if pa.types.is_boolean(target):
         return _convert_bool(text)
-    if pg_type == "bytea":
+    if pa.types.is_binary(target):
         return _convert_bytea(text.to_pylist())
     try:
         return pc.cast(text, target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         pass
-    if pg_type in ("date", "timestamp without time zone", "timestamp with time zone"):
-        return _convert_temporal(pg_type, text.to_pylist(), target)
+    if pa.types.is_date(target) or pa.types.is_timestamp(target):
+        return _convert_temporal(text.to_pylist(), target)
     raise ValueConversionError(_first_bad(text.to_pylist(), lambda v: pc.cast(pa.array([v]), target)))
 
 
@@ -118,7 +127,7 @@ def _convert_bytea(values: Sequence[Any]) -> pa.Array:
         ) from None
 
 
-def _convert_temporal(pg_type: str, values: Sequence[Any], target: pa.DataType) -> pa.Array:
+def _convert_temporal(values: Sequence[Any], target: pa.DataType) -> pa.Array:
     """Slow path: infinities are clamped to the ends of the Arrow/Spark range; BC dates refused."""
     fixed: list[Any] = []
     for value in values:
@@ -127,7 +136,7 @@ def _convert_temporal(pg_type: str, values: Sequence[Any], target: pa.DataType) 
             continue
         bound = _INFINITIES.get(value)
         if bound is not None:
-            if pg_type == "date":
+            if pa.types.is_date(target):
                 fixed.append("9999-12-31" if bound == "max" else "0001-01-01")
             else:
                 zone = "+00" if target.tz else ""
@@ -142,7 +151,7 @@ def _convert_temporal(pg_type: str, values: Sequence[Any], target: pa.DataType) 
         raise ValueConversionError(_first_bad(fixed, lambda v: pc.cast(pa.array([v]), target))) from None
 
 
-def _convert_array(element_type: str, values: Sequence[Any]) -> pa.Array:
+def _convert_array(element_type: pa.DataType, values: Sequence[Any]) -> pa.Array:
     text = _as_text(values)
     inner = pc.utf8_slice_codeunits(text, 1, -1)
     braced = pc.and_(pc.starts_with(text, "{"), pc.ends_with(text, "}"))
@@ -160,11 +169,11 @@ def _convert_array(element_type: str, values: Sequence[Any]) -> pa.Array:
         mask.append(False)
         elements.extend(parse_array_literal(value))
         offsets.append(len(elements))
-    flat = _convert(element_type, elements)
+    flat = _convert_to(element_type, elements)
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat, mask=pa.array(mask, pa.bool_()))
 
 
-def _convert_simple_arrays(element_type: str, text: pa.Array, inner: pa.Array) -> pa.Array:
+def _convert_simple_arrays(element_type: pa.DataType, text: pa.Array, inner: pa.Array) -> pa.Array:
     """Vectorised path for arrays whose elements need no unquoting (the common case)."""
     empty = pc.equal(inner, "")
     lists = pc.split_pattern(pc.if_else(empty, pa.scalar(None, pa.string()), inner), ",")
@@ -172,7 +181,7 @@ def _convert_simple_arrays(element_type: str, text: pa.Array, inner: pa.Array) -
     offsets = pa.concat_arrays([pa.array([0], pa.int64()), pc.cumulative_sum(lengths).cast(pa.int64())])
     flat = pc.list_flatten(lists)
     flat = pc.if_else(pc.equal(flat, "NULL"), pa.scalar(None, pa.string()), flat)
-    elements = _convert(element_type, flat)
+    elements = _convert_to(element_type, flat)
     return pa.ListArray.from_arrays(offsets.cast(pa.int32()), elements, mask=pc.is_null(text))
 
 

@@ -2,8 +2,10 @@
 
 The merge job creates each Delta table from the manifest's ``columns[].catalog_type`` (the
 name ``format_type`` gives, e.g. ``numeric(10,2)``, ``timestamp with time zone``, ``text[]``).
-The mapping is explicit: a type that is not listed here and not given in ``type_overrides``
-is refused with an error naming the column, rather than guessed. docs/merge.md has the table.
+Every decision — which Delta type, which staged Arrow type, which conversion, what is refused —
+is :mod:`airflow_provider_pgdecode.typemap`'s (docs/merge.md has its table). This module only
+turns its type names into ``pyspark.sql.types`` objects: the Delta type string into a
+:class:`DataType`, and the staged Arrow type into the Spark type(s) Spark reads it as.
 
 Pure Python plus ``pyspark.sql.types``: importable without a running Spark.
 """
@@ -31,41 +33,30 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from airflow_provider_pgdecode.errors import PgDecodeError
-
-SPARK_MAX_DECIMAL_PRECISION = 38
-DEFAULT_UNBOUNDED_NUMERIC = "decimal(38,18)"
-"""Delta type for ``numeric`` declared without precision (see :func:`parse_unbounded_numeric_rule`)."""
-
-NUMERIC_SPECIAL_VALUES = ("NaN", "Infinity", "-Infinity")
-"""Values PostgreSQL's numeric can hold and a Spark decimal cannot; staged as this text."""
-
-
-class UnmappedTypeError(PgDecodeError):
-    """A source column's catalog type has no mapping to a Delta type."""
-
-
-class _Kind:
-    """How a staged value is converted to its Delta type."""
-
-    PLAIN = "plain"  # staged already in the Delta type (or a cast without loss)
-    NUMERIC = "numeric"  # staged decimal text; NaN/Infinity possible
-    TIMESTAMP_AS_UTC = "timestamp_as_utc"  # staged timestamp without zone; kept as UTC
+from airflow_provider_pgdecode import typemap
+# UnmappedTypeError is raised by map_catalog_type; spark/merge_job.py imports it from here.
+from airflow_provider_pgdecode.errors import UnmappedTypeError
+from airflow_provider_pgdecode.typemap import (
+    DEFAULT_UNBOUNDED_NUMERIC,
+    NUMERIC_SPECIAL_VALUES,
+    SPARK_MAX_DECIMAL_PRECISION,
+    Kind,
+)
 
 
 @dataclass(frozen=True)
 class ColumnType:
     """The mapping of one catalog type.
 
-    ``delta_type`` is the column's type in Delta. ``staged_type`` is the Spark type the staged
-    Parquet column reads as (``None`` when several are acceptable, e.g. timestamps). ``kind``
-    selects the conversion (:class:`_Kind`). ``element`` is set for arrays.
+    ``delta_type`` is the column's type in Delta. ``staged_types`` are the Spark types the
+    staged Parquet column may read as (several for timestamps without zone). ``kind`` selects
+    the conversion (:class:`airflow_provider_pgdecode.typemap.Kind`). ``element`` is set for arrays.
     """
 
     catalog_type: str
     delta_type: DataType
     staged_types: tuple[DataType, ...]
-    kind: str = _Kind.PLAIN
+    kind: str = Kind.PLAIN
     element: ColumnType | None = None
     unbounded: bool = False
     """``numeric`` without precision: values may have digits the mapped decimal cannot hold."""
@@ -74,7 +65,7 @@ class ColumnType:
     def is_numeric_text(self) -> bool:
         """True when staged numeric text is cast to a decimal (NaN/Infinity need handling)."""
         base = self.element if self.element is not None else self
-        return base.kind == _Kind.NUMERIC and isinstance(base.delta_type, DecimalType)
+        return base.kind == Kind.NUMERIC_TEXT and isinstance(base.delta_type, DecimalType)
 
     @property
     def may_lose_digits(self) -> bool:
@@ -83,64 +74,66 @@ class ColumnType:
         return base.unbounded and self.is_numeric_text
 
 
-_STRING_TYPES: frozenset[str] = frozenset(
-    {
-        "text", "character varying", "varchar", "character", "char", "bpchar", '"char"', "name",
-        "citext", "uuid", "json", "jsonb", "jsonpath", "xml", "money", "inet", "cidr", "macaddr",
-        "macaddr8", "interval", "time without time zone", "time with time zone", "time", "timetz",
-        "bit", "bit varying", "varbit", "pg_lsn", "tsvector", "tsquery", "txid_snapshot",
-        "pg_snapshot", "point", "line", "lseg", "box", "path", "polygon", "circle", "int4range",
-        "int8range", "numrange", "tsrange", "tstzrange", "daterange", "int4multirange",
-        "int8multirange", "nummultirange", "tsmultirange", "tstzmultirange", "datemultirange",
-        "regclass", "regtype", "regproc", "regprocedure", "regoper", "regoperator", "regconfig",
-        "regdictionary", "regnamespace", "regrole", "regcollation", "xid", "xid8", "cid", "tid",
-    }
-)
-"""Types staged as the text PostgreSQL printed, kept as Delta ``string``."""
-
-_INTEGER_TYPES: dict[str, tuple[DataType, DataType]] = {
-    # catalog name -> (delta type, staged type)
-    "smallint": (ShortType(), ShortType()),
-    "int2": (ShortType(), ShortType()),
-    "integer": (IntegerType(), IntegerType()),
-    "int": (IntegerType(), IntegerType()),
-    "int4": (IntegerType(), IntegerType()),
-    "bigint": (LongType(), LongType()),
-    "int8": (LongType(), LongType()),
-    "oid": (LongType(), LongType()),
+# Delta (Spark SQL) type names the type map uses, as DataType.simpleString() spells them.
+_SPARK_TYPES: dict[str, DataType] = {
+    t.simpleString(): t
+    for t in (
+        ShortType(), IntegerType(), LongType(), FloatType(), DoubleType(), BooleanType(), DateType(),
+        TimestampType(), TimestampNTZType(), BinaryType(), StringType(),
+    )
 }
+_DECIMAL = re.compile(r"^decimal\((\d+),(\d+)\)$")
 
-_FLOAT_TYPES: dict[str, DataType] = {
-    "real": FloatType(),
-    "float4": FloatType(),
-    "double precision": DoubleType(),
-    "float8": DoubleType(),
+# How Spark reads each staged Arrow type from Parquet. A timestamp without zone reads as
+# timestamp_ntz or, depending on the reader's settings, as timestamp.
+_SPARK_READS: dict[str, tuple[DataType, ...]] = {
+    "int16": (ShortType(),),
+    "int32": (IntegerType(),),
+    "int64": (LongType(),),
+    "float": (FloatType(),),
+    "double": (DoubleType(),),
+    "bool": (BooleanType(),),
+    "date32[day]": (DateType(),),
+    "timestamp[us]": (TimestampNTZType(), TimestampType()),
+    "timestamp[us, tz=UTC]": (TimestampType(),),
+    "binary": (BinaryType(),),
+    "string": (StringType(),),
 }
+_LIST_PREFIX = "list<item: "
 
-# Modifiers PostgreSQL prints inside a type name: varchar(20), bit(8), time(3) with time zone,
-# timestamp(6) without time zone, interval(3), interval year to month.
-_TYPMOD = re.compile(r"\(\s*\d+\s*(?:,\s*-?\d+\s*)?\)")
-_NUMERIC = re.compile(r"^(?:numeric|decimal)(?:\(\s*(\d+)\s*(?:,\s*(-?\d+)\s*)?\))?$")
-_DECIMAL_RULE = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+
+def spark_type(delta_type: str) -> DataType:
+    """The :class:`DataType` of a Delta type name the type map produces (``int``,
+    ``decimal(10,2)``, ``array<string>`` ...). No Spark session needed."""
+    text = delta_type.strip().lower()
+    if text.startswith("array<") and text.endswith(">"):
+        return ArrayType(spark_type(text[len("array<") : -1]), True)
+    match = _DECIMAL.match(text.replace(" ", ""))
+    if match:
+        return DecimalType(int(match.group(1)), int(match.group(2)))
+    try:
+        return _SPARK_TYPES[text]
+    except KeyError:
+        raise ValueError(f"{delta_type!r} is not a Delta type the type map produces") from None
+
+
+def staged_spark_types(arrow: str) -> tuple[DataType, ...]:
+    """The Spark types a staged Parquet column of Arrow type ``arrow`` may read as."""
+    if arrow.startswith(_LIST_PREFIX) and arrow.endswith(">"):
+        return tuple(ArrayType(t, True) for t in staged_spark_types(arrow[len(_LIST_PREFIX) : -1]))
+    try:
+        return _SPARK_READS[arrow]
+    except KeyError:
+        raise ValueError(f"{arrow!r} is not an Arrow type the type map uses") from None
 
 
 def parse_unbounded_numeric_rule(rule: str) -> DataType:
     """The Delta type for unbounded ``numeric``: ``decimal(P,S)`` (P ≤ 38) or ``string``."""
-    text = rule.strip().lower()
-    if text == "string":
-        return StringType()
-    match = _DECIMAL_RULE.match(text)
-    if match:
-        precision, scale = int(match.group(1)), int(match.group(2))
-        if 1 <= precision <= SPARK_MAX_DECIMAL_PRECISION and scale <= precision:
-            return DecimalType(precision, scale)
-    raise ValueError(
-        f"unbounded numeric rule must be 'string' or 'decimal(P,S)' with 1 <= P <= 38 and S <= P: {rule!r}"
-    )
+    return spark_type(typemap.parse_unbounded_numeric_rule(rule))
 
 
 def numeric_delta_type(precision: int | None, scale: int | None, unbounded: DataType) -> DataType:
-    """Delta type of ``numeric(precision, scale)``.
+    """Delta type of ``numeric(precision, scale)`` (:func:`airflow_provider_pgdecode.typemap.numeric_delta_type`).
 
     ``numeric`` without precision takes ``unbounded``; ``numeric(p)`` is ``numeric(p,0)``.
     A negative scale (PostgreSQL 15+: rounds to tens, hundreds...) widens to
@@ -149,18 +142,18 @@ def numeric_delta_type(precision: int | None, scale: int | None, unbounded: Data
     """
     if precision is None:
         return unbounded
-    scale = scale or 0
-    if scale < 0:
-        precision, scale = precision - scale, 0
-    elif scale > precision:
-        precision = scale
-    if precision > SPARK_MAX_DECIMAL_PRECISION:
-        return StringType()
-    return DecimalType(precision, scale)
+    return spark_type(typemap.numeric_delta_type(precision, scale, delta_type_sql(unbounded)))
 
 
-def _strip_modifiers(name: str) -> str:
-    return re.sub(r"\s+", " ", _TYPMOD.sub("", name)).strip()
+def _column_type(mapping: typemap.ColumnMapping) -> ColumnType:
+    return ColumnType(
+        catalog_type=mapping.catalog_type,
+        delta_type=spark_type(mapping.delta),
+        staged_types=staged_spark_types(mapping.arrow),
+        kind=mapping.kind,
+        element=_column_type(mapping.element) if mapping.element is not None else None,
+        unbounded=mapping.unbounded,
+    )
 
 
 def map_catalog_type(
@@ -168,75 +161,19 @@ def map_catalog_type(
     *,
     unbounded_numeric: DataType | None = None,
     type_overrides: Mapping[str, str] | None = None,
+    user_type: str | None = None,
 ) -> ColumnType:
     """Map one catalog type name to its :class:`ColumnType`, or raise :class:`UnmappedTypeError`.
 
     ``type_overrides`` maps a catalog type name (as the manifest spells it, without ``[]``) to
     a Spark SQL type name; it is how user-defined types such as enums and domains are mapped
     (``{"mood": "string"}``). Overrides are allowed only for types staged as text.
+    ``user_type`` (the manifest's) maps a user-defined type to ``string`` unless overridden.
+    The rules are :func:`airflow_provider_pgdecode.typemap.resolve`.
     """
-    unbounded = unbounded_numeric if unbounded_numeric is not None else parse_unbounded_numeric_rule(
-        DEFAULT_UNBOUNDED_NUMERIC
-    )
-    text = catalog_type.strip()
-    if text.endswith("[]"):
-        element_name = text[:-2]
-        while element_name.endswith("[]"):  # format_type prints one [] for any dimension count
-            element_name = element_name[:-2]
-        element = map_catalog_type(element_name, unbounded_numeric=unbounded, type_overrides=type_overrides)
-        if element.element is not None:  # pragma: no cover - stripped above
-            raise UnmappedTypeError(f"nested array type {catalog_type!r} has no mapping")
-        return ColumnType(
-            catalog_type=catalog_type,
-            delta_type=ArrayType(element.delta_type, True),
-            staged_types=tuple(ArrayType(t, True) for t in element.staged_types),
-            kind=element.kind,
-            element=element,
-        )
-
-    overrides = type_overrides or {}
-    if text in overrides:
-        if overrides[text].strip().lower() != "string":
-            raise UnmappedTypeError(
-                f"type override {text!r} -> {overrides[text]!r}: a user-defined type is staged as the text "
-                f"PostgreSQL printed and can only map to 'string'"
-            )
-        return ColumnType(catalog_type, StringType(), (StringType(),))
-
-    lowered = text.lower()
-    if lowered in _INTEGER_TYPES:
-        delta_type, staged = _INTEGER_TYPES[lowered]
-        return ColumnType(catalog_type, delta_type, (staged,))
-    if lowered in _FLOAT_TYPES:
-        delta_type = _FLOAT_TYPES[lowered]
-        return ColumnType(catalog_type, delta_type, (delta_type,))
-    numeric = _NUMERIC.match(lowered.replace(" ", ""))
-    if numeric:
-        precision = int(numeric.group(1)) if numeric.group(1) else None
-        scale = int(numeric.group(2)) if numeric.group(2) else None
-        delta_type = numeric_delta_type(precision, scale, unbounded)
-        return ColumnType(
-            catalog_type, delta_type, (StringType(),), kind=_Kind.NUMERIC, unbounded=precision is None
-        )
-    if lowered in ("boolean", "bool"):
-        return ColumnType(catalog_type, BooleanType(), (BooleanType(),))
-    if lowered == "date":
-        return ColumnType(catalog_type, DateType(), (DateType(),))
-    if lowered == "bytea":
-        return ColumnType(catalog_type, BinaryType(), (BinaryType(),))
-    base = _strip_modifiers(lowered)
-    if base in ("timestamp with time zone", "timestamptz"):
-        return ColumnType(catalog_type, TimestampType(), (TimestampType(),))
-    if base in ("timestamp without time zone", "timestamp"):
-        return ColumnType(
-            catalog_type, TimestampType(), (TimestampNTZType(), TimestampType()), kind=_Kind.TIMESTAMP_AS_UTC
-        )
-    if base in _STRING_TYPES or base.startswith("interval"):
-        return ColumnType(catalog_type, StringType(), (StringType(),))
-    raise UnmappedTypeError(
-        f"catalog type {catalog_type!r} has no Delta mapping. If it is an enum, a domain over text or "
-        f"another type PostgreSQL prints as text, map it with a type override "
-        f"(--type-map '{text}=string'); otherwise it is not supported (docs/merge.md lists the mapping)."
+    rule = delta_type_sql(unbounded_numeric) if unbounded_numeric is not None else DEFAULT_UNBOUNDED_NUMERIC
+    return _column_type(
+        typemap.resolve(catalog_type, unbounded_numeric=rule, type_overrides=type_overrides, user_type=user_type)
     )
 
 
@@ -248,3 +185,19 @@ def staged_type_matches(column_type: ColumnType, staged: DataType) -> bool:
 def delta_type_sql(data_type: DataType) -> str:
     """Spark SQL spelling of a Delta column type (for ALTER TABLE and messages)."""
     return data_type.simpleString()
+
+
+__all__ = [
+    "DEFAULT_UNBOUNDED_NUMERIC",
+    "NUMERIC_SPECIAL_VALUES",
+    "SPARK_MAX_DECIMAL_PRECISION",
+    "ColumnType",
+    "UnmappedTypeError",
+    "delta_type_sql",
+    "map_catalog_type",
+    "numeric_delta_type",
+    "parse_unbounded_numeric_rule",
+    "spark_type",
+    "staged_spark_types",
+    "staged_type_matches",
+]

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from psycopg import sql
 from psycopg.rows import tuple_row
 
+from airflow_provider_pgdecode import typemap
+
 if TYPE_CHECKING:
     import psycopg
     from pyspark.sql import SparkSession
@@ -65,6 +67,17 @@ def canonical(value: Any) -> Any:
     return value
 
 
+# character(n) keeps its padding only when read as itself (a ::text cast strips it).
+_TEXT_READ_AS_ITSELF = frozenset({"text", "character varying", "character"})
+
+
+def _read_as_itself(type_name: str) -> bool:
+    """True when psycopg's value of the type compares equal to its Delta value: the type map
+    gives it a Delta type other than text (numbers, booleans, dates, timestamps, bytea)."""
+    entry = typemap.find(type_name)
+    return entry is not None and (entry.delta != typemap.TEXT or entry.name in _TEXT_READ_AS_ITSELF)
+
+
 def source_rows(conn: psycopg.Connection[Any], schema: str, table: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Column names and rows of a source table; text-like types are read as PostgreSQL prints them."""
     with conn.cursor(row_factory=tuple_row) as cur:
@@ -74,20 +87,16 @@ def source_rows(conn: psycopg.Connection[Any], schema: str, table: str) -> tuple
             (sql.Identifier(schema, table).as_string(conn),),
         )
         columns = cur.fetchall()
-        native = {
-            "smallint", "integer", "bigint", "real", "double precision", "numeric", "boolean", "date",
-            "timestamp without time zone", "timestamp with time zone", "bytea",
-            # character(n) keeps its padding only when read as itself (a ::text cast strips it)
-            "text", "character varying", "character",
-        }
         select = []
         for name, type_name in columns:
-            base = type_name[:-2] if type_name.endswith("[]") else type_name
+            element = typemap.array_element(type_name)
             ident = sql.Identifier(name)
-            if base in native:
+            if element is not None and not typemap.array_staged_as_list(element):
+                select.append(sql.SQL("{}::text").format(ident))  # box[]: kept whole as its text
+            elif _read_as_itself(element if element is not None else type_name):
                 select.append(ident)
             else:  # uuid, json, enums, intervals...: compare the text PostgreSQL prints
-                select.append(sql.SQL("{}::text").format(ident) if base == type_name else sql.SQL("{}::text[]").format(ident))
+                select.append(sql.SQL("{}::text").format(ident) if element is None else sql.SQL("{}::text[]").format(ident))
         cur.execute("SET LOCAL TimeZone = 'UTC'" if not conn.autocommit else "SET TimeZone = 'UTC'")
         cur.execute(sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(select), sql.Identifier(schema, table)))
         return [c[0] for c in columns], cur.fetchall()
