@@ -31,7 +31,9 @@ class DecodingError(PgDecodeError):
         if lsn is not None:
             detail += f" (row at LSN {lsn})"
         if data is not None:
-            shown = data if len(data) <= 300 else data[:300] + ("..." if isinstance(data, str) else b"...")
+            shown: str | bytes = data
+            if len(data) > 300:
+                shown = data[:300] + "..." if isinstance(data, str) else data[:300] + b"..."
             detail += f": {shown!r}"
         super().__init__(detail)
         self.lsn = lsn

@@ -181,7 +181,9 @@ class PgOutputParser:
     # -- helpers ----------------------------------------------------------------------------
 
     def _string(self, data: bytes, pos: int) -> tuple[str, int]:
-        end = data.index(b"\x00", pos)
+        end = data.find(b"\x00", pos)
+        if end < 0:
+            raise _Malformed(f"string at byte {pos} has no terminating NUL (message cut short)")
         return data[pos:end].decode(self.encoding), end + 1
 
     def _type_name(self, oid: int) -> str:
@@ -227,6 +229,8 @@ class PgOutputParser:
             if kind == 116:  # 't' text
                 (length,) = _I32.unpack_from(data, pos)
                 pos += 4
+                if pos + length > len(data):
+                    raise _Malformed(f"value of column {names[i]!r} is {length} bytes, the message holds {len(data) - pos}")
                 values.append(data[pos : pos + length].decode(encoding))
                 pos += length
             elif kind == 110:  # 'n' NULL (in a K tuple: not part of the key)

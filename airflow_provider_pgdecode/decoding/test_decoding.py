@@ -303,9 +303,9 @@ def _parse_change(line: str, lsn: Lsn, xid: int | None, layouts: dict[Any, Any] 
         new, _ = _read_tuple_cached(line, pos, False, layouts, (schema, table, "new"))
         return Change(lsn, xid, operation, schema, table, None, new)
     if operation is Operation.DELETE:
-        old, _ = _read_tuple_cached(line, pos, False, layouts, (schema, table, "old"))
-        return Change(lsn, xid, operation, schema, table, old, None)
-    old = None
+        deleted, _ = _read_tuple_cached(line, pos, False, layouts, (schema, table, "old"))
+        return Change(lsn, xid, operation, schema, table, deleted, None)
+    old: RowImage | None = None
     if line.startswith(" old-key:", pos):
         old, pos = _read_tuple_cached(line, pos + 9, True, layouts, (schema, table, "old"))
         pos += 11  # " new-tuple:"
@@ -378,6 +378,7 @@ def _parse_message(
     # The prefix is raw and may itself contain ", sz: ": find the split that makes the
     # content exactly sz bytes long, trying from the right.
     search_end = len(data)
+    content: bytes | None
     while True:
         sz_at = data.rfind(b", sz: ", prefix_start, search_end)
         if sz_at < 0:

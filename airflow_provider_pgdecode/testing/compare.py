@@ -87,7 +87,7 @@ def source_rows(conn: psycopg.Connection[Any], schema: str, table: str) -> tuple
             (sql.Identifier(schema, table).as_string(conn),),
         )
         columns = cur.fetchall()
-        select = []
+        select: list[sql.Composable] = []
         for name, type_name in columns:
             element = typemap.array_element(type_name)
             ident = sql.Identifier(name)
