@@ -6,14 +6,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast demo bench bench-extract bench-merge bench-snapshot delta-jars system-deps venv native clean
+.PHONY: lint test test-fast demo bench bench-extract bench-merge bench-snapshot delta-jars system-deps venv native clean
 
 $(STAMP): setup.cfg setup.py pyproject.toml requirements/constraints.txt \
 		$(wildcard airflow_provider_pgdecode/capture/csrc/*.c airflow_provider_pgdecode/capture/csrc/*.h)
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "needs $(PYTHON) (set PYTHON=...)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[test]"
+	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[test,lint]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -29,6 +29,14 @@ system-deps:
 # Delta's jars from Maven Central into the project-local Ivy cache (.cache/ivy); instant once filled.
 delta-jars: $(STAMP) system-deps
 	$(PY) scripts/fetch_delta_jars.py
+
+# ruff (lint and format), mypy, and import-linter's contracts for the layers of DESIGN.md
+# (pyproject.toml). Run by .ci/run before the tests.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 test: $(STAMP) system-deps native delta-jars
 	$(PY) -m pytest

@@ -11,7 +11,7 @@ fi
 if ! command -v java >/dev/null 2>&1; then
     need+=(openjdk-17-jre-headless)
 fi
-# A C compiler and the Python headers build the native extract (decoding/_native.c); without
+# A C compiler and the Python headers build the native extract (capture/csrc/*.c); without
 # them the install still works and the extract uses its pure-Python path.
 if ! command -v gcc >/dev/null 2>&1; then
     need+=(gcc)

@@ -13,7 +13,7 @@ from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
 
-from tests.staging.test_extract import advance, table_rows
+from tests.capture.test_extract import advance, table_rows
 
 pytestmark = pytest.mark.postgres
 
@@ -123,5 +123,5 @@ def test_pgoutput_needs_a_publication(pg_conn, two_slots, tmp_path) -> None:
     _, po_slot = two_slots
     with pytest.raises(SlotError, match="needs a publication.*CREATE PUBLICATION"):
         extract_batch(pg_conn, po_slot, tmp_path, plugin="pgoutput")
-    with pytest.raises(SlotError, match="uses the output plugin 'pgoutput'"):
+    with pytest.raises(SlotError, match="uses output plugin 'pgoutput'"):
         extract_batch(pg_conn, po_slot, tmp_path, plugin="test_decoding")

@@ -20,7 +20,7 @@ from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.capture.native import load_native
 
-from tests.staging.test_extract import TEXT, table_rows
+from tests.capture.test_extract import TEXT, table_rows
 
 pytestmark = [
     pytest.mark.postgres,
