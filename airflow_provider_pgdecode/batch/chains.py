@@ -97,6 +97,13 @@ def select_batch_chain(
             f"no retained batch of slot {slot!r} starts at {position} (the first retained batch starts at {first}); "
             "give a start_lsn where a batch starts, or leave it empty"
         )
+    later = sorted(start for start in by_start if start > position)
+    if end_lsn is None and later:
+        raise StagingError(
+            f"retained batches of slot {slot!r} have a gap: none starts at {position}, where the chain from "
+            f"{chain[0].start_lsn} ends, but batches start again at {later[0]}. The changes in between are not "
+            "staged any more (see the retention setting); give an end_lsn at or before the gap"
+        )
     if end_lsn is not None and position < end_lsn:
         raise StagingError(
             f"retained batches of slot {slot!r} end at {position}, before {end_lsn}: the changes after it are not "

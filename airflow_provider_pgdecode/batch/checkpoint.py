@@ -58,7 +58,7 @@ class Checkpoint:
                 data.get("batch_path"),
                 dict(data.get("snapshots") or {}),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StagingError(f"malformed checkpoint {data!r}: {exc}") from None
 
     def pending_prepared(self) -> list[PreparedTransaction]:

@@ -11,10 +11,12 @@ TRUNCATE rows alone), then the source columns in the table's order.
 
 from __future__ import annotations
 
+import os
+import posixpath
 import re
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlparse
 
 import pyarrow as pa
 
@@ -96,5 +98,27 @@ def parse_batch_dir_name(name: str) -> tuple[Lsn, Lsn] | None:
 
 
 def table_path(schema: str, table: str) -> str:
-    """Relative directory of a table's files; names percent-encoded so any name is a path part."""
-    return f"tables/{quote(schema, safe='')}/{quote(table, safe='')}"
+    """Relative directory of a table's files; names percent-encoded so any name is a path part
+    (``.`` and ``..`` too, which are legal quoted identifiers)."""
+    return f"tables/{_path_part(schema)}/{_path_part(table)}"
+
+
+def _path_part(name: str) -> str:
+    encoded = quote(name, safe="")
+    return encoded.replace(".", "%2E") if set(encoded) == {"."} else encoded
+
+
+def is_local_path(path: str) -> bool:
+    """True for a plain filesystem path or a ``file:`` URI."""
+    scheme = urlparse(path).scheme
+    return scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt")
+
+
+def local_path(path: str) -> str:
+    """The filesystem path of a plain path or a ``file:`` URI."""
+    return urlparse(path).path if path.startswith("file:") else path
+
+
+def join_path(base: str, *parts: str) -> str:
+    """Join path components of a local path or a URI with ``/``."""
+    return posixpath.join(base.rstrip("/"), *parts)

@@ -1,4 +1,6 @@
-"""The manifest of a staged batch, and reading batches back (format: docs/staging-format.md)."""
+"""The manifest of a staged batch: written last (the batch's commit marker), read and checked by
+every reader: the extract, reconciliation, the operators and the Spark job alike
+(format: docs/staging-format.md)."""
 
 from __future__ import annotations
 
@@ -8,13 +10,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_pgdecode.batch.format import BATCH_NAME, FORMAT, MANIFEST_NAME, batch_dir_name, local_path, table_path
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.batch.format import BATCH_NAME, FORMAT, MANIFEST_NAME, batch_dir_name, table_path
-from airflow_provider_pgdecode.errors import StagingError
+from airflow_provider_pgdecode.errors import BatchError, StagingError
 
 __all__ = [
     "FORMAT", "MANIFEST_NAME", "BatchManifest", "ColumnSummary", "TableSummary", "batch_dir_name", "list_batches",
-    "table_path",
+    "read_batches", "table_path",
 ]
 
 
@@ -26,6 +28,11 @@ class ColumnSummary:
     catalog_type: str | None = None
     #: enum, domain, composite, range or multirange for user-defined types (None: built in).
     user_type: str | None = None
+
+    @property
+    def source_type(self) -> str:
+        """The catalog type (``format_type`` with modifiers) when known, else the decoded type name."""
+        return self.catalog_type or self.type
 
 
 @dataclass
@@ -44,6 +51,35 @@ class TableSummary:
     columns: list[ColumnSummary]
     key: list[str] = field(default_factory=list)
     replica_identity: str | None = None
+    #: The table's directory once read from a batch (not stored in the file).
+    location: str | None = field(default=None, compare=False)
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @property
+    def file_paths(self) -> list[str]:
+        """Full paths of the table's Parquet parts (the table must have been read from a batch)."""
+        if self.location is None:
+            raise StagingError(f"table {self.qualified_name} was not read from a batch directory")
+        return [os.path.join(self.location, name) for name in self.files]
+
+    @property
+    def min_commit(self) -> Lsn | None:
+        return Lsn.parse(self.min_commit_lsn) if self.min_commit_lsn else None
+
+    @property
+    def max_commit(self) -> Lsn | None:
+        return Lsn.parse(self.max_commit_lsn) if self.max_commit_lsn else None
+
+    def column(self, name: str) -> ColumnSummary | None:
+        return next((c for c in self.columns if c.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("location")
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TableSummary:
@@ -81,11 +117,29 @@ class BatchManifest:
 
     @property
     def name(self) -> str:
-        return batch_dir_name(Lsn.parse(self.start_lsn), Lsn.parse(self.end_lsn))
+        return batch_dir_name(self.start, self.end)
+
+    @property
+    def label(self) -> str:
+        """``slot:start-end``, how logs and the merge summary name a batch."""
+        return f"{self.slot}:{self.start_lsn}-{self.end_lsn}"
+
+    @property
+    def start(self) -> Lsn:
+        return Lsn.parse(self.start_lsn)
+
+    @property
+    def end(self) -> Lsn:
+        return Lsn.parse(self.end_lsn)
+
+    @property
+    def directory(self) -> str:
+        return str(self.path) if self.path is not None else ""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("path")
+        data["tables"] = [t.to_dict() for t in self.tables]
         return data
 
     def contents(self) -> dict[str, Any]:
@@ -105,7 +159,7 @@ class BatchManifest:
             "end_lsn": self.end_lsn,
             "transactions": self.transactions,
             "changes": self.changes,
-            "tables": {f"{t.schema}.{t.table}": t.rows for t in self.tables},
+            "tables": {t.qualified_name: t.rows for t in self.tables},
             "prepared_pending": [{"gid": p["gid"], "xid": p["xid"]} for p in self.prepared_pending],
         }
 
@@ -120,41 +174,79 @@ class BatchManifest:
 
     @classmethod
     def read(cls, directory: str | os.PathLike[str]) -> BatchManifest:
-        """Read and check a batch's manifest; a missing, partial or inconsistent batch is an error."""
-        directory = Path(directory)
+        """Read and check a batch's manifest; a missing, partial or inconsistent batch is a
+        :class:`~airflow_provider_pgdecode.errors.BatchError` that names the batch and what is wrong."""
+        directory = Path(local_path(os.fspath(directory)))
         target = directory / MANIFEST_NAME
         if not target.is_file():
-            raise StagingError(
-                f"{directory} is not a complete batch: {MANIFEST_NAME} is missing. Batches are renamed into "
-                "place only when complete, so this directory was not written by pgdecode's extract or was "
-                "damaged: extract the range again."
+            raise BatchError(
+                f"{directory} is not a complete batch: {MANIFEST_NAME} is missing. The manifest is written last, "
+                "so this directory was not written by pgdecode's extract, was interrupted, or was damaged: "
+                "extract the range again."
             )
         try:
             data = json.loads(target.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            raise StagingError(f"unreadable manifest {target}: {exc}") from None
+            raise BatchError(f"unreadable manifest {target}: {exc}") from None
+        if not isinstance(data, dict):
+            raise BatchError(f"malformed manifest {target}: a JSON {type(data).__name__}, not an object")
         if data.get("format") != FORMAT:
-            raise StagingError(f"{target}: unknown batch format {data.get('format')!r} (expected {FORMAT})")
+            raise BatchError(f"{target}: unknown batch format {data.get('format')!r} (expected {FORMAT})")
         if data.get("complete") is not True:
-            raise StagingError(f"{target}: the batch is marked incomplete; extract the range again")
-        try:
-            manifest = cls(**{**data, "tables": [TableSummary.from_dict(t) for t in data["tables"]]})
-        except (TypeError, KeyError) as exc:
-            raise StagingError(f"{target}: malformed manifest ({exc})") from None
+            raise BatchError(f"{target}: the batch is marked incomplete; extract the range again")
+        manifest = _from_dict(data, target)
         manifest.path = directory
-        missing = [
-            f"{t.path}/{name}" for t in manifest.tables for name in t.files if not (directory / t.path / name).is_file()
-        ]
-        if manifest.messages:
-            missing += [
-                f"{manifest.messages['path']}/{n}"
-                for n in manifest.messages["files"]
-                if not (directory / manifest.messages["path"] / n).is_file()
-            ]
-        missing += [p["path"] for p in manifest.prepared_pending if not (directory / p["path"]).is_file()]
-        if missing:
-            raise StagingError(f"batch {directory} is incomplete: missing {', '.join(missing[:5])}")
+        _check(manifest, target)
         return manifest
+
+
+def _from_dict(data: dict[str, Any], target: Path) -> BatchManifest:
+    try:
+        tables = data["tables"]
+        if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+            raise TypeError("'tables' must be a list of objects")
+        manifest = BatchManifest(**{**data, "tables": [TableSummary.from_dict(t) for t in tables]})
+        start, end = manifest.start, manifest.end
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        raise BatchError(f"malformed manifest {target} ({exc})") from None
+    if end < start:
+        raise BatchError(f"malformed manifest {target}: end_lsn {end} is before start_lsn {start}")
+    return manifest
+
+
+def _check(manifest: BatchManifest, target: Path) -> None:
+    """Table paths stay inside the batch, file lists are names, and every listed file exists."""
+    directory = target.parent
+    missing: list[str] = []
+    for table in manifest.tables:
+        where = f"{target} table {table.qualified_name}"
+        relative = table.path or table_path(table.schema, table.table)
+        if relative.startswith("/") or ".." in relative.split("/"):
+            raise BatchError(f"{where}: table path {relative!r} leaves the batch directory")
+        if not all(isinstance(n, str) and n and "/" not in n for n in table.files):
+            raise BatchError(f"{where}: 'files' must be a list of file names, got {table.files!r}")
+        table.location = str(directory / relative)
+        missing += [f"{relative}/{name}" for name in table.files if not (directory / relative / name).is_file()]
+    if manifest.messages:
+        missing += [
+            f"{manifest.messages['path']}/{n}"
+            for n in manifest.messages["files"]
+            if not (directory / manifest.messages["path"] / n).is_file()
+        ]
+    missing += [p["path"] for p in manifest.prepared_pending if not (directory / p["path"]).is_file()]
+    if missing:
+        raise BatchError(f"batch {directory} is incomplete: missing {', '.join(missing[:5])}")
+
+
+def read_batches(directories: list[str] | tuple[str, ...]) -> list[BatchManifest]:
+    """Read every batch and return them in LSN order; all must come from one slot."""
+    batches = [BatchManifest.read(directory) for directory in directories]
+    if not batches:
+        raise BatchError("no batch given")
+    slots = sorted({batch.slot for batch in batches})
+    if len(slots) > 1:
+        raise BatchError(f"batches of different slots cannot be merged in one run: {slots}")
+    return sorted(batches, key=lambda batch: (batch.start, batch.end, batch.directory))
 
 
 def list_batches(staging_root: str | os.PathLike[str], slot: str) -> list[Path]:

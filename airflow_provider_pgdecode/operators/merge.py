@@ -185,7 +185,8 @@ class PgDecodeMergeOperator(BaseOperator):
 
     def read_batches(self) -> tuple[list[BatchManifest], list[BatchManifest]]:
         """The batches' manifests, split into those with rows to merge and those without."""
-        to_merge, empty = [], []
+        to_merge: list[BatchManifest] = []
+        empty: list[BatchManifest] = []
         for path in parse_batch_paths(self.batch_paths):
             with fail_fast():
                 manifest = BatchManifest.read(path)

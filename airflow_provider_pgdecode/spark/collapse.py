@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from pyspark.sql import Column, DataFrame
+
 from pyspark.sql import functions as F
+
+from airflow_provider_pgdecode.batch.format import DELTA_COLUMNS
 
 LSN = "__lsn"
 SEQ = "__seq"
@@ -58,7 +61,7 @@ class CollapseInput:
     """Non-key source columns written by the merge (key columns are never kept)."""
     keep_columns: tuple[str, ...]
     """Value columns some event keeps (unchanged TOAST or absent): only these get keep flags."""
-    metadata_columns: tuple[str, ...] = ("_pg_commit_lsn", "_pg_commit_time", "_pg_xid")
+    metadata_columns: tuple[str, ...] = DELTA_COLUMNS
 
 
 def order_of(lsn: str = LSN, seq: str = SEQ) -> Column:

@@ -50,15 +50,16 @@ from pyspark.sql.types import (
 )
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import BatchError, MergeInputError
+from airflow_provider_pgdecode.errors import BatchError, MergeInputError, UnmappedTypeError
 from airflow_provider_pgdecode.spark import collapse
-from airflow_provider_pgdecode.spark.batch import Batch, StagedTable, is_local, join, read_batches
+from airflow_provider_pgdecode.batch import format as staged
+from airflow_provider_pgdecode.batch.format import COMMIT_LSN, COMMIT_TIME, XID, is_local_path, join_path, local_path
+from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, read_batches
 from airflow_provider_pgdecode.spark.collapse import KEEP, KIND, LSN, OP, SEQ, CollapseInput, col, old_key_name
 from airflow_provider_pgdecode.spark.types import (
     DEFAULT_UNBOUNDED_NUMERIC,
     NUMERIC_SPECIAL_VALUES,
     ColumnType,
-    UnmappedTypeError,
     map_catalog_type,
     parse_unbounded_numeric_rule,
     staged_type_matches,
@@ -70,15 +71,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_provider_pgdecode.spark.merge")
 
 APP_ID_PREFIX = "pgdecode:"
-COMMIT_LSN = "_pg_commit_lsn"
-COMMIT_TIME = "_pg_commit_time"
-XID = "_pg_xid"
 METADATA_FIELDS: tuple[StructField, ...] = (
     StructField(COMMIT_LSN, LongType(), False, {"comment": "commit LSN of the row's last change"}),
     StructField(COMMIT_TIME, TimestampType(), True, {"comment": "commit time of the row's last change (UTC)"}),
     StructField(XID, LongType(), True, {"comment": "transaction id of the row's last change"}),
 )
-METADATA_COLUMNS = tuple(f.name for f in METADATA_FIELDS)
+METADATA_COLUMNS = staged.DELTA_COLUMNS
+assert tuple(f.name for f in METADATA_FIELDS) == METADATA_COLUMNS
 KEY_PROPERTY = "pgdecode.key"
 SOURCE_PROPERTY = "pgdecode.source"
 DEFAULT_TABLE_PROPERTIES: Mapping[str, str] = {
@@ -119,8 +118,8 @@ class MergeOptions:
 class Segment:
     """One batch's changes to one table, and the LSN at or below which they are already applied."""
 
-    batch: Batch
-    staged: StagedTable
+    batch: BatchManifest
+    staged: TableSummary
     applied_through: int
     """Rows with a commit LSN at or below this are already in Delta (-1: none)."""
 
@@ -222,7 +221,7 @@ def delta_table_path(delta_root: str, schema: str, table: str) -> str:
                 f"cannot place table {schema}.{table} under {delta_root}: the name {part!r} cannot be a "
                 f"directory name (it is empty, '.', '..', or has '/')"
             )
-    return join(delta_root, schema, table)
+    return join_path(delta_root, schema, table)
 
 
 def app_id(slot: str) -> str:
@@ -232,8 +231,8 @@ def app_id(slot: str) -> str:
 
 def read_delta_state(spark: SparkSession, path: str, slot_app_id: str) -> DeltaState:
     """Version, watermark, schema and properties of the Delta table at ``path`` (if any)."""
-    jvm = spark._jvm  # type: ignore[attr-defined]
-    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)  # type: ignore[attr-defined]
+    jvm: Any = spark._jvm
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
     snapshot = delta_log.update(
         getattr(delta_log, "update$default$1")(),
         getattr(delta_log, "update$default$2")(),
@@ -261,7 +260,7 @@ def _same_type(a: DataType, b: DataType) -> bool:
 def plan_table(
     schema: str,
     table: str,
-    batches: Sequence[Batch],
+    batches: Sequence[BatchManifest],
     delta_root: str,
     state: DeltaState,
     options: MergeOptions,
@@ -281,7 +280,7 @@ def plan_table(
     for batch, entry in entries:
         if entry.key and tuple(entry.key) != tuple(key):
             raise MergeInputError(
-                f"table {name}: the key changed from {list(entry.key)} (batch {batch.name}) to {list(key)}; "
+                f"table {name}: the key changed from {list(entry.key)} (batch {batch.label}) to {list(key)}; "
                 f"merge these batches in separate runs or rebuild the Delta table"
             )
     unbounded = parse_unbounded_numeric_rule(options.unbounded_numeric)
@@ -289,22 +288,23 @@ def plan_table(
     types: dict[str, ColumnType] = {}
     for batch, entry in entries:
         for column in entry.columns:
-            if column.name.startswith("_pg_"):
-                raise MergeInputError(f"table {name}: source column {column.name!r} collides with the _pg_ metadata columns")
-            overrides = options.type_overrides
-            if column.user_type is not None:
-                # Enums, domains and other user-defined types are staged as the text PostgreSQL
-                # printed: they become strings unless the options say otherwise.
-                base = column.catalog_type.rstrip("[]")
-                overrides = {base: "string", **overrides}
+            if column.name.startswith(staged.METADATA_PREFIX):
+                raise MergeInputError(
+                    f"table {name}: source column {column.name!r} collides with the {staged.METADATA_PREFIX} metadata columns"
+                )
             try:
-                mapped = map_catalog_type(column.catalog_type, unbounded_numeric=unbounded, type_overrides=overrides)
+                mapped = map_catalog_type(
+                    column.source_type,
+                    unbounded_numeric=unbounded,
+                    type_overrides=options.type_overrides,
+                    user_type=column.user_type,
+                )
             except UnmappedTypeError as error:
                 raise MergeInputError(f"table {name} column {column.name!r}: {error}") from None
             if column.name in types and not _same_type(types[column.name].delta_type, mapped.delta_type):
                 raise MergeInputError(
                     f"table {name} column {column.name!r} changed type from {types[column.name].catalog_type!r} "
-                    f"to {column.catalog_type!r} between batches; type changes are not supported"
+                    f"to {column.source_type!r} between batches; type changes are not supported"
                 )
             if column.name not in types:
                 columns.append(column.name)
@@ -313,11 +313,11 @@ def plan_table(
     if missing_key:
         raise MergeInputError(f"table {name}: key column(s) {missing_key} are not among the manifest's columns")
     lowered: dict[str, str] = {}
-    for column in columns:
-        other = lowered.setdefault(column.lower(), column)
-        if other != column:
+    for column_name in columns:
+        other = lowered.setdefault(column_name.lower(), column_name)
+        if other != column_name:
             raise MergeInputError(
-                f"table {name}: columns {other!r} and {column!r} differ only in case, which Delta cannot store"
+                f"table {name}: columns {other!r} and {column_name!r} differ only in case, which Delta cannot store"
             )
 
     new_columns: tuple[str, ...] = ()
@@ -330,11 +330,12 @@ def plan_table(
                 f"table {name}: the Delta table at {path} is keyed on {json.loads(recorded_key)}, the source now on "
                 f"{list(key)}; a key change needs the Delta table rebuilt"
             )
-        for column in columns:
-            if column in delta_fields and not _same_type(delta_fields[column].dataType, types[column].delta_type):
+        for column_name in columns:
+            mapped_type = types[column_name]
+            if column_name in delta_fields and not _same_type(delta_fields[column_name].dataType, mapped_type.delta_type):
                 raise MergeInputError(
-                    f"table {name} column {column!r}: Delta has {delta_fields[column].dataType.simpleString()}, "
-                    f"the source's {types[column].catalog_type!r} maps to {types[column].delta_type.simpleString()}; "
+                    f"table {name} column {column_name!r}: Delta has {delta_fields[column_name].dataType.simpleString()}, "
+                    f"the source's {mapped_type.catalog_type!r} maps to {mapped_type.delta_type.simpleString()}; "
                     f"type changes are not supported"
                 )
         new_columns = tuple(c for c in columns if c not in delta_fields)
@@ -352,25 +353,25 @@ def plan_table(
     applied_through = state.watermark if state.watermark is not None else -1
     entry_of = {id(batch): entry for batch, entry in entries}
     for batch in batches:
-        entry = entry_of.get(id(batch))
-        if entry is not None:
-            if batch.end_lsn <= applied_through or (
-                entry.max_commit_lsn is not None and entry.max_commit_lsn <= applied_through
+        staged_entry = entry_of.get(id(batch))
+        if staged_entry is not None:
+            if batch.end <= applied_through or (
+                staged_entry.max_commit is not None and staged_entry.max_commit <= applied_through
             ):
-                plan.skipped.append(batch.name)
+                plan.skipped.append(batch.label)
                 log.warning(
                     "table %s: batch %s (%s) is already applied: the table holds changes through LSN %s; skipped",
-                    name, batch.name, batch.directory, Lsn(applied_through),
+                    name, batch.label, batch.directory, Lsn(applied_through),
                 )
-            elif entry.files:
-                plan.segments.append(Segment(batch, entry, applied_through))
-                plan.watermark_after = max(plan.watermark_after, int(batch.end_lsn))
-        applied_through = max(applied_through, int(batch.end_lsn))
+            elif staged_entry.files:
+                plan.segments.append(Segment(batch, staged_entry, applied_through))
+                plan.watermark_after = max(plan.watermark_after, int(batch.end))
+        applied_through = max(applied_through, int(batch.end))
     return plan
 
 
 def plan_merge(
-    spark: SparkSession, batches: Sequence[Batch], delta_root: str, options: MergeOptions
+    spark: SparkSession, batches: Sequence[BatchManifest], delta_root: str, options: MergeOptions
 ) -> list[TablePlan]:
     """Plan every table of ``batches`` (in LSN order); raises before anything is written."""
     names: list[tuple[str, str]] = []
@@ -392,10 +393,10 @@ def plan_merge(
 
 
 def _staged_columns(spark: SparkSession, file: str) -> list[str]:
-    if is_local(file):
+    if is_local_path(file):
         import pyarrow.parquet as pq
 
-        return list(pq.read_schema(file[5:] if file.startswith("file:") else file).names)
+        return list(pq.read_schema(local_path(file)).names)
     return list(spark.read.parquet(file).columns)
 
 
@@ -456,7 +457,7 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
     for segment in plan.segments:
         manifest_columns = {c.name for c in segment.staged.columns}
         groups: dict[tuple[str, ...], list[str]] = {}
-        for file in segment.staged.files:
+        for file in segment.staged.file_paths:
             groups.setdefault(tuple(_staged_columns(spark, file)), []).append(file)
         for staged_names, files in groups.items():
             frame = spark.read.parquet(*files)
@@ -474,26 +475,26 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
             if missing_key:
                 raise MergeInputError(f"table {plan.name}: staged file {files[0]} has no key column(s) {missing_key}")
             old_fields = (
-                {f.name for f in frame.schema["_pg_old"].dataType.fields}  # type: ignore[attr-defined]
-                if "_pg_old" in staged_names and isinstance(frame.schema["_pg_old"].dataType, StructType)
+                {f.name for f in frame.schema[staged.OLD].dataType.fields}  # type: ignore[attr-defined]
+                if staged.OLD in staged_names and isinstance(frame.schema[staged.OLD].dataType, StructType)
                 else set()
             )
             toast = (
-                F.coalesce(F.col("_pg_unchanged_toast"), F.array().cast("array<string>"))
-                if "_pg_unchanged_toast" in staged_names
+                F.coalesce(F.col(staged.UNCHANGED_TOAST), F.array().cast("array<string>"))
+                if staged.UNCHANGED_TOAST in staged_names
                 else F.array().cast("array<string>")
             )
             keep = F.when(
-                F.col("_pg_op") == "I", F.array().cast("array<string>")
+                F.col(staged.OP) == "I", F.array().cast("array<string>")
             ).otherwise(F.array_distinct(F.concat(toast, F.array(*[F.lit(c) for c in absent]).cast("array<string>"))))
             selected: list[Column] = [
                 F.col(COMMIT_LSN).cast("bigint").alias(LSN),
-                F.col("_pg_seq").cast("int").alias(SEQ),
-                F.col("_pg_op").alias(OP),
+                F.col(staged.SEQ).cast("int").alias(SEQ),
+                F.col(staged.OP).alias(OP),
                 keep.alias(KEEP),
                 F.col(COMMIT_LSN).cast("bigint").alias(COMMIT_LSN),
                 (F.col(COMMIT_TIME).cast("timestamp") if COMMIT_TIME in staged_names else F.lit(None).cast("timestamp")).alias(COMMIT_TIME),
-                (F.col("_pg_xid").cast("bigint") if "_pg_xid" in staged_names else F.lit(None).cast("bigint")).alias(XID),
+                (F.col(XID).cast("bigint") if XID in staged_names else F.lit(None).cast("bigint")).alias(XID),
             ]
             for column in plan.columns:
                 delta_type = plan.types[column].delta_type
@@ -501,7 +502,7 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
                 selected.append(value.alias(column))
             for index, key_column in enumerate(plan.key):
                 old = (
-                    _convert(F.col("_pg_old").getField(key_column), plan.types[key_column])
+                    _convert(F.col(staged.OLD).getField(key_column), plan.types[key_column])
                     if key_column in old_fields
                     else F.lit(None).cast(plan.types[key_column].delta_type)
                 )
@@ -614,11 +615,11 @@ def staged_key_bounds(plan: TablePlan) -> tuple[int, int] | None:
     low: int | None = None
     high: int | None = None
     for segment in plan.segments:
-        for file in segment.staged.files:
-            if not is_local(file):
+        for file in segment.staged.file_paths:
+            if not is_local_path(file):
                 return None
-            metadata = pq.ParquetFile(file[5:] if file.startswith("file:") else file).metadata
-            paths = {key, f"_pg_old.{key}"}
+            metadata = pq.ParquetFile(local_path(file)).metadata
+            paths = {key, f"{staged.OLD}.{key}"}
             for group in range(metadata.num_row_groups):
                 row_group = metadata.row_group(group)
                 for index in range(row_group.num_columns):
@@ -755,8 +756,8 @@ def run_merge(
     from delta.tables import DeltaTable
 
     keep_index = {c: i for i, c in enumerate(profile.keep_columns)}
-    update_set: dict[str, str] = {}
-    insert_values: dict[str, str] = {}
+    update_set: dict[str, str | Column] = {}
+    insert_values: dict[str, str | Column] = {}
     for column in plan.columns:
         insert_values[quote(column)] = f"s.{quote(column)}"
         if column in plan.key:
@@ -852,7 +853,7 @@ def merge_batches(
     options = options or MergeOptions()
     batches = read_batches(list(batch_dirs))
     slot = batches[0].slot
-    chunked = any(batch.manifest.get("snapshot_chunks") for batch in batches)
+    chunked = any(batch.snapshot_chunks for batch in batches)
     plans = plan_merge(spark, batches, delta_root, options)
 
     prepared: list[tuple[TablePlan, DataFrame | None, Profile | None]] = []
@@ -860,17 +861,17 @@ def merge_batches(
         if not plan.segments:
             prepared.append((plan, None, None))
             continue
-        events = staged_events(spark, plan)
-        profile = profile_events(events, plan, staged_key_bounds(plan))
-        check_profile(plan, profile, options)
-        prepared.append((plan, events, profile))
+        table_events = staged_events(spark, plan)
+        table_profile = profile_events(table_events, plan, staged_key_bounds(plan))
+        check_profile(plan, table_profile, options)
+        prepared.append((plan, table_events, table_profile))
 
     results: dict[str, TableResult] = {}
     for plan, events, profile in prepared:
         staged_rows = sum(segment.staged.rows for segment in plan.segments)
         skipped_rows = sum(
             entry.rows for batch in batches for entry in batch.tables
-            if (entry.schema, entry.table) == (plan.schema, plan.table) and batch.name in plan.skipped
+            if (entry.schema, entry.table) == (plan.schema, plan.table) and batch.label in plan.skipped
         )
         result = TableResult(
             delta_path=plan.path, status="skipped", batches_skipped=list(plan.skipped),
@@ -935,9 +936,9 @@ def merge_batches(
     return {
         "slot": slot,
         "batches": [
-            {"directory": b.directory, "start_lsn": str(b.start_lsn), "end_lsn": str(b.end_lsn)} for b in batches
+            {"directory": b.directory, "start_lsn": b.start_lsn, "end_lsn": b.end_lsn} for b in batches
         ],
-        "end_lsn": str(max(b.end_lsn for b in batches)),
+        "end_lsn": str(max(b.end for b in batches)),
         "tables": {name: asdict(result) for name, result in results.items()},
     }
 

@@ -34,7 +34,6 @@ from pyspark.sql.types import (
 )
 
 from airflow_provider_pgdecode import typemap
-# UnmappedTypeError is raised by map_catalog_type; spark/merge_job.py imports it from here.
 from airflow_provider_pgdecode.errors import UnmappedTypeError
 from airflow_provider_pgdecode.typemap import (
     DEFAULT_UNBOUNDED_NUMERIC,
@@ -192,7 +191,6 @@ __all__ = [
     "NUMERIC_SPECIAL_VALUES",
     "SPARK_MAX_DECIMAL_PRECISION",
     "ColumnType",
-    "UnmappedTypeError",
     "delta_type_sql",
     "map_catalog_type",
     "numeric_delta_type",

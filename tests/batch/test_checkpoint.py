@@ -95,9 +95,6 @@ def test_malformed_dicts_raise_staging_error_naming_the_problem(data: Any, probl
     assert repr(data) in str(info.value)  # the offending value is shown
 
 
-@pytest.mark.xfail(strict=True, reason="Checkpoint.from_dict catches KeyError/TypeError/ValueError, but Lsn.parse of a "
-                   "non-string end_lsn (null, or an int) raises AttributeError ('NoneType' has no 'strip'), which "
-                   "escapes instead of a StagingError")
 @pytest.mark.parametrize("end_lsn", [None, 16])
 def test_non_text_end_lsn_is_a_staging_error(end_lsn: Any) -> None:
     with pytest.raises(StagingError, match="malformed checkpoint"):

@@ -188,8 +188,6 @@ def test_read_refuses_a_malformed_manifest(tmp_path: Path, change) -> None:
     assert str(directory) in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="BatchManifest.read calls data.get() on whatever JSON it parsed: a manifest "
-                   "that is valid JSON but not an object raises AttributeError, not StagingError")
 @pytest.mark.parametrize("text", ["[]", "\"pgdecode.batch/1\"", "null"])
 def test_read_refuses_json_that_is_not_an_object(tmp_path: Path, text: str) -> None:
     directory = stage(tmp_path, manifest())
@@ -198,8 +196,6 @@ def test_read_refuses_json_that_is_not_an_object(tmp_path: Path, text: str) -> N
         BatchManifest.read(directory)
 
 
-@pytest.mark.xfail(strict=True, reason="BatchManifest.read catches TypeError/KeyError only: a table entry that is a "
-                   "string makes dict() raise ValueError, which escapes instead of a StagingError")
 def test_read_refuses_a_table_entry_that_is_not_an_object(tmp_path: Path) -> None:
     directory = stage(tmp_path, manifest())
     rewrite(directory, lambda d: d.__setitem__("tables", ["orders"]))
@@ -335,9 +331,6 @@ def test_table_path_percent_encodes_names() -> None:
     assert table_path("s", "x\\y") == "tables/s/x%5Cy"
 
 
-@pytest.mark.xfail(strict=True, reason="table_path leaves '.' and '..' unescaped (quote keeps dots), so a table or "
-                   "schema named '..' (legal as a quoted identifier) resolves outside its own directory, e.g. schema "
-                   "'..' table 'messages' lands on the batch's messages/ directory")
 @pytest.mark.parametrize("schema, table", [("..", "messages"), ("public", ".."), ("public", ".")])
 def test_table_path_stays_inside_its_own_directory(schema: str, table: str) -> None:
     path = table_path(schema, table)

@@ -476,11 +476,11 @@ def test_bad_input_missing_or_incomplete_batches_leave_delta_unchanged(spark: An
         return [TableChanges("public", "orders", ORDERS).insert(lsn, id=lsn, note="x", amount="1.00")]
 
     no_manifest = write_batch(tmp_path / "s", SLOT, 210, 310, changes(300), manifest=False)
-    with pytest.raises(BatchError, match="no manifest.json"):
+    with pytest.raises(BatchError, match="manifest.json is missing"):
         merge_batches(spark, [good, no_manifest], root)
 
     incomplete = write_batch(tmp_path / "s", SLOT, 310, 410, changes(400), complete=False)
-    with pytest.raises(BatchError, match='"complete": true'):
+    with pytest.raises(BatchError, match="marked incomplete"):
         merge_batches(spark, [good, incomplete], root)
 
     missing_file = write_batch(tmp_path / "s", SLOT, 410, 510, changes(500))

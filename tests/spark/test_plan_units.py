@@ -9,11 +9,12 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_pgdecode.errors import BatchError
-from airflow_provider_pgdecode.spark.batch import read_batch, read_batches
+from airflow_provider_pgdecode.batch.manifest import BatchManifest, read_batches
 from airflow_provider_pgdecode.errors import MergeInputError
 from airflow_provider_pgdecode.spark.merge_job import delta_table_path, merge_condition, merge_ranges
 from airflow_provider_pgdecode.spark.session import delta_maven_coordinates, delta_spark_conf, ivy_dir
-from airflow_provider_pgdecode.spark.types import UnmappedTypeError, map_catalog_type, parse_unbounded_numeric_rule
+from airflow_provider_pgdecode.errors import UnmappedTypeError
+from airflow_provider_pgdecode.spark.types import map_catalog_type, parse_unbounded_numeric_rule
 from tests.spark.staged import TableChanges, write_batch
 
 
@@ -93,7 +94,7 @@ def test_read_batches_orders_by_lsn_and_checks_the_manifest(tmp_path: Path) -> N
     earlier = write_batch(tmp_path, "s", 0x10, 0x9_0000, [TableChanges("public", "t", columns).insert(0x20, id=1)])
     batches = read_batches([later, earlier])
     assert [str(b.start_lsn) for b in batches] == ["0/10", "1/10"]
-    assert batches[1].tables[0].max_commit_lsn == 0x1_0000_0050
+    assert batches[1].tables[0].max_commit == 0x1_0000_0050
     other_slot = write_batch(tmp_path, "other", 0x10, 0x20, [TableChanges("public", "t", columns).insert(0x20, id=1)])
     with pytest.raises(BatchError, match="different slots"):
         read_batches([earlier, other_slot])
@@ -102,9 +103,9 @@ def test_read_batches_orders_by_lsn_and_checks_the_manifest(tmp_path: Path) -> N
     document["format"] = "pgdecode.batch/2"
     manifest.write_text(json.dumps(document))
     with pytest.raises(BatchError, match="pgdecode.batch/1"):
-        read_batch(earlier)
+        BatchManifest.read(earlier)
     document["format"] = "pgdecode.batch/1"
     document["tables"][0]["path"] = "../../elsewhere"
     manifest.write_text(json.dumps(document))
     with pytest.raises(BatchError, match="leaves the batch directory"):
-        read_batch(earlier)
+        BatchManifest.read(earlier)
