@@ -38,6 +38,9 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_pgdecode.operators.extract",
                     "airflow_provider_pgdecode.operators.merge",
                     "airflow_provider_pgdecode.operators.confirm",
+                    "airflow_provider_pgdecode.operators.initial_snapshot",
+                    "airflow_provider_pgdecode.operators.table_snapshot",
+                    "airflow_provider_pgdecode.operators.replay",
                 ],
             }
         ],
@@ -47,6 +50,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "airflow_provider_pgdecode.sensors.slot_changes",
                     "airflow_provider_pgdecode.sensors.slot_health",
+                    "airflow_provider_pgdecode.sensors.table_snapshot",
                 ],
             }
         ],

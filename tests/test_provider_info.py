@@ -64,7 +64,7 @@ def test_provider_info_is_valid_and_its_modules_import() -> None:
                for kind in ("hooks", "operators", "sensors", "triggers")}
     assert all(entry["integration-name"] in integrations
                for kind in modules for entry in info[kind])
-    assert len(modules["operators"]) == 4 and len(modules["sensors"]) == 2 and len(modules["triggers"]) == 1
+    assert len(modules["operators"]) == 7 and len(modules["sensors"]) == 3 and len(modules["triggers"]) == 1
     for module in (m for ms in modules.values() for m in ms):
         importlib.import_module(module)
     for conn in info["connection-types"]:
@@ -111,7 +111,7 @@ def test_operators_document_their_templated_fields_and_do_nothing_at_parse_time(
         assert "(templated)" in match.group(1), f"{cls.__name__}.{field} is not marked (templated)"
     # Arguments are only stored: an unknown connection and slot do not fail at DAG-parse time.
     required = {"slot_name": "no_such_slot", "staging_root": "/nonexistent", "batch_path": "/nonexistent",
-                "batch_paths": "/nonexistent", "delta_root": "/nonexistent"}
+                "batch_paths": "/nonexistent", "delta_root": "/nonexistent", "request_id": "no_such_request"}
     params = inspect.signature(cls.__init__).parameters
     kwargs = {k: v for k, v in required.items() if k in params}
     if "postgres_conn_id" in params:

@@ -1,1 +1,1 @@
-"""Sensors of pgdecode: slot changes and slot health."""
+"""Sensors of pgdecode: slot changes, slot health, and table snapshot requests."""

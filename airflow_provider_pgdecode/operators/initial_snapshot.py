@@ -1,0 +1,178 @@
+"""The initial load of a new pipeline: create the slot with an exported snapshot and stage the copy.
+
+A slot's changes start at its consistent point; the rows a table held before that point come
+from a copy taken inside the snapshot the slot exports when it is created
+(:mod:`airflow_provider_pgdecode.capture.snapshot`). Staged as one batch whose rows carry the
+consistent point as their commit LSN, the copy and the slot's later batches fit exactly: nothing
+missed, nothing applied twice. The operator returns the batch path(s) for
+:class:`~airflow_provider_pgdecode.operators.merge.PgDecodeMergeOperator`.
+
+Repeatable: once the slot exists, its staged initial load is returned again (merging it twice
+equals merging it once) instead of taking another snapshot, which could not fit the slot.
+
+Example::
+
+    from airflow_provider_pgdecode.operators.initial_snapshot import PgDecodeInitialSnapshotOperator
+    from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
+
+    initial_load = PgDecodeInitialSnapshotOperator(
+        task_id="initial_load",
+        slot_name="pgdecode_shop",
+        staging_root="/data/staging",
+        tables=["public.orders", "public.customers"],
+        workers=4,
+    )
+    merge = PgDecodeMergeOperator(
+        task_id="merge",
+        batch_paths="{{ ti.xcom_pull(task_ids='initial_load') }}",
+        delta_root="/data/delta",
+    )
+    initial_load >> merge
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+
+from airflow_provider_pgdecode.batch.chains import find_initial_load
+from airflow_provider_pgdecode.capture.snapshot import (
+    DEFAULT_SNAPSHOT_CHUNK_ROWS,
+    create_slot_with_snapshot,
+    stage_snapshot,
+)
+from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError
+from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.utils.fail_fast import fail_fast
+
+
+class PgDecodeInitialSnapshotOperator(BaseOperator):
+    """Create a slot with an exported snapshot, copy the tables inside it, return the staged batch.
+
+    The slot is created over a replication connection (the connection's user needs the
+    REPLICATION attribute) and its snapshot is held while ``tables`` are copied in page-range
+    chunks by ``workers`` connections and staged as the batch
+    ``<staging_root>/<slot_name>/0000000000000000-<consistent point>`` (each table's rows after a
+    TRUNCATE, so merging it replaces what a Delta table held). A copy that fails drops the slot
+    again; a run that was killed part-way leaves the slot behind (see below).
+
+    When the slot already exists, its staged initial load (the batch starting at ``0/0``) is
+    returned instead; without one the task fails without a retry and says what to do: an
+    existing slot cannot be given a consistent copy any more (use
+    :class:`~airflow_provider_pgdecode.operators.table_snapshot.PgDecodeTableSnapshotOperator`
+    to load tables into a running pipeline, or drop the slot and start again).
+
+    Returns (to XCom) the list of batch paths to merge, one path.
+
+    Example::
+
+        from airflow_provider_pgdecode.operators.initial_snapshot import PgDecodeInitialSnapshotOperator
+
+        initial_load = PgDecodeInitialSnapshotOperator(
+            task_id="initial_load",
+            slot_name="pgdecode_shop",
+            staging_root="/data/staging",
+            plugin="pgoutput",
+        )
+        # downstream: batch_paths="{{ ti.xcom_pull(task_ids='initial_load') }}"
+
+    :param slot_name: the new slot (``[a-z0-9_]``, up to 63 characters). (templated)
+    :param staging_root: the root directory of staged batches. (templated)
+    :param plugin: the slot's output plugin, ``test_decoding`` or ``pgoutput``. (templated)
+    :param tables: ``schema.table`` names to copy; default (empty) every table with a primary
+        key outside the system schemas. (templated)
+    :param postgres_conn_id: the Airflow connection of the source database. (templated)
+    :param two_phase: create the slot with two-phase decoding (PostgreSQL 15+ with an exported
+        snapshot, and ``max_prepared_transactions > 0``); fixed when the slot is created.
+    :param chunk_rows: the target rows per copied chunk (one Parquet part each); it also bounds
+        the rows a worker holds in memory. (templated)
+    :param workers: chunks copied at once, each on its own connection; ``None`` or 0 picks
+        ``min(4, cores)``. The staged batch does not depend on it. (templated)
+    """
+
+    template_fields: Sequence[str] = (
+        "slot_name",
+        "staging_root",
+        "plugin",
+        "tables",
+        "postgres_conn_id",
+        "chunk_rows",
+        "workers",
+    )
+    ui_color = "#e8f0d9"
+
+    def __init__(
+        self,
+        *,
+        slot_name: str,
+        staging_root: str,
+        plugin: str = "test_decoding",
+        tables: Sequence[str] | None = None,
+        postgres_conn_id: str = PgDecodeHook.default_conn_name,
+        two_phase: bool = True,
+        chunk_rows: int | str = DEFAULT_SNAPSHOT_CHUNK_ROWS,
+        workers: int | str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.slot_name = slot_name
+        self.staging_root = staging_root
+        self.plugin = plugin
+        self.tables = tables
+        self.postgres_conn_id = postgres_conn_id
+        self.two_phase = two_phase
+        self.chunk_rows = chunk_rows
+        self.workers = workers
+
+    def execute(self, context: Context) -> list[str]:
+        with fail_fast():
+            return self._load()
+
+    def _settings(self) -> tuple[int, int | None]:
+        try:
+            chunk_rows = int(self.chunk_rows)
+            workers = int(self.workers or 0) or None
+        except (TypeError, ValueError):
+            raise ConfigurationError(
+                f"chunk_rows and workers must be whole numbers, not {self.chunk_rows!r} and {self.workers!r}"
+            ) from None
+        if chunk_rows < 1 or (workers is not None and workers < 1):
+            raise ConfigurationError(
+                f"chunk_rows must be at least 1 and workers at least 0 (0: the default), not {chunk_rows} and "
+                f"{self.workers}"
+            )
+        return chunk_rows, workers
+
+    def _load(self) -> list[str]:
+        slot, staging = str(self.slot_name), str(self.staging_root)
+        chunk_rows, workers = self._settings()
+        named = [self.tables] if isinstance(self.tables, str) else list(self.tables or [])
+        with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
+            exists = hook.get_slot_client().exists(slot)
+            tables = named or [f"{s}.{t}" for s, t in hook.get_catalog().tables_with_primary_key()]
+            dsn = hook.dsn()
+        if exists:
+            staged = find_initial_load(staging, slot)
+            if staged is None:
+                raise SlotError(
+                    f"slot {slot!r} already exists and has no staged initial load under {staging}, so its tables "
+                    f"cannot be loaded consistently with it from here. To load tables into the running pipeline use "
+                    f"mode 'add-table' or 'resnapshot' (PgDecodeTableSnapshotOperator); to start over drop the slot "
+                    f"(SELECT pg_drop_replication_slot('{slot}')) and run mode 'initial' again"
+                )
+            self.log.info("initial load of slot %s was staged before (up to %s): merging it again", slot, staged.end_lsn)
+            return [str(staged.path)]
+        if not tables:
+            raise CatalogError(
+                "no table to load: the database has no table with a primary key outside the system schemas. Name "
+                "the tables to copy (each needs a primary key or a replica identity index)"
+            )
+        self.log.info("initial load: creating slot %s and copying %d table(s)", slot, len(tables))
+        with create_slot_with_snapshot(dsn, slot, str(self.plugin), two_phase=bool(self.two_phase)) as snapshot:
+            manifest = stage_snapshot(
+                dsn, snapshot.snapshot_name, snapshot.consistent_lsn, slot, staging, tables,
+                plugin=str(self.plugin), chunk_rows=chunk_rows, workers=workers,
+            )
+        return [str(manifest.path)]

@@ -1,0 +1,157 @@
+"""Bring a table into a running pipeline, or copy it again: file a table snapshot request.
+
+A running slot has no snapshot to offer and the pipeline must not stop, so the copy happens
+inside the incremental extract, chunk by chunk between watermarks, while every other table keeps
+flowing (:mod:`airflow_provider_pgdecode.capture.table_snapshot`, docs/backfill.md). This
+operator only files the request (``<staging_root>/<slot>/snapshot-requests/<id>.json``);
+the next runs of the slot's extract carry it out, and
+:class:`~airflow_provider_pgdecode.sensors.table_snapshot.PgDecodeTableSnapshotSensor` waits
+for it and logs its progress.
+
+Repeatable: filing the same request id again with the same tables returns the request already
+filed, so a re-run never snapshots twice.
+
+Example::
+
+    from airflow_provider_pgdecode.operators.table_snapshot import PgDecodeTableSnapshotOperator
+    from airflow_provider_pgdecode.sensors.table_snapshot import PgDecodeTableSnapshotSensor
+
+    request = PgDecodeTableSnapshotOperator(
+        task_id="request_snapshot",
+        slot_name="pgdecode_shop",
+        staging_root="/data/staging",
+        tables=["public.refunds"],
+        mode="add-table",
+    )
+    wait = PgDecodeTableSnapshotSensor(
+        task_id="wait_for_snapshot",
+        slot_name="pgdecode_shop",
+        staging_root="/data/staging",
+        request_id="{{ ti.xcom_pull(task_ids='request_snapshot') }}",
+    )
+    request >> wait
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+
+from airflow_provider_pgdecode.capture.table_snapshot import DEFAULT_CHUNK_ROWS, MODES, request_table_snapshot
+from airflow_provider_pgdecode.errors import ConfigurationError, SlotError
+from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.utils.fail_fast import fail_fast
+
+
+class PgDecodeTableSnapshotOperator(BaseOperator):
+    """File a request for the slot's next extracts to copy ``tables``; return the request id.
+
+    ``mode`` ``add-table`` brings tables the pipeline did not stage so far into it (they stay in
+    it afterwards); ``resnapshot`` copies staged tables again, e.g. after their Delta tables
+    were deleted or damaged. Both stage a TRUNCATE of the Delta table before the first chunk.
+    For a ``pgoutput`` slot, add the tables to the publication first.
+
+    The slot must exist (the request is carried out by the pipeline reading it): a missing
+    slot, an unknown mode, no tables, or a request id already filed with other settings fail
+    the task without a retry and say what to do.
+
+    Returns (to XCom) the request id, as filed (characters other than letters, digits and
+    ``_.+-`` become ``_``).
+
+    Example::
+
+        from airflow_provider_pgdecode.operators.table_snapshot import PgDecodeTableSnapshotOperator
+
+        resnapshot = PgDecodeTableSnapshotOperator(
+            task_id="request_snapshot",
+            slot_name="pgdecode_shop",
+            staging_root="/data/staging",
+            tables=["public.orders"],
+            mode="resnapshot",
+            request_id="rebuild-orders",
+        )
+
+    :param slot_name: the running pipeline's slot. (templated)
+    :param staging_root: the root directory of the slot's staged batches (the request is filed
+        under it). (templated)
+    :param tables: ``schema.table`` names to copy (at least one). (templated)
+    :param mode: ``add-table`` or ``resnapshot``. (templated)
+    :param request_id: the request's id (letters, digits, ``_.+-``); default ``<mode>-<run_id>``,
+        one request per DAG run. (templated)
+    :param chunk_rows: rows per chunk (one query, one Parquet part). (templated)
+    :param postgres_conn_id: the Airflow connection of the slot's database. (templated)
+    """
+
+    template_fields: Sequence[str] = (
+        "slot_name",
+        "staging_root",
+        "tables",
+        "mode",
+        "request_id",
+        "chunk_rows",
+        "postgres_conn_id",
+    )
+    ui_color = "#f0e9d9"
+
+    def __init__(
+        self,
+        *,
+        slot_name: str,
+        staging_root: str,
+        tables: Sequence[str] | None = None,
+        mode: str = "add-table",
+        request_id: str | None = None,
+        chunk_rows: int | str = DEFAULT_CHUNK_ROWS,
+        postgres_conn_id: str = PgDecodeHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.slot_name = slot_name
+        self.staging_root = staging_root
+        self.tables = tables
+        self.mode = mode
+        self.request_id = request_id
+        self.chunk_rows = chunk_rows
+        self.postgres_conn_id = postgres_conn_id
+
+    def execute(self, context: Context) -> str:
+        with fail_fast():
+            return self._file(context)
+
+    def _arguments(self) -> tuple[list[str], int]:
+        mode = self.mode
+        if mode not in MODES:
+            raise ConfigurationError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        tables = [self.tables] if isinstance(self.tables, str) else [str(t) for t in self.tables or [] if t]
+        if not tables:
+            raise ConfigurationError(f"mode {mode!r} needs the tables to copy (param 'tables')")
+        try:
+            chunk_rows = int(self.chunk_rows)
+        except (TypeError, ValueError):
+            chunk_rows = 0
+        if chunk_rows < 1:
+            raise ConfigurationError(f"chunk_rows must be a whole number of at least 1, not {self.chunk_rows!r}")
+        return tables, chunk_rows
+
+    def _file(self, context: Context) -> str:
+        slot, mode = str(self.slot_name), str(self.mode)
+        tables, chunk_rows = self._arguments()
+        with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
+            if not hook.get_slot_client().exists(slot):
+                raise SlotError(
+                    f"slot {slot!r} does not exist: mode {mode!r} loads tables into a running pipeline. Run "
+                    "pgdecode_incremental (it creates the slot) or pgdecode_backfill with mode 'initial' first"
+                )
+        request_id = self.request_id or f"{mode}-{context['run_id']}"
+        try:
+            request = request_table_snapshot(
+                str(self.staging_root), slot, tables, mode, request_id=request_id, chunk_rows=chunk_rows
+            )
+        except ValueError as exc:  # the request's own argument checks (e.g. an unusable id)
+            raise ConfigurationError(f"cannot file the snapshot request: {exc}") from exc
+        self.log.info(
+            "filed request %s: pgdecode_incremental copies %s", request.id, ", ".join(".".join(t) for t in request.tables)
+        )
+        return request.id
