@@ -14,6 +14,12 @@ Four modes (the ``mode`` param):
   ``delta_root`` (default a separate root), e.g. to rebuild Delta tables elsewhere. The slot is
   neither read nor advanced.
 
+Wiring only: each mode is an operator of the provider. ``mode`` (a branch) picks the task of
+the run's mode: ``initial_load`` (``PgDecodeInitialSnapshotOperator``) or ``replay``
+(``PgDecodeReplayOperator``), both followed by ``merge`` (``PgDecodeMergeOperator``), or
+``prepare`` (``PgDecodeTableSnapshotOperator``, files the request) followed by
+``wait_for_snapshot`` (``PgDecodeTableSnapshotSensor``, reschedule mode).
+
 Every mode is safe to repeat: the merge is idempotent by commit LSN, a request id is filed
 once, and an initial load is not taken twice. The DAG never runs on its own schedule (it is
 created paused, and scheduled runs skip); its daily timetable exists so that
@@ -27,16 +33,24 @@ over a date range, each run with the same conf and the same end state.
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
 
-from airflow.sdk import DAG, Param, PokeReturnValue, get_current_context, task
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk import DAG, Param, TriggerRule, get_current_context, task
+from airflow.sdk.exceptions import AirflowSkipException
 
+from airflow_provider_pgdecode.operators.initial_snapshot import PgDecodeInitialSnapshotOperator
 from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
+from airflow_provider_pgdecode.operators.replay import PgDecodeReplayOperator
+from airflow_provider_pgdecode.operators.table_snapshot import PgDecodeTableSnapshotOperator
+from airflow_provider_pgdecode.sensors.table_snapshot import PgDecodeTableSnapshotSensor
 
 DATA_DIR = os.environ.get("PGDECODE_DATA_DIR", "/tmp/pgdecode")
 MODES = ["initial", "add-table", "resnapshot", "replay"]
+# The task that carries out each mode ("prepare" files a table snapshot request).
+MODE_TASKS = {"initial": "initial_load", "add-table": "prepare", "resnapshot": "prepare", "replay": "replay"}
+# The merge's Delta root: the delta_root param, or by default a separate root for replays.
+_DEFAULT_ROOT, _REPLAY_ROOT = f"{DATA_DIR}/delta", f"{DATA_DIR}/delta_backfill"
+DELTA_ROOT = f"{{{{ params.delta_root or ({_REPLAY_ROOT!r} if params.mode == 'replay' else {_DEFAULT_ROOT!r}) }}}}"
 
 with DAG(
     dag_id="pgdecode_backfill",
@@ -69,117 +83,57 @@ with DAG(
     },
 ) as dag:
 
-    @task
-    def prepare() -> dict[str, Any]:
-        """Decide what this run merges (initial load, replay chain) or file a snapshot request."""
+    @task.branch(task_id="mode")
+    def choose_mode() -> str:
+        """The task of this run's mode; scheduled runs skip (the schedule serves `airflow backfill create`)."""
         context = get_current_context()
-        params = context["params"]
         if str(context["dag_run"].run_type).lower().endswith("scheduled"):
             raise AirflowSkipException("pgdecode_backfill runs when triggered or backfilled, not on its schedule")
-        mode, slot, staging = params["mode"], params["slot_name"], params["staging_uri"]
-        delta_root = params["delta_root"] or f"{DATA_DIR}/{'delta_backfill' if mode == 'replay' else 'delta'}"
-        result: dict[str, Any] = {"mode": mode, "slot": slot, "delta_root": delta_root, "batches": [], "request": None}
-        if mode == "replay":
-            result["batches"] = _replay_chain(slot, staging, params["start_lsn"], params["end_lsn"])
-        elif mode == "initial":
-            result["batches"] = _initial_load(params, slot, staging)
-        else:
-            result["request"] = _file_request(params, mode, slot, staging, context["run_id"])
-        return result
+        return MODE_TASKS[context["params"]["mode"]]
 
-    def _replay_chain(slot: str, staging: str, start_lsn: str, end_lsn: str) -> list[str]:
-        from airflow_provider_pgdecode.decoding.lsn import Lsn
-        from airflow_provider_pgdecode.errors import StagingError
-        from airflow_provider_pgdecode.batch.chains import select_batch_chain
-
-        try:
-            chain = select_batch_chain(
-                staging, slot, Lsn.parse(start_lsn) if start_lsn else None, Lsn.parse(end_lsn) if end_lsn else None
-            )
-        except StagingError as exc:
-            raise AirflowFailException(str(exc)) from exc
-        print(f"replay: {len(chain)} batch(es) from {chain[0].start_lsn} to {chain[-1].end_lsn}")
-        return [str(m.path) for m in chain]
-
-    def _initial_load(params: dict[str, Any], slot: str, staging: str) -> list[str]:
-        from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-        from airflow_provider_pgdecode.batch.chains import find_initial_load
-        from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot, stage_snapshot
-
-        with PgDecodeHook(postgres_conn_id=params["postgres_conn_id"]) as hook:
-            exists = hook.get_slot_client().exists(slot)
-            tables = list(params["tables"]) or list(hook.get_catalog().tables_with_primary_key())
-            dsn = hook.dsn()
-        if exists:
-            staged = find_initial_load(staging, slot)
-            if staged is None:
-                raise AirflowFailException(
-                    f"slot {slot!r} already exists and has no staged initial load under {staging}, so its tables "
-                    f"cannot be loaded consistently with it from here. To load tables into the running pipeline use "
-                    f"mode 'add-table' or 'resnapshot'; to start over drop the slot "
-                    f"(SELECT pg_drop_replication_slot('{slot}')) and run mode 'initial' again"
-                )
-            print(f"initial load of slot {slot} was staged before (up to {staged.end_lsn}): merging it again")
-            return [str(staged.path)]
-        print(f"initial load: creating slot {slot} and copying {len(tables)} table(s)")
-        with create_slot_with_snapshot(dsn, slot, params["plugin"], two_phase=True) as snapshot:
-            manifest = stage_snapshot(
-                dsn, snapshot.snapshot_name, snapshot.consistent_lsn, slot, staging, tables,
-                plugin=params["plugin"], chunk_rows=params["chunk_rows"], workers=params["workers"] or None,
-            )
-        return [str(manifest.path)]
-
-    def _file_request(params: dict[str, Any], mode: str, slot: str, staging: str, run_id: str) -> str:
-        from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-        from airflow_provider_pgdecode.capture.table_snapshot import request_table_snapshot
-
-        if not params["tables"]:
-            raise AirflowFailException(f"mode {mode!r} needs the tables to copy (param 'tables')")
-        with PgDecodeHook(postgres_conn_id=params["postgres_conn_id"]) as hook:
-            if not hook.get_slot_client().exists(slot):
-                raise AirflowFailException(
-                    f"slot {slot!r} does not exist: mode {mode!r} loads tables into a running pipeline. Run "
-                    "pgdecode_incremental (it creates the slot) or pgdecode_backfill with mode 'initial' first"
-                )
-        request = request_table_snapshot(
-            staging, slot, params["tables"], mode, request_id=params["request_id"] or f"{mode}-{run_id}",
-            chunk_rows=params["chunk_rows"],
-        )
-        print(f"filed request {request.id}: pgdecode_incremental copies {', '.join('.'.join(t) for t in request.tables)}")
-        return request.id
-
-    @task.sensor(poke_interval=30, timeout=timedelta(days=2).total_seconds(), mode="reschedule")
-    def wait_for_snapshot(prepared: dict[str, Any]) -> PokeReturnValue:
-        """For add-table/resnapshot: until pgdecode_incremental has copied and confirmed every chunk."""
-        from airflow_provider_pgdecode.capture.table_snapshot import describe_progress, read_snapshot_state
-
-        context = get_current_context()
-        params = context["params"]
-        request = prepared.get("request")
-        if not request:
-            return PokeReturnValue(is_done=True)
-        if params["wait_seconds"] == 0:
-            print(f"not waiting for request {request} (wait_seconds=0)")
-            return PokeReturnValue(is_done=True)
-        started = context["dag_run"].start_date
-        state = read_snapshot_state(params["staging_uri"], prepared["slot"], request)
-        print(f"request {request}: {describe_progress(state) if state else 'no chunk confirmed yet'}")
-        if state and state.get("error"):
-            raise AirflowFailException(f"snapshot request {request} failed: {state['error']}")
-        if state and state.get("done"):
-            return PokeReturnValue(is_done=True, xcom_value=state)
-        if started and (datetime.now(started.tzinfo) - started).total_seconds() > params["wait_seconds"]:
-            raise AirflowFailException(
-                f"snapshot request {request} is not done after {params['wait_seconds']} s; is pgdecode_incremental "
-                "running? The request stays filed: re-run this task to keep waiting"
-            )
-        return PokeReturnValue(is_done=False)
-
-    prepared = prepare()
+    initial_load = PgDecodeInitialSnapshotOperator(
+        task_id="initial_load",
+        slot_name="{{ params.slot_name }}",
+        staging_root="{{ params.staging_uri }}",
+        plugin="{{ params.plugin }}",
+        tables="{{ params.tables }}",
+        postgres_conn_id="{{ params.postgres_conn_id }}",
+        chunk_rows="{{ params.chunk_rows }}",
+        workers="{{ params.workers }}",
+    )
+    replay = PgDecodeReplayOperator(
+        task_id="replay",
+        slot_name="{{ params.slot_name }}",
+        staging_root="{{ params.staging_uri }}",
+        start_lsn="{{ params.start_lsn }}",
+        end_lsn="{{ params.end_lsn }}",
+    )
     merge = PgDecodeMergeOperator(
         task_id="merge",
-        batch_paths="{{ ti.xcom_pull(task_ids='prepare')['batches'] }}",
-        delta_root="{{ ti.xcom_pull(task_ids='prepare')['delta_root'] }}",
+        batch_paths="{{ ti.xcom_pull(task_ids='initial_load') or ti.xcom_pull(task_ids='replay') }}",
+        delta_root=DELTA_ROOT,
         conn_id="{{ params.spark_conn_id }}",
+        trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,  # after whichever of the two ran
     )
-    prepared >> merge >> wait_for_snapshot(prepared)
+    request = PgDecodeTableSnapshotOperator(
+        task_id="prepare",
+        slot_name="{{ params.slot_name }}",
+        staging_root="{{ params.staging_uri }}",
+        tables="{{ params.tables }}",
+        mode="{{ params.mode }}",
+        request_id="{{ params.request_id }}",  # empty: one per DAG run
+        chunk_rows="{{ params.chunk_rows }}",
+        postgres_conn_id="{{ params.postgres_conn_id }}",
+    )
+    wait_for_snapshot = PgDecodeTableSnapshotSensor(
+        task_id="wait_for_snapshot",
+        slot_name="{{ params.slot_name }}",
+        staging_root="{{ params.staging_uri }}",
+        request_id="{{ ti.xcom_pull(task_ids='prepare') }}",
+        wait_seconds="{{ params.wait_seconds }}",
+        poke_interval=30,  # reschedule mode: no worker is held between pokes
+    )
+
+    choose_mode() >> [initial_load, replay, request]
+    [initial_load, replay] >> merge
+    request >> wait_for_snapshot
