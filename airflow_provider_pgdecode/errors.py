@@ -70,8 +70,10 @@ class BatchError(StagingError):
     """A batch cannot be merged: missing or incomplete manifest, missing files, inconsistent batches."""
 
 
-class ConfigurationError(PgDecodeError):
-    """A task's arguments or connections cannot work as given (a missing connection, a bad parameter)."""
+class ConfigurationError(PgDecodeError, ValueError):
+    """A task's arguments or connections cannot work as given (a missing connection, a bad parameter).
+
+    Also a ``ValueError``, which is what Python code passing a bad argument expects."""
 
 
 class CheckpointError(PgDecodeError):

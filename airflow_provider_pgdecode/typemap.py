@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from airflow_provider_pgdecode.errors import UnmappedTypeError
+from airflow_provider_pgdecode.errors import ConfigurationError, UnmappedTypeError
 
 
 class Kind:
@@ -254,7 +254,7 @@ def parse_unbounded_numeric_rule(rule: str) -> str:
         precision, scale = int(match.group(1)), int(match.group(2))
         if 1 <= precision <= SPARK_MAX_DECIMAL_PRECISION and scale <= precision:
             return f"decimal({precision},{scale})"
-    raise ValueError(
+    raise ConfigurationError(
         f"unbounded numeric rule must be 'string' or 'decimal(P,S)' with 1 <= P <= 38 and S <= P: {rule!r}"
     )
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import StagingError
+from airflow_provider_pgdecode.errors import ConfigurationError, StagingError
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import MANIFEST_NAME, BatchManifest, list_batches
 
@@ -60,7 +60,7 @@ def prune_batches(
     :param dry_run: only report what would be removed.
     """
     if keep_days < 0 or keep_batches < 0:
-        raise ValueError("keep_days and keep_batches must not be negative")
+        raise ConfigurationError("keep_days and keep_batches must not be negative")
     now = time.time() if now is None else now
     cutoff = now - keep_days * 86400
     base = Path(staging_root) / checkpoint.slot

@@ -42,7 +42,7 @@ from airflow_provider_pgdecode.decoding.events import (
     Truncate,
 )
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import DecodingError
+from airflow_provider_pgdecode.errors import ConfigurationError, DecodingError
 
 _I16 = Struct(">h")
 _I32 = Struct(">i")
@@ -103,7 +103,7 @@ def pgoutput_options(
     top = max_proto_version(server_version_num)
     version = top if proto_version is None else proto_version
     if not 1 <= version <= top:
-        raise ValueError(f"pgoutput protocol {version} is not supported by this server (1 to {top})")
+        raise ConfigurationError(f"pgoutput protocol {version} is not supported by this server (1 to {top})")
     options = [("proto_version", str(version)), ("publication_names", publication)]
     if messages and server_version_num >= 140000:
         options.append(("messages", "true"))
@@ -111,11 +111,11 @@ def pgoutput_options(
         options.append(("streaming", "on" if server_version_num >= 160000 else "true"))
     if two_phase:
         if version < 3:
-            raise ValueError("two-phase decoding with pgoutput needs protocol 3 (PostgreSQL 15+)")
+            raise ConfigurationError("two-phase decoding with pgoutput needs protocol 3 (PostgreSQL 15+)")
         options.append(("two_phase", "true"))
     if origin is not None:
         if server_version_num < 160000:
-            raise ValueError("pgoutput's origin option needs PostgreSQL 16+")
+            raise ConfigurationError("pgoutput's origin option needs PostgreSQL 16+")
         options.append(("origin", origin))
     return options
 

@@ -50,7 +50,7 @@ from pyspark.sql.types import (
 )
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import BatchError, MergeInputError, UnmappedTypeError
+from airflow_provider_pgdecode.errors import BatchError, ConfigurationError, MergeInputError, UnmappedTypeError
 from airflow_provider_pgdecode.spark import collapse
 from airflow_provider_pgdecode.batch import format as staged
 from airflow_provider_pgdecode.batch.format import COMMIT_LSN, COMMIT_TIME, XID, is_local_path, join_path, local_path
@@ -110,7 +110,7 @@ class MergeOptions:
 
     def __post_init__(self) -> None:
         if self.numeric_special not in ("null", "error"):
-            raise ValueError(f"numeric_special must be 'null' or 'error', not {self.numeric_special!r}")
+            raise ConfigurationError(f"numeric_special must be 'null' or 'error', not {self.numeric_special!r}")
         parse_unbounded_numeric_rule(self.unbounded_numeric)
 
 

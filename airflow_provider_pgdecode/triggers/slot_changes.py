@@ -39,7 +39,7 @@ from airflow_provider_pgdecode.decoding.events import Begin, Commit, Event, Mess
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.pgoutput import PgOutputParser, pgoutput_options
 from airflow_provider_pgdecode.decoding.test_decoding import PROBE_OPTIONS, TestDecodingParser
-from airflow_provider_pgdecode.errors import SlotError, SlotInUseError
+from airflow_provider_pgdecode.errors import ConfigurationError, SlotError, SlotInUseError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.postgres.health import check_readable, slot_in_use
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
@@ -123,7 +123,7 @@ def probe_changes(
         ``publication``.
     """
     if probe_rows < 1:
-        raise ValueError(f"probe_rows must be positive, got {probe_rows}")
+        raise ConfigurationError(f"probe_rows must be positive, got {probe_rows}")
     name = info.slot_name
     check_readable(info)
     client = hook.get_slot_client()
