@@ -1,6 +1,10 @@
 """Catalog lookups for source tables: columns, primary keys, replica identity (psycopg 3, no Airflow).
 
-Schema and table names are always passed as query parameters, never formatted into SQL.
+:meth:`Catalog.table_key` is the one rule for which columns identify a row of a table in Delta;
+the extract, the initial snapshot and table snapshots all ask it.
+
+Schema and table names are passed as query parameters, or composed as identifiers with
+``psycopg.sql``; never formatted into SQL as text.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import tuple_row
 
 from airflow_provider_pgdecode.errors import CatalogError
@@ -49,6 +54,28 @@ class ReplicaIdentity:
     kind: ReplicaIdentityKind
     columns: tuple[str, ...]
     index_name: str | None = None
+
+
+KeySource = Literal["primary key", "replica identity index", "all columns"]
+
+
+@dataclass(frozen=True)
+class TableKey:
+    """The columns that identify a row of a table in Delta, and where they come from.
+
+    ``source`` is ``primary key``, ``replica identity index`` (REPLICA IDENTITY USING INDEX) or
+    ``all columns`` (REPLICA IDENTITY FULL without either); ``replica_identity`` is the table's
+    REPLICA IDENTITY kind, whatever the source.
+    """
+
+    columns: tuple[str, ...]
+    replica_identity: ReplicaIdentityKind
+    source: KeySource = "primary key"
+
+    @property
+    def unique(self) -> bool:
+        """Whether PostgreSQL enforces the key's uniqueness (and NOT NULL): not so for all columns."""
+        return self.source != "all columns"
 
 
 class Catalog:
@@ -131,6 +158,71 @@ class Catalog:
             # The index was dropped: PostgreSQL then behaves as NOTHING.
             return ReplicaIdentity("nothing", ())
         return ReplicaIdentity(kind, tuple(columns), index_name)
+
+    def table_key(self, schema: str, table: str) -> TableKey:
+        """Which columns identify a row of ``schema.table`` in Delta: the one rule for every reader.
+
+        The primary key; else the REPLICA IDENTITY USING INDEX columns; else, under REPLICA
+        IDENTITY FULL, all columns (PostgreSQL then logs the whole old row, so the whole row is
+        what an UPDATE or DELETE names); else :class:`CatalogError`, since PostgreSQL logs
+        nothing that says which row an UPDATE or DELETE changed. Why one rule: the incremental
+        extract and the snapshots must key a table alike, or a table that flows incrementally
+        could not be added or re-snapshotted (and the merge refuses a key that changes).
+        """
+        oid, _, replident = self._relation(schema, table)
+        kind = _RELREPLIDENT.get(replident)
+        if kind is None:
+            raise CatalogError(f"table {schema!r}.{table!r} has unknown relreplident {replident!r}")
+        primary = self._index_columns(oid, "i.indisprimary")[1]
+        if primary:
+            return TableKey(tuple(primary), kind, "primary key")
+        if kind == "index":
+            index_name, columns = self._index_columns(oid, "i.indisreplident")
+            if index_name is not None:
+                return TableKey(tuple(columns), kind, "replica identity index")
+            kind = "nothing"  # the index was dropped: PostgreSQL then behaves as NOTHING
+        if kind == "full":
+            return TableKey(tuple(row[0] for row in self._columns(oid)), kind, "all columns")
+        raise CatalogError(
+            f"table {schema}.{table} has no primary key and REPLICA IDENTITY {kind.upper()}: its rows cannot be "
+            "matched in Delta. Add a primary key (or a unique index with REPLICA IDENTITY USING INDEX), or set "
+            "REPLICA IDENTITY FULL (every column then identifies a row), or exclude the table with the tables option."
+        )
+
+    def unorderable_columns(self, schema: str, table: str, columns: Sequence[ColumnInfo]) -> list[ColumnInfo]:
+        """Those of ``columns`` that ``ORDER BY`` cannot sort (no default b-tree operator class).
+
+        ``json``, ``point``, ``xml``, ``xid``, arrays and composites of such types: a key of all
+        columns (REPLICA IDENTITY FULL) that holds one cannot be copied in key order. PostgreSQL
+        itself answers, at parse time (``ORDER BY ... LIMIT 0`` reads no row): one statement
+        when every column sorts, then one per column to name the culprits. Each probe runs in a
+        savepoint (or its own transaction), so a transaction in progress survives a refusal.
+        """
+        if not columns:
+            return []
+        if self._sorts(schema, table, columns):
+            return []
+        return [column for column in columns if not self._sorts(schema, table, [column])]
+
+    def _sorts(self, schema: str, table: str, columns: Sequence[ColumnInfo]) -> bool:
+        query = sql.SQL("SELECT FROM {} ORDER BY {} LIMIT 0").format(
+            sql.Identifier(schema, table), sql.SQL(", ").join(sql.Identifier(c.name) for c in columns)
+        )
+        try:
+            with self.conn.transaction():
+                self.conn.execute(query)
+        except psycopg.errors.UndefinedFunction:  # "could not identify an ordering operator for type ..."
+            return False
+        return True
+
+    def in_publication(self, publication: str, schema: str, table: str) -> bool:
+        """Whether ``publication`` sends the table's changes (a pgoutput slot decodes nothing else)."""
+        return bool(
+            self._all(
+                "SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
+                (publication, schema, table),
+            )
+        )
 
     def type_names(self) -> dict[int, str]:
         """``format_type`` names of every type by OID (what test_decoding prints for them)."""

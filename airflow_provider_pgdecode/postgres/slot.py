@@ -26,21 +26,10 @@ from psycopg.rows import tuple_row
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import PgDecodeError, SlotError
 from airflow_provider_pgdecode.postgres.health import check_readable, not_logical, slot_in_use, slot_lost, slot_missing
+from airflow_provider_pgdecode.postgres.session import PINNED_GUCS, pin_settings  # noqa: F401  (PINNED_GUCS: re-exported)
 
 SLOT_NAME_RE = re.compile(r"[a-z0-9_]{1,63}")
 """What PostgreSQL accepts as a replication slot name."""
-
-PINNED_GUCS: tuple[tuple[str, str], ...] = (
-    ("DateStyle", "ISO, YMD"),
-    ("TimeZone", "UTC"),
-    ("IntervalStyle", "postgres"),
-    ("bytea_output", "hex"),
-    ("extra_float_digits", "3"),
-)
-"""Formatting settings pinned (``SET LOCAL``) while peeking: test_decoding renders values with them."""
-
-# One statement (simple protocol, no parameters): the values are constants.
-_PIN_GUCS_SQL = "; ".join(f"SET LOCAL {name} = '{value}'" for name, value in PINNED_GUCS)
 
 # The fastest variant measured on 202k test_decoding rows (PG 15): binary results with lsn as
 # int8 and xid via text ~560k rows/s; text results parsed with Lsn.parse ~400k rows/s; a
@@ -407,7 +396,7 @@ class SlotClient:
         conn = self.conn
         new = int.__new__
         with conn.transaction():
-            conn.execute(_PIN_GUCS_SQL)
+            pin_settings(conn, local=True)
             cursor_name = f"pgdecode_peek_{next(_cursor_ids)}"
             with conn.cursor(name=cursor_name, row_factory=tuple_row) as cur:
                 try:
@@ -432,7 +421,7 @@ class SlotClient:
         _, flat = _peek_arguments(name, Lsn(0), options)
         conn = self.conn
         with conn.transaction():
-            conn.execute(_PIN_GUCS_SQL)
+            pin_settings(conn, local=True)
             with conn.cursor(row_factory=tuple_row) as cur:
                 try:
                     cur.execute(_PROBE_SQL, (name, limit, flat), binary=True)
@@ -456,7 +445,7 @@ class SlotClient:
         ceiling, flat = _peek_arguments(name, upto_lsn, options)
         conn = self.conn
         with conn.transaction():
-            conn.execute(_PIN_GUCS_SQL)
+            pin_settings(conn, local=True)
             with conn.cursor() as cur:
                 try:
                     with cur.copy(_PEEK_COPY_SQL, (name, str(ceiling), flat)) as copy:

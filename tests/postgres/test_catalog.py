@@ -14,7 +14,7 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.pgoutput import BUILTIN_TYPE_NAMES
 from airflow_provider_pgdecode.decoding.test_decoding import TestDecodingParser
 from airflow_provider_pgdecode.errors import CatalogError
-from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, ReplicaIdentity
+from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, ReplicaIdentity, TableKey
 
 pytestmark = pytest.mark.postgres
 
@@ -241,6 +241,106 @@ def test_replica_identity_of_a_dropped_index_is_nothing(pg_conn, catalog, schema
     ).fetchone()[0]
     assert kind == "i"
     assert catalog.replica_identity(schema, "t") == ReplicaIdentity("nothing", ())
+
+
+# --- the table-key rule -----------------------------------------------------------------------
+
+
+def test_table_key_is_the_primary_key_whatever_the_replica_identity(pg_conn, catalog, schema) -> None:
+    run(pg_conn, schema, """
+        CREATE TABLE pk (a int, b text, c int, PRIMARY KEY (c, a));
+        CREATE TABLE pk_full (a int PRIMARY KEY, b text);
+        ALTER TABLE pk_full REPLICA IDENTITY FULL;
+        CREATE TABLE pk_nothing (a int PRIMARY KEY, b text);
+        ALTER TABLE pk_nothing REPLICA IDENTITY NOTHING;
+        CREATE TABLE pk_and_index (a int PRIMARY KEY, b int NOT NULL);
+        CREATE UNIQUE INDEX pk_and_index_b ON pk_and_index (b);
+        ALTER TABLE pk_and_index REPLICA IDENTITY USING INDEX pk_and_index_b""")
+    assert catalog.table_key(schema, "pk") == TableKey(("c", "a"), "default", "primary key")
+    assert catalog.table_key(schema, "pk_full") == TableKey(("a",), "full", "primary key")
+    assert catalog.table_key(schema, "pk_nothing") == TableKey(("a",), "nothing", "primary key")
+    assert catalog.table_key(schema, "pk_and_index") == TableKey(("a",), "index", "primary key")
+    assert catalog.table_key(schema, "pk").unique
+
+
+def test_table_key_without_primary_key_is_the_replica_identity_index(pg_conn, catalog, schema) -> None:
+    run(pg_conn, schema, """
+        CREATE TABLE t (a int, b int NOT NULL, c int NOT NULL, d text);
+        CREATE UNIQUE INDEX t_cb ON t (c, b) INCLUDE (d);
+        ALTER TABLE t REPLICA IDENTITY USING INDEX t_cb""")
+    key = catalog.table_key(schema, "t")
+    assert key == TableKey(("c", "b"), "index", "replica identity index")  # index order, INCLUDE left out
+    assert key.unique
+
+
+def test_table_key_under_replica_identity_full_without_primary_key_is_all_columns(pg_conn, catalog, schema) -> None:
+    run(pg_conn, schema, """
+        CREATE TABLE t (a int, gone int, b text, c jsonb, "Odd Col" point);
+        ALTER TABLE t DROP COLUMN gone;
+        CREATE UNIQUE INDEX t_a ON t (a);  -- unique, but not the replica identity: not a key
+        ALTER TABLE t REPLICA IDENTITY FULL""")
+    key = catalog.table_key(schema, "t")
+    assert key == TableKey(("a", "b", "c", "Odd Col"), "full", "all columns")  # attnum order, live columns only
+    assert not key.unique  # rows may repeat, columns may be NULL
+
+
+@pytest.mark.parametrize(
+    ("ddl", "kind"),
+    [
+        ("CREATE TABLE t (a int, b text)", "DEFAULT"),
+        ("CREATE TABLE t (a int NOT NULL UNIQUE, b text)", "DEFAULT"),  # a unique index alone is not a key
+        ("CREATE TABLE t (a int, b text); ALTER TABLE t REPLICA IDENTITY NOTHING", "NOTHING"),
+        # The replica identity index was dropped: PostgreSQL logs no old key, as under NOTHING.
+        ("CREATE TABLE t (a int NOT NULL, b text); CREATE UNIQUE INDEX t_a ON t (a);"
+         " ALTER TABLE t REPLICA IDENTITY USING INDEX t_a; DROP INDEX t_a", "NOTHING"),
+    ],
+    ids=["default", "unique-but-default", "nothing", "dropped-index"],
+)
+def test_table_key_refuses_a_table_without_one_and_says_what_to_do(pg_conn, catalog, schema, ddl, kind) -> None:
+    run(pg_conn, schema, ddl)
+    with pytest.raises(CatalogError) as info:
+        catalog.table_key(schema, "t")
+    message = str(info.value)
+    assert message.startswith(f"table {schema}.t has no primary key and REPLICA IDENTITY {kind}: ")
+    assert "cannot be matched in Delta" in message
+    for way in ("Add a primary key", "REPLICA IDENTITY USING INDEX", "REPLICA IDENTITY FULL", "tables option"):
+        assert way in message
+
+
+def test_table_key_of_a_missing_table(catalog, schema) -> None:
+    with pytest.raises(CatalogError, match="does not exist"):
+        catalog.table_key(schema, "nope")
+
+
+def test_unorderable_columns_are_those_order_by_refuses(pg_conn, catalog, schema) -> None:
+    run(pg_conn, schema, """
+        CREATE TYPE mood AS ENUM ('sad', 'ok');
+        CREATE TYPE with_json AS (x int, y json);
+        CREATE TYPE plain_pair AS (x int, y text);
+        CREATE DOMAIN doc AS json;
+        CREATE TABLE t (i int, v varchar(3), jb jsonb, ia int[], m mood, r int4range, pp plain_pair,
+                        j json, p point, x xml, ja json[], wj with_json, d doc)""")
+    columns = catalog.columns(schema, "t")
+    assert [c.name for c in catalog.unorderable_columns(schema, "t", columns)] == ["j", "p", "x", "ja", "wj", "d"]
+    sortable = [c for c in columns if c.name in ("i", "v", "jb", "ia", "m", "r", "pp")]
+    assert catalog.unorderable_columns(schema, "t", sortable) == []
+    assert catalog.unorderable_columns(schema, "t", []) == []
+    # Inside a transaction the refused probes leave it usable (savepoints).
+    with pg_conn.transaction():
+        assert [c.name for c in catalog.unorderable_columns(schema, "t", columns[-2:])] == ["wj", "d"]
+        assert pg_conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_in_publication(pg_conn, catalog, schema) -> None:
+    run(pg_conn, schema, "CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY)")
+    publication = f"{schema}_pub"
+    pg_conn.execute(f'CREATE PUBLICATION "{publication}" FOR TABLE "{schema}".a')
+    try:
+        assert catalog.in_publication(publication, schema, "a")
+        assert not catalog.in_publication(publication, schema, "b")
+        assert not catalog.in_publication("no_such_publication", schema, "a")
+    finally:
+        pg_conn.execute(f'DROP PUBLICATION "{publication}"')
 
 
 # --- type names and tables with a primary key --------------------------------------------------
