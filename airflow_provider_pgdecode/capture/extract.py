@@ -31,7 +31,7 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.pgoutput import PgOutputParser, max_proto_version, pgoutput_options
 from airflow_provider_pgdecode.decoding.spool import DEFAULT_MEMORY_ITEMS
 from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS, TestDecodingParser
-from airflow_provider_pgdecode.errors import CatalogError, SlotError, StagingError
+from airflow_provider_pgdecode.errors import SlotError, StagingError
 from airflow_provider_pgdecode.postgres.catalog import Catalog
 from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.postgres.slot import SlotClient
@@ -280,22 +280,12 @@ def _native_module(native: bool | None, parse: Callable[..., Any]) -> Any | None
 
 
 def _describe_tables(catalog: Catalog, tables: list[TableSummary]) -> None:
-    """Add each table's key and catalog types; a table the merge cannot key is an error."""
+    """Add each table's key (:meth:`Catalog.table_key`, the one rule the snapshots follow too) and
+    catalog types; a table the merge cannot key is a :class:`CatalogError` saying what to do."""
     for summary in tables:
-        identity = catalog.replica_identity(summary.schema, summary.table)
-        key = list(catalog.primary_key(summary.schema, summary.table))
-        if not key and identity.kind == "index":
-            key = list(identity.columns)
-        if not key and identity.kind == "full":
-            key = list(identity.columns)
-        if not key:
-            raise CatalogError(
-                f"table {summary.schema}.{summary.table} has no primary key and REPLICA IDENTITY "
-                f"{identity.kind.upper()}: its rows cannot be matched in Delta. Add a primary key (or a "
-                "unique index with REPLICA IDENTITY USING INDEX), or exclude the table with the tables option."
-            )
-        summary.key = key
-        summary.replica_identity = identity.kind
+        key = catalog.table_key(summary.schema, summary.table)
+        summary.key = list(key.columns)
+        summary.replica_identity = key.replica_identity
         live = {c.name: c for c in catalog.columns(summary.schema, summary.table)}
         for column in summary.columns:
             info = live.get(column.name)

@@ -46,14 +46,14 @@ writes no part (except the first chunk of a table, which carries the TRUNCATE ro
 table grew meanwhile), so they stage the same manifest.
 
 Workers. ``workers`` threads each open their own connection that imports the snapshot
-(:func:`_import_snapshot`) and take chunks from one queue, in table then chunk order: chunks of
-one table and of different tables run concurrently. A planning connection holds the snapshot
-and ACCESS SHARE locks on every table until the copy ends. COPY's CSV output is gathered as
-bytes, parsed by Arrow's CSV reader and converted column-wise (batch/values.py), then written
-as the chunk's Parquet part; memory is bounded by ``chunk_rows`` rows per worker (a chunk larger
-than estimated is written in several row groups). Threads suffice: the only per-row Python
-work is gathering COPY's rows, while the server's side of COPY, Arrow's parser, the conversions
-and the Parquet writer run outside the GIL.
+(:func:`~airflow_provider_pgdecode.postgres.snapshot_queries.import_snapshot`) and take chunks
+from one queue, in table then chunk order: chunks of one table and of different tables run
+concurrently. A planning connection holds the snapshot and ACCESS SHARE locks on every table
+until the copy ends. COPY's CSV output is gathered as bytes, parsed by Arrow's CSV reader and
+converted column-wise (batch/values.py), then written as the chunk's Parquet part; memory is
+bounded by ``chunk_rows`` rows per worker (a chunk larger than estimated is written in several
+row groups). Threads suffice: the only per-row Python work is gathering COPY's rows, while the
+server's side of COPY, Arrow's parser, the conversions and the Parquet writer run outside the GIL.
 
 Resume. Each part is written to ``<name>.part``, fsynced and renamed; only then is the chunk
 recorded in ``progress.json`` (rewritten atomically, fsynced), together with the chunk plan.
@@ -66,9 +66,13 @@ can resume: drop the slot and start over (docs/staging-format.md, "Snapshot batc
 survive a kill of the copy, the process holding the block must outlive it: run the copy in a
 child process.
 
-Errors are specific: an unknown table or one without a primary key (nor replica identity
-index) is refused before anything is copied (:class:`CatalogError`), a snapshot that is no
-longer exported is reported with what to do (:class:`StagingError`).
+Errors are specific: an unknown table or one without a key (a primary key, a replica identity
+index, or all columns under REPLICA IDENTITY FULL: :meth:`Catalog.table_key`) is refused before
+anything is copied (:class:`CatalogError`), a snapshot that is no longer exported is reported
+with what to do (:class:`StagingError`).
+
+Every statement is issued by the PostgreSQL layer: the replication connection by
+``postgres/replication.py``, the plan's and the chunks' queries by ``postgres/snapshot_queries.py``.
 
 Progress goes to this module's logger: per table and overall, chunks done of total, rows
 copied, rows/s and an estimated time to go, at most every ``log_interval`` seconds and when a
@@ -85,23 +89,36 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
-from psycopg import sql
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import CatalogError, SlotError, StagingError
+from airflow_provider_pgdecode.errors import SlotError, StagingError
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo
-from airflow_provider_pgdecode.postgres.slot import PINNED_GUCS
+from airflow_provider_pgdecode.postgres.replication import ExportedSnapshot, replication_connection
+from airflow_provider_pgdecode.postgres.session import (
+    SCAN_GUCS,
+    Connection,
+    DatabaseError,
+    commit,
+    database_name,
+)
+from airflow_provider_pgdecode.postgres.session import connect as _connect
+from airflow_provider_pgdecode.postgres.snapshot_queries import (
+    copy_pages_csv,
+    count_rows_in_first_pages,
+    has_tid_range_scans,
+    import_snapshot,
+    lock_and_measure,
+)
 from airflow_provider_pgdecode.capture.extract import SUPPORTED_PLUGINS, publish_batch, parse_table_names
 from airflow_provider_pgdecode.batch.manifest import (
     BatchManifest,
@@ -124,27 +141,10 @@ PROGRESS_NAME = "progress.json"
 #: Pages at the start of a table whose visible rows are counted to size its chunks.
 SAMPLE_PAGES = 32
 
-# The formatting the decoding session pins (extract), so that values read here print alike.
-SESSION_GUCS = PINNED_GUCS
-# Physical order within a chunk, whatever the plan: no scan starting mid-table, no parallel scan.
-_SCAN_GUCS = (
-    ("synchronize_seqscans", "off"),
-    ("max_parallel_workers_per_gather", "0"),
-    ("client_encoding", "UTF8"),
-)
-
-_SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 _SNAPSHOT_NAME = re.compile(r"^[0-9A-Fa-f-]{1,64}$")
 _SEQ_MAX = 2**31 - 1
 _CSV_BLOCK = 1 << 22
 _CSV_BATCH_BYTES = 64 << 20
-
-
-class ExportedSnapshot(NamedTuple):
-    """The slot's consistent point and the name of the snapshot exported with it."""
-
-    consistent_lsn: Lsn
-    snapshot_name: str
 
 
 @contextmanager
@@ -171,69 +171,26 @@ def create_slot_with_snapshot(
     :param drop_on_error: drop the slot again when the block raises: a slot whose initial load
         failed is of no use (its snapshot is gone) and would only hold WAL back.
     """
-    import psycopg2
-    import psycopg2.extras
-
     if plugin not in SUPPORTED_PLUGINS:
         raise SlotError(f"output plugin {plugin!r} is not supported; use one of {', '.join(SUPPORTED_PLUGINS)}")
-    if not _SLOT_NAME.match(slot_name):
-        raise SlotError(
-            f"invalid slot name {slot_name!r}: PostgreSQL allows lower-case letters, digits and underscores (at most 63)"
-        )
-    try:
-        conn = psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
-    except psycopg2.Error as exc:
-        raise SlotError(
-            f"cannot open a replication connection to create slot {slot_name!r}: {str(exc).strip()}. The user needs "
-            "the REPLICATION attribute and pg_hba.conf must allow its connection (a 'database' line serves "
-            "logical replication connections)."
-        ) from None
-    created = False
-    try:
-        cur = conn.cursor()
-        if conn.server_version >= 150000:
-            options = "SNAPSHOT 'export'" + (", TWO_PHASE" if two_phase else "")
-            command = f"CREATE_REPLICATION_SLOT {slot_name} LOGICAL {plugin} ({options})"
-        elif two_phase:
-            raise SlotError(
-                f"creating a two-phase slot with an exported snapshot needs PostgreSQL 15 or later (server "
-                f"{conn.server_version}); pass two_phase=False"
-            )
-        else:
-            command = f"CREATE_REPLICATION_SLOT {slot_name} LOGICAL {plugin} EXPORT_SNAPSHOT"
-        started = time.monotonic()
+    with replication_connection(dsn, slot_name) as repl:
         try:
-            cur.execute(command)
-        except psycopg2.errors.DuplicateObject:
-            raise SlotError(
-                f"slot {slot_name!r} already exists: an initial load needs a new slot (its snapshot is exported only "
-                "when it is created). Drop the slot first, or choose another name."
-            ) from None
-        except psycopg2.Error as exc:
-            raise SlotError(f"cannot create slot {slot_name!r}: {str(exc).strip()}") from None
-        created = True
-        names = [d.name for d in cur.description]
-        row = dict(zip(names, cur.fetchone()))
-        for column in ("slot_name", "consistent_point", "snapshot_name", "output_plugin"):
-            if row.get(column) is None:
-                raise SlotError(f"CREATE_REPLICATION_SLOT for {slot_name!r} returned no {column} (reply columns {names})")
-        snapshot = ExportedSnapshot(Lsn.parse(row["consistent_point"]), row["snapshot_name"])
-        log.info(
-            "Created slot %s (%s%s) at consistent point %s, exported snapshot %s (%.1f s)",
-            slot_name, plugin, ", two-phase" if two_phase else "", snapshot.consistent_lsn, snapshot.snapshot_name,
-            time.monotonic() - started,
-        )
-        yield snapshot
-    except BaseException:
-        if created and drop_on_error:
-            try:
-                conn.cursor().execute(f"DROP_REPLICATION_SLOT {slot_name}")
-                log.warning("The initial load failed: dropped slot %s again", slot_name)
-            except Exception:  # the original error matters more
-                log.exception("The initial load failed and slot %s could not be dropped; drop it by hand", slot_name)
-        raise
-    finally:
-        conn.close()
+            started = time.monotonic()
+            snapshot = repl.create_slot_exporting_snapshot(slot_name, plugin, two_phase)
+            log.info(
+                "Created slot %s (%s%s) at consistent point %s, exported snapshot %s (%.1f s)",
+                slot_name, plugin, ", two-phase" if two_phase else "", snapshot.consistent_lsn, snapshot.snapshot_name,
+                time.monotonic() - started,
+            )
+            yield snapshot
+        except BaseException:
+            if repl.created and drop_on_error:
+                try:
+                    repl.drop_slot(slot_name)
+                    log.warning("The initial load failed: dropped slot %s again", slot_name)
+                except Exception:  # the original error matters more
+                    log.exception("The initial load failed and slot %s could not be dropped; drop it by hand", slot_name)
+            raise
 
 
 @dataclass
@@ -278,7 +235,7 @@ class _TablePlan:
 
 
 def stage_snapshot(
-    connect: str | Callable[[], psycopg.Connection[Any]],
+    connect: str | Callable[[], Connection],
     snapshot_name: str,
     consistent_lsn: Lsn | str,
     slot_name: str,
@@ -304,8 +261,8 @@ def stage_snapshot(
         the batch's end LSN.
     :param slot_name: the slot the snapshot belongs to (the batch goes under its directory, and
         the merge keeps its watermark under it).
-    :param tables: ``schema.table`` names or ``(schema, table)`` pairs; each needs a primary
-        key (or a replica identity index): the merge works by key.
+    :param tables: ``schema.table`` names or ``(schema, table)`` pairs; each needs a key (a
+        primary key, a replica identity index, or REPLICA IDENTITY FULL): the merge works by key.
     :param chunk_rows: the target rows per chunk (one chunk, one Parquet part); chunks are page
         ranges sized from the rows visible in a table's first pages. It also bounds the rows
         a worker holds in memory (a larger chunk is written in several row groups).
@@ -342,21 +299,21 @@ def stage_snapshot(
         "tables": [list(n) for n in names],
     }
 
-    def opener() -> psycopg.Connection[Any]:
-        return connect() if callable(connect) else psycopg.connect(connect, autocommit=True)
+    def opener() -> Connection:
+        return connect() if callable(connect) else _connect(connect)
 
     progress = _load_progress(tmp, settings)
     planner = opener()
     try:
         try:
-            _import_snapshot(planner, snapshot_name, slot_name)
+            import_snapshot(planner, snapshot_name, slot_name)
             catalog = Catalog(planner)
             plans = [
                 _plan_table(planner, catalog, progress, schema, table, chunk_rows, chunk_pages)
                 for schema, table in names
             ]
-            database = planner.info.dbname
-        except psycopg.Error as exc:
+            database = database_name(planner)
+        except DatabaseError as exc:
             raise StagingError(f"planning the snapshot copy for slot {slot_name!r} failed: {str(exc).strip()}") from exc
         _save_progress(tmp, progress)
         _discard_unrecorded(tmp, plans)
@@ -364,8 +321,8 @@ def stage_snapshot(
                          on_chunk, log_interval)
         copier.run(workers)
         try:
-            planner.execute("COMMIT")  # read-only: its end matters only for the locks it releases
-        except psycopg.Error as exc:
+            commit(planner)  # read-only: its end matters only for the locks it releases
+        except DatabaseError as exc:
             log.warning("Snapshot copy: the planning transaction ended with an error (%s)", str(exc).strip())
     finally:
         planner.close()
@@ -400,7 +357,7 @@ def stage_snapshot(
 
 
 def _plan_table(
-    conn: psycopg.Connection[Any],
+    conn: Connection,
     catalog: Catalog,
     progress: dict[str, Any],
     schema: str,
@@ -410,49 +367,42 @@ def _plan_table(
 ) -> _TablePlan:
     """Columns, key and chunk plan of one table, read inside the snapshot; an earlier plan is kept."""
     columns = catalog.columns(schema, table)  # inside the snapshot: the columns as of the consistent point
-    key, identity = _table_key(catalog, schema, table)
+    key = catalog.table_key(schema, table)
     check_column_names(schema, table, [c.name for c in columns])
-    ident = sql.Identifier(schema, table)
     # Held by the planning transaction until the copy ends: no rewrite (VACUUM FULL, CLUSTER,
     # ALTER TABLE) can move the snapshot's tuples meanwhile.
-    conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(ident))
-    block_size, size, relfilenode = conn.execute(
-        "SELECT current_setting('block_size')::int, pg_relation_size(c.oid), pg_relation_filenode(c.oid)"
-        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
-        (schema, table),
-    ).fetchone()
+    size = lock_and_measure(conn, schema, table)
+    block_size, relfilenode = size.block_size, size.relfilenode
     name = f"{schema}.{table}"
     state = progress["tables"].get(name)
     if state is not None and state.get("relfilenode") == relfilenode:
         log.info("Snapshot copy of %s: resuming, %d of %d chunk(s) already staged", name, len(state["done"]),
                  state["chunks"])
-        return _TablePlan(schema, table, columns, key, identity, state)
+        return _TablePlan(schema, table, columns, list(key.columns), key.replica_identity, state)
     if state is not None:
         log.warning("Snapshot copy of %s: the table was rewritten since its chunks were planned; copying it again",
                     name)
-    pages = int(size) // int(block_size)
-    if conn.info.server_version < 140000:
+    pages = size.pages
+    if not has_tid_range_scans(conn):
         # Before PostgreSQL 14 a ctid range is a filter on a full scan, not a TID range scan.
         per, chunks = max(pages, 1), 1
     else:
         if chunk_pages is None:
-            sample = conn.execute(
-                sql.SQL("SELECT count(*) FROM {} WHERE ctid < {}::tid").format(ident, sql.Literal(f"({SAMPLE_PAGES},0)"))
-            ).fetchone()[0]
+            sample = count_rows_in_first_pages(conn, schema, table, SAMPLE_PAGES)
             per = max(1, math.ceil(chunk_rows / max(1.0, sample / SAMPLE_PAGES)))
         else:
             per = chunk_pages
         chunks = max(1, math.ceil(pages / per))
     # Heap tuples per page at most (MaxHeapTuplesPerPage): a chunk's rows get _pg_seq values
     # from index * seq_stride on, so seqs grow in physical order whatever the worker count.
-    max_tuples = (int(block_size) - 24) // 28
+    max_tuples = (block_size - 24) // 28
     state = {
         "schema": schema, "table": table, "relfilenode": relfilenode, "pages": pages, "pages_per_chunk": per,
         "chunks": chunks, "seq_stride": per * max_tuples, "done": {},
     }
     progress["tables"][name] = state
     log.info("Snapshot copy of %s: %d page(s) in %d chunk(s) of %d page(s)", name, pages, chunks, per)
-    return _TablePlan(schema, table, columns, key, identity, state)
+    return _TablePlan(schema, table, columns, list(key.columns), key.replica_identity, state)
 
 
 def _discard_unrecorded(tmp: Path, plans: Sequence[_TablePlan]) -> None:
@@ -495,7 +445,7 @@ class _Copier:
 
     def __init__(
         self,
-        opener: Callable[[], psycopg.Connection[Any]],
+        opener: Callable[[], Connection],
         snapshot_name: str,
         slot_name: str,
         tmp: Path,
@@ -546,7 +496,7 @@ class _Copier:
             raise
         if self.errors:
             error = self.errors[0]
-            if isinstance(error, psycopg.Error):
+            if isinstance(error, DatabaseError):
                 raise StagingError(
                     f"the snapshot copy for slot {self.slot_name!r} failed: {str(error).strip()}. Its finished chunks "
                     f"are kept in {self.tmp}: call stage_snapshot again while the slot's snapshot is still exported "
@@ -567,9 +517,7 @@ class _Copier:
         conn = None
         try:
             conn = self.opener()
-            _import_snapshot(conn, self.snapshot_name, self.slot_name)
-            for name, value in _SCAN_GUCS:
-                conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+            import_snapshot(conn, self.snapshot_name, self.slot_name, extra_settings=SCAN_GUCS)
             while (item := self._next()) is not None:
                 plan, index = item
                 rows, file = _copy_chunk(conn, plan, index, self.tmp, self.lsn, self.chunk_rows, self.replace)
@@ -579,7 +527,7 @@ class _Copier:
                     self.report.chunk_done(plan, index, rows)
                     if self.on_chunk is not None:
                         self.on_chunk(plan.schema, plan.table, index, rows)
-            conn.execute("COMMIT")
+            commit(conn)
         except BaseException as exc:
             with self.lock:
                 self.errors.append(exc)
@@ -687,39 +635,8 @@ def _save_progress(tmp: Path, progress: dict[str, Any]) -> None:
     os.replace(part, tmp / PROGRESS_NAME)
 
 
-def _import_snapshot(conn: psycopg.Connection[Any], snapshot_name: str, slot_name: str) -> None:
-    if not conn.autocommit:
-        raise StagingError("stage_snapshot needs a connection in autocommit mode (it runs its own transaction)")
-    for name, value in SESSION_GUCS:
-        conn.execute("SELECT set_config(%s, %s, false)", (name, value))
-    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-    try:
-        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
-    except psycopg.Error as exc:
-        conn.execute("ROLLBACK")
-        raise StagingError(
-            f"cannot import snapshot {snapshot_name!r} of slot {slot_name!r}: {str(exc).strip()}. A snapshot is "
-            "exported only while the replication connection that created the slot is open, so an unfinished copy "
-            "can resume only inside that create_slot_with_snapshot block. Drop the slot and start the initial load "
-            "again."
-        ) from None
-
-
-def _table_key(catalog: Catalog, schema: str, table: str) -> tuple[list[str], str]:
-    identity = catalog.replica_identity(schema, table)
-    key = catalog.primary_key(schema, table)
-    if not key and identity.kind == "index":
-        key = list(identity.columns)
-    if not key:
-        raise CatalogError(
-            f"table {schema}.{table} has no primary key (nor a replica identity index): it cannot be merged by key. "
-            "Add a primary key, or leave the table out."
-        )
-    return key, identity.kind
-
-
 def _copy_chunk(
-    conn: psycopg.Connection[Any],
+    conn: Connection,
     plan: _TablePlan,
     index: int,
     tmp: Path,
@@ -729,16 +646,7 @@ def _copy_chunk(
 ) -> tuple[int, str | None]:
     """Copy one chunk into its part (written under ``.part``, fsynced, renamed); its rows and file name."""
     first, stop = plan.bounds(index)
-    conditions = []
-    if plan.chunks > 1:
-        conditions.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({first},0)")))
-        if stop is not None:
-            conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({stop},0)")))
-    query = sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT (FORMAT csv)").format(
-        sql.SQL(", ").join(sql.Identifier(c.name) for c in plan.columns),
-        sql.Identifier(plan.schema, plan.table),
-        sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL(""),
-    )
+    names = [c.name for c in plan.columns]
     name = f"part-{index:05d}.parquet"
     path = tmp / plan.relpath / name
     part = path.with_name(name + ".part")
@@ -748,8 +656,10 @@ def _copy_chunk(
     writer: pq.ParquetWriter | None = None
     rows = 0
     try:
-        with conn.cursor() as cur, cur.copy(query) as copy:
-            for texts, count in _read_csv(copy, [c.name for c in plan.columns], chunk_rows):
+        # A single chunk reads the whole table: no ctid condition at all.
+        pages = (first, stop) if plan.chunks > 1 else (None, None)
+        with copy_pages_csv(conn, plan.schema, plan.table, names, *pages) as copy:
+            for texts, count in _read_csv(copy, names, chunk_rows):
                 table = _part_table(plan.columns, texts, count, lsn, seq_start + rows, leading_truncate and rows == 0,
                                     plan.name, schema)
                 if writer is None:
@@ -773,7 +683,7 @@ def _copy_chunk(
     return rows, name
 
 
-def _read_csv(copy: Any, names: list[str], chunk_rows: int) -> Iterator[tuple[list[pa.Array], int]]:
+def _read_csv(copy: Iterable[Any], names: list[str], chunk_rows: int) -> Iterator[tuple[list[pa.Array], int]]:
     """COPY's CSV output as string columns, at most ``chunk_rows`` rows at a time.
 
     libpq hands COPY data over one row at a time, so rows are gathered as bytes (the only

@@ -29,6 +29,14 @@ before its first chunk, so that rows Delta held but PostgreSQL no longer has dis
 the last chunk is merged the Delta table holds only the chunks copied so far (plus rows that
 changed meanwhile).
 
+The key is :meth:`Catalog.table_key`'s, the one the extract stages the table with: a primary key,
+a replica identity index, or under REPLICA IDENTITY FULL all columns. A key of all columns may
+hold NULLs and repeat; its chunks order NULLs last and never split copies of one row (see
+:func:`~airflow_provider_pgdecode.postgres.snapshot_queries.copy_key_range`), and each of its
+columns must have an ordering (a ``json`` or ``point`` column has none: the request fails with
+a :class:`CatalogError` naming it). Every statement is issued by the PostgreSQL layer
+(``postgres/snapshot_queries.py``, ``postgres/catalog.py``).
+
 Requests are files, ``<staging_root>/<slot>/snapshot-requests/<id>.json``, written by
 :func:`request_table_snapshot` (the ``pgdecode_backfill`` DAG in ``add-table`` and
 ``resnapshot`` modes). Progress travels with the checkpoint (``Checkpoint.snapshots``), so a
@@ -57,17 +65,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
-from psycopg import sql
 
 from airflow_provider_pgdecode.decoding.assembler import Transaction
-from airflow_provider_pgdecode.decoding.events import Change, RowImage, Truncate
+from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, RowImage, Truncate
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CatalogError, StagingError
-from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo
-from airflow_provider_pgdecode.postgres.slot import PINNED_GUCS
+from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, TableKey
+from airflow_provider_pgdecode.postgres.session import Connection, pin_settings, rollback, rollback_if_open
+from airflow_provider_pgdecode.postgres.session import commit as commit_transaction
+from airflow_provider_pgdecode.postgres.snapshot_queries import (
+    begin_chunk_snapshot,
+    copy_key_range,
+    emit_watermark,
+    largest_key,
+)
 from airflow_provider_pgdecode.batch.format import (
     CHANGE_LSN,
     COMMIT_LSN,
@@ -330,18 +343,21 @@ class _Chunk:
     rows: int
     truncate: bool = False
     visibility: SnapshotVisibility | None = None
-    keys: dict[tuple[str | None, ...], int] = field(default_factory=dict)
+    keys: dict[tuple[str | None, ...], list[int]] = field(default_factory=dict)
+    """Positions of the chunk's rows by key; a key of all columns may repeat."""
     placement: dict[int, tuple[int, int]] = field(default_factory=dict)
     cut: tuple[int, int] | None = None
     state_before: dict[str, Any] = field(default_factory=dict)
 
     def key_of(self, image: RowImage) -> tuple[str | None, ...] | None:
+        """The image's key as the chunk holds it (``None`` is NULL, in a key of all columns);
+        ``None`` when the image lacks a key column or holds an unchanged TOAST value there."""
         values = dict(zip(image.names, image.values))
         try:
             key = tuple(values[k] for k in self.key)
         except KeyError:
             return None
-        return key if all(isinstance(v, str) for v in key) else None
+        return None if any(v is UNCHANGED_TOAST for v in key) else key  # type: ignore[return-value]
 
 
 class TableSnapshotter:
@@ -354,7 +370,7 @@ class TableSnapshotter:
 
     def __init__(
         self,
-        conn: psycopg.Connection[Any],
+        conn: Connection,
         batch_dir: Path,
         requests: list[SnapshotRequest],
         snapshots: Mapping[str, Any] | None,
@@ -435,15 +451,7 @@ class TableSnapshotter:
 
     def _watermark(self, content: Mapping[str, Any]) -> Lsn:
         """A transactional logical message, synchronously committed: its LSN orders the chunk."""
-        with self.conn.transaction():
-            # Flushed locally before the peek reads the WAL; never waits for a standby.
-            self.conn.execute("SET LOCAL synchronous_commit = local")
-            row = self.conn.execute(
-                "SELECT pg_logical_emit_message(true, %s, %s::text)::text",
-                (WATERMARK_PREFIX, json.dumps(content, sort_keys=True)),
-            ).fetchone()
-        assert row is not None
-        return Lsn.parse(row[0])
+        return emit_watermark(self.conn, WATERMARK_PREFIX, json.dumps(content, sort_keys=True))
 
     def _next_part(self, schema: str, table: str) -> Path:
         number = self._part_numbers.get((schema, table), 0)
@@ -452,20 +460,28 @@ class TableSnapshotter:
         directory.mkdir(parents=True, exist_ok=True)
         return directory / f"snapshot-{number:05d}.parquet"
 
-    def _check_table(self, catalog: Catalog, schema: str, table: str) -> tuple[list[ColumnInfo], list[str]]:
+    def _check_table(self, catalog: Catalog, schema: str, table: str) -> tuple[list[ColumnInfo], TableKey]:
+        """The table's columns and key, checked: it exists, has a key the chunks can be ordered
+        by, no column named like the metadata columns, and (pgoutput) is in the publication."""
         columns = catalog.columns(schema, table)
         if not columns:
             raise CatalogError(f"table {schema}.{table} does not exist (or has no columns): check the request's name")
-        from airflow_provider_pgdecode.capture.snapshot import _table_key  # snapshot imports extract, which imports this
-
-        key, _ = _table_key(catalog, schema, table)
+        key = catalog.table_key(schema, table)
+        if not key.unique:
+            by_name = {c.name: c for c in columns}
+            unordered = catalog.unorderable_columns(schema, table, [by_name[k] for k in key.columns])
+            if unordered:
+                named = ", ".join(f"{c.name!r} ({c.catalog_type})" for c in unordered)
+                raise CatalogError(
+                    f"table {schema}.{table} has no primary key and REPLICA IDENTITY FULL, so all its columns are its "
+                    f"key and its snapshot is copied in their order, but column(s) {named} cannot be ordered (the type "
+                    "has no b-tree operator class). Add a primary key (or a unique index with REPLICA IDENTITY USING "
+                    "INDEX), or change the column to a type with an ordering (jsonb instead of json, text instead of "
+                    "xml), or leave the table out of the request."
+                )
         check_column_names(schema, table, [c.name for c in columns])
         if self.publication is not None:
-            row = self.conn.execute(
-                "SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
-                (self.publication, schema, table),
-            ).fetchone()
-            if row is None:
+            if not catalog.in_publication(self.publication, schema, table):
                 raise CatalogError(
                     f"table {schema}.{table} is not in publication {self.publication!r}, so the slot sends none of "
                     f"its changes: ALTER PUBLICATION {self.publication} ADD TABLE {schema}.{table}, then file the "
@@ -477,8 +493,7 @@ class TableSnapshotter:
         schema, table = tstate["schema"], tstate["table"]
         before = copy.deepcopy(tstate)
         conn = self.conn
-        for name, value in PINNED_GUCS:  # copied values print as decoded ones
-            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+        pin_settings(conn)  # copied values print as decoded ones
         if not tstate["truncated"]:
             # Low watermark: the TRUNCATE that clears what Delta held goes before every chunk.
             catalog = Catalog(conn)
@@ -486,12 +501,12 @@ class TableSnapshotter:
             low = self._watermark({"request": request.id, "table": f"{schema}.{table}", "mark": "low"})
             # The copy ends at the largest key present now: rows inserted later are in the slot
             # after the low watermark, so the copy does not chase a growing table.
-            tstate["upper_key"] = _largest_key(conn, schema, table, key)
+            tstate["upper_key"] = largest_key(conn, schema, table, key)
             path = self._next_part(schema, table)
             _write_chunk(path, columns, [], low, truncate=True)
             tstate["truncated"] = True
             tstate["truncate_lsn"] = str(low)
-            self._add(_Chunk(request.id, schema, table, 0, low, path, columns, key, 0, truncate=True,
+            self._add(_Chunk(request.id, schema, table, 0, low, path, columns, list(key.columns), 0, truncate=True,
                              state_before=before))
             before = copy.deepcopy(tstate)
             if tstate["upper_key"] is None:  # empty: every row it gets is in the slot after the TRUNCATE
@@ -501,45 +516,28 @@ class TableSnapshotter:
         try:
             catalog = Catalog(conn)
             columns, key = self._check_table(catalog, schema, table)
-            by_name = {c.name: c for c in columns}
-            key_index = [next(i for i, c in enumerate(columns) if c.name == k) for k in key]
-            key_list = sql.SQL(", ").join(sql.Identifier(k) for k in key)
-
-            def bound(values: list[str]) -> sql.Composable:
-                return sql.SQL(", ").join(
-                    sql.SQL("{}::{}").format(sql.Literal(v), sql.SQL(by_name[k].catalog_type))
-                    for k, v in zip(key, values)
-                )
-
-            conditions = []
-            if tstate["last_key"] is not None:
-                conditions.append(sql.SQL("({}) > ({})").format(key_list, bound(tstate["last_key"])))
-            if tstate.get("upper_key") is not None:
-                conditions.append(sql.SQL("({}) <= ({})").format(key_list, bound(tstate["upper_key"])))
-            where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
-            query = sql.SQL("COPY (SELECT {} FROM {}{} ORDER BY {} LIMIT {}) TO STDOUT").format(
-                sql.SQL(", ").join(sql.Identifier(c.name) for c in columns),
-                sql.Identifier(schema, table), where, key_list, sql.Literal(request.chunk_rows),
-            )
-            with conn.cursor() as cur, cur.copy(query) as out:
-                rows = list(out.rows())
-            conn.execute("COMMIT")
+            key_index = [next(i for i, c in enumerate(columns) if c.name == k) for k in key.columns]
+            # A key of all columns may repeat: a full chunk then holds every copy of its last key.
+            rows = copy_key_range(conn, schema, table, columns, key, tstate["last_key"], tstate.get("upper_key"),
+                                  request.chunk_rows)
+            commit_transaction(conn)
         except BaseException:
-            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                conn.execute("ROLLBACK")
+            rollback_if_open(conn)
             raise
         high = self._watermark(
             {"request": request.id, "table": f"{schema}.{table}", "chunk": tstate["chunks"], "mark": "high"}
         )
         path = self._next_part(schema, table)
         _write_chunk(path, columns, rows, high)
-        keys = {tuple(r[i] for i in key_index): n for n, r in enumerate(rows)}
+        keys: dict[tuple[str | None, ...], list[int]] = {}
+        for n, r in enumerate(rows):
+            keys.setdefault(tuple(r[i] for i in key_index), []).append(n)
         tstate["chunks"] += 1
         tstate["rows"] += len(rows)
         if rows:
             tstate["last_key"] = [rows[-1][i] for i in key_index]
         tstate["done"] = len(rows) < request.chunk_rows
-        self._add(_Chunk(request.id, schema, table, tstate["chunks"], high, path, columns, key, len(rows),
+        self._add(_Chunk(request.id, schema, table, tstate["chunks"], high, path, columns, list(key.columns), len(rows),
                          visibility=visibility, keys=keys, state_before=before))
         return len(rows)
 
@@ -556,25 +554,16 @@ class TableSnapshotter:
         ``pg_stat_activity``, which shows other users' sessions to members of ``pg_monitor``),
         the snapshot is not used: the chunk waits, at most a few seconds, else for the next run.
         """
-        conn = self.conn
-        row: Any = None
+        waiting: tuple[str, ...] = ()
         for _ in range(self.snapshot_attempts):
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            row = conn.execute(
-                "SELECT pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text,"
-                " array(SELECT x::text FROM pg_snapshot_xip(s) x),"
-                # Committed in the WAL, invisible until a synchronous standby answers.
-                " array(SELECT a.backend_xid::text FROM pg_stat_activity a WHERE a.wait_event = 'SyncRep'"
-                "  AND a.backend_xid IS NOT NULL)"
-                " FROM pg_current_snapshot() s"
-            ).fetchone()
-            assert row is not None
-            if not row[3]:
-                return SnapshotVisibility(int(row[0]), int(row[1]), frozenset(int(x) for x in row[2]))
-            conn.execute("ROLLBACK")
+            snapshot = begin_chunk_snapshot(self.conn)
+            if not snapshot.waiting:
+                return SnapshotVisibility(snapshot.xmin, snapshot.xmax, snapshot.xip)
+            waiting = snapshot.waiting
+            rollback(self.conn)
             time.sleep(self.snapshot_pause)
         raise _NotNow(
-            f"transactions {', '.join(row[3])} are committed but not yet visible (a synchronous standby not "
+            f"transactions {', '.join(waiting)} are committed but not yet visible (a synchronous standby not "
             "answering?); the chunk is taken in a later run"
         )
 
@@ -609,9 +598,9 @@ class TableSnapshotter:
                         if image is None:
                             continue
                         key = chunk.key_of(image)
-                        position = chunk.keys.get(key) if key is not None else None
-                        if position is not None and position not in chunk.placement:
-                            chunk.placement[position] = (commit, seq)
+                        for position in chunk.keys.get(key, ()) if key is not None else ():
+                            if position not in chunk.placement:
+                                chunk.placement[position] = (commit, seq)
             elif kind is Truncate:
                 for relation in item.relations:  # type: ignore[union-attr]
                     for chunk in by_table.get(relation, ()):
@@ -709,17 +698,6 @@ class TableSnapshotter:
                     )
                     known.add(column.name)
         return [by_name[k] for k in sorted(by_name)]
-
-
-def _largest_key(conn: psycopg.Connection[Any], schema: str, table: str, key: list[str]) -> list[str] | None:
-    """The table's largest key as text (as COPY prints it), or None for an empty table."""
-    key_list = sql.SQL(", ").join(sql.Identifier(k) for k in key)
-    query = sql.SQL("COPY (SELECT {} FROM {} ORDER BY {} LIMIT 1) TO STDOUT").format(
-        key_list, sql.Identifier(schema, table), sql.SQL(", ").join(sql.SQL("{} DESC").format(sql.Identifier(k)) for k in key)
-    )
-    with conn.cursor() as cur, cur.copy(query) as out:
-        rows = list(out.rows())
-    return list(rows[0]) if rows else None
 
 
 def _write_chunk(path: Path, columns: list[ColumnInfo], rows: list[tuple[Any, ...]], lsn: Lsn,

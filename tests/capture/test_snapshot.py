@@ -239,6 +239,33 @@ def test_clear_errors_for_bad_tables(pg_conn, pg_dsn, source, slot_name, tmp_pat
             stage_snapshot(pg_dsn, name, lsn, slot_name, tmp_path, TABLES, workers=0)
 
 
+def test_snapshot_of_a_replica_identity_full_table_without_a_key(pg_conn, pg_dsn, slot_name, spark, tmp_path: Path) -> None:
+    """Keyed by all its columns, as the incremental extract keys it (one rule): copied in page
+    ranges (no ordering needed, so json and point columns are fine), then followed by the slot."""
+    staging, delta_root = tmp_path / "staging", str(tmp_path / "delta")
+    full = ("public", "snap_full")
+    c = pg_conn
+    c.execute("drop table if exists snap_full")
+    c.execute("create table snap_full (id int, label text, doc json, at point)")
+    c.execute("alter table snap_full replica identity full")
+    c.execute(
+        "insert into snap_full select g, 'label ' || g, json_build_object('g', g, 's', 'a,\"b'), point(g, -g)"
+        " from generate_series(1, 2000) g"
+    )
+    c.execute("insert into snap_full select 3000, 'same id ' || g, '{}', point(0, 0) from generate_series(1, 20) g")
+    with create_slot_with_snapshot(pg_dsn, slot_name) as (lsn, name):
+        # After the consistent point: the slot's next batch carries these, keyed by all columns.
+        c.execute("update snap_full set label = label || '+' where id % 100 = 0")
+        c.execute("update snap_full set doc = '{\"changed\": true}', at = point(0, 0) where id % 150 = 1")
+        c.execute("delete from snap_full where id % 97 = 0")
+        c.execute("insert into snap_full select g, 'new', '[]', point(1, 1) from generate_series(5001, 5050) g")
+        snapshot = stage_snapshot(pg_dsn, name, lsn, slot_name, staging, [full], chunk_pages=3, workers=2)
+    staged = snapshot.tables[0]
+    assert staged.key == ["id", "label", "doc", "at"] and staged.replica_identity == "full"
+    assert staged.inserts == 2020 and len(staged.files) > 1
+    merge_then_follow(pg_conn, spark, slot_name, snapshot, staging, delta_root, [full])
+
+
 def test_snapshot_cannot_be_used_after_the_slot_connection_closed(pg_conn, pg_dsn, source, slot_name, tmp_path) -> None:
     with create_slot_with_snapshot(pg_dsn, slot_name) as (lsn, name):
         pass

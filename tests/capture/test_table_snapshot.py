@@ -12,10 +12,12 @@ import random
 import shutil
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_pgdecode.errors import StagingError
@@ -34,6 +36,7 @@ from airflow_provider_pgdecode.capture.table_snapshot import (
 
 ORDERS = ("public", "ts_orders")
 REFUNDS = ("public", "ts_refunds")
+FULL = ("public", "ts_full")
 ROWS = 400
 
 
@@ -100,13 +103,39 @@ def tables(pg_conn: psycopg.Connection) -> None:
     )
 
 
-class Writer(threading.Thread):
-    """Short transactions on both tables (inserts, updates, key changes, deletes) until stopped."""
+@pytest.fixture()
+def full_table(tables: None, pg_conn: psycopg.Connection) -> None:
+    """ts_full: no primary key, REPLICA IDENTITY FULL, so all four columns are its key.
 
-    def __init__(self, dsn: str, seed: int) -> None:
+    Rows 1..ROWS are what the writer changes. The rows after them repeat each id eight times
+    (labels differ), so chunk boundaries fall inside runs of one id and the next chunk must
+    start from the whole key. No NULLs: the merge refuses a NULL in a key column (the
+    chunks' handling of NULLs is checked without Spark below).
+    """
+    c = pg_conn
+    c.execute("drop table if exists ts_full")
+    c.execute("create table ts_full (id int, label text not null, amount numeric(12,2), note text)")
+    c.execute("alter table ts_full replica identity full")
+    c.execute(f"insert into ts_full select g, 'full ' || g, g * 0.5, 'n' || g from generate_series(1, {ROWS}) g")
+    c.execute("insert into ts_full select 5000 + g / 8, 'same ' || g % 8, g, 'x' from generate_series(1, 160) g")
+
+
+_INSERTS = {
+    "ts_orders": "insert into ts_orders values (%s, 'late', 9.99, 'w')",
+    "ts_refunds": "insert into ts_refunds values (%s, 1, 0.5, 'w', '{w}', now())",
+    "ts_full": "insert into ts_full values (%s, 'late', 9.99, 'w')",
+}
+_TEXT_COLUMN = {"ts_orders": "status", "ts_refunds": "reason", "ts_full": "label"}
+
+
+class Writer(threading.Thread):
+    """Short transactions on two tables (inserts, updates, key changes, deletes) until stopped."""
+
+    def __init__(self, dsn: str, seed: int, tables: tuple[str, str] = ("ts_orders", "ts_refunds")) -> None:
         super().__init__(daemon=True)
         self.dsn = dsn
         self.seed = seed
+        self.tables = tables
         self.stop = threading.Event()
         self.ops = 0
         self.error: BaseException | None = None
@@ -114,20 +143,18 @@ class Writer(threading.Thread):
     def run(self) -> None:
         rng = random.Random(self.seed)
         next_id = 10_000_000 * self.seed
+        first, second = self.tables
         try:
             with psycopg.connect(self.dsn, autocommit=True) as c:
                 while not self.stop.is_set():
-                    table = rng.choice(["ts_orders", "ts_refunds"])
+                    table = rng.choice([first, second])
                     k = rng.randint(1, ROWS)
                     r = rng.random()
                     if r < 0.3:
                         next_id += 1
-                        if table == "ts_orders":
-                            c.execute("insert into ts_orders values (%s, 'late', 9.99, 'w')", (next_id,))
-                        else:
-                            c.execute("insert into ts_refunds values (%s, 1, 0.5, 'w', '{w}', now())", (next_id,))
+                        c.execute(_INSERTS[table], (next_id,))
                     elif r < 0.65:
-                        column = "status" if table == "ts_orders" else "reason"
+                        column = _TEXT_COLUMN[table]
                         c.execute(f"update {table} set {column} = {column} || '+' where id = %s", (k,))
                     elif r < 0.75:
                         c.execute(f"update {table} set id = id + 1000000 where id = %s", (k,))
@@ -135,8 +162,8 @@ class Writer(threading.Thread):
                         c.execute(f"delete from {table} where id = %s", (k,))
                     else:
                         with c.transaction():
-                            c.execute("update ts_orders set amount = amount + 1 where id = %s", (k,))
-                            c.execute("update ts_refunds set amount = amount + 1 where id = %s", (k,))
+                            c.execute(f"update {first} set amount = amount + 1 where id = %s", (k,))
+                            c.execute(f"update {second} set amount = amount + 1 where id = %s", (k,))
                     self.ops += 1
                     time.sleep(0.002)  # a steady trickle, not a flood of WAL
         except BaseException as exc:  # surfaced by the test
@@ -187,8 +214,8 @@ def _equal(conn: psycopg.Connection, spark: Any, delta: str, *names: tuple[str, 
         assert result.equal, result.describe()
 
 
-def _writer(dsn: str, seed: int) -> Writer:
-    writer = Writer(dsn, seed)
+def _writer(dsn: str, seed: int, tables: tuple[str, str] = ("ts_orders", "ts_refunds")) -> Writer:
+    writer = Writer(dsn, seed, tables)
     writer.start()
     return writer
 
@@ -234,6 +261,93 @@ def test_add_table_under_concurrent_writes(
     assert any(t.table == "ts_refunds" and t.updates == 1 for t in last.tables)
     _equal(pg_conn, spark, pipeline.delta, REFUNDS)
     pg_conn.execute("drop publication ts_all")
+
+
+@pytest.mark.postgres
+@pytest.mark.spark
+@pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])
+def test_add_table_with_replica_identity_full_and_no_primary_key_under_concurrent_writes(
+    full_table: None, pg_conn: psycopg.Connection, pg_dsn: str, slot_name: str, spark: Any, tmp_path: Path,
+    plugin: str,
+) -> None:
+    """The incremental extract keys a REPLICA IDENTITY FULL table by all its columns; add-table
+    must take the same key (one rule), page through it, and end with Delta equal to PostgreSQL."""
+    pg_conn.execute("drop publication if exists ts_full_pub")
+    pg_conn.execute("create publication ts_full_pub for table ts_orders, ts_full")
+    pg_conn.execute("select pg_create_logical_replication_slot(%s, %s, false, true)", (slot_name, plugin))
+    pipeline = Pipeline(pg_conn, spark, slot_name, tmp_path, [ORDERS])  # ts_full not in the pipeline yet
+    if plugin == "pgoutput":
+        pipeline.options = {"plugin": "pgoutput", "publication": "ts_full_pub"}
+    writer = _writer(pg_dsn, 3, ("ts_orders", "ts_full"))
+    try:
+        pipeline.run()
+        request = request_table_snapshot(pipeline.staging, slot_name, ["ts_full"], "add-table", chunk_rows=60)
+        state = pipeline.until_done(request.id, snapshot_rows=150)
+    finally:
+        _stop(writer)
+    pipeline.run()  # the writer's last changes
+    assert not state["error"], state["error"]
+    table = state["tables"]["public.ts_full"]
+    assert table["done"] and table["chunks"] >= ROWS // 60
+    _equal(pg_conn, spark, pipeline.delta, ORDERS, FULL)
+    staged = [t for m in pipeline.manifests for t in m.tables if (t.schema, t.table) == FULL]
+    assert staged and all(t.key == ["id", "label", "amount", "note"] and t.replica_identity == "full" for t in staged)
+    # the added table keeps flowing after its snapshot, keyed by all its columns
+    pg_conn.execute(
+        "update ts_full set label = 'after' where (id, label) = (select id, label from ts_full order by id, label limit 1)"
+    )
+    last = pipeline.run()
+    assert any(t.table == "ts_full" and t.updates == 1 for t in last.tables), [
+        (t.table, t.inserts, t.updates, t.deletes, t.rows) for t in last.tables
+    ]
+    _equal(pg_conn, spark, pipeline.delta, FULL)
+    pg_conn.execute("drop publication ts_full_pub")
+
+
+@pytest.mark.postgres
+def test_full_identity_chunks_keep_repeated_rows_and_nulls_whole(
+    tables: None, pg_conn: psycopg.Connection, slot_name: str, tmp_path: Path
+) -> None:
+    """A key of all columns repeats when rows do: a chunk boundary must not fall between copies of
+    one row (the next chunk starts after the key), nor skip rows with NULLs."""
+    pg_conn.execute("drop table if exists ts_dups")
+    pg_conn.execute("create table ts_dups (a int, b text); alter table ts_dups replica identity full")
+    pg_conn.execute(
+        "insert into ts_dups select case when g % 7 = 0 then null else g % 11 end,"
+        " case when g % 5 = 0 then null else 'v' || (g % 3) end from generate_series(1, 300) g"
+    )
+    pg_conn.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (slot_name,))
+    staging = str(tmp_path / "staging")
+    request = request_table_snapshot(staging, slot_name, ["ts_dups"], "add-table", chunk_rows=4)
+    manifest = extract_batch(pg_conn, slot_name, staging, tables=[ORDERS])
+    state = manifest.snapshots[request.id]
+    assert state["done"] and not state["error"], state
+    staged = next(t for t in manifest.tables if t.table == "ts_dups")
+    assert staged.key == ["a", "b"] and staged.replica_identity == "full"
+    rows = pq.read_table(manifest.path / staged.path).to_pydict()
+    copied = Counter((a, b) for a, b, op in zip(rows["a"], rows["b"], rows["_pg_op"]) if op == "I")
+    source = Counter(pg_conn.execute("select a, b from ts_dups").fetchall())
+    assert sum(source.values()) == 300 and len(source) < 60  # rows repeat, and chunks of 4 split runs of them
+    assert copied == source
+    assert len(manifest.snapshot_chunks) - 1 < 300 // 4  # a chunk takes every copy of its last row
+
+
+@pytest.mark.postgres
+def test_full_identity_table_with_a_column_without_ordering_is_refused_by_name(
+    tables: None, pg_conn: psycopg.Connection, slot_name: str, tmp_path: Path
+) -> None:
+    pg_conn.execute("drop table if exists ts_json")
+    pg_conn.execute("create table ts_json (id int, doc json, at point, fine jsonb)")
+    pg_conn.execute("alter table ts_json replica identity full")
+    pg_conn.execute("insert into ts_json values (1, '{}', '(1,2)', '{}')")
+    pg_conn.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (slot_name,))
+    staging = str(tmp_path / "staging")
+    request = request_table_snapshot(staging, slot_name, ["ts_json"], "add-table")
+    manifest = extract_batch(pg_conn, slot_name, staging, tables=[ORDERS])
+    error = manifest.snapshots[request.id]["error"]
+    assert "public.ts_json" in error and "'doc' (json), 'at' (point)" in error and "cannot be ordered" in error
+    assert "'fine'" not in error and "Add a primary key" in error and "jsonb instead of json" in error
+    assert manifest.snapshot_chunks == []  # refused before its TRUNCATE
 
 
 @pytest.mark.postgres
@@ -402,14 +516,14 @@ def test_a_row_inserted_during_the_copy_is_not_doubled_in_a_new_delta_table(
     inserts, it must still be one row (the merge, not a plain append)."""
     pg_conn.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (slot_name,))
     pipeline = Pipeline(pg_conn, spark, slot_name, tmp_path, [ORDERS])
-    original = table_snapshot._largest_key
+    original = table_snapshot.largest_key
 
     def largest_key(conn: Any, *args: Any) -> Any:
         with psycopg.connect(pg_dsn, autocommit=True) as other:
             other.execute("insert into ts_refunds values (999, 1, 1.0, 'during the copy', '{}', now())")
         return original(conn, *args)
 
-    monkeypatch.setattr(table_snapshot, "_largest_key", largest_key)
+    monkeypatch.setattr(table_snapshot, "largest_key", largest_key)
     request_table_snapshot(pipeline.staging, slot_name, [REFUNDS], "add-table", chunk_rows=ROWS * 2)
     manifest = pipeline.run()
     refunds = next(t for t in manifest.tables if t.table == "ts_refunds")
