@@ -37,6 +37,9 @@ from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.postgres.slot import SlotClient
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, batch_dir_name
+from airflow_provider_pgdecode.batch.publish import publish_batch
+from airflow_provider_pgdecode.capture.tables import parse_table_names
+from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
 from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
 from airflow_provider_pgdecode.capture.table_snapshot import (
     DEFAULT_ROWS_PER_BATCH,
@@ -48,21 +51,7 @@ from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWrite
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_PLUGINS = ("test_decoding", "pgoutput")
 DEFAULT_CHUNK_ROWS = 10_000
-
-
-def parse_table_names(tables: Collection[str | tuple[str, str]]) -> set[tuple[str, str]]:
-    """``["public.orders", ("sales", "line.items")]`` to pairs; a name without a schema means
-    ``public``. Give ``(schema, table)`` pairs for names that contain a dot."""
-    out = set()
-    for name in tables:
-        if isinstance(name, tuple):
-            out.add(name)
-            continue
-        schema, dot, table = name.partition(".")
-        out.add((schema, table) if dot else ("public", schema))
-    return out
 
 
 def extract_batch(
@@ -292,43 +281,6 @@ def _describe_tables(catalog: Catalog, tables: list[TableSummary]) -> None:
             if info is not None:  # a column dropped since keeps what the slot said of it
                 column.catalog_type = info.catalog_type
                 column.user_type = info.user_type
-
-
-def publish_batch(tmp: Path, final: Path, manifest: BatchManifest) -> Path:
-    """Rename the finished batch into place; an existing identical batch is kept as it is."""
-    _fsync_tree(tmp)
-    if final.exists():
-        existing = BatchManifest.read(final)
-        if existing.contents() != manifest.contents():
-            raise StagingError(
-                f"batch {final} already exists with different contents; the slot or checkpoint changed "
-                "between runs over the same LSN range. Move the old batch away to extract again."
-            )
-        log.info("Batch %s was already staged with the same contents; keeping it", final)
-        shutil.rmtree(tmp)
-        return final
-    os.rename(tmp, final)
-    _fsync_dir(final.parent)
-    return final
-
-
-def _fsync_tree(root: Path) -> None:
-    for directory, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(directory, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(directory))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _log_progress(rows: int, writer: BatchWriter, started: float, lsn: Lsn, done: bool = False) -> None:

@@ -119,7 +119,9 @@ from airflow_provider_pgdecode.postgres.snapshot_queries import (
     import_snapshot,
     lock_and_measure,
 )
-from airflow_provider_pgdecode.capture.extract import SUPPORTED_PLUGINS, publish_batch, parse_table_names
+from airflow_provider_pgdecode.batch.publish import publish_batch
+from airflow_provider_pgdecode.capture.tables import parse_table_names
+from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
 from airflow_provider_pgdecode.batch.manifest import (
     BatchManifest,
     ColumnSummary,

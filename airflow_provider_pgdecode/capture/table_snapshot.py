@@ -91,6 +91,7 @@ from airflow_provider_pgdecode.batch.format import (
     table_path,
 )
 from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary
+from airflow_provider_pgdecode.capture.tables import parse_table_names
 from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,6 @@ def request_table_snapshot(
     :param request_id: letters, digits, ``_.+-``; default one made from the mode and the time.
     :param chunk_rows: rows per chunk (one query, one Parquet part).
     """
-    from airflow_provider_pgdecode.capture.extract import parse_table_names
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")

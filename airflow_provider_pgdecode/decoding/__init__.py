@@ -1,1 +1,7 @@
+"""The decoding core: LSNs, the event model, one module per output plugin, the transaction
+assembler and the spool. Plain Python: no driver, Spark or Airflow."""
 
+from __future__ import annotations
+
+SUPPORTED_PLUGINS: tuple[str, ...] = ("test_decoding", "pgoutput")
+"""The output plugins pgdecode reads, one parser module each."""
