@@ -85,8 +85,9 @@ class PgType:
     note: str = ""
 
 
-def _text(*names: str, note: str = "as printed", aliases: Mapping[str, tuple[str, ...]] | None = None,
-          **options: str) -> tuple[PgType, ...]:
+def _text(
+    *names: str, note: str = "as printed", aliases: Mapping[str, tuple[str, ...]] | None = None, **options: str
+) -> tuple[PgType, ...]:
     """Types staged as the text PostgreSQL printed and kept as Delta ``string``."""
     return tuple(
         PgType(name, TEXT, TEXT, aliases=(aliases or {}).get(name, ()), modifiers=True, note=note, **options)
@@ -103,39 +104,65 @@ TYPES: tuple[PgType, ...] = (
     PgType("bigint", "int64", "bigint", aliases=("int8",)),
     PgType("oid", "int64", "bigint", note="unsigned 32-bit, so 64 bits"),
     PgType("real", "float", "float", aliases=("float4",), note="`NaN`, `Infinity`, `-Infinity` kept"),
+    PgType("double precision", "double", "double", aliases=("float8",), note="`NaN`, `Infinity`, `-Infinity` kept"),
     PgType(
-        "double precision", "double", "double", aliases=("float8",), note="`NaN`, `Infinity`, `-Infinity` kept"
-    ),
-    PgType(
-        "numeric", TEXT, DEFAULT_UNBOUNDED_NUMERIC, Kind.NUMERIC_TEXT, aliases=("decimal",),
+        "numeric",
+        TEXT,
+        DEFAULT_UNBOUNDED_NUMERIC,
+        Kind.NUMERIC_TEXT,
+        aliases=("decimal",),
         note="exact decimal text; the Delta type follows the typmod (rules below); "
         "`NaN`, `Infinity`, `-Infinity` become NULL in a decimal column",
     ),
-    PgType("boolean", "bool", "boolean", aliases=("bool",), note="`true`/`false` (test_decoding) or `t`/`f` (pgoutput)"),
+    PgType(
+        "boolean", "bool", "boolean", aliases=("bool",), note="`true`/`false` (test_decoding) or `t`/`f` (pgoutput)"
+    ),
     PgType("date", "date32[day]", "date", note=f"{_INFINITIES}; BC dates refused"),
     PgType(
-        "timestamp without time zone", "timestamp[us]", "timestamp", Kind.TIMESTAMP_AS_UTC,
-        aliases=("timestamp",), modifiers=True, note=f"the wall-clock time, read as UTC; {_TS_INFINITIES}",
+        "timestamp without time zone",
+        "timestamp[us]",
+        "timestamp",
+        Kind.TIMESTAMP_AS_UTC,
+        aliases=("timestamp",),
+        modifiers=True,
+        note=f"the wall-clock time, read as UTC; {_TS_INFINITIES}",
     ),
     PgType(
-        "timestamp with time zone", "timestamp[us, tz=UTC]", "timestamp", aliases=("timestamptz",),
-        modifiers=True, note=f"the UTC instant; {_TS_INFINITIES}",
+        "timestamp with time zone",
+        "timestamp[us, tz=UTC]",
+        "timestamp",
+        aliases=("timestamptz",),
+        modifiers=True,
+        note=f"the UTC instant; {_TS_INFINITIES}",
     ),
     PgType("bytea", "binary", "binary", note="the bytes (`bytea_output=hex`)"),
     *_text(
-        "text", "character varying", "character", '"char"', "name", "citext",
+        "text",
+        "character varying",
+        "character",
+        '"char"',
+        "name",
+        "citext",
         aliases={"character varying": ("varchar",), "character": ("char", "bpchar")},
         note="as printed; `character(n)` keeps its padding",
     ),
     *_text("uuid", "json", "jsonb", "jsonpath", "xml", "inet", "cidr", "macaddr", "macaddr8"),
     PgType("money", TEXT, TEXT, modifiers=True, note="as printed, currency symbol included (`lc_monetary`)"),
     PgType(
-        "interval", TEXT, TEXT, modifiers=True,
+        "interval",
+        TEXT,
+        TEXT,
+        modifiers=True,
         note="as printed (`IntervalStyle=postgres`); with fields too (`interval day to second`)",
     ),
-    *_text("time without time zone", "time with time zone", aliases={
-        "time without time zone": ("time",), "time with time zone": ("timetz",),
-    }),
+    *_text(
+        "time without time zone",
+        "time with time zone",
+        aliases={
+            "time without time zone": ("time",),
+            "time with time zone": ("timetz",),
+        },
+    ),
     *_text("bit", "bit varying", aliases={"bit varying": ("varbit",)}, note="the bits, e.g. `1010`"),
     *_text("pg_lsn", "tsvector", "tsquery", "txid_snapshot", "pg_snapshot", "xid", "xid8", "cid", "tid"),
     *_text("point", "line", "lseg", "path", "polygon", "circle"),
@@ -143,13 +170,32 @@ TYPES: tuple[PgType, ...] = (
         "box", array_delimiter=";", note="as printed; `box[]` is staged as one text (its elements are separated by `;`)"
     ),
     *_text(
-        "int4range", "int8range", "numrange", "tsrange", "tstzrange", "daterange",
-        "int4multirange", "int8multirange", "nummultirange", "tsmultirange", "tstzmultirange", "datemultirange",
+        "int4range",
+        "int8range",
+        "numrange",
+        "tsrange",
+        "tstzrange",
+        "daterange",
+        "int4multirange",
+        "int8multirange",
+        "nummultirange",
+        "tsmultirange",
+        "tstzmultirange",
+        "datemultirange",
         note="as printed, e.g. `[1,10)`",
     ),
     *_text(
-        "regclass", "regtype", "regproc", "regprocedure", "regoper", "regoperator", "regconfig",
-        "regdictionary", "regnamespace", "regrole", "regcollation",
+        "regclass",
+        "regtype",
+        "regproc",
+        "regprocedure",
+        "regoper",
+        "regoperator",
+        "regconfig",
+        "regdictionary",
+        "regnamespace",
+        "regrole",
+        "regcollation",
         note="as printed: the object's name",
     ),
 )
@@ -339,7 +385,10 @@ def resolve(
     if typmod is not None:
         precision, scale = typmod
         return ColumnMapping(
-            catalog_type, TEXT, numeric_delta_type(precision, scale, unbounded_numeric), Kind.NUMERIC_TEXT,
+            catalog_type,
+            TEXT,
+            numeric_delta_type(precision, scale, unbounded_numeric),
+            Kind.NUMERIC_TEXT,
             unbounded=precision is None,
         )
     entry = find(text)
@@ -378,28 +427,70 @@ _NUMERIC_LABEL = KIND_LABELS[Kind.NUMERIC_TEXT]
 _PLAIN_LABEL = KIND_LABELS[Kind.PLAIN]
 
 _RULES: tuple[_Rule, ...] = (
-    _Rule("`numeric(p,s)`, p ≤ 38", TEXT, "`decimal(p,s)`", _NUMERIC_LABEL,
-          "exact: PostgreSQL already rounded to s", "numeric(12,2)"),
+    _Rule(
+        "`numeric(p,s)`, p ≤ 38",
+        TEXT,
+        "`decimal(p,s)`",
+        _NUMERIC_LABEL,
+        "exact: PostgreSQL already rounded to s",
+        "numeric(12,2)",
+    ),
     _Rule("`numeric(p)`", TEXT, "`decimal(p,0)`", _NUMERIC_LABEL, "", "numeric(7)"),
     _Rule("`numeric(p,s)`, p > 38", TEXT, "`string`", _NUMERIC_LABEL, "the exact text", "numeric(50,2)"),
     _Rule("`numeric(p,-s)` (PostgreSQL 15+)", TEXT, "`decimal(p+s,0)`", _NUMERIC_LABEL, "", "numeric(5,-2)"),
     _Rule("`numeric(p,s)`, s > p", TEXT, "`decimal(s,s)`", _NUMERIC_LABEL, "", "numeric(2,5)"),
-    _Rule("`numeric` (no precision)", TEXT, f"`{DEFAULT_UNBOUNDED_NUMERIC}` or `--unbounded-numeric`",
-          _NUMERIC_LABEL, "every value checked to fit, see below", "numeric"),
-    _Rule("other type modifiers", "as without", "as without", "as without",
-          "`character varying(20)`, `bit(8)`, `time(3) with time zone`, `interval(3)` map as the type without them",
-          "timestamp(3) with time zone"),
-    _Rule("`T[]` (one dimension)", "`list<item: A>` (A: T's Arrow type)", "`array<D>` (D: T's Delta type)",
-          "as T", "elements converted as T; NULL elements kept; multi-dimensional arrays refused",
-          "numeric(6,2)[]"),
-    _Rule("`box[]` (element separator not `,`)", TEXT, "`string`", _PLAIN_LABEL, "the array literal as printed", "box[]"),
-    _Rule("enums, domains, composite and range types (the manifest's `user_type`)", TEXT, "`string`", _PLAIN_LABEL,
-          "the text PostgreSQL printed (a domain over a number too); arrays of them: `array<string>`",
-          "mood", user_type="enum"),
-    _Rule("any other type given as `--type-map T=string`", TEXT, "`string`", _PLAIN_LABEL,
-          "only `string` is allowed", "geometry", overrides=(("geometry", TEXT),)),
-    _Rule("any other type", TEXT, "refused", "—",
-          "the merge fails before writing, naming the table, the column and the type"),
+    _Rule(
+        "`numeric` (no precision)",
+        TEXT,
+        f"`{DEFAULT_UNBOUNDED_NUMERIC}` or `--unbounded-numeric`",
+        _NUMERIC_LABEL,
+        "every value checked to fit, see below",
+        "numeric",
+    ),
+    _Rule(
+        "other type modifiers",
+        "as without",
+        "as without",
+        "as without",
+        "`character varying(20)`, `bit(8)`, `time(3) with time zone`, `interval(3)` map as the type without them",
+        "timestamp(3) with time zone",
+    ),
+    _Rule(
+        "`T[]` (one dimension)",
+        "`list<item: A>` (A: T's Arrow type)",
+        "`array<D>` (D: T's Delta type)",
+        "as T",
+        "elements converted as T; NULL elements kept; multi-dimensional arrays refused",
+        "numeric(6,2)[]",
+    ),
+    _Rule(
+        "`box[]` (element separator not `,`)", TEXT, "`string`", _PLAIN_LABEL, "the array literal as printed", "box[]"
+    ),
+    _Rule(
+        "enums, domains, composite and range types (the manifest's `user_type`)",
+        TEXT,
+        "`string`",
+        _PLAIN_LABEL,
+        "the text PostgreSQL printed (a domain over a number too); arrays of them: `array<string>`",
+        "mood",
+        user_type="enum",
+    ),
+    _Rule(
+        "any other type given as `--type-map T=string`",
+        TEXT,
+        "`string`",
+        _PLAIN_LABEL,
+        "only `string` is allowed",
+        "geometry",
+        overrides=(("geometry", TEXT),),
+    ),
+    _Rule(
+        "any other type",
+        TEXT,
+        "refused",
+        "—",
+        "the merge fails before writing, naming the table, the column and the type",
+    ),
 )
 
 
@@ -436,7 +527,9 @@ def markdown_table() -> str:
             example = f"e.g. `{rule.example}` → `{mapped.arrow}` / `{mapped.delta}`"
             note = f"{note}; {example}" if note else example
         arrow = _code(rule.arrow) if rule.arrow == TEXT else rule.arrow
-        lines.append(f"| {_cell(rule.pattern)} | {_cell(arrow)} | {_cell(rule.delta)} | {rule.conversion} | {_cell(note)} |")
+        lines.append(
+            f"| {_cell(rule.pattern)} | {_cell(arrow)} | {_cell(rule.delta)} | {rule.conversion} | {_cell(note)} |"
+        )
     return "\n".join(lines) + "\n"
 
 

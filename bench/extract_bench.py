@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shutil
 import subprocess
@@ -99,7 +98,14 @@ def extract_in_child(dsn: str, plugin: str, ceiling: Lsn, staging: Path, native:
     """Run the extract in a fresh interpreter; return its timing and peak RSS."""
     out = subprocess.run(
         [
-            sys.executable, "-m", "bench.extract_bench", "--child", dsn, plugin, str(ceiling), str(staging),
+            sys.executable,
+            "-m",
+            "bench.extract_bench",
+            "--child",
+            dsn,
+            plugin,
+            str(ceiling),
+            str(staging),
             "1" if native else "0",
         ],
         check=True,
@@ -118,7 +124,12 @@ def child(dsn: str, plugin: str, ceiling: str, staging: str, native: str) -> Non
         base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         started = time.perf_counter()
         manifest = extract_batch(
-            conn, SLOTS[plugin], staging, plugin=plugin, publication=publication, upto_lsn=Lsn.parse(ceiling),
+            conn,
+            SLOTS[plugin],
+            staging,
+            plugin=plugin,
+            publication=publication,
+            upto_lsn=Lsn.parse(ceiling),
             native=native == "1",
         )
         elapsed = time.perf_counter() - started
@@ -178,7 +189,11 @@ def main() -> int:
                 part = extract_in_child(dsn, plugin, fifth, work / plugin / "fifth")
                 python = None if args.no_python else extract_in_child(dsn, plugin, ceiling, work / plugin / "py", False)
                 results[plugin] = {
-                    "raw_rows": raw_rows, "raw_seconds": raw_seconds, "full": full, "fifth": part, "python": python
+                    "raw_rows": raw_rows,
+                    "raw_seconds": raw_seconds,
+                    "full": full,
+                    "fifth": part,
+                    "python": python,
                 }
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -61,19 +61,46 @@ def write_batch(root: Path, start: int, end: int, table: pa.Table) -> str:
     ops = table.column("_pg_op").to_pylist()
     lsns = table.column("_pg_commit_lsn").to_numpy()
     manifest = {
-        "format": "pgdecode.batch/1", "slot": SLOT, "plugin": "pgoutput", "database": "bench",
-        "start_lsn": lsn_text(start), "end_lsn": lsn_text(end), "ceiling_lsn": lsn_text(end),
-        "transactions": len(ops), "changes": len(ops),
-        "tables": [{
-            "schema": "public", "table": "items", "path": "tables/public/items", "files": ["part-00000.parquet"],
-            "rows": len(ops), "inserts": ops.count("I"), "updates": ops.count("U"), "deletes": ops.count("D"),
-            "truncates": 0, "min_commit_lsn": lsn_text(int(lsns.min())), "max_commit_lsn": lsn_text(int(lsns.max())),
-            "key": ["id"], "replica_identity": "default",
-            "columns": [{"name": c["name"], "type": c["catalog_type"], "catalog_type": c["catalog_type"],
-                         "arrow": str(c["arrow"])} for c in COLUMNS],
-        }],
+        "format": "pgdecode.batch/1",
+        "slot": SLOT,
+        "plugin": "pgoutput",
+        "database": "bench",
+        "start_lsn": lsn_text(start),
+        "end_lsn": lsn_text(end),
+        "ceiling_lsn": lsn_text(end),
+        "transactions": len(ops),
+        "changes": len(ops),
+        "tables": [
+            {
+                "schema": "public",
+                "table": "items",
+                "path": "tables/public/items",
+                "files": ["part-00000.parquet"],
+                "rows": len(ops),
+                "inserts": ops.count("I"),
+                "updates": ops.count("U"),
+                "deletes": ops.count("D"),
+                "truncates": 0,
+                "min_commit_lsn": lsn_text(int(lsns.min())),
+                "max_commit_lsn": lsn_text(int(lsns.max())),
+                "key": ["id"],
+                "replica_identity": "default",
+                "columns": [
+                    {
+                        "name": c["name"],
+                        "type": c["catalog_type"],
+                        "catalog_type": c["catalog_type"],
+                        "arrow": str(c["arrow"]),
+                    }
+                    for c in COLUMNS
+                ],
+            }
+        ],
         "messages": {"path": "messages", "files": [], "rows": 0},
-        "prepared_pending": [], "prepared_committed": [], "prepared_rolled_back": [], "complete": True,
+        "prepared_pending": [],
+        "prepared_committed": [],
+        "prepared_rolled_back": [],
+        "complete": True,
     }
     (directory / "manifest.json").write_text(json.dumps(manifest, sort_keys=True))
     return str(directory)
@@ -86,22 +113,23 @@ def staged_table(ids: np.ndarray, ops: np.ndarray, lsns: np.ndarray) -> pa.Table
     amounts = np.where(upsert, np.char.mod("%.2f", (np.arange(n) % 100_000) / 100.0), None)
     times = pa.array(np.where(upsert, 1_700_000_000_000_000 + np.arange(n), 0), pa.timestamp("us", tz="UTC"))
     times = pa.compute.if_else(pa.array(upsert), times, pa.scalar(None, pa.timestamp("us", tz="UTC")))
-    old = pa.StructArray.from_arrays([pa.array(ids, pa.int64())], names=["id"],
-                                     mask=pa.array(ops != "D"))
-    return pa.table({
-        "_pg_commit_lsn": pa.array(lsns, pa.int64()),
-        "_pg_seq": pa.array(np.zeros(n, dtype=np.int32)),
-        "_pg_op": pa.array(ops.astype(object), pa.string()),
-        "_pg_xid": pa.array(1000 + np.arange(n), pa.int64()),
-        "_pg_commit_time": pa.array(1_700_000_000_000_000 + np.arange(n), pa.timestamp("us", tz="UTC")),
-        "_pg_change_lsn": pa.array(lsns - 32, pa.int64()),
-        "_pg_unchanged_toast": pa.array([[] for _ in range(n)], pa.list_(pa.string())),
-        "_pg_old": old,
-        "id": pa.array(np.where(upsert, ids, 0), pa.int64(), mask=~upsert),
-        "name": pa.array(names.astype(object), pa.string()),
-        "amount": pa.array(amounts.astype(object), pa.string()),
-        "updated_at": times,
-    })
+    old = pa.StructArray.from_arrays([pa.array(ids, pa.int64())], names=["id"], mask=pa.array(ops != "D"))
+    return pa.table(
+        {
+            "_pg_commit_lsn": pa.array(lsns, pa.int64()),
+            "_pg_seq": pa.array(np.zeros(n, dtype=np.int32)),
+            "_pg_op": pa.array(ops.astype(object), pa.string()),
+            "_pg_xid": pa.array(1000 + np.arange(n), pa.int64()),
+            "_pg_commit_time": pa.array(1_700_000_000_000_000 + np.arange(n), pa.timestamp("us", tz="UTC")),
+            "_pg_change_lsn": pa.array(lsns - 32, pa.int64()),
+            "_pg_unchanged_toast": pa.array([[] for _ in range(n)], pa.list_(pa.string())),
+            "_pg_old": old,
+            "id": pa.array(np.where(upsert, ids, 0), pa.int64(), mask=~upsert),
+            "name": pa.array(names.astype(object), pa.string()),
+            "amount": pa.array(amounts.astype(object), pa.string()),
+            "updated_at": times,
+        }
+    )
 
 
 def make_changes(changes: int, small: int, seed: int = 42) -> tuple[pa.Table, pa.Table, dict[str, int]]:
@@ -124,15 +152,20 @@ def make_changes(changes: int, small: int, seed: int = 42) -> tuple[pa.Table, pa
     for position, key in enumerate(ids.tolist()):
         last[key] = position
     positions = np.array(sorted(last.values()))
-    collapsed = staged.take(pa.array(positions)).select(["_pg_op", "_pg_old", "id", "name", "amount", "updated_at",
-                                                         "_pg_commit_lsn", "_pg_commit_time", "_pg_xid"])
+    collapsed = staged.take(pa.array(positions)).select(
+        ["_pg_op", "_pg_old", "id", "name", "amount", "updated_at", "_pg_commit_lsn", "_pg_commit_time", "_pg_xid"]
+    )
     final_ops = collapsed.column("_pg_op").to_numpy(zero_copy_only=False)
-    expected = {"deletes": int((final_ops == "D").sum()), "inserts": int((final_ops == "I").sum()),
-                "updates": int((final_ops == "U").sum())}
+    expected = {
+        "deletes": int((final_ops == "D").sum()),
+        "inserts": int((final_ops == "I").sum()),
+        "updates": int((final_ops == "U").sum()),
+    }
     key = pa.compute.coalesce(collapsed.column("id"), pa.compute.struct_field(collapsed.column("_pg_old"), [0]))
     collapsed = collapsed.drop_columns(["_pg_old", "id"]).append_column("id", key)
     collapsed = collapsed.set_column(
-        collapsed.schema.get_field_index("amount"), "amount",
+        collapsed.schema.get_field_index("amount"),
+        "amount",
         pa.compute.cast(collapsed.column("amount"), pa.decimal128(12, 2)),
     )
     return staged, collapsed, expected
@@ -147,11 +180,17 @@ def create_table(spark: Any, work: Path, delta_root: str, rows: int, name: str) 
     (
         spark.range(0, rows, 1, files)
         .selectExpr(
-            "id", "concat('name-', id) as name", "cast((id % 100000) / 100 as decimal(12,2)) as amount",
-            "timestamp_micros(1600000000000000 + id) as updated_at", "cast(96 as bigint) as _pg_commit_lsn",
-            "timestamp_micros(1600000000000000) as _pg_commit_time", "cast(7 as bigint) as _pg_xid",
+            "id",
+            "concat('name-', id) as name",
+            "cast((id % 100000) / 100 as decimal(12,2)) as amount",
+            "timestamp_micros(1600000000000000 + id) as updated_at",
+            "cast(96 as bigint) as _pg_commit_lsn",
+            "timestamp_micros(1600000000000000) as _pg_commit_time",
+            "cast(7 as bigint) as _pg_xid",
         )
-        .write.format("delta").mode("append").save(path)
+        .write.format("delta")
+        .mode("append")
+        .save(path)
     )
     return path
 
@@ -190,12 +229,15 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     delta_root = str(work / "delta")
-    spark = build_spark_session("local[*]", app_name="pgdecode-merge-bench",
-                                extra_conf={"spark.driver.memory": args.driver_memory})
+    spark = build_spark_session(
+        "local[*]", app_name="pgdecode-merge-bench", extra_conf={"spark.driver.memory": args.driver_memory}
+    )
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        print(f"building tables of {args.small:,} and {args.large:,} rows and a batch of {args.changes:,} changes",
-              flush=True)
+        print(
+            f"building tables of {args.small:,} and {args.large:,} rows and a batch of {args.changes:,} changes",
+            flush=True,
+        )
         started = time.perf_counter()
         small = create_table(spark, work, delta_root, args.small, "small")
         large = create_table(spark, work, delta_root, args.large, "large")
@@ -216,44 +258,73 @@ def main(argv: list[str] | None = None) -> int:
         warm = create_table(spark, work, str(work / "warm"), 10_000, "t")
         pq.write_table(warm_collapsed, str(work / "warm.parquet"))
         bare_merge(spark, warm, str(work / "warm.parquet"))
-        merge_batches(spark, [write_batch(work / "warm-staging", 0x1_0000_0000, 0x2_0000_0000, warm_staged)],
-                      str(work / "warm" / "t"))
+        merge_batches(
+            spark,
+            [write_batch(work / "warm-staging", 0x1_0000_0000, 0x2_0000_0000, warm_staged)],
+            str(work / "warm" / "t"),
+        )
 
         print("timings:", flush=True)
         results: dict[str, Any] = {}
         best: dict[str, float] = {}
         for run in range(REPEATS):
-            best["bare"] = min(best.get("bare", 1e9), timed(
-                f"bare MERGE of collapsed rows, {args.small:,} rows", lambda: bare_merge(spark, copies["bare"][run], collapsed_file)))
-            best["small"] = min(best.get("small", 1e9), timed(
-                f"pgdecode job, {args.small:,} rows",
-                lambda: results.__setitem__(f"small-{run}", merge_batches(spark, [batch], f"{delta_root}/small-{run}"))))
-            best["large"] = min(best.get("large", 1e9), timed(
-                f"pgdecode job, {args.large:,} rows",
-                lambda: results.__setitem__(f"large-{run}", merge_batches(spark, [batch], f"{delta_root}/large-{run}"))))
+            best["bare"] = min(
+                best.get("bare", 1e9),
+                timed(
+                    f"bare MERGE of collapsed rows, {args.small:,} rows",
+                    lambda run=run: bare_merge(spark, copies["bare"][run], collapsed_file),
+                ),
+            )
+            best["small"] = min(
+                best.get("small", 1e9),
+                timed(
+                    f"pgdecode job, {args.small:,} rows",
+                    lambda run=run: results.__setitem__(
+                        f"small-{run}", merge_batches(spark, [batch], f"{delta_root}/small-{run}")
+                    ),
+                ),
+            )
+            best["large"] = min(
+                best.get("large", 1e9),
+                timed(
+                    f"pgdecode job, {args.large:,} rows",
+                    lambda run=run: results.__setitem__(
+                        f"large-{run}", merge_batches(spark, [batch], f"{delta_root}/large-{run}")
+                    ),
+                ),
+            )
         bare_small, job_small, job_large = best["bare"], best["small"], best["large"]
 
-        for name, paths, base in (("bare", copies["bare"], args.small), ("small", copies["small"], args.small),
-                                  ("large", copies["large"], args.large)):
+        for name, paths, base in (
+            ("bare", copies["bare"], args.small),
+            ("small", copies["small"], args.small),
+            ("large", copies["large"], args.large),
+        ):
             for path in paths:
                 count = spark.read.format("delta").load(path).count()
                 want = base + 1 + expected["inserts"] - expected["deletes"]
                 assert count == want, f"{name}: {count} rows, expected {want}"
-        for name, summary in results.items():
+        for summary in results.values():
             table = summary["tables"]["public.items"]
             assert (table["inserted"], table["deleted"]) == (expected["inserts"], expected["deletes"]), table
             assert table["updated"] == expected["updates"], table
 
         report = {
-            "changes": args.changes, "small_rows": args.small, "large_rows": args.large,
+            "changes": args.changes,
+            "small_rows": args.small,
+            "large_rows": args.large,
             "collapsed_rows": collapsed.num_rows,
-            "bare_merge_small_s": round(bare_small, 2), "job_small_s": round(job_small, 2),
+            "bare_merge_small_s": round(bare_small, 2),
+            "job_small_s": round(job_small, 2),
             "job_large_s": round(job_large, 2),
-            "job_over_bare": round(job_small / bare_small, 2), "large_over_small": round(job_large / job_small, 2),
+            "job_over_bare": round(job_small / bare_small, 2),
+            "large_over_small": round(job_large / job_small, 2),
             "cores": os.cpu_count(),
         }
         print(f"ratio job / bare MERGE ({args.small:,} rows):      {report['job_over_bare']:.2f}x  (aim <= 1.5x)")
-        print(f"ratio {args.large:,} / {args.small:,} rows (job):  {report['large_over_small']:.2f}x  (aim well under 10x)")
+        print(
+            f"ratio {args.large:,} / {args.small:,} rows (job):  {report['large_over_small']:.2f}x  (aim well under 10x)"
+        )
         out = Path(__file__).resolve().parent / "results"
         out.mkdir(exist_ok=True)
         (out / "merge_bench.json").write_text(json.dumps(report, indent=2))

@@ -130,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"table: {args.rows:,} rows ...", flush=True)
                 started = time.perf_counter()
                 make_table(conn, args.rows)
-                report["table_mib"] = round(
-                    conn.execute("select pg_table_size('orders')").fetchone()[0] / 2**20, 1)
+                report["table_mib"] = round(conn.execute("select pg_table_size('orders')").fetchone()[0] / 2**20, 1)
                 print(f"  built in {time.perf_counter() - started:.0f} s, {report['table_mib']} MiB", flush=True)
             with create_slot_with_snapshot(dsn, SLOT) as (lsn, name):
                 print("timings:", flush=True)
@@ -143,10 +142,14 @@ def main(argv: list[str] | None = None) -> int:
                 assert manifest.tables[0].inserts == args.rows, manifest.tables[0]
                 print(f"  stage_snapshot workers={args.workers}: {many:.2f} s", flush=True)
                 report.update(
-                    copy_floor_s=round(floor, 2), copy_floor_rows_per_s=round(args.rows / floor),
-                    stage_w1_s=round(one, 2), stage_w1_rows_per_s=round(args.rows / one),
-                    stage_default_s=round(many, 2), stage_default_rows_per_s=round(args.rows / many),
-                    stage_w1_over_floor=round(floor / one, 2), stage_default_over_floor=round(floor / many, 2),
+                    copy_floor_s=round(floor, 2),
+                    copy_floor_rows_per_s=round(args.rows / floor),
+                    stage_w1_s=round(one, 2),
+                    stage_w1_rows_per_s=round(args.rows / one),
+                    stage_default_s=round(many, 2),
+                    stage_default_rows_per_s=round(args.rows / many),
+                    stage_w1_over_floor=round(floor / one, 2),
+                    stage_default_over_floor=round(floor / many, 2),
                     parts=len(manifest.tables[0].files),
                 )
                 if not args.skip_delta:
@@ -154,8 +157,11 @@ def main(argv: list[str] | None = None) -> int:
                     from airflow_provider_pgdecode.spark.session import build_spark_session
 
                     started = time.perf_counter()
-                    spark = build_spark_session("local[*]", app_name="pgdecode-snapshot-bench",
-                                                extra_conf={"spark.driver.memory": args.driver_memory})
+                    spark = build_spark_session(
+                        "local[*]",
+                        app_name="pgdecode-snapshot-bench",
+                        extra_conf={"spark.driver.memory": args.driver_memory},
+                    )
                     spark.sparkContext.setLogLevel("ERROR")
                     # Warm-up: the first Parquet read and Delta write of a session load and JIT a
                     # lot of code (about 5 s here); neither contender should pay it.
@@ -175,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
                     assert table["status"] == "merged" and table["inserted"] == args.rows, table
                     count = spark.read.format("delta").load(f"{delta_root}/public/orders").count()
                     assert count == args.rows, count
-                    print(f"  initial load into Delta: stage {stage:.2f} s + merge {merge:.2f} s = {load:.2f} s",
-                          flush=True)
+                    print(
+                        f"  initial load into Delta: stage {stage:.2f} s + merge {merge:.2f} s = {load:.2f} s",
+                        flush=True,
+                    )
                     # Spark's own floor on these 2 cores: the staged Parquet written as a Delta
                     # table with nothing else (no checks, no types, no idempotence), warm JVM.
                     staged = [str(Path(manifest.path) / manifest.tables[0].path / f) for f in manifest.tables[0].files]
@@ -186,8 +194,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  bare Delta write of the staged Parquet: {bare:.2f} s", flush=True)
                     report.update(bare_delta_write_s=round(bare, 2), merge_over_bare_write=round(merge / bare, 2))
                     report.update(
-                        spark_startup_s=round(jvm, 2), load_stage_s=round(stage, 2), load_merge_s=round(merge, 2),
-                        load_s=round(load, 2), load_rows_per_s=round(args.rows / load),
+                        spark_startup_s=round(jvm, 2),
+                        load_stage_s=round(stage, 2),
+                        load_merge_s=round(merge, 2),
+                        load_s=round(load, 2),
+                        load_rows_per_s=round(args.rows / load),
                         load_over_floor=round(floor / load, 2),
                     )
     finally:
@@ -198,19 +209,29 @@ def main(argv: list[str] | None = None) -> int:
     rows = args.rows
     report["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]  # other work on the host skews rates
     print()
-    print(f"== snapshot of {rows:,} rows ({report['table_mib']} MiB heap), {report['cores']} cores,"
-          f" load average {report['load_average_at_end'][1]} (5 min)")
+    print(
+        f"== snapshot of {rows:,} rows ({report['table_mib']} MiB heap), {report['cores']} cores,"
+        f" load average {report['load_average_at_end'][1]} (5 min)"
+    )
     print(f"COPY floor (client reads COPY text)  : {report['copy_floor_rows_per_s']:>12,} rows/s")
-    print(f"stage_snapshot, workers=1            : {report['stage_w1_rows_per_s']:>12,} rows/s"
-          f"  ratio to floor {report['stage_w1_over_floor']:.2f}")
-    print(f"stage_snapshot, workers={args.workers:<2}           : {report['stage_default_rows_per_s']:>12,} rows/s"
-          f"  ratio to floor {report['stage_default_over_floor']:.2f}")
+    print(
+        f"stage_snapshot, workers=1            : {report['stage_w1_rows_per_s']:>12,} rows/s"
+        f"  ratio to floor {report['stage_w1_over_floor']:.2f}"
+    )
+    print(
+        f"stage_snapshot, workers={args.workers:<2}           : {report['stage_default_rows_per_s']:>12,} rows/s"
+        f"  ratio to floor {report['stage_default_over_floor']:.2f}"
+    )
     if "load_rows_per_s" in report:
-        print(f"initial load into Delta (stage+merge): {report['load_rows_per_s']:>12,} rows/s"
-              f"  ratio to floor {report['load_over_floor']:.2f}"
-              f"  (JVM start-up and warm-up {report['spark_startup_s']:.1f} s not counted)")
-        print(f"merge job / bare Delta write of the same Parquet: {report['merge_over_bare_write']:.2f}"
-              f"  ({report['load_merge_s']:.1f} s vs {report['bare_delta_write_s']:.1f} s)")
+        print(
+            f"initial load into Delta (stage+merge): {report['load_rows_per_s']:>12,} rows/s"
+            f"  ratio to floor {report['load_over_floor']:.2f}"
+            f"  (JVM start-up and warm-up {report['spark_startup_s']:.1f} s not counted)"
+        )
+        print(
+            f"merge job / bare Delta write of the same Parquet: {report['merge_over_bare_write']:.2f}"
+            f"  ({report['load_merge_s']:.1f} s vs {report['bare_delta_write_s']:.1f} s)"
+        )
     out = Path(__file__).resolve().parent / "results"
     out.mkdir(exist_ok=True)
     (out / "snapshot_bench.json").write_text(json.dumps(report, indent=2) + "\n")

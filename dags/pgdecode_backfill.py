@@ -69,16 +69,22 @@ with DAG(
         "plugin": Param("test_decoding", enum=["test_decoding", "pgoutput"]),
         "tables": Param([], type="array", description="schema.table names; initial: empty means all with a key"),
         "staging_uri": Param(f"{DATA_DIR}/staging", type="string"),
-        "delta_root": Param("", type="string",
-                            description=f"empty: {DATA_DIR}/delta (replay: {DATA_DIR}/delta_backfill)"),
+        "delta_root": Param(
+            "", type="string", description=f"empty: {DATA_DIR}/delta (replay: {DATA_DIR}/delta_backfill)"
+        ),
         "start_lsn": Param("", type="string", description="replay: X/Y; empty: from the first retained batch"),
         "end_lsn": Param("", type="string", description="replay: X/Y; empty: up to the last retained batch"),
         "chunk_rows": Param(50_000, type="integer", minimum=1),
-        "workers": Param(0, type="integer", minimum=0,
-                         description="initial: parallel copy connections; 0 picks min(4, cores)"),
+        "workers": Param(
+            0, type="integer", minimum=0, description="initial: parallel copy connections; 0 picks min(4, cores)"
+        ),
         "request_id": Param("", type="string", description="add-table/resnapshot: empty means one per run"),
-        "wait_seconds": Param(6 * 3600, type="integer", minimum=0,
-                              description="add-table/resnapshot: how long to wait for the copy (0: do not wait)"),
+        "wait_seconds": Param(
+            6 * 3600,
+            type="integer",
+            minimum=0,
+            description="add-table/resnapshot: how long to wait for the copy (0: do not wait)",
+        ),
         "spark_conn_id": Param("spark_default", type="string"),
     },
 ) as dag:

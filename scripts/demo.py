@@ -18,11 +18,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import warnings
 import shutil
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,7 +66,9 @@ def run_dag(env: dict[str, str], conf: dict[str, object], label: str, dag_id: st
     log = DEMO / "logs" / f"{label.replace(' ', '_')}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(result.stdout + result.stderr)
-    states = [line for line in (result.stdout + result.stderr).splitlines() if "Marking run" in line or "state=" in line]
+    states = [
+        line for line in (result.stdout + result.stderr).splitlines() if "Marking run" in line or "state=" in line
+    ]
     output = (result.stdout + result.stderr).splitlines()
     for line in output:
         if "Batch " in line and " LSN " in line and "changes in" in line:
@@ -76,9 +78,13 @@ def run_dag(env: dict[str, str], conf: dict[str, object], label: str, dag_id: st
             print("     ", line[line.find("snapshot ") :].split(" [")[0])
         elif "filed request" in line:
             print("     ", line[line.find("filed request") :])
-        elif "prepared transaction" in line and ("committed at" in line or "rolled back at" in line or "still pending" in line):
+        elif "prepared transaction" in line and (
+            "committed at" in line or "rolled back at" in line or "still pending" in line
+        ):
             print("     ", line[line.find("prepared transaction") :].split(" [")[0])
-    print(f"    finished in {time.monotonic() - started:.0f} s, exit code {result.returncode} (log: {log.relative_to(REPO)})")
+    print(
+        f"    finished in {time.monotonic() - started:.0f} s, exit code {result.returncode} (log: {log.relative_to(REPO)})"
+    )
     if result.returncode != 0:
         print("\n".join((result.stdout + result.stderr).splitlines()[-40:]))
         raise SystemExit(f"the DAG run failed ({label}); see {log}")
@@ -110,7 +116,9 @@ def main() -> int:
             "SPARK_LOCAL_IP": "127.0.0.1",
         }
         banner("Airflow: creating the SQLite metadata database")
-        subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True)
+        subprocess.run(
+            [str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True
+        )
         conf = {"slot_name": SLOT, "staging_uri": str(staging), "delta_root": str(delta_root)}
 
         with psycopg.connect(cluster.dsn("shop"), autocommit=True) as c:
@@ -166,8 +174,12 @@ def main() -> int:
 
             banner("Backfill: suppliers' 200 rows predate the slot; add the table while changes go on")
             c.execute("update suppliers set country = 'BE' where id <= 10")
-            run_dag(env, {**conf, "mode": "add-table", "tables": ["public.suppliers"], "wait_seconds": 0},
-                    "add-table request", dag_id="pgdecode_backfill")
+            run_dag(
+                env,
+                {**conf, "mode": "add-table", "tables": ["public.suppliers"], "wait_seconds": 0},
+                "add-table request",
+                dag_id="pgdecode_backfill",
+            )
             c.execute("update suppliers set name = name || ' (renamed)' where id between 5 and 15")
             run_dag(env, conf, "run 5 - suppliers copied in chunks")
 
@@ -183,12 +195,15 @@ def main() -> int:
             for table in TABLES:
                 result = compare_table(c, spark, str(delta_root), "public", table)
                 all_equal &= result.equal
-                print(f"    {'public.' + table:<22} {result.source_rows:>16} {result.delta_rows:>11}  {'yes' if result.equal else 'NO'}")
+                print(
+                    f"    {'public.' + table:<22} {result.source_rows:>16} {result.delta_rows:>11}  {'yes' if result.equal else 'NO'}"
+                )
                 if not result.equal:
                     print("     ", result.describe())
             spark.stop()
             slot = c.execute(
-                "select confirmed_flush_lsn, pg_current_wal_lsn() from pg_replication_slots where slot_name = %s", (SLOT,)
+                "select confirmed_flush_lsn, pg_current_wal_lsn() from pg_replication_slots where slot_name = %s",
+                (SLOT,),
             ).fetchone()
             print(f"\n    slot {SLOT}: confirmed up to {slot[0]} (server WAL at {slot[1]})")
             print(f"    Delta tables: {delta_root}/public/<table>")

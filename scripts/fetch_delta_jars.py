@@ -89,9 +89,16 @@ def resolve_with_maven(target: Path, coordinates: str) -> list[Path]:
         (Path(work) / "pom.xml").write_text(pom)
         # Spark's own jars (provided scope in Delta's POM) are excluded by includeScope=runtime.
         subprocess.run(
-            ["mvn", "-q", "-B", "dependency:copy-dependencies", "-DincludeScope=runtime",
-             f"-DoutputDirectory={target}"],
-            cwd=work, check=True,
+            [
+                "mvn",
+                "-q",
+                "-B",
+                "dependency:copy-dependencies",
+                "-DincludeScope=runtime",
+                f"-DoutputDirectory={target}",
+            ],
+            cwd=work,
+            check=True,
         )
     return sorted(target.glob("*.jar"))
 
@@ -124,14 +131,16 @@ def main(argv: list[str] | None = None) -> int:
         method = "maven"
         target = ivy.parent / "delta-jars"
         jars = resolve_with_maven(target, coordinates)
-        print(f"{coordinates}: {len(jars)} jars copied to {target}; "
-              f"run jobs with {session.DELTA_JARS_ENV}={target}")
+        print(f"{coordinates}: {len(jars)} jars copied to {target}; run jobs with {session.DELTA_JARS_ENV}={target}")
         return 0
 
-    stamp.write_text(json.dumps(
-        {"coordinates": coordinates, "method": method, "jars": [str(jar) for jar in jars]},
-        indent=2, sort_keys=True,
-    ))
+    stamp.write_text(
+        json.dumps(
+            {"coordinates": coordinates, "method": method, "jars": [str(jar) for jar in jars]},
+            indent=2,
+            sort_keys=True,
+        )
+    )
     print(f"{coordinates}: {len(jars)} jars resolved into {ivy} in {time.monotonic() - started:.0f} s")
     return 0
 

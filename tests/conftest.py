@@ -14,14 +14,16 @@ os.environ["AIRFLOW_HOME"] = _AIRFLOW_HOME
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "True"
 # dag.test() runs DAGs from files in the DAGs folder: the project's own dags/.
-os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dags")
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dags"
+)
 
 import logging  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import uuid  # noqa: E402
-from pathlib import Path  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING, Any  # noqa: E402
 
 import psycopg  # noqa: E402
@@ -62,8 +64,7 @@ def slot_name(pg_dsn: str) -> Iterator[str]:
     yield name
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
-            " WHERE slot_name = %s AND NOT active",
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s AND NOT active",
             (name,),
         )
 
@@ -75,8 +76,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _fetch_delta_jars() -> None:
     """Fill the project-local Ivy cache once (a no-op in well under a second when already filled)."""
-    subprocess.run([sys.executable, str(REPO / "scripts" / "fetch_delta_jars.py")], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "fetch_delta_jars.py")], check=True, stdout=subprocess.DEVNULL
+    )
 
 
 @pytest.fixture(scope="session")

@@ -131,8 +131,10 @@ def violations(source: str, name: str) -> Iterator[str]:
                     yield where(node, f"import {alias.name}")
         if isinstance(node, ast.ImportFrom) and node.module is not None:
             imported = {alias.name for alias in node.names}
-            if node.module.split(".")[0] == "psycopg2" or node.module == "psycopg.sql" or (
-                node.module == "psycopg" and "sql" in imported
+            if (
+                node.module.split(".")[0] == "psycopg2"
+                or node.module == "psycopg.sql"
+                or (node.module == "psycopg" and "sql" in imported)
             ):
                 yield where(node, f"import from {node.module}")
         for child in ast.iter_child_nodes(node):
@@ -143,7 +145,8 @@ def violations(source: str, name: str) -> Iterator[str]:
 
 def _modules() -> list[Path]:
     return sorted(
-        path for path in PACKAGE.rglob("*.py")
+        path
+        for path in PACKAGE.rglob("*.py")
         if path.relative_to(PACKAGE).parts[0] not in ALLOWED and "__pycache__" not in path.parts
     )
 
@@ -152,7 +155,8 @@ def test_no_sql_outside_the_postgres_layer() -> None:
     modules = _modules()
     assert len(modules) > 20 and any(p.name == "snapshot.py" for p in modules)  # the scan sees the package
     found = [
-        v for path in modules
+        v
+        for path in modules
         for v in violations(path.read_text(encoding="utf-8"), str(path.relative_to(PACKAGE.parent)))
     ]
     assert not found, "SQL or driver calls outside airflow_provider_pgdecode/postgres/:\n" + "\n".join(found)

@@ -29,7 +29,10 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     env.pop("AIRFLOW__CORE__UNIT_TEST_MODE", None)
     procs = {
         what: subprocess.Popen(
-            [AIRFLOW, "providers", what, "-o", "json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [AIRFLOW, "providers", what, "-o", "json"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
         )
         for what in ("list", "hooks", "triggers")
@@ -60,10 +63,11 @@ def test_provider_info_is_valid_and_its_modules_import() -> None:
     assert info["package-name"] == "airflow-provider-pgdecode"  # pitfall P10: the canonical dist name
     assert info["versions"] == [__version__]
     integrations = {i["integration-name"] for i in info["integrations"]}
-    modules = {kind: [m for entry in info[kind] for m in entry["python-modules"]]
-               for kind in ("hooks", "operators", "sensors", "triggers")}
-    assert all(entry["integration-name"] in integrations
-               for kind in modules for entry in info[kind])
+    modules = {
+        kind: [m for entry in info[kind] for m in entry["python-modules"]]
+        for kind in ("hooks", "operators", "sensors", "triggers")
+    }
+    assert all(entry["integration-name"] in integrations for kind in modules for entry in info[kind])
     assert len(modules["operators"]) == 7 and len(modules["sensors"]) == 3 and len(modules["triggers"]) == 1
     for module in (m for ms in modules.values() for m in ms):
         importlib.import_module(module)
@@ -78,13 +82,15 @@ def test_airflow_cli_lists_the_provider_hook_and_trigger(cli: dict[str, Any]) ->
     providers = {p["package_name"]: p for p in cli["list"]}
     assert providers["airflow-provider-pgdecode"]["version"] == __version__
     hooks = [h for h in cli["hooks"] if h["package_name"] == "airflow-provider-pgdecode"]
-    assert hooks == [{
-        "connection_type": "pgdecode",
-        "class": "airflow_provider_pgdecode.hooks.pgdecode.PgDecodeConnectionHook",
-        "conn_id_attribute_name": "postgres_conn_id",
-        "package_name": "airflow-provider-pgdecode",
-        "hook_name": "PostgreSQL logical decoding (pgdecode)",
-    }]
+    assert hooks == [
+        {
+            "connection_type": "pgdecode",
+            "class": "airflow_provider_pgdecode.hooks.pgdecode.PgDecodeConnectionHook",
+            "conn_id_attribute_name": "postgres_conn_id",
+            "package_name": "airflow-provider-pgdecode",
+            "hook_name": "PostgreSQL logical decoding (pgdecode)",
+        }
+    ]
     triggers = [t["class"] for t in cli["triggers"] if t["package_name"] == "airflow-provider-pgdecode"]
     assert triggers == ["airflow_provider_pgdecode.triggers.slot_changes"]
 
@@ -96,8 +102,11 @@ def _operator_classes() -> list[type]:
     for entry in ("operators", "sensors"):
         for module_name in (m for e in get_provider_info()[entry] for m in e["python-modules"]):
             module = importlib.import_module(module_name)
-            classes += [c for _, c in inspect.getmembers(module, inspect.isclass)
-                        if issubclass(c, BaseOperator) and c.__module__ == module_name]
+            classes += [
+                c
+                for _, c in inspect.getmembers(module, inspect.isclass)
+                if issubclass(c, BaseOperator) and c.__module__ == module_name
+            ]
     return classes
 
 
@@ -110,8 +119,14 @@ def test_operators_document_their_templated_fields_and_do_nothing_at_parse_time(
         assert match, f"{cls.__name__} does not document {field}"
         assert "(templated)" in match.group(1), f"{cls.__name__}.{field} is not marked (templated)"
     # Arguments are only stored: an unknown connection and slot do not fail at DAG-parse time.
-    required = {"slot_name": "no_such_slot", "staging_root": "/nonexistent", "batch_path": "/nonexistent",
-                "batch_paths": "/nonexistent", "delta_root": "/nonexistent", "request_id": "no_such_request"}
+    required = {
+        "slot_name": "no_such_slot",
+        "staging_root": "/nonexistent",
+        "batch_path": "/nonexistent",
+        "batch_paths": "/nonexistent",
+        "delta_root": "/nonexistent",
+        "request_id": "no_such_request",
+    }
     params = inspect.signature(cls.__init__).parameters
     kwargs = {k: v for k, v in required.items() if k in params}
     if "postgres_conn_id" in params:

@@ -108,6 +108,7 @@ SAMPLES: dict[str, str] = {
     "regcollation": "ucs_basic",
 }
 
+
 def _text_of(conn: psycopg.Connection[Any], expression: sql.Composable, *params: Any) -> Any:
     row = conn.execute(sql.SQL("SELECT {}").format(expression), params).fetchone()
     assert row is not None
@@ -190,10 +191,22 @@ def test_type_map_entry(entry: typemap.PgType, pg_conn: psycopg.Connection[Any],
 def _pa(name: str) -> pa.DataType:
     if name.startswith("list<item: "):
         return pa.list_(_pa(name[len("list<item: ") : -1]))
-    return {str(t): t for t in (
-        pa.int16(), pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.bool_(), pa.date32(),
-        pa.timestamp("us"), pa.timestamp("us", tz="UTC"), pa.binary(), pa.string(),
-    )}[name]
+    return {
+        str(t): t
+        for t in (
+            pa.int16(),
+            pa.int32(),
+            pa.int64(),
+            pa.float32(),
+            pa.float64(),
+            pa.bool_(),
+            pa.date32(),
+            pa.timestamp("us"),
+            pa.timestamp("us", tz="UTC"),
+            pa.binary(),
+            pa.string(),
+        )
+    }[name]
 
 
 @pytest.mark.postgres
@@ -229,7 +242,7 @@ def test_rules() -> None:
         typemap.resolve("mood[]")
     with pytest.raises(UnmappedTypeError, match="can only map to 'string'"):
         typemap.resolve("mood", type_overrides={"mood": "int"})
-    assert typemap.staged_arrow_type("mood") == typemap.staged_arrow_type("myschema.\"Odd\"") == "string"
+    assert typemap.staged_arrow_type("mood") == typemap.staged_arrow_type('myschema."Odd"') == "string"
     assert typemap.staged_arrow_type("mood[]") == "list<item: string>"
     assert typemap.parse_unbounded_numeric_rule(" Decimal( 20 , 4 ) ") == "decimal(20,4)"
     with pytest.raises(ValueError):
@@ -245,7 +258,10 @@ def test_docs_table_is_generated_from_the_type_map() -> None:
     assert "merge.md#type-mapping" in staging and "### Type mapping" in merge
     result = subprocess.run(
         [sys.executable, "-m", "airflow_provider_pgdecode.typemap", "--markdown"],
-        cwd=REPO, capture_output=True, text=True, check=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert result.stdout == typemap.markdown_table()
 
@@ -258,6 +274,10 @@ def test_typemap_imports_no_third_party_package() -> None:
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     loaded = json.loads(result.stdout)
     ours = {m for m in loaded if m.split(".")[0] == "airflow_provider_pgdecode"}
-    assert ours == {"airflow_provider_pgdecode", "airflow_provider_pgdecode.errors", "airflow_provider_pgdecode.typemap"}
+    assert ours == {
+        "airflow_provider_pgdecode",
+        "airflow_provider_pgdecode.errors",
+        "airflow_provider_pgdecode.typemap",
+    }
     foreign = [m for m in loaded if m not in ours and m.split(".")[0] not in sys.stdlib_module_names]
     assert foreign == []

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.spool import ItemSpool
 from airflow_provider_pgdecode.errors import StagingError
-from airflow_provider_pgdecode.batch.manifest import BatchManifest
 
 
 @dataclass

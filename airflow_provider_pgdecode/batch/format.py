@@ -64,7 +64,9 @@ def metadata_columns(
     (arrays are cast; sequences are converted)."""
     values = (commit_lsn, seq, op, xid, commit_time, change_lsn, unchanged_toast)
     return {
-        name: (value if value.type == kind else value.cast(kind)) if isinstance(value, pa.Array) else pa.array(value, kind)
+        name: (value if value.type == kind else value.cast(kind))
+        if isinstance(value, pa.Array)
+        else pa.array(value, kind)
         for (name, kind), value in zip(CHANGE_COLUMNS, values)
     }
 

@@ -10,13 +10,27 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_pgdecode.batch.format import BATCH_NAME, FORMAT, MANIFEST_NAME, batch_dir_name, local_path, table_path
+from airflow_provider_pgdecode.batch.format import (
+    BATCH_NAME,
+    FORMAT,
+    MANIFEST_NAME,
+    batch_dir_name,
+    local_path,
+    table_path,
+)
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import BatchError, StagingError
 
 __all__ = [
-    "FORMAT", "MANIFEST_NAME", "BatchManifest", "ColumnSummary", "TableSummary", "batch_dir_name", "list_batches",
-    "read_batches", "table_path",
+    "FORMAT",
+    "MANIFEST_NAME",
+    "BatchManifest",
+    "ColumnSummary",
+    "TableSummary",
+    "batch_dir_name",
+    "list_batches",
+    "read_batches",
+    "table_path",
 ]
 
 

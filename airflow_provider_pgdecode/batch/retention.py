@@ -30,10 +30,10 @@ import shutil
 import time
 from pathlib import Path
 
-from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import ConfigurationError, StagingError
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import MANIFEST_NAME, BatchManifest, list_batches
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import ConfigurationError, StagingError
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def prune_batches(
         if Lsn.parse(manifest.end_lsn) <= checkpoint.end_lsn:
             confirmed.append((Lsn.parse(manifest.end_lsn), path))
     confirmed.sort()
-    newest = {path for _, path in confirmed[len(confirmed) - keep_batches:]} if keep_batches else set()
+    newest = {path for _, path in confirmed[len(confirmed) - keep_batches :]} if keep_batches else set()
     removed = []
     for _, path in confirmed:
         if path.resolve() in protected or path in newest:
@@ -86,7 +86,9 @@ def prune_batches(
             continue
         removed.append(path)
     if base.is_dir():
-        removed += [p for p in base.iterdir() if p.is_dir() and p.name.startswith(".tmp-") and p.stat().st_mtime <= cutoff]
+        removed += [
+            p for p in base.iterdir() if p.is_dir() and p.name.startswith(".tmp-") and p.stat().st_mtime <= cutoff
+        ]
     for path in removed:
         log.info("Retention: %s %s", "would remove" if dry_run else "removing", path)
         if not dry_run:

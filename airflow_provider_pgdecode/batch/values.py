@@ -33,8 +33,17 @@ _INFINITIES = {
 _ARROW_TYPES: dict[str, pa.DataType] = {
     str(t): t
     for t in (
-        pa.int16(), pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.bool_(), pa.date32(),
-        pa.timestamp("us"), pa.timestamp("us", tz="UTC"), pa.binary(), pa.string(),
+        pa.int16(),
+        pa.int32(),
+        pa.int64(),
+        pa.float32(),
+        pa.float64(),
+        pa.bool_(),
+        pa.date32(),
+        pa.timestamp("us"),
+        pa.timestamp("us", tz="UTC"),
+        pa.binary(),
+        pa.string(),
     )
 }
 _LIST_PREFIX = "list<item: "

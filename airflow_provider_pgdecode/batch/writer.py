@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -22,10 +22,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction
-from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, RowImage, Truncate
-from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import CatalogError
 from airflow_provider_pgdecode.batch.format import (
     COMMIT_LSN,
     MESSAGE_LSN,
@@ -39,6 +35,10 @@ from airflow_provider_pgdecode.batch.format import (
 )
 from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary
 from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
+from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction
+from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, RowImage, Truncate
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import CatalogError
 
 DEFAULT_PART_ROWS = 100_000
 
@@ -65,7 +65,9 @@ class _TableBuffer:
         self.max_commit = 0
         self.all_columns: dict[str, str] = {}
 
-    def add(self, txn: Transaction, seq: int, op: str, change_lsn: int, old: RowImage | None, new: RowImage | None) -> None:
+    def add(
+        self, txn: Transaction, seq: int, op: str, change_lsn: int, old: RowImage | None, new: RowImage | None
+    ) -> None:
         if new is not None:
             if new.names != self.names or new.types != self.types:
                 if self.names is not None:
@@ -87,7 +89,6 @@ class _TableBuffer:
         if self.min_commit is None:
             self.min_commit = commit
         self.max_commit = commit
-
 
     def _check_names(self, names: tuple[str, ...]) -> None:
         check_column_names(self.schema, self.table, names)

@@ -21,25 +21,14 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction, TransactionAssembler
-from airflow_provider_pgdecode.decoding.events import Event, Message
-from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.decoding.pgoutput import PgOutputParser, max_proto_version, pgoutput_options
-from airflow_provider_pgdecode.decoding.spool import DEFAULT_MEMORY_ITEMS
-from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS, TestDecodingParser
-from airflow_provider_pgdecode.errors import SlotError, StagingError
-from airflow_provider_pgdecode.postgres.catalog import Catalog
-from airflow_provider_pgdecode.postgres.health import check_readable
-from airflow_provider_pgdecode.postgres.slot import SlotClient
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, batch_dir_name
 from airflow_provider_pgdecode.batch.publish import publish_batch
-from airflow_provider_pgdecode.capture.tables import parse_table_names
-from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
+from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter
 from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
 from airflow_provider_pgdecode.capture.table_snapshot import (
     DEFAULT_ROWS_PER_BATCH,
@@ -47,7 +36,18 @@ from airflow_provider_pgdecode.capture.table_snapshot import (
     added_tables,
     list_snapshot_requests,
 )
-from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter
+from airflow_provider_pgdecode.capture.tables import parse_table_names
+from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
+from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction, TransactionAssembler
+from airflow_provider_pgdecode.decoding.events import Message
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.decoding.pgoutput import PgOutputParser, max_proto_version, pgoutput_options
+from airflow_provider_pgdecode.decoding.spool import DEFAULT_MEMORY_ITEMS
+from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS, TestDecodingParser
+from airflow_provider_pgdecode.errors import ConfigurationError, SlotError, StagingError
+from airflow_provider_pgdecode.postgres.catalog import Catalog
+from airflow_provider_pgdecode.postgres.health import check_readable
+from airflow_provider_pgdecode.postgres.slot import SlotClient
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,8 @@ def extract_batch(
             include_pairs = set(include_pairs) | added
         # Read after the chunks: the ceiling must lie past their watermarks.
         ceiling = upto_lsn if upto_lsn is not None else slots.current_flush_lsn()
-        parse, options = _reader(plugin, slots, info.two_phase, publication, origin, proto_version)
+        parser, options = _reader(plugin, slots, info.two_phase, publication, origin, proto_version)
+        parse = parser.parse
         assembler = TransactionAssembler(pending, memory_items, spill_dir, resume_after=resume_after)
         writer = BatchWriter(tmp, None if include_pairs is None else (lambda s, t: (s, t) in include_pairs), part_rows)
         rows = 0
@@ -149,12 +150,21 @@ def extract_batch(
         log.info("Extracting slot %s from %s up to %s", slot_name, start_lsn, ceiling)
         feed = assembler.feed
         # Chunk placement needs to see each transaction: the Python path while chunks are staged.
-        fast = _native_module(native, parse) if snapshotter is None or not snapshotter.chunks else None
+        fast = _native_module(native, parser) if snapshotter is None or not snapshotter.chunks else None
         if ceiling > confirmed and fast is not None:
             include = None if include_pairs is None else (lambda s, t: (s, t) in include_pairs)
             with slots.peek_copy(slot_name, ceiling, options) as copy:
                 writer, rows = extract_native(  # type: ignore[assignment]
-                    fast, copy, parse.__self__, plugin, assembler, writer, include, part_rows, memory_items, resume_after
+                    fast,
+                    copy,
+                    parser,
+                    plugin,
+                    assembler,
+                    writer,
+                    include,
+                    part_rows,
+                    memory_items,
+                    resume_after,
                 )
         elif ceiling > confirmed:
             for lsn, xid, data in slots.peek(slot_name, ceiling, options, chunk_rows):
@@ -190,7 +200,7 @@ def extract_batch(
         manifest = BatchManifest(
             slot=slot_name,
             plugin=plugin,
-            database=info.database,
+            database=info.database or conn.info.dbname,
             start_lsn=str(start_lsn),
             end_lsn=str(end_lsn),
             ceiling_lsn=str(ceiling),
@@ -203,7 +213,9 @@ def extract_batch(
                 {"gid": r.gid, "xid": r.xid, "commit_lsn": str(r.lsn)} for r in stats.resolved if r.committed
             ],
             prepared_rolled_back=[
-                {"gid": r.gid, "xid": r.xid, "lsn": str(r.lsn), "seen": r.known} for r in stats.resolved if not r.committed
+                {"gid": r.gid, "xid": r.xid, "lsn": str(r.lsn), "seen": r.known}
+                for r in stats.resolved
+                if not r.committed
             ],
             skipped={
                 "rows_read": rows,
@@ -232,18 +244,18 @@ def _reader(
     publication: str | None,
     origin: str | None,
     proto_version: int | None,
-) -> tuple[Callable[[Lsn, int | None, bytes], Event | None], list[tuple[str, str]]]:
+) -> tuple[TestDecodingParser | PgOutputParser, list[tuple[str, str]]]:
     """The row parser and plugin options for a slot's output plugin."""
     encoding = slots.server_encoding()
     if origin not in (None, "none", "any"):
-        raise ValueError(f"origin must be 'none' or 'any', not {origin!r}")
+        raise ConfigurationError(f"origin must be 'none' or 'any', not {origin!r}")
     if plugin == "test_decoding":
         if publication is not None:
-            raise ValueError("publication applies to pgoutput slots only; test_decoding decodes every table")
+            raise ConfigurationError("publication applies to pgoutput slots only; test_decoding decodes every table")
         options = list(DEFAULT_OPTIONS)
         if origin == "none":
             options.append(("only-local", "1"))
-        return TestDecodingParser(encoding).parse, options
+        return TestDecodingParser(encoding), options
     if not publication:
         raise SlotError(
             "reading a pgoutput slot needs a publication: CREATE PUBLICATION pgdecode FOR ALL TABLES "
@@ -252,17 +264,22 @@ def _reader(
     version = slots.server_version_num()
     proto = proto_version if proto_version is not None else max_proto_version(version)
     options = pgoutput_options(
-        publication, version, proto_version=proto, two_phase=two_phase, streaming=True, messages=True,
+        publication,
+        version,
+        proto_version=proto,
+        two_phase=two_phase,
+        streaming=True,
+        messages=True,
         origin="none" if origin == "none" else None,
     )
-    return PgOutputParser(proto, encoding, Catalog(slots.conn).type_names()).parse, options
+    return PgOutputParser(proto, encoding, Catalog(slots.conn).type_names()), options
 
 
-def _native_module(native: bool | None, parse: Callable[..., Any]) -> Any | None:
+def _native_module(native: bool | None, parser: TestDecodingParser | PgOutputParser) -> Any | None:
     """The C extension when the fast path is wanted and can stage this slot's rows exactly."""
     if not native_wanted(native):
         return None
-    if getattr(parse.__self__, "encoding", None) != "utf-8":
+    if parser.encoding != "utf-8":
         log.info("The native extract reads UTF-8 databases only; using the Python path")
         return None
     return load_native()

@@ -58,31 +58,39 @@ in the other files of ``capture/csrc/``).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Iterable
-from datetime import datetime, timezone
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from airflow_provider_pgdecode.batch.format import (
+    METADATA_PREFIX,
+    OLD,
+    PARQUET_OPTIONS,
+    check_column_names,
+    metadata_columns,
+    table_path,
+)
+from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary
+from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
+from airflow_provider_pgdecode.batch.writer import BatchWriter, no_tuple_data_error
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction, TransactionAssembler
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, Truncate
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import DecodingError
-from airflow_provider_pgdecode.batch.format import METADATA_PREFIX, OLD, PARQUET_OPTIONS, check_column_names, metadata_columns, table_path
-from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary
-from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
-from airflow_provider_pgdecode.batch.writer import BatchWriter, no_tuple_data_error
 
 log = logging.getLogger(__name__)
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: Parts handed to the writer threads (one each) and not written yet, at most. Two threads
 #: measured no faster on two cores (the server and the reader use them too) and cost a part
 #: of memory more.
@@ -94,13 +102,13 @@ def load_native() -> Any | None:
     """The C extension module, or ``None`` (logged once) when it was not built."""
     global _missing_logged
     try:
-        from airflow_provider_pgdecode.capture import _native
+        native = importlib.import_module("airflow_provider_pgdecode.capture._native")
     except ImportError as exc:
         if not _missing_logged:
             log.warning("pgdecode's native extract is not available (%s); using the Python path", exc)
             _missing_logged = True
         return None
-    return _native
+    return native
 
 
 def native_wanted(native: bool | None) -> bool:
@@ -114,7 +122,7 @@ def _micros(when: datetime | None) -> int | None:
     if when is None:
         return None
     if when.tzinfo is None:  # as pyarrow reads a naive datetime for a UTC column
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     delta = when - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
@@ -122,7 +130,10 @@ def _micros(when: datetime | None) -> int | None:
 def _text(n: int, parts: tuple[bytes, int, bytes, bytes]) -> pa.Array:
     valid, nulls, offsets, data = parts
     return pa.Array.from_buffers(
-        pa.string(), n, [pa.py_buffer(valid) if nulls else None, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls
+        pa.string(),
+        n,
+        [pa.py_buffer(valid) if nulls else None, pa.py_buffer(offsets), pa.py_buffer(data)],
+        null_count=nulls,
     )
 
 
@@ -189,13 +200,14 @@ class NativeWriter:
         for seq, item in enumerate(txn.items):
             kind = type(item)
             if kind is Change:
-                tid = reader.table_id(item.schema, item.table)  # type: ignore[union-attr]
+                change = cast(Change, item)
+                tid = reader.table_id(change.schema, change.table)
                 if tid < 0:
                     self._py_skipped += 1
                     continue
-                if not item.has_tuple_data:  # type: ignore[union-attr]
-                    raise no_tuple_data_error(item)  # type: ignore[arg-type]
-                new = item.new  # type: ignore[union-attr]
+                if not change.has_tuple_data:
+                    raise no_tuple_data_error(change)
+                new = change.new
                 values = None
                 if new is not None:
                     layout = reader.layout(tid)
@@ -205,21 +217,29 @@ class NativeWriter:
                         self._check_names(tid, new.names)
                         reader.set_layout(tid, tuple(new.names), tuple(new.types))
                     values = tuple(new.values)
-                old = item.old  # type: ignore[union-attr]
+                old = change.old
                 flush = reader.append(
-                    tid, seq, item.operation.value, txn.xid, commit, when, int(item.lsn), values,  # type: ignore[union-attr]
+                    tid,
+                    seq,
+                    change.operation.value,
+                    txn.xid,
+                    commit,
+                    when,
+                    int(change.lsn),
+                    values,
                     None if old is None else (tuple(old.names), tuple(old.types), tuple(old.values)),
                 )
                 staged += 1
                 if flush is not None:
                     self._flush(*flush)
             elif kind is Truncate:
-                for schema, table in item.relations:  # type: ignore[union-attr]
+                truncate = cast(Truncate, item)
+                for schema, table in truncate.relations:
                     tid = reader.table_id(schema, table)
                     if tid < 0:
                         self._py_skipped += 1
                         continue
-                    flush = reader.append(tid, seq, "T", txn.xid, commit, when, int(item.lsn), None, None)  # type: ignore[union-attr]
+                    flush = reader.append(tid, seq, "T", txn.xid, commit, when, int(truncate.lsn), None, None)
                     staged += 1
                     if flush is not None:
                         self._flush(*flush)
@@ -293,8 +313,11 @@ class NativeWriter:
         toast_child = _text(b["toast_n"], b["toast_names"])
         bits, nulls = b["toast_valid"]
         toast = pa.Array.from_buffers(
-            pa.list_(pa.string()), n, [pa.py_buffer(bits) if nulls else None, pa.py_buffer(b["toast_offsets"])],
-            null_count=nulls, children=[toast_child],
+            pa.list_(pa.string()),
+            n,
+            [pa.py_buffer(bits) if nulls else None, pa.py_buffer(b["toast_offsets"])],
+            null_count=nulls,
+            children=[toast_child],
         )
         columns = metadata_columns(
             _fixed(pa.int64(), n, b["commit_lsn"]),
@@ -526,9 +549,7 @@ def extract_native(
         out.abort()
         raise
     stats = reader.stats()
-    log.info(
-        "Native extract: %d rows read, %d of them handed to the Python path", stats["rows_read"], handed
-    )
+    log.info("Native extract: %d rows read, %d of them handed to the Python path", stats["rows_read"], handed)
     assembler.add_fast_totals(
         safe_lsn=None if stats["safe_lsn"] is None else Lsn(stats["safe_lsn"]),
         transactions=stats["assembled_transactions"],

@@ -28,18 +28,17 @@ Example::
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_pgdecode.batch.chains import find_chain, staged_ranges
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CheckpointError, StagingError
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
-from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
-from airflow_provider_pgdecode.batch.chains import find_chain, staged_ranges
-from airflow_provider_pgdecode.batch.manifest import BatchManifest
 
 START = "start"
 """No checkpoint: the batch starts at the slot's confirmed position."""

@@ -100,8 +100,27 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from airflow_provider_pgdecode.batch.format import (
+    OLD,
+    PARQUET_OPTIONS,
+    SNAPSHOT_START_LSN,
+    check_column_names,
+    metadata_columns,
+    part_schema,
+)
+from airflow_provider_pgdecode.batch.manifest import (
+    BatchManifest,
+    ColumnSummary,
+    TableSummary,
+    batch_dir_name,
+    table_path,
+)
+from airflow_provider_pgdecode.batch.publish import publish_batch
+from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
+from airflow_provider_pgdecode.capture.tables import parse_table_names
+from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import SlotError, StagingError
+from airflow_provider_pgdecode.errors import ConfigurationError, SlotError, StagingError
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo
 from airflow_provider_pgdecode.postgres.replication import ExportedSnapshot, replication_connection
 from airflow_provider_pgdecode.postgres.session import (
@@ -119,18 +138,6 @@ from airflow_provider_pgdecode.postgres.snapshot_queries import (
     import_snapshot,
     lock_and_measure,
 )
-from airflow_provider_pgdecode.batch.publish import publish_batch
-from airflow_provider_pgdecode.capture.tables import parse_table_names
-from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
-from airflow_provider_pgdecode.batch.manifest import (
-    BatchManifest,
-    ColumnSummary,
-    TableSummary,
-    batch_dir_name,
-    table_path,
-)
-from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
-from airflow_provider_pgdecode.batch.format import OLD, PARQUET_OPTIONS, SNAPSHOT_START_LSN, check_column_names, metadata_columns, part_schema
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +188,11 @@ def create_slot_with_snapshot(
             snapshot = repl.create_slot_exporting_snapshot(slot_name, plugin, two_phase)
             log.info(
                 "Created slot %s (%s%s) at consistent point %s, exported snapshot %s (%.1f s)",
-                slot_name, plugin, ", two-phase" if two_phase else "", snapshot.consistent_lsn, snapshot.snapshot_name,
+                slot_name,
+                plugin,
+                ", two-phase" if two_phase else "",
+                snapshot.consistent_lsn,
+                snapshot.snapshot_name,
                 time.monotonic() - started,
             )
             yield snapshot
@@ -191,7 +202,9 @@ def create_slot_with_snapshot(
                     repl.drop_slot(slot_name)
                     log.warning("The initial load failed: dropped slot %s again", slot_name)
                 except Exception:  # the original error matters more
-                    log.exception("The initial load failed and slot %s could not be dropped; drop it by hand", slot_name)
+                    log.exception(
+                        "The initial load failed and slot %s could not be dropped; drop it by hand", slot_name
+                    )
             raise
 
 
@@ -283,21 +296,27 @@ def stage_snapshot(
     if not _SNAPSHOT_NAME.match(snapshot_name):
         raise StagingError(f"{snapshot_name!r} is not an exported snapshot name")
     if chunk_rows < 1:
-        raise ValueError("chunk_rows must be at least 1")
+        raise ConfigurationError("chunk_rows must be at least 1")
     if chunk_pages is not None and chunk_pages < 1:
-        raise ValueError("chunk_pages must be at least 1")
+        raise ConfigurationError("chunk_pages must be at least 1")
     workers = DEFAULT_SNAPSHOT_WORKERS if workers is None else workers
     if workers < 1:
-        raise ValueError("workers must be at least 1")
+        raise ConfigurationError("workers must be at least 1")
     names = sorted(parse_table_names(tables))
     if not names:
-        raise ValueError("no table to snapshot")
+        raise ConfigurationError("no table to snapshot")
     base = Path(staging_root) / slot_name
     base.mkdir(parents=True, exist_ok=True)
     tmp = base / f".tmp-snapshot-{snapshot_name}"
     settings = {
-        "format": SNAPSHOT_FORMAT, "slot": slot_name, "plugin": plugin, "snapshot_name": snapshot_name,
-        "consistent_lsn": str(lsn), "chunk_rows": chunk_rows, "chunk_pages": chunk_pages, "replace": replace,
+        "format": SNAPSHOT_FORMAT,
+        "slot": slot_name,
+        "plugin": plugin,
+        "snapshot_name": snapshot_name,
+        "consistent_lsn": str(lsn),
+        "chunk_rows": chunk_rows,
+        "chunk_pages": chunk_pages,
+        "replace": replace,
         "tables": [list(n) for n in names],
     }
 
@@ -319,8 +338,9 @@ def stage_snapshot(
             raise StagingError(f"planning the snapshot copy for slot {slot_name!r} failed: {str(exc).strip()}") from exc
         _save_progress(tmp, progress)
         _discard_unrecorded(tmp, plans)
-        copier = _Copier(opener, snapshot_name, slot_name, tmp, progress, plans, lsn, chunk_rows, replace,
-                         on_chunk, log_interval)
+        copier = _Copier(
+            opener, snapshot_name, slot_name, tmp, progress, plans, lsn, chunk_rows, replace, on_chunk, log_interval
+        )
         copier.run(workers)
         try:
             commit(planner)  # read-only: its end matters only for the locks it releases
@@ -343,10 +363,17 @@ def stage_snapshot(
         tables=summaries,
     )
     info = {
-        **settings, "kind": "snapshot", "rows": total_rows,
+        **settings,
+        "kind": "snapshot",
+        "rows": total_rows,
         "tables": [
-            {"schema": p.schema, "table": p.table, "files": p.files(), "rows": p.done_rows(),
-             **{k: p.state[k] for k in ("chunks", "pages", "pages_per_chunk", "relfilenode", "seq_stride")}}
+            {
+                "schema": p.schema,
+                "table": p.table,
+                "files": p.files(),
+                "rows": p.done_rows(),
+                **{k: p.state[k] for k in ("chunks", "pages", "pages_per_chunk", "relfilenode", "seq_stride")},
+            }
             for p in plans
         ],
     }
@@ -378,12 +405,14 @@ def _plan_table(
     name = f"{schema}.{table}"
     state = progress["tables"].get(name)
     if state is not None and state.get("relfilenode") == relfilenode:
-        log.info("Snapshot copy of %s: resuming, %d of %d chunk(s) already staged", name, len(state["done"]),
-                 state["chunks"])
+        log.info(
+            "Snapshot copy of %s: resuming, %d of %d chunk(s) already staged", name, len(state["done"]), state["chunks"]
+        )
         return _TablePlan(schema, table, columns, list(key.columns), key.replica_identity, state)
     if state is not None:
-        log.warning("Snapshot copy of %s: the table was rewritten since its chunks were planned; copying it again",
-                    name)
+        log.warning(
+            "Snapshot copy of %s: the table was rewritten since its chunks were planned; copying it again", name
+        )
     pages = size.pages
     if not has_tid_range_scans(conn):
         # Before PostgreSQL 14 a ctid range is a filter on a full scan, not a TID range scan.
@@ -399,8 +428,14 @@ def _plan_table(
     # from index * seq_stride on, so seqs grow in physical order whatever the worker count.
     max_tuples = (block_size - 24) // 28
     state = {
-        "schema": schema, "table": table, "relfilenode": relfilenode, "pages": pages, "pages_per_chunk": per,
-        "chunks": chunks, "seq_stride": per * max_tuples, "done": {},
+        "schema": schema,
+        "table": table,
+        "relfilenode": relfilenode,
+        "pages": pages,
+        "pages_per_chunk": per,
+        "chunks": chunks,
+        "seq_stride": per * max_tuples,
+        "done": {},
     }
     progress["tables"][name] = state
     log.info("Snapshot copy of %s: %d page(s) in %d chunk(s) of %d page(s)", name, pages, chunks, per)
@@ -482,9 +517,15 @@ class _Copier:
         count = min(workers, len(self.queue))
         if count == 0:
             return
-        log.info("Snapshot copy: %d chunk(s) of %d table(s) to copy with %d worker(s)", len(self.queue),
-                 len(self.plans), count)
-        threads = [threading.Thread(target=self._work, name=f"pgdecode-snapshot-{i}", daemon=True) for i in range(count)]
+        log.info(
+            "Snapshot copy: %d chunk(s) of %d table(s) to copy with %d worker(s)",
+            len(self.queue),
+            len(self.plans),
+            count,
+        )
+        threads = [
+            threading.Thread(target=self._work, name=f"pgdecode-snapshot-{i}", daemon=True) for i in range(count)
+        ]
         for thread in threads:
             thread.start()
         try:
@@ -568,8 +609,14 @@ class _Report:
         self.changed.add(plan.name)
         now = time.monotonic()
         if len(plan.state["done"]) == plan.chunks:
-            log.info("Snapshot copy of %s: done, %d chunk(s), %d rows in %d part(s) (%.1f s)", plan.name, plan.chunks,
-                     plan.done_rows(), len(plan.files()), now - now_table[2])
+            log.info(
+                "Snapshot copy of %s: done, %d chunk(s), %d rows in %d part(s) (%.1f s)",
+                plan.name,
+                plan.chunks,
+                plan.done_rows(),
+                len(plan.files()),
+                now - now_table[2],
+            )
             self.changed.discard(plan.name)
         if now - self.last >= self.interval:
             self.log(now)
@@ -583,21 +630,37 @@ class _Report:
             pages, rows, started = self.table_now[plan.name]
             left = sum(plan.chunk_pages(i) for i in range(plan.chunks) if str(i) not in plan.state["done"])
             spent = max(now - started, 1e-6)
-            log.info("Snapshot copy of %s: %d/%d chunks, %d rows, %.0f rows/s, ETA %s", plan.name,
-                     len(plan.state["done"]), plan.chunks, plan.done_rows(), rows / spent,
-                     _eta(spent, pages, left))
+            log.info(
+                "Snapshot copy of %s: %d/%d chunks, %d rows, %.0f rows/s, ETA %s",
+                plan.name,
+                len(plan.state["done"]),
+                plan.chunks,
+                plan.done_rows(),
+                rows / spent,
+                _eta(spent, pages, left),
+            )
         self.changed.clear()
         done_chunks = sum(len(p.state["done"]) for p in self.plans)
         left = self.pages_total - self.pages_before - self.pages_now
-        log.info("Snapshot copy overall: %d/%d tables, %d/%d chunks, %d rows, %.0f rows/s, ETA %s",
-                 sum(len(p.state["done"]) == p.chunks for p in self.plans), len(self.plans), done_chunks,
-                 sum(p.chunks for p in self.plans), sum(p.done_rows() for p in self.plans), self.rows_now / elapsed,
-                 _eta(elapsed, self.pages_now, left))
+        log.info(
+            "Snapshot copy overall: %d/%d tables, %d/%d chunks, %d rows, %.0f rows/s, ETA %s",
+            sum(len(p.state["done"]) == p.chunks for p in self.plans),
+            len(self.plans),
+            done_chunks,
+            sum(p.chunks for p in self.plans),
+            sum(p.done_rows() for p in self.plans),
+            self.rows_now / elapsed,
+            _eta(elapsed, self.pages_now, left),
+        )
 
     def finish(self) -> None:
         elapsed = max(time.monotonic() - self.started, 1e-6)
-        log.info("Snapshot copy finished: %d rows copied in %.1f s (%.0f rows/s)", self.rows_now, elapsed,
-                 self.rows_now / elapsed)
+        log.info(
+            "Snapshot copy finished: %d rows copied in %.1f s (%.0f rows/s)",
+            self.rows_now,
+            elapsed,
+            self.rows_now / elapsed,
+        )
 
 
 def _eta(spent: float, done: float, left: float) -> str:
@@ -662,8 +725,9 @@ def _copy_chunk(
         pages = (first, stop) if plan.chunks > 1 else (None, None)
         with copy_pages_csv(conn, plan.schema, plan.table, names, *pages) as copy:
             for texts, count in _read_csv(copy, names, chunk_rows):
-                table = _part_table(plan.columns, texts, count, lsn, seq_start + rows, leading_truncate and rows == 0,
-                                    plan.name, schema)
+                table = _part_table(
+                    plan.columns, texts, count, lsn, seq_start + rows, leading_truncate and rows == 0, plan.name, schema
+                )
                 if writer is None:
                     writer = pq.ParquetWriter(part, schema, **PARQUET_OPTIONS)
                 writer.write_table(table)
@@ -672,8 +736,18 @@ def _copy_chunk(
             if not leading_truncate:
                 return 0, None
             writer = pq.ParquetWriter(part, schema, **PARQUET_OPTIONS)
-            writer.write_table(_part_table(plan.columns, [pa.array([], pa.string())] * len(plan.columns), 0, lsn,
-                                           seq_start, True, plan.name, schema))
+            writer.write_table(
+                _part_table(
+                    plan.columns,
+                    [pa.array([], pa.string())] * len(plan.columns),
+                    0,
+                    lsn,
+                    seq_start,
+                    True,
+                    plan.name,
+                    schema,
+                )
+            )
         writer.close()
         writer = None
         with open(part, "rb") as f:
@@ -705,8 +779,9 @@ def _read_csv(copy: Iterable[Any], names: list[str], chunk_rows: int) -> Iterato
     )
 
     def parse(data: bytearray) -> list[pa.Array]:
-        table = pacsv.read_csv(pa.py_buffer(data), read_options=read_options, parse_options=parse_options,
-                               convert_options=convert_options).combine_chunks()
+        table = pacsv.read_csv(
+            pa.py_buffer(data), read_options=read_options, parse_options=parse_options, convert_options=convert_options
+        ).combine_chunks()
         return [column.chunk(0) if column.num_chunks else pa.array([], pa.string()) for column in table.columns]
 
     data = bytearray()
@@ -744,8 +819,14 @@ def _part_table(
     """
     schema = schema or _part_schema(columns)
     count = rows + (1 if leading_truncate else 0)
-    seqs = pc.min_element_wise(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), rows), start=seq_start - 1),
-                               pa.scalar(_SEQ_MAX, pa.int64())) if rows else pa.array([], pa.int64())
+    seqs = (
+        pc.min_element_wise(
+            pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), rows), start=seq_start - 1),
+            pa.scalar(_SEQ_MAX, pa.int64()),
+        )
+        if rows
+        else pa.array([], pa.int64())
+    )
     ops = pa.repeat(pa.scalar("I"), rows)
     if leading_truncate:
         seqs = pa.concat_arrays([pa.array([0], pa.int64()), seqs])

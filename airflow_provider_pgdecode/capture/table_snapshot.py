@@ -61,26 +61,13 @@ import re
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_pgdecode.decoding.assembler import Transaction
-from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, RowImage, Truncate
-from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import CatalogError, StagingError
-from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, TableKey
-from airflow_provider_pgdecode.postgres.session import Connection, pin_settings, rollback, rollback_if_open
-from airflow_provider_pgdecode.postgres.session import commit as commit_transaction
-from airflow_provider_pgdecode.postgres.snapshot_queries import (
-    begin_chunk_snapshot,
-    copy_key_range,
-    emit_watermark,
-    largest_key,
-)
 from airflow_provider_pgdecode.batch.format import (
     CHANGE_LSN,
     COMMIT_LSN,
@@ -91,8 +78,21 @@ from airflow_provider_pgdecode.batch.format import (
     table_path,
 )
 from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary
-from airflow_provider_pgdecode.capture.tables import parse_table_names
 from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
+from airflow_provider_pgdecode.capture.tables import parse_table_names
+from airflow_provider_pgdecode.decoding.assembler import Transaction
+from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, RowImage, Truncate
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, StagingError
+from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, TableKey
+from airflow_provider_pgdecode.postgres.session import Connection, pin_settings, rollback, rollback_if_open
+from airflow_provider_pgdecode.postgres.session import commit as commit_transaction
+from airflow_provider_pgdecode.postgres.snapshot_queries import (
+    begin_chunk_snapshot,
+    copy_key_range,
+    emit_watermark,
+    largest_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -171,18 +171,18 @@ def request_table_snapshot(
     """
 
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        raise ConfigurationError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     if chunk_rows < 1:
-        raise ValueError("chunk_rows must be at least 1")
+        raise ConfigurationError("chunk_rows must be at least 1")
     pairs = tuple(sorted(parse_table_names(tables)))
     if not pairs:
-        raise ValueError("name at least one table to snapshot")
-    now = datetime.now(timezone.utc)
+        raise ConfigurationError("name at least one table to snapshot")
+    now = datetime.now(UTC)
     if request_id is None:
         request_id = f"{mode}-{now.strftime('%Y%m%dT%H%M%S%fZ')}"
     request_id = re.sub(r"[^A-Za-z0-9_.+-]", "_", request_id)
     if not _REQUEST_ID.match(request_id):
-        raise ValueError(f"invalid request id {request_id!r}: use letters, digits and _.+- (at most 128)")
+        raise ConfigurationError(f"invalid request id {request_id!r}: use letters, digits and _.+- (at most 128)")
     request = SnapshotRequest(request_id, mode, pairs, chunk_rows, now.isoformat())
     directory = requests_dir(staging_root, slot)
     directory.mkdir(parents=True, exist_ok=True)
@@ -269,8 +269,15 @@ def _new_state(request: SnapshotRequest) -> dict[str, Any]:
         "done": False,
         "error": None,
         "tables": {
-            f"{s}.{t}": {"schema": s, "table": t, "last_key": None, "chunks": 0, "rows": 0, "truncated": False,
-                         "done": False}
+            f"{s}.{t}": {
+                "schema": s,
+                "table": t,
+                "last_key": None,
+                "chunks": 0,
+                "rows": 0,
+                "truncated": False,
+                "done": False,
+            }
             for s, t in request.tables
         },
     }
@@ -424,7 +431,12 @@ class TableSnapshotter:
                         elapsed = max(time.monotonic() - started, 1e-6)
                         log.info(
                             "Snapshot %s, %s: chunk %d, %d rows (%.0f rows/s), %d rows so far%s",
-                            request.id, name, tstate["chunks"], rows, rows / elapsed, tstate["rows"],
+                            request.id,
+                            name,
+                            tstate["chunks"],
+                            rows,
+                            rows / elapsed,
+                            tstate["rows"],
                             ", table done" if tstate["done"] else "",
                         )
             except _NotNow as exc:
@@ -485,7 +497,7 @@ class TableSnapshotter:
                 raise CatalogError(
                     f"table {schema}.{table} is not in publication {self.publication!r}, so the slot sends none of "
                     f"its changes: ALTER PUBLICATION {self.publication} ADD TABLE {schema}.{table}, then file the "
-                    "request again"
+                    "request again under another request_id (this one is given up)"
                 )
         return columns, key
 
@@ -506,8 +518,21 @@ class TableSnapshotter:
             _write_chunk(path, columns, [], low, truncate=True)
             tstate["truncated"] = True
             tstate["truncate_lsn"] = str(low)
-            self._add(_Chunk(request.id, schema, table, 0, low, path, columns, list(key.columns), 0, truncate=True,
-                             state_before=before))
+            self._add(
+                _Chunk(
+                    request.id,
+                    schema,
+                    table,
+                    0,
+                    low,
+                    path,
+                    columns,
+                    list(key.columns),
+                    0,
+                    truncate=True,
+                    state_before=before,
+                )
+            )
             before = copy.deepcopy(tstate)
             if tstate["upper_key"] is None:  # empty: every row it gets is in the slot after the TRUNCATE
                 tstate["done"] = True
@@ -518,8 +543,9 @@ class TableSnapshotter:
             columns, key = self._check_table(catalog, schema, table)
             key_index = [next(i for i, c in enumerate(columns) if c.name == k) for k in key.columns]
             # A key of all columns may repeat: a full chunk then holds every copy of its last key.
-            rows = copy_key_range(conn, schema, table, columns, key, tstate["last_key"], tstate.get("upper_key"),
-                                  request.chunk_rows)
+            rows = copy_key_range(
+                conn, schema, table, columns, key, tstate["last_key"], tstate.get("upper_key"), request.chunk_rows
+            )
             commit_transaction(conn)
         except BaseException:
             rollback_if_open(conn)
@@ -537,8 +563,22 @@ class TableSnapshotter:
         if rows:
             tstate["last_key"] = [rows[-1][i] for i in key_index]
         tstate["done"] = len(rows) < request.chunk_rows
-        self._add(_Chunk(request.id, schema, table, tstate["chunks"], high, path, columns, list(key.columns), len(rows),
-                         visibility=visibility, keys=keys, state_before=before))
+        self._add(
+            _Chunk(
+                request.id,
+                schema,
+                table,
+                tstate["chunks"],
+                high,
+                path,
+                columns,
+                list(key.columns),
+                len(rows),
+                visibility=visibility,
+                keys=keys,
+                state_before=before,
+            )
+        )
         return len(rows)
 
     #: How often, and how far apart, a chunk's snapshot is tried before the chunk waits for the next run.
@@ -579,7 +619,9 @@ class TableSnapshotter:
             return
         commit = int(txn.commit_lsn)
         candidates = [
-            c for chunks in self._by_table.values() for c in chunks
+            c
+            for chunks in self._by_table.values()
+            for c in chunks
             if not c.truncate and commit <= c.high and c.visibility is not None and not c.visibility.sees(txn.xid)
         ]
         if not candidates:
@@ -620,8 +662,13 @@ class TableSnapshotter:
                 # Not reached by this batch (cannot happen with a ceiling past the watermark):
                 # the chunk, and every later one of its table, is copied again by the next run
                 # rather than land out of order.
-                log.warning("Snapshot chunk of %s.%s at %s is past the batch end %s: copied again next run",
-                            chunk.schema, chunk.table, chunk.high, end_lsn)
+                log.warning(
+                    "Snapshot chunk of %s.%s at %s is past the batch end %s: copied again next run",
+                    chunk.schema,
+                    chunk.table,
+                    chunk.high,
+                    end_lsn,
+                )
                 chunk.file.unlink(missing_ok=True)
                 if ident not in restored:
                     self.progress[chunk.request_id]["tables"][f"{chunk.schema}.{chunk.table}"] = chunk.state_before
@@ -629,17 +676,19 @@ class TableSnapshotter:
                 continue
             kept.append(chunk)
             moved = self._place(chunk)
-            records.append({
-                "request": chunk.request_id,
-                "table": f"{chunk.schema}.{chunk.table}",
-                "chunk": chunk.index,
-                "kind": "truncate" if chunk.truncate else "rows",
-                "lsn": str(chunk.high),
-                "rows": chunk.rows,
-                "moved_rows": moved,
-                "file": chunk.file.name,
-                **({"snapshot": chunk.visibility.to_dict()} if chunk.visibility is not None else {}),
-            })
+            records.append(
+                {
+                    "request": chunk.request_id,
+                    "table": f"{chunk.schema}.{chunk.table}",
+                    "chunk": chunk.index,
+                    "kind": "truncate" if chunk.truncate else "rows",
+                    "lsn": str(chunk.high),
+                    "rows": chunk.rows,
+                    "moved_rows": moved,
+                    "file": chunk.file.name,
+                    **({"snapshot": chunk.visibility.to_dict()} if chunk.visibility is not None else {}),
+                }
+            )
         self.chunks = kept
         for state in self.progress.values():
             if not state.get("error"):
@@ -664,7 +713,9 @@ class TableSnapshotter:
         lsns = pa.array([p[0] for p in positions], pa.int64())
         table = table.set_column(table.schema.get_field_index(COMMIT_LSN), COMMIT_LSN, lsns)
         table = table.set_column(table.schema.get_field_index(CHANGE_LSN), CHANGE_LSN, lsns)
-        table = table.set_column(table.schema.get_field_index(SEQ), SEQ, pa.array([p[1] for p in positions], pa.int32()))
+        table = table.set_column(
+            table.schema.get_field_index(SEQ), SEQ, pa.array([p[1] for p in positions], pa.int32())
+        )
         _write_table(chunk.file, table)
         return moved
 
@@ -676,8 +727,17 @@ class TableSnapshotter:
             summary = by_name.get(name)
             if summary is None:
                 summary = by_name[name] = TableSummary(
-                    schema=chunk.schema, table=chunk.table, path=table_path(*name), files=[], rows=0, inserts=0,
-                    updates=0, deletes=0, truncates=0, min_commit_lsn=str(chunk.high), max_commit_lsn=str(chunk.high),
+                    schema=chunk.schema,
+                    table=chunk.table,
+                    path=table_path(*name),
+                    files=[],
+                    rows=0,
+                    inserts=0,
+                    updates=0,
+                    deletes=0,
+                    truncates=0,
+                    min_commit_lsn=str(chunk.high),
+                    max_commit_lsn=str(chunk.high),
                     columns=[],
                 )
             summary.files.append(chunk.file.name)
@@ -693,15 +753,21 @@ class TableSnapshotter:
             for column in chunk.columns:
                 if column.name not in known:
                     summary.columns.append(
-                        ColumnSummary(column.name, column.type_name, str(arrow_type(column.type_name)),
-                                      column.catalog_type, column.user_type)
+                        ColumnSummary(
+                            column.name,
+                            column.type_name,
+                            str(arrow_type(column.type_name)),
+                            column.catalog_type,
+                            column.user_type,
+                        )
                     )
                     known.add(column.name)
         return [by_name[k] for k in sorted(by_name)]
 
 
-def _write_chunk(path: Path, columns: list[ColumnInfo], rows: list[tuple[Any, ...]], lsn: Lsn,
-                 truncate: bool = False) -> None:
+def _write_chunk(
+    path: Path, columns: list[ColumnInfo], rows: list[tuple[Any, ...]], lsn: Lsn, truncate: bool = False
+) -> None:
     """A part in the layout of batch/writer.py: op I rows at ``lsn`` (or one op T row)."""
     count = 1 if truncate else len(rows)
     lsns = pa.array([int(lsn)] * count, pa.int64())

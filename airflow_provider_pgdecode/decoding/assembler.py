@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Union
+from typing import Any
 
 from airflow_provider_pgdecode.decoding.events import (
     Begin,
@@ -138,7 +138,7 @@ class ResolvedPrepared:
     known: bool = True
 
 
-Output = Union[Transaction, Message]
+Output = Transaction | Message
 
 
 @dataclass
@@ -309,7 +309,9 @@ class TransactionAssembler:
             current.items.discard()
             return None
         return self._emit(
-            Transaction(current.xid, current.begin_lsn, event.lsn, event.commit_time, current.items, origin=current.origin)
+            Transaction(
+                current.xid, current.begin_lsn, event.lsn, event.commit_time, current.items, origin=current.origin
+            )
         )
 
     def _emit(self, txn: Transaction) -> Transaction:
@@ -342,8 +344,13 @@ class TransactionAssembler:
             return None
         self._advance(event.lsn)
         prepared = PreparedTransaction(
-            event.gid, xid, current.begin_lsn, event.lsn,
-            event.prepare_time, current.items, current.origin,
+            event.gid,
+            xid,
+            current.begin_lsn,
+            event.lsn,
+            event.prepare_time,
+            current.items,
+            current.origin,
         )
         if prepared.key in self._pending:
             # Delivered again because the slot was read from before this PREPARE: keep one.
@@ -360,9 +367,7 @@ class TransactionAssembler:
             return found
         matches = [key for key in self._pending if key[0] == gid]
         if len(matches) > 1:
-            raise AssemblyError(
-                f"several prepared transactions share the gid {gid!r}; read the slot with include-xids"
-            )
+            raise AssemblyError(f"several prepared transactions share the gid {gid!r}; read the slot with include-xids")
         return self._pending.pop(matches[0]) if matches else None
 
     def _commit_prepared(self, event: CommitPrepared) -> Transaction | None:
@@ -383,8 +388,14 @@ class TransactionAssembler:
         self.stats.resolved.append(ResolvedPrepared(prepared.gid, prepared.xid, event.lsn, True))
         return self._emit(
             Transaction(
-                prepared.xid, prepared.begin_lsn, event.lsn, event.commit_time, prepared.items,
-                gid=prepared.gid, prepare_lsn=prepared.prepare_lsn, origin=prepared.origin,
+                prepared.xid,
+                prepared.begin_lsn,
+                event.lsn,
+                event.commit_time,
+                prepared.items,
+                gid=prepared.gid,
+                prepare_lsn=prepared.prepare_lsn,
+                origin=prepared.origin,
             )
         )
 
@@ -423,7 +434,9 @@ class TransactionAssembler:
             )
         stream = self._streams.get(event.xid)
         if stream is None:
-            stream = self._streams[event.xid] = _OpenTransaction(event.xid, event.lsn, self._new_spool(), first_position={})
+            stream = self._streams[event.xid] = _OpenTransaction(
+                event.xid, event.lsn, self._new_spool(), first_position={}
+            )
         self._open = stream
         return None
 
@@ -465,7 +478,9 @@ class TransactionAssembler:
         if len(stream.items) == 0:
             stream.items.discard()
             return None
-        return self._emit(Transaction(stream.xid, stream.begin_lsn, event.lsn, event.commit_time, stream.items, origin=stream.origin))
+        return self._emit(
+            Transaction(stream.xid, stream.begin_lsn, event.lsn, event.commit_time, stream.items, origin=stream.origin)
+        )
 
     def _stream_prepare(self, event: StreamPrepare) -> None:
         stream = self._take_stream(event, "Stream Prepare")

@@ -21,7 +21,7 @@ import base64
 import enum
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Union
+from typing import Any
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 
@@ -45,7 +45,7 @@ class _UnchangedToast:
 
 UNCHANGED_TOAST = _UnchangedToast()
 
-ColumnValue = Union[str, None, _UnchangedToast]
+ColumnValue = str | None | _UnchangedToast
 
 
 class Operation(str, enum.Enum):
@@ -217,26 +217,26 @@ class StreamDataWithheld:
     what: str
 
 
-Event = Union[
-    Begin,
-    Commit,
-    Change,
-    Truncate,
-    Message,
-    Prepare,
-    CommitPrepared,
-    RollbackPrepared,
-    Origin,
-    StreamStart,
-    StreamStop,
-    StreamAbort,
-    StreamCommit,
-    StreamPrepare,
-    StreamDataWithheld,
-]
+Event = (
+    Begin
+    | Commit
+    | Change
+    | Truncate
+    | Message
+    | Prepare
+    | CommitPrepared
+    | RollbackPrepared
+    | Origin
+    | StreamStart
+    | StreamStop
+    | StreamAbort
+    | StreamCommit
+    | StreamPrepare
+    | StreamDataWithheld
+)
 
 #: What a transaction holds, in order.
-TransactionItem = Union[Change, Truncate, Message]
+TransactionItem = Change | Truncate | Message
 
 
 # --- JSON form of transaction items, used to spool large transactions to disk and to carry

@@ -17,7 +17,7 @@ Its C twin, for the extract's native fast path, is ``capture/csrc/pgoutput.c``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from struct import Struct
 
 from airflow_provider_pgdecode.decoding.events import (
@@ -55,22 +55,65 @@ _TWO_PHASE = Struct(">bQQqI")  # flags, lsn, end_lsn, timestamp, xid (then gid)
 _BEGIN_PREPARE = Struct(">QQqI")  # prepare_lsn, end_lsn, prepare_ts, xid (then gid)
 _ROLLBACK_PREPARED = Struct(">bQQqqI")  # flags, prepare_end_lsn, rollback_end_lsn, prepare_ts, rollback_ts, xid
 
-_PG_EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 #: format_type() names of built-in types by OID: what test_decoding prints for them.
 BUILTIN_TYPE_NAMES: dict[int, str] = {
-    16: "boolean", 17: "bytea", 18: '"char"', 19: "name", 20: "bigint", 21: "smallint", 23: "integer",
-    25: "text", 26: "oid", 114: "json", 142: "xml", 650: "cidr", 700: "real", 701: "double precision",
-    790: "money", 829: "macaddr", 869: "inet", 1042: "character", 1043: "character varying",
-    1082: "date", 1083: "time without time zone", 1114: "timestamp without time zone",
-    1184: "timestamp with time zone", 1186: "interval", 1266: "time with time zone", 1560: "bit",
-    1562: "bit varying", 1700: "numeric", 2950: "uuid", 3802: "jsonb", 3614: "tsvector",
-    1000: "boolean[]", 1001: "bytea[]", 1005: "smallint[]", 1007: "integer[]", 1009: "text[]",
-    1014: "character[]", 1015: "character varying[]", 1016: "bigint[]", 1021: "real[]",
-    1022: "double precision[]", 1028: "oid[]", 1115: "timestamp without time zone[]", 1182: "date[]",
-    1183: "time without time zone[]", 1185: "timestamp with time zone[]", 1187: "interval[]",
-    1231: "numeric[]", 2951: "uuid[]", 199: "json[]", 3807: "jsonb[]", 1041: "inet[]", 651: "cidr[]",
+    16: "boolean",
+    17: "bytea",
+    18: '"char"',
+    19: "name",
+    20: "bigint",
+    21: "smallint",
+    23: "integer",
+    25: "text",
+    26: "oid",
+    114: "json",
+    142: "xml",
+    650: "cidr",
+    700: "real",
+    701: "double precision",
+    790: "money",
+    829: "macaddr",
+    869: "inet",
+    1042: "character",
+    1043: "character varying",
+    1082: "date",
+    1083: "time without time zone",
+    1114: "timestamp without time zone",
+    1184: "timestamp with time zone",
+    1186: "interval",
+    1266: "time with time zone",
+    1560: "bit",
+    1562: "bit varying",
+    1700: "numeric",
+    2950: "uuid",
+    3802: "jsonb",
+    3614: "tsvector",
+    1000: "boolean[]",
+    1001: "bytea[]",
+    1005: "smallint[]",
+    1007: "integer[]",
+    1009: "text[]",
+    1014: "character[]",
+    1015: "character varying[]",
+    1016: "bigint[]",
+    1021: "real[]",
+    1022: "double precision[]",
+    1028: "oid[]",
+    1115: "timestamp without time zone[]",
+    1182: "date[]",
+    1183: "time without time zone[]",
+    1185: "timestamp with time zone[]",
+    1187: "interval[]",
+    1231: "numeric[]",
+    2951: "uuid[]",
+    199: "json[]",
+    3807: "jsonb[]",
+    1041: "inet[]",
+    651: "cidr[]",
 }
+
 
 #: Protocol version each PostgreSQL major version supports at most.
 def max_proto_version(server_version_num: int) -> int:
@@ -230,7 +273,9 @@ class PgOutputParser:
                 (length,) = _I32.unpack_from(data, pos)
                 pos += 4
                 if pos + length > len(data):
-                    raise _Malformed(f"value of column {names[i]!r} is {length} bytes, the message holds {len(data) - pos}")
+                    raise _Malformed(
+                        f"value of column {names[i]!r} is {length} bytes, the message holds {len(data) - pos}"
+                    )
                 values.append(data[pos : pos + length].decode(encoding))
                 pos += length
             elif kind == 110:  # 'n' NULL (in a K tuple: not part of the key)
@@ -263,7 +308,9 @@ class PgOutputParser:
             kept = [i for i, v in enumerate(image.values) if v is not None]
             if len(kept) != len(image.values):
                 image = RowImage(
-                    tuple(image.names[i] for i in kept), tuple(image.types[i] for i in kept), tuple(image.values[i] for i in kept)
+                    tuple(image.names[i] for i in kept),
+                    tuple(image.types[i] for i in kept),
+                    tuple(image.values[i] for i in kept),
                 )
             return image, pos
         raise _Malformed(f"expected 'K' or 'O' before an old tuple, got {chr(marker)!r}")
@@ -318,7 +365,9 @@ class PgOutputParser:
                 relation = self._relation(_U32.unpack_from(data, pos)[0])
                 relations.append((relation.schema, relation.table))
                 pos += 4
-            return Truncate(lsn, sub if sub is not None else xid, tuple(relations), bool(options & 1), bool(options & 2))
+            return Truncate(
+                lsn, sub if sub is not None else xid, tuple(relations), bool(options & 1), bool(options & 2)
+            )
         if kind == 77:  # 'M'
             sub, pos = self._sub_xid(data, 1)
             flags = data[pos]

@@ -94,7 +94,10 @@ class ItemSpool:
         self.discard()
         self._source, self._source_count = None, 0
         self._memory, self._spill_path, self._spill_file, self._spilled = (
-            kept._memory, kept._spill_path, kept._spill_file, kept._spilled
+            kept._memory,
+            kept._spill_path,
+            kept._spill_file,
+            kept._spilled,
         )
 
     def save(self, path: str | os.PathLike[str]) -> int:

@@ -154,9 +154,7 @@ def read_value(line: str, pos: int) -> tuple[ColumnValue, int]:
     return token, end
 
 
-def read_tuple(
-    line: str, pos: int, stop_at_new_tuple: bool, markers: list[str] | None = None
-) -> tuple[RowImage, int]:
+def read_tuple(line: str, pos: int, stop_at_new_tuple: bool, markers: list[str] | None = None) -> tuple[RowImage, int]:
     """Read `` name[type]:value`` columns from ``pos`` to the end of the line.
 
     With ``stop_at_new_tuple`` (an UPDATE's old key), stop before `` new-tuple:``, which
@@ -315,9 +313,7 @@ def _parse_change(line: str, lsn: Lsn, xid: int | None, layouts: dict[Any, Any] 
     return Change(lsn, xid, operation, schema, table, old, new)
 
 
-def _parse_truncate(
-    line: str, lsn: Lsn, xid: int | None, relations: list[tuple[str, str]], pos: int
-) -> Truncate:
+def _parse_truncate(line: str, lsn: Lsn, xid: int | None, relations: list[tuple[str, str]], pos: int) -> Truncate:
     while line.startswith(", ", pos):
         schema, table, pos = read_qualified_name(line, pos + 2)
         relations.append((schema, table))

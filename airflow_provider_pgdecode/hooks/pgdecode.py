@@ -7,8 +7,8 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg.conninfo import make_conninfo
 from airflow.providers.postgres.hooks.postgres import PostgresHook
+from psycopg.conninfo import make_conninfo
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, ReplicaIdentity

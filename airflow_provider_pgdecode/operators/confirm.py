@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import ConfigurationError
-from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-from airflow_provider_pgdecode.utils.fail_fast import fail_fast
-from airflow_provider_pgdecode.operators.extract import checkpoint_xcom_key
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.batch.retention import DEFAULT_KEEP_BATCHES, prune_batches
 from airflow_provider_pgdecode.capture.table_snapshot import describe_progress, write_snapshot_states
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import ConfigurationError
+from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.operators.extract import checkpoint_xcom_key
+from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
 def _same_path(a: str, b: str) -> bool:
@@ -146,11 +146,15 @@ class PgDecodeConfirmOperator(BaseOperator):
         context["ti"].xcom_push(key=checkpoint_xcom_key(self.slot_name), value=checkpoint.to_dict())
         if self.retention_days not in (None, ""):
             removed = prune_batches(
-                Path(path).parent.parent, checkpoint, keep_days=float(self.retention_days),
+                Path(path).parent.parent,
+                checkpoint,
+                keep_days=float(self.retention_days),
                 keep_batches=self.retention_batches,
             )
             self.log.info(
                 "Retention (%s days, newest %d kept): removed %d staged batch(es)",
-                self.retention_days, self.retention_batches, len(removed),
+                self.retention_days,
+                self.retention_batches,
+                len(removed),
             )
         return checkpoint.to_dict()

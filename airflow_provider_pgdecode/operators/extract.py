@@ -61,11 +61,18 @@ def log_manifest(log: Any, manifest: BatchManifest, seconds: float | None = None
         )
     for chunk in manifest.snapshot_chunks:
         if chunk.get("kind") == "truncate":
-            log.info("  snapshot %s of %s: TRUNCATE at low watermark %s", chunk["request"], chunk["table"], chunk["lsn"])
+            log.info(
+                "  snapshot %s of %s: TRUNCATE at low watermark %s", chunk["request"], chunk["table"], chunk["lsn"]
+            )
         else:
             log.info(
                 "  snapshot %s of %s: chunk %d, %d rows at watermark %s (%d placed before changes the chunk missed)",
-                chunk["request"], chunk["table"], chunk["chunk"], chunk["rows"], chunk["lsn"], chunk.get("moved_rows", 0),
+                chunk["request"],
+                chunk["table"],
+                chunk["chunk"],
+                chunk["rows"],
+                chunk["lsn"],
+                chunk.get("moved_rows", 0),
             )
     for entry in manifest.prepared_committed:
         log.info("  prepared transaction %r committed at %s", entry.get("gid"), entry.get("commit_lsn"))
@@ -176,8 +183,10 @@ class PgDecodeExtractOperator(BaseOperator):
         # changes between runs picks up each slot's own checkpoint.
         ti = context["ti"]
         value = ti.xcom_pull(
-            task_ids=self.checkpoint_task_id, key=checkpoint_xcom_key(self.slot_name),
-            include_prior_dates=True, map_indexes=-1,
+            task_ids=self.checkpoint_task_id,
+            key=checkpoint_xcom_key(self.slot_name),
+            include_prior_dates=True,
+            map_indexes=-1,
         )
         if value is None:
             value = ti.xcom_pull(task_ids=self.checkpoint_task_id, include_prior_dates=True, map_indexes=-1)

@@ -162,7 +162,9 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
                     f"mode 'add-table' or 'resnapshot' (PgDecodeTableSnapshotOperator); to start over drop the slot "
                     f"(SELECT pg_drop_replication_slot('{slot}')) and run mode 'initial' again"
                 )
-            self.log.info("initial load of slot %s was staged before (up to %s): merging it again", slot, staged.end_lsn)
+            self.log.info(
+                "initial load of slot %s was staged before (up to %s): merging it again", slot, staged.end_lsn
+            )
             return [str(staged.path)]
         if not tables:
             raise CatalogError(
@@ -172,7 +174,14 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         self.log.info("initial load: creating slot %s and copying %d table(s)", slot, len(tables))
         with create_slot_with_snapshot(dsn, slot, str(self.plugin), two_phase=bool(self.two_phase)) as snapshot:
             manifest = stage_snapshot(
-                dsn, snapshot.snapshot_name, snapshot.consistent_lsn, slot, staging, tables,
-                plugin=str(self.plugin), chunk_rows=chunk_rows, workers=workers,
+                dsn,
+                snapshot.snapshot_name,
+                snapshot.consistent_lsn,
+                slot,
+                staging,
+                tables,
+                plugin=str(self.plugin),
+                chunk_rows=chunk_rows,
+                workers=workers,
             )
         return [str(manifest.path)]

@@ -16,10 +16,10 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import Asset, AssetAlias, BaseHook, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError, MergeInputError
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
-from airflow_provider_pgdecode.batch.manifest import BatchManifest
 
 MERGE_JOB_MODULE = "airflow_provider_pgdecode.spark.merge_job"
 DEFAULT_ASSET_ALIAS = "pgdecode_delta_tables"
@@ -202,7 +202,7 @@ class PgDecodeMergeOperator(BaseOperator):
             raise ConfigurationError(
                 f"Spark connection {self.conn_id!r} not found ({exc}). Without it spark-submit would silently "
                 "use master 'yarn'. Create it, e.g. for local mode "
-                f"AIRFLOW_CONN_{self.conn_id.upper()}='{{\"conn_type\": \"spark\", \"host\": \"local[*]\"}}'"
+                f'AIRFLOW_CONN_{self.conn_id.upper()}=\'{{"conn_type": "spark", "host": "local[*]"}}\''
             ) from exc
         conf = {**default_spark_conf(), **{k: str(v) for k, v in self.conf.items()}}
         packages = self.packages or conf.get("spark.jars.packages")

@@ -7,8 +7,8 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
 class PgDecodeEnsureSlotOperator(BaseOperator):

@@ -152,6 +152,8 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
         except ValueError as exc:  # the request's own argument checks (e.g. an unusable id)
             raise ConfigurationError(f"cannot file the snapshot request: {exc}") from exc
         self.log.info(
-            "filed request %s: pgdecode_incremental copies %s", request.id, ", ".join(".".join(t) for t in request.tables)
+            "filed request %s: pgdecode_incremental copies %s",
+            request.id,
+            ", ".join(".".join(t) for t in request.tables),
         )
         return request.id

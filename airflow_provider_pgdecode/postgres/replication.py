@@ -89,7 +89,9 @@ class ReplicationConnection:
         row = dict(zip(names, cur.fetchone()))
         for column in ("slot_name", "consistent_point", "snapshot_name", "output_plugin"):
             if row.get(column) is None:
-                raise SlotError(f"CREATE_REPLICATION_SLOT for {slot_name!r} returned no {column} (reply columns {names})")
+                raise SlotError(
+                    f"CREATE_REPLICATION_SLOT for {slot_name!r} returned no {column} (reply columns {names})"
+                )
         return ExportedSnapshot(Lsn.parse(row["consistent_point"]), row["snapshot_name"])
 
     def drop_slot(self, slot_name: str) -> None:

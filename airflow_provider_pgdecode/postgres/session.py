@@ -67,9 +67,7 @@ def _settings_sql(settings: tuple[tuple[str, str], ...], local: bool) -> str:
     return "; ".join(f"{scope} {name} = '{value}'" for name, value in settings)
 
 
-def pin_settings(
-    conn: Connection, *, local: bool = False, extra: Sequence[tuple[str, str]] = ()
-) -> None:
+def pin_settings(conn: Connection, *, local: bool = False, extra: Sequence[tuple[str, str]] = ()) -> None:
     """Apply :data:`PINNED_GUCS` (then ``extra``) to ``conn`` in one round trip.
 
     ``local=True`` pins them for the transaction in progress only (``SET LOCAL``: the peek

@@ -390,9 +390,7 @@ class SlotClient:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
         return self._peek_rows(name, str(ceiling), flat, chunk_size)
 
-    def _peek_rows(
-        self, name: str, upto: str, options: list[str], chunk_size: int
-    ) -> PeekRows:
+    def _peek_rows(self, name: str, upto: str, options: list[str], chunk_size: int) -> PeekRows:
         conn = self.conn
         new = int.__new__
         with conn.transaction():
@@ -431,9 +429,7 @@ class SlotClient:
         return [(Lsn(lsn), bytes(data)) for lsn, data in rows]
 
     @contextlib.contextmanager
-    def peek_copy(
-        self, name: str, upto_lsn: Lsn, options: Sequence[tuple[str, str]] = ()
-    ) -> Iterator[psycopg.Copy]:
+    def peek_copy(self, name: str, upto_lsn: Lsn, options: Sequence[tuple[str, str]] = ()) -> Iterator[psycopg.Copy]:
         """The rows :meth:`peek` gives, as a ``COPY ... TO STDOUT (FORMAT BINARY)`` in progress.
 
         A context manager giving psycopg's ``Copy`` (iterate it for raw blocks). Columns: lsn
@@ -464,11 +460,17 @@ class SlotClient:
         if info.confirmed_flush_lsn is not None and target <= info.confirmed_flush_lsn:
             return info.confirmed_flush_lsn
         try:
-            row = self._one("SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)", (name, str(target)))
+            row = self._one(
+                "SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)", (name, str(target))
+            )
         except pg_errors.ObjectNotInPrerequisiteState as exc:
             # Another consumer may have moved it past target meanwhile ("minimum is ...").
             current = self._describe(name)
-            if current is not None and current.confirmed_flush_lsn is not None and target <= current.confirmed_flush_lsn:
+            if (
+                current is not None
+                and current.confirmed_flush_lsn is not None
+                and target <= current.confirmed_flush_lsn
+            ):
                 return current.confirmed_flush_lsn
             raise self._error(exc, name, "advance replication slot") from exc
         except psycopg.Error as exc:

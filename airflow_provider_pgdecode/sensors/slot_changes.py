@@ -9,15 +9,15 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 from airflow_provider_pgdecode.capture.table_snapshot import pending_snapshot_requests
+from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.triggers.slot_changes import (
     DEFAULT_HEARTBEAT_PREFIX,
     DEFAULT_PROBE_ROWS,
     SlotChangesTrigger,
     check_slot_changes,
 )
+from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
 class PgDecodeSlotChangesSensor(BaseSensorOperator):
@@ -69,7 +69,13 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
         poll interval.
     """
 
-    template_fields: Sequence[str] = ("slot_name", "postgres_conn_id", "heartbeat_prefix", "publication", "staging_root")
+    template_fields: Sequence[str] = (
+        "slot_name",
+        "postgres_conn_id",
+        "heartbeat_prefix",
+        "publication",
+        "staging_root",
+    )
     ui_color = "#d9eaf7"
 
     def __init__(

@@ -11,9 +11,9 @@ from airflow.sdk.exceptions import AirflowException
 from airflow_provider_pgdecode.errors import SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.postgres.health import check_readable
-from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
 from airflow_provider_pgdecode.triggers.slot_changes import DEFAULT_HEARTBEAT_PREFIX, probe_changes
+from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
 def _size(n: int | None) -> str:
@@ -166,8 +166,7 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
             return None
         lsn = hook.emit_heartbeat(prefix=self.heartbeat_prefix)
         self.log.info(
-            "Slot %s has nothing pending while lagging %s: wrote a heartbeat at %s so the next extract can "
-            "advance it",
+            "Slot %s has nothing pending while lagging %s: wrote a heartbeat at %s so the next extract can advance it",
             info.slot_name,
             _size(info.lag_bytes),
             lsn,

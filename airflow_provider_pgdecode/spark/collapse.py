@@ -17,11 +17,10 @@ Vocabulary:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from pyspark.sql import Column, DataFrame
-
 from pyspark.sql import functions as F
 
 from airflow_provider_pgdecode.batch.format import DELTA_COLUMNS
@@ -95,7 +94,10 @@ def effects_of(events: DataFrame, spec: CollapseInput) -> DataFrame:
         F.lit(UPSERT).alias(KIND),
         ((F.col(OP) == "U") & moved).alias(MOVE_IN),
         (F.col(OP) == "I").alias(IS_INSERT),
-        F.col(LSN), F.col(SEQ), F.col(KEEP), *carried,
+        F.col(LSN),
+        F.col(SEQ),
+        F.col(KEEP),
+        *carried,
         *[F.col(old_key_name(i)) for i in range(len(spec.key))],
     )
     deletes = events.where((F.col(OP) == "D") | ((F.col(OP) == "U") & moved)).select(
@@ -103,12 +105,15 @@ def effects_of(events: DataFrame, spec: CollapseInput) -> DataFrame:
         F.lit(DELETE).alias(KIND),
         F.lit(False).alias(MOVE_IN),
         F.lit(False).alias(IS_INSERT),
-        F.col(LSN), F.col(SEQ),
+        F.col(LSN),
+        F.col(SEQ),
         F.array().cast("array<string>").alias(KEEP),
         *[F.lit(None).cast(events.schema[name].dataType).alias(name) for name in spec.value_columns],
         *[col(name) for name in spec.metadata_columns],
-        *[F.lit(None).cast(events.schema[old_key_name(i)].dataType).alias(old_key_name(i))
-          for i in range(len(spec.key))],
+        *[
+            F.lit(None).cast(events.schema[old_key_name(i)].dataType).alias(old_key_name(i))
+            for i in range(len(spec.key))
+        ],
     )
     return upserts.unionByName(deletes)
 
@@ -129,9 +134,7 @@ def collapse_simple(effects: DataFrame, spec: CollapseInput, *, allow_keep: bool
     carried = [*spec.value_columns, *spec.metadata_columns, KIND, LSN, SEQ]
     aggregates = [F.max_by(F.struct(*[col(c) for c in carried]), order_of()).alias("__last")]
     for index, column in enumerate(spec.keep_columns):
-        aggregates.append(
-            F.max_by(F.struct(col(column).alias("v")), _setter_order(column)).alias(f"__set_{index}")
-        )
+        aggregates.append(F.max_by(F.struct(col(column).alias("v")), _setter_order(column)).alias(f"__set_{index}"))
     grouped = effects.groupBy(*[col(name) for name in spec.key]).agg(*aggregates)
     return _final_columns(grouped, spec, allow_keep=allow_keep)
 
@@ -146,7 +149,7 @@ def _final_columns(grouped: DataFrame, spec: CollapseInput, *, allow_keep: bool)
             columns.append(F.col("__last").getField(column).alias(column))
     columns += [F.col("__last").getField(name).alias(name) for name in spec.metadata_columns]
     columns.append(F.col("__last").getField(KIND).alias(KIND))
-    for column, index in keep_index.items():
+    for index in keep_index.values():
         flag = F.col(f"__set_{index}").isNull() if allow_keep else F.lit(False)
         columns.append(flag.alias(keep_flag_name(index)))
     return grouped.select(*columns)
@@ -208,7 +211,9 @@ def collapse_with_lineage(
         F.col("__seg").alias("child"), old_key.alias("from_k"), F.col(LSN).alias("l"), F.col(SEQ).alias("s")
     )
     deletes = tagged.where(F.col(KIND) == DELETE).select(
-        F.struct(*[col(name) for name in spec.key]).alias("k"), F.col(LSN).alias("l"), F.col(SEQ).alias("s"),
+        F.struct(*[col(name) for name in spec.key]).alias("k"),
+        F.col(LSN).alias("l"),
+        F.col(SEQ).alias("s"),
         F.col("__seg").alias("parent"),
     )
     links = move_ins.join(
@@ -229,7 +234,9 @@ def collapse_with_lineage(
     last = lineage.groupBy(*[col(name) for name in spec.key]).agg(
         F.max_by(F.struct(*[col(c) for c in carried]), order_of()).alias("__last")
     )
-    grouped = last.join(setters, F.col("__last").getField("__lineage") == setters["__lineage"], "left").drop("__lineage")
+    grouped = last.join(setters, F.col("__last").getField("__lineage") == setters["__lineage"], "left").drop(
+        "__lineage"
+    )
     # Where the lineage started from a Delta row at another key, read that row's kept values here.
     origin_key = F.col("__last").getField("__lineage").getField("k")
     same_key = origin_key == F.struct(*[col(name) for name in spec.key])

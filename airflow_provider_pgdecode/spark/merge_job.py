@@ -30,8 +30,9 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if __package__ in (None, ""):  # run as a file by spark-submit: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -49,12 +50,12 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import BatchError, ConfigurationError, MergeInputError, UnmappedTypeError
-from airflow_provider_pgdecode.spark import collapse
 from airflow_provider_pgdecode.batch import format as staged
 from airflow_provider_pgdecode.batch.format import COMMIT_LSN, COMMIT_TIME, XID, is_local_path, join_path, local_path
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, read_batches
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import BatchError, ConfigurationError, MergeInputError, UnmappedTypeError
+from airflow_provider_pgdecode.spark import collapse
 from airflow_provider_pgdecode.spark.collapse import KEEP, KIND, LSN, OP, SEQ, CollapseInput, col, old_key_name
 from airflow_provider_pgdecode.spark.types import (
     DEFAULT_UNBOUNDED_NUMERIC,
@@ -268,7 +269,9 @@ def plan_table(
     """Decide how one table is merged, or raise :class:`MergeInputError` saying why it cannot be."""
     path = delta_table_path(delta_root, schema, table)
     name = f"{schema}.{table}"
-    entries = [(batch, entry) for batch in batches for entry in batch.tables if (entry.schema, entry.table) == (schema, table)]
+    entries = [
+        (batch, entry) for batch in batches for entry in batch.tables if (entry.schema, entry.table) == (schema, table)
+    ]
     latest = entries[-1][1]
     key = latest.key
     if not key:
@@ -286,7 +289,7 @@ def plan_table(
     unbounded = parse_unbounded_numeric_rule(options.unbounded_numeric)
     columns: list[str] = []
     types: dict[str, ColumnType] = {}
-    for batch, entry in entries:
+    for _, entry in entries:
         for column in entry.columns:
             if column.name.startswith(staged.METADATA_PREFIX):
                 raise MergeInputError(
@@ -332,7 +335,9 @@ def plan_table(
             )
         for column_name in columns:
             mapped_type = types[column_name]
-            if column_name in delta_fields and not _same_type(delta_fields[column_name].dataType, mapped_type.delta_type):
+            if column_name in delta_fields and not _same_type(
+                delta_fields[column_name].dataType, mapped_type.delta_type
+            ):
                 raise MergeInputError(
                     f"table {name} column {column_name!r}: Delta has {delta_fields[column_name].dataType.simpleString()}, "
                     f"the source's {mapped_type.catalog_type!r} maps to {mapped_type.delta_type.simpleString()}; "
@@ -341,14 +346,24 @@ def plan_table(
         new_columns = tuple(c for c in columns if c not in delta_fields)
         missing_in_delta = [k for k in key if k in new_columns]
         if missing_in_delta:
-            raise MergeInputError(f"table {name}: key column(s) {missing_in_delta} are not in the Delta table at {path}")
+            raise MergeInputError(
+                f"table {name}: key column(s) {missing_in_delta} are not in the Delta table at {path}"
+            )
         not_written = tuple(
             f.name for f in state.schema.fields if f.name not in types and f.name not in METADATA_COLUMNS
         )
 
     plan = TablePlan(
-        schema=schema, table=table, path=path, key=tuple(key), columns=tuple(columns), types=types,
-        segments=[], state=state, new_columns=new_columns, not_written=not_written,
+        schema=schema,
+        table=table,
+        path=path,
+        key=tuple(key),
+        columns=tuple(columns),
+        types=types,
+        segments=[],
+        state=state,
+        new_columns=new_columns,
+        not_written=not_written,
     )
     applied_through = state.watermark if state.watermark is not None else -1
     entry_of = {id(batch): entry for batch, entry in entries}
@@ -361,7 +376,10 @@ def plan_table(
                 plan.skipped.append(batch.label)
                 log.warning(
                     "table %s: batch %s (%s) is already applied: the table holds changes through LSN %s; skipped",
-                    name, batch.label, batch.directory, Lsn(applied_through),
+                    name,
+                    batch.label,
+                    batch.directory,
+                    Lsn(applied_through),
                 )
             elif staged_entry.files:
                 plan.segments.append(Segment(batch, staged_entry, applied_through))
@@ -383,7 +401,9 @@ def plan_merge(
     plans = []
     for schema, table in names:
         path = delta_table_path(delta_root, schema, table)
-        plans.append(plan_table(schema, table, batches, delta_root, read_delta_state(spark, path, slot_app_id), options))
+        plans.append(
+            plan_table(schema, table, batches, delta_root, read_delta_state(spark, path, slot_app_id), options)
+        )
     return plans
 
 
@@ -484,16 +504,20 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
                 if staged.UNCHANGED_TOAST in staged_names
                 else F.array().cast("array<string>")
             )
-            keep = F.when(
-                F.col(staged.OP) == "I", F.array().cast("array<string>")
-            ).otherwise(F.array_distinct(F.concat(toast, F.array(*[F.lit(c) for c in absent]).cast("array<string>"))))
+            keep = F.when(F.col(staged.OP) == "I", F.array().cast("array<string>")).otherwise(
+                F.array_distinct(F.concat(toast, F.array(*[F.lit(c) for c in absent]).cast("array<string>")))
+            )
             selected: list[Column] = [
                 F.col(COMMIT_LSN).cast("bigint").alias(LSN),
                 F.col(staged.SEQ).cast("int").alias(SEQ),
                 F.col(staged.OP).alias(OP),
                 keep.alias(KEEP),
                 F.col(COMMIT_LSN).cast("bigint").alias(COMMIT_LSN),
-                (F.col(COMMIT_TIME).cast("timestamp") if COMMIT_TIME in staged_names else F.lit(None).cast("timestamp")).alias(COMMIT_TIME),
+                (
+                    F.col(COMMIT_TIME).cast("timestamp")
+                    if COMMIT_TIME in staged_names
+                    else F.lit(None).cast("timestamp")
+                ).alias(COMMIT_TIME),
                 (F.col(XID).cast("bigint") if XID in staged_names else F.lit(None).cast("bigint")).alias(XID),
             ]
             for column in plan.columns:
@@ -547,9 +571,9 @@ def profile_events(events: DataFrame, plan: TablePlan, key_bounds: tuple[int, in
         F.sum(
             F.when((F.col(OP) == "U") & collapse.key_changed(plan.key) & (F.size(F.col(KEEP)) > 0), 1).otherwise(0)
         ).alias("keep_moves"),
-        F.sum(
-            F.when((upsert & any_new_key_null) | ((F.col(OP) == "D") & any_old_key_null), 1).otherwise(0)
-        ).alias("null_keys"),
+        F.sum(F.when((upsert & any_new_key_null) | ((F.col(OP) == "D") & any_old_key_null), 1).otherwise(0)).alias(
+            "null_keys"
+        ),
         F.sum(F.when(~F.col(OP).isin("I", "U", "D", "T"), 1).otherwise(0)).alias("unknown_ops"),
     ]
     for index in range(len(numeric_columns)):
@@ -576,7 +600,9 @@ def profile_events(events: DataFrame, plan: TablePlan, key_bounds: tuple[int, in
     kept = {column for row in rows for column in (row["keep_columns"] or ())}
     keep_columns = tuple(c for c in plan.value_columns if c in kept)
     if total("unknown_ops"):
-        raise MergeInputError(f"table {plan.name}: {total('unknown_ops')} staged change(s) have an _pg_op other than I, U, D, T")
+        raise MergeInputError(
+            f"table {plan.name}: {total('unknown_ops')} staged change(s) have an _pg_op other than I, U, D, T"
+        )
     ranges: list[tuple[Any, Any]] | None = None
     key_min = key_max = None
     if single_key is not None:
@@ -663,9 +689,7 @@ def check_profile(plan: TablePlan, profile: Profile, options: MergeOptions) -> N
 # --------------------------------------------------------------------------------------------
 
 
-def merge_source(
-    spark: SparkSession, events: DataFrame, plan: TablePlan, profile: Profile
-) -> DataFrame:
+def merge_source(spark: SparkSession, events: DataFrame, plan: TablePlan, profile: Profile) -> DataFrame:
     """The last state per key (one row per key), with keep flags for unchanged-TOAST columns."""
     if profile.truncate_at is not None:
         events = events.where(collapse.after(*profile.truncate_at))
@@ -724,7 +748,9 @@ def ensure_table(spark: SparkSession, plan: TablePlan, options: MergeOptions) ->
 
     def field_of(column: str) -> StructField:
         return StructField(
-            column, plan.types[column].delta_type, column not in plan.key,
+            column,
+            plan.types[column].delta_type,
+            column not in plan.key,
             {"comment": f"PostgreSQL {plan.types[column].catalog_type}"},
         )
 
@@ -775,7 +801,8 @@ def run_merge(
     if options.key_range_pruning and profile.truncate_at is None and len(plan.key) == 1 and plan.state.exists:
         ranges = profile.key_ranges
     builder = (
-        DeltaTable.forPath(spark, plan.path).alias("t")
+        DeltaTable.forPath(spark, plan.path)
+        .alias("t")
         .merge(source.alias("s"), merge_condition(plan, ranges))
         .whenMatchedDelete(f"s.{KIND} = 'D' AND {newer}")
         .whenMatchedUpdate(f"s.{KIND} = 'U' AND {newer}", update_set)
@@ -870,11 +897,15 @@ def merge_batches(
     for plan, events, profile in prepared:
         staged_rows = sum(segment.staged.rows for segment in plan.segments)
         skipped_rows = sum(
-            entry.rows for batch in batches for entry in batch.tables
+            entry.rows
+            for batch in batches
+            for entry in batch.tables
             if (entry.schema, entry.table) == (plan.schema, plan.table) and batch.label in plan.skipped
         )
         result = TableResult(
-            delta_path=plan.path, status="skipped", batches_skipped=list(plan.skipped),
+            delta_path=plan.path,
+            status="skipped",
+            batches_skipped=list(plan.skipped),
             delta_version=plan.state.version,
             watermark_lsn=str(Lsn(plan.state.watermark)) if plan.state.watermark is not None else None,
             columns_not_written=list(plan.not_written),
@@ -889,7 +920,9 @@ def merge_batches(
         if result.changes_already_applied:
             log.warning(
                 "table %s: %d change(s) at or below LSN %s are already applied and were left out",
-                plan.name, result.changes_already_applied, result.watermark_lsn,
+                plan.name,
+                result.changes_already_applied,
+                result.watermark_lsn,
             )
         if profile.changes == 0:
             result.reason = "already applied"
@@ -897,12 +930,16 @@ def merge_batches(
         if profile.specials:
             log.warning(
                 "table %s: numeric NaN/Infinity stored as NULL (decimal cannot hold them): %s",
-                plan.name, profile.specials,
+                plan.name,
+                profile.specials,
             )
             result.numeric_specials_nulled = dict(profile.specials)
         if plan.not_written:
-            log.warning("table %s: column(s) %s are no longer in the source; kept in Delta, not written",
-                        plan.name, list(plan.not_written))
+            log.warning(
+                "table %s: column(s) %s are no longer in the source; kept in Delta, not written",
+                plan.name,
+                list(plan.not_written),
+            )
         result.created = ensure_table(spark, plan, options)
         result.columns_added = list(plan.new_columns)
         if result.created or plan.new_columns:
@@ -929,15 +966,19 @@ def merge_batches(
             setattr(result, name, value)
         log.info(
             "table %s: merged %d change(s) through LSN %s: %d inserted, %d updated, %d deleted%s (Delta version %d)",
-            plan.name, profile.changes, result.watermark_lsn, result.inserted, result.updated, result.deleted,
-            ", after a TRUNCATE" if result.truncated else "", version_after,
+            plan.name,
+            profile.changes,
+            result.watermark_lsn,
+            result.inserted,
+            result.updated,
+            result.deleted,
+            ", after a TRUNCATE" if result.truncated else "",
+            version_after,
         )
 
     return {
         "slot": slot,
-        "batches": [
-            {"directory": b.directory, "start_lsn": b.start_lsn, "end_lsn": b.end_lsn} for b in batches
-        ],
+        "batches": [{"directory": b.directory, "start_lsn": b.start_lsn, "end_lsn": b.end_lsn} for b in batches],
         "end_lsn": str(max(b.end for b in batches)),
         "tables": {name: asdict(result) for name, result in results.items()},
     }
@@ -960,16 +1001,35 @@ def build_argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--delta-root", required=True, help="root of the Delta tables (<root>/<schema>/<table>)")
     parser.add_argument("--batch", action="append", required=True, help="a batch directory; repeat for more")
     parser.add_argument("--master", default=None, help="Spark master when not given by spark-submit (default local[*])")
-    parser.add_argument("--unbounded-numeric", default=DEFAULT_UNBOUNDED_NUMERIC,
-                        help="Delta type of numeric without precision: decimal(P,S) or string")
-    parser.add_argument("--numeric-special", choices=("null", "error"), default="null",
-                        help="numeric NaN/Infinity in a decimal column: store NULL (default) or fail")
-    parser.add_argument("--type-map", action="append", default=[], metavar="CATALOG_TYPE=string",
-                        help="map a user-defined type staged as text (enum, domain), e.g. mood=string")
-    parser.add_argument("--table-property", action="append", default=[], metavar="KEY=VALUE",
-                        help="Delta table property for tables the job creates (replaces the default for KEY); "
-                             "e.g. delta.enableDeletionVectors=false for readers without deletion-vector support")
-    parser.add_argument("--no-key-range-pruning", action="store_true", help="do not add key ranges to the MERGE condition")
+    parser.add_argument(
+        "--unbounded-numeric",
+        default=DEFAULT_UNBOUNDED_NUMERIC,
+        help="Delta type of numeric without precision: decimal(P,S) or string",
+    )
+    parser.add_argument(
+        "--numeric-special",
+        choices=("null", "error"),
+        default="null",
+        help="numeric NaN/Infinity in a decimal column: store NULL (default) or fail",
+    )
+    parser.add_argument(
+        "--type-map",
+        action="append",
+        default=[],
+        metavar="CATALOG_TYPE=string",
+        help="map a user-defined type staged as text (enum, domain), e.g. mood=string",
+    )
+    parser.add_argument(
+        "--table-property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Delta table property for tables the job creates (replaces the default for KEY); "
+        "e.g. delta.enableDeletionVectors=false for readers without deletion-vector support",
+    )
+    parser.add_argument(
+        "--no-key-range-pruning", action="store_true", help="do not add key ranges to the MERGE condition"
+    )
     parser.add_argument("--summary-json", default=None, help="also write the summary to this file")
     parser.add_argument("--log-level", default="INFO")
     return parser

@@ -13,8 +13,8 @@ Pure Python plus ``pyspark.sql.types``: importable without a running Spark.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from pyspark.sql.types import (
     ArrayType,
@@ -34,7 +34,6 @@ from pyspark.sql.types import (
 )
 
 from airflow_provider_pgdecode import typemap
-from airflow_provider_pgdecode.errors import UnmappedTypeError
 from airflow_provider_pgdecode.typemap import (
     DEFAULT_UNBOUNDED_NUMERIC,
     NUMERIC_SPECIAL_VALUES,
@@ -77,8 +76,17 @@ class ColumnType:
 _SPARK_TYPES: dict[str, DataType] = {
     t.simpleString(): t
     for t in (
-        ShortType(), IntegerType(), LongType(), FloatType(), DoubleType(), BooleanType(), DateType(),
-        TimestampType(), TimestampNTZType(), BinaryType(), StringType(),
+        ShortType(),
+        IntegerType(),
+        LongType(),
+        FloatType(),
+        DoubleType(),
+        BooleanType(),
+        DateType(),
+        TimestampType(),
+        TimestampNTZType(),
+        BinaryType(),
+        StringType(),
     )
 }
 _DECIMAL = re.compile(r"^decimal\((\d+),(\d+)\)$")

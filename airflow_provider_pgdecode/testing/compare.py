@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +39,9 @@ class TableComparison:
 
     def describe(self) -> str:
         if self.equal:
-            return f"{self.schema}.{self.table}: {self.source_rows} rows in PostgreSQL, {self.delta_rows} in Delta, equal"
+            return (
+                f"{self.schema}.{self.table}: {self.source_rows} rows in PostgreSQL, {self.delta_rows} in Delta, equal"
+            )
         return (
             f"{self.schema}.{self.table}: {self.source_rows} rows in PostgreSQL, {self.delta_rows} in Delta, DIFFERENT; "
             f"only in PostgreSQL: {self.only_in_source[:3]}; only in Delta: {self.only_in_delta[:3]}"
@@ -54,7 +56,7 @@ def canonical(value: Any) -> Any:
         return "NaN" if math.isnan(value) else value
     if isinstance(value, datetime):
         if value.tzinfo is not None:
-            value = value.astimezone(timezone.utc).replace(tzinfo=None)
+            value = value.astimezone(UTC).replace(tzinfo=None)
         return value
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
@@ -96,7 +98,9 @@ def source_rows(conn: psycopg.Connection[Any], schema: str, table: str) -> tuple
             elif _read_as_itself(element if element is not None else type_name):
                 select.append(ident)
             else:  # uuid, json, enums, intervals...: compare the text PostgreSQL prints
-                select.append(sql.SQL("{}::text").format(ident) if element is None else sql.SQL("{}::text[]").format(ident))
+                select.append(
+                    sql.SQL("{}::text").format(ident) if element is None else sql.SQL("{}::text[]").format(ident)
+                )
         cur.execute("SET LOCAL TimeZone = 'UTC'" if not conn.autocommit else "SET TimeZone = 'UTC'")
         cur.execute(sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(select), sql.Identifier(schema, table)))
         return [c[0] for c in columns], cur.fetchall()

@@ -157,10 +157,13 @@ class ThrowawayCluster:
             self._run(
                 [
                     str(bindir / "initdb"),
-                    "-D", str(datadir),
-                    "-U", self.user,
+                    "-D",
+                    str(datadir),
+                    "-U",
+                    self.user,
                     "--auth=trust",
-                    "-E", "UTF8",
+                    "-E",
+                    "UTF8",
                     "--locale=C",
                     "--no-sync",
                 ],
@@ -281,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     with ThrowawayCluster() as cluster:
         print(cluster.dsn(), flush=True)
-        print(f"psql \"{cluster.dsn()}\"   # Ctrl-C stops and removes the cluster", file=sys.stderr, flush=True)
+        print(f'psql "{cluster.dsn()}"   # Ctrl-C stops and removes the cluster', file=sys.stderr, flush=True)
         try:
             while True:
                 time.sleep(3600)

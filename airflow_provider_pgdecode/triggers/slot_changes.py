@@ -298,9 +298,7 @@ class SlotChangesTrigger(BaseTrigger):
             try:
                 done, report = await check()
             except SlotError as exc:
-                yield TriggerEvent(
-                    {"status": "error", "fatal": True, "slot_name": self.slot_name, "message": str(exc)}
-                )
+                yield TriggerEvent({"status": "error", "fatal": True, "slot_name": self.slot_name, "message": str(exc)})
                 return
             except Exception as exc:
                 yield TriggerEvent(
@@ -308,8 +306,7 @@ class SlotChangesTrigger(BaseTrigger):
                         "status": "error",
                         "fatal": False,
                         "slot_name": self.slot_name,
-                        "message": f"checking replication slot {self.slot_name!r} failed: "
-                        f"{type(exc).__name__}: {exc}",
+                        "message": f"checking replication slot {self.slot_name!r} failed: {type(exc).__name__}: {exc}",
                     }
                 )
                 return
@@ -317,7 +314,5 @@ class SlotChangesTrigger(BaseTrigger):
                 self.log.info("Slot %s: %s (poll %d)", self.slot_name, report["reason"], polls)
                 yield TriggerEvent({"status": "success", "polls": polls, **report})
                 return
-            self.log.info(
-                "Slot %s: %s; next poll in %.0fs", self.slot_name, report["reason"], self.poll_interval
-            )
+            self.log.info("Slot %s: %s; next poll in %.0fs", self.slot_name, report["reason"], self.poll_interval)
             await asyncio.sleep(self.poll_interval)

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_pgdecode.batch.chains import find_chain, find_initial_load, select_batch_chain, staged_ranges
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, batch_dir_name
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-
-from airflow_provider_pgdecode.batch.chains import find_chain, find_initial_load, select_batch_chain, staged_ranges
 from airflow_provider_pgdecode.errors import StagingError
 
 SLOT = "pgdecode_shop"
@@ -21,8 +20,14 @@ def stage(root: Path, start: int, end: int, *, slot: str = SLOT, changes: int | 
     directory = root / slot / batch_dir_name(Lsn(start), Lsn(end))
     directory.mkdir(parents=True)
     BatchManifest(
-        slot=slot, plugin="test_decoding", database="shop", start_lsn=str(Lsn(start)), end_lsn=str(Lsn(end)),
-        ceiling_lsn=str(Lsn(end)), transactions=0, changes=(end - start) // 16 if changes is None else changes,
+        slot=slot,
+        plugin="test_decoding",
+        database="shop",
+        start_lsn=str(Lsn(start)),
+        end_lsn=str(Lsn(end)),
+        ceiling_lsn=str(Lsn(end)),
+        transactions=0,
+        changes=(end - start) // 16 if changes is None else changes,
         tables=[],
     ).write(directory)
     return directory

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +42,29 @@ def stage_with_pending(root: Path, prepared: dict[str, list[Any]]) -> Path:
         relative = f"prepared/{xid}-{number}.jsonl.gz"
         count = spool.save(directory / relative)
         spool.discard()
-        pending.append({
-            "gid": gid, "xid": xid, "begin_lsn": "0/140", "prepare_lsn": "0/1A0",
-            "prepare_time": "2026-11-22T10:00:00+00:00", "origin": None, "items": count, "path": relative,
-        })
+        pending.append(
+            {
+                "gid": gid,
+                "xid": xid,
+                "begin_lsn": "0/140",
+                "prepare_lsn": "0/1A0",
+                "prepare_time": "2026-11-22T10:00:00+00:00",
+                "origin": None,
+                "items": count,
+                "path": relative,
+            }
+        )
     BatchManifest(
-        slot=SLOT, plugin="pgoutput", database="shop", start_lsn="0/100", end_lsn="0/200", ceiling_lsn="0/210",
-        transactions=0, changes=0, tables=[], prepared_pending=pending,
+        slot=SLOT,
+        plugin="pgoutput",
+        database="shop",
+        start_lsn="0/100",
+        end_lsn="0/200",
+        ceiling_lsn="0/210",
+        transactions=0,
+        changes=0,
+        tables=[],
+        prepared_pending=pending,
         snapshots={"req-1": {"public.t": {"last_key": [5], "done": False}}},
     ).write(directory)
     return directory
@@ -56,9 +72,11 @@ def stage_with_pending(root: Path, prepared: dict[str, list[Any]]) -> Path:
 
 def test_to_dict_from_dict_round_trip_through_json() -> None:
     checkpoint = Checkpoint(
-        SLOT, Lsn.parse("1A/2B3C4D5E"),
+        SLOT,
+        Lsn.parse("1A/2B3C4D5E"),
         [{"gid": "g'1", "xid": 7, "path": "/staging/x/prepared/7-a.jsonl.gz", "items": 3}],
-        "/staging/x", {"req": {"done": True}},
+        "/staging/x",
+        {"req": {"done": True}},
     )
     data = checkpoint.to_dict()
     assert data["end_lsn"] == "1A/2B3C4D5E"  # LSNs travel as PostgreSQL's text form
@@ -115,13 +133,23 @@ def test_from_manifest_makes_prepared_paths_absolute(tmp_path: Path) -> None:
     # The manifest itself keeps its relative paths (a batch can be moved as a whole).
     assert [p["path"] for p in manifest.prepared_pending] == ["prepared/900-0.jsonl.gz", "prepared/901-1.jsonl.gz"]
     # Other header fields are carried unchanged.
-    assert [(p["gid"], p["xid"], p["items"]) for p in checkpoint.prepared_pending] == [("tx-1", 900, 4), ("tx-2", 901, 2)]
+    assert [(p["gid"], p["xid"], p["items"]) for p in checkpoint.prepared_pending] == [
+        ("tx-1", 900, 4),
+        ("tx-2", 901, 2),
+    ]
 
 
 def test_from_manifest_needs_a_manifest_read_from_disk() -> None:
     manifest = BatchManifest(
-        slot=SLOT, plugin="test_decoding", database="shop", start_lsn="0/1", end_lsn="0/2", ceiling_lsn="0/2",
-        transactions=0, changes=0, tables=[],
+        slot=SLOT,
+        plugin="test_decoding",
+        database="shop",
+        start_lsn="0/1",
+        end_lsn="0/2",
+        ceiling_lsn="0/2",
+        transactions=0,
+        changes=0,
+        tables=[],
     )
     with pytest.raises(StagingError, match="read from its batch directory"):
         Checkpoint.from_manifest(manifest)
@@ -131,13 +159,15 @@ def test_pending_prepared_reads_the_spooled_items(tmp_path: Path) -> None:
     first, second = items(5, 900), items(2, 901)
     directory = stage_with_pending(tmp_path, {"tx-1": first, "tx-2": second})
     # Through XCom and back, as the next run sees it.
-    checkpoint = Checkpoint.from_dict(json.loads(json.dumps(Checkpoint.from_manifest(BatchManifest.read(directory)).to_dict())))
+    checkpoint = Checkpoint.from_dict(
+        json.loads(json.dumps(Checkpoint.from_manifest(BatchManifest.read(directory)).to_dict()))
+    )
     pending = checkpoint.pending_prepared()
     assert [(p.gid, p.xid) for p in pending] == [("tx-1", 900), ("tx-2", 901)]
     assert [list(p.items) for p in pending] == [first, second]
     assert [len(p.items) for p in pending] == [6, 3]
     assert pending[0].begin_lsn == Lsn(0x140) and pending[0].prepare_lsn == Lsn(0x1A0)
-    assert pending[0].prepare_time == datetime(2026, 11, 22, 10, tzinfo=timezone.utc)
+    assert pending[0].prepare_time == datetime(2026, 11, 22, 10, tzinfo=UTC)
     assert pending[0].key == ("tx-1", 900)
 
 

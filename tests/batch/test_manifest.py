@@ -27,23 +27,53 @@ from airflow_provider_pgdecode.errors import StagingError
 SLOT = "pgdecode_orders"
 
 
-def table_summary(schema: str = "public", table: str = "orders", files: tuple[str, ...] = ("part-00000.parquet",)) -> TableSummary:
+def table_summary(
+    schema: str = "public", table: str = "orders", files: tuple[str, ...] = ("part-00000.parquet",)
+) -> TableSummary:
     return TableSummary(
-        schema=schema, table=table, path=table_path(schema, table), files=list(files), rows=5,
-        inserts=3, updates=1, deletes=1, truncates=0, min_commit_lsn="0/110", max_commit_lsn="0/1F0",
-        columns=[ColumnSummary("id", "integer", "int32", "integer"),
-                 ColumnSummary("mood", "mood", "string", "mood", "enum")],
-        key=["id"], replica_identity="default",
+        schema=schema,
+        table=table,
+        path=table_path(schema, table),
+        files=list(files),
+        rows=5,
+        inserts=3,
+        updates=1,
+        deletes=1,
+        truncates=0,
+        min_commit_lsn="0/110",
+        max_commit_lsn="0/1F0",
+        columns=[
+            ColumnSummary("id", "integer", "int32", "integer"),
+            ColumnSummary("mood", "mood", "string", "mood", "enum"),
+        ],
+        key=["id"],
+        replica_identity="default",
     )
 
 
 def manifest(start: int = 0x100, end: int = 0x200, **changes: object) -> BatchManifest:
     base = BatchManifest(
-        slot=SLOT, plugin="test_decoding", database="shop", start_lsn=str(Lsn(start)), end_lsn=str(Lsn(end)),
-        ceiling_lsn=str(Lsn(end + 0x10)), transactions=2, changes=5, tables=[table_summary()],
+        slot=SLOT,
+        plugin="test_decoding",
+        database="shop",
+        start_lsn=str(Lsn(start)),
+        end_lsn=str(Lsn(end)),
+        ceiling_lsn=str(Lsn(end + 0x10)),
+        transactions=2,
+        changes=5,
+        tables=[table_summary()],
         messages={"path": "messages", "files": ["part-00000.parquet"], "rows": 1},
-        prepared_pending=[{"gid": "tx-42", "xid": 903, "begin_lsn": "0/150", "prepare_lsn": "0/160",
-                           "prepare_time": None, "items": 3, "path": "prepared/903-x.jsonl.gz"}],
+        prepared_pending=[
+            {
+                "gid": "tx-42",
+                "xid": 903,
+                "begin_lsn": "0/150",
+                "prepare_lsn": "0/160",
+                "prepare_time": None,
+                "items": 3,
+                "path": "prepared/903-x.jsonl.gz",
+            }
+        ],
         prepared_committed=[{"gid": "tx-41", "xid": 900, "commit_lsn": "0/170"}],
         prepared_rolled_back=[{"gid": "tx-40", "xid": 899, "lsn": "0/180"}],
         skipped={"rows_before_checkpoint": 4},
@@ -150,7 +180,7 @@ def test_read_refuses_a_manifest_without_complete_flag(tmp_path: Path) -> None:
         BatchManifest.read(directory)
 
 
-@pytest.mark.parametrize("text", ["{", "", "{\"format\": \"pgdecode.batch/1\",}", "\ufeff{}", "nul\x00"])
+@pytest.mark.parametrize("text", ["{", "", '{"format": "pgdecode.batch/1",}', "\ufeff{}", "nul\x00"])
 def test_read_refuses_malformed_json(tmp_path: Path, text: str) -> None:
     directory = stage(tmp_path, manifest())
     (directory / MANIFEST_NAME).write_text(text, encoding="utf-8")
@@ -177,8 +207,15 @@ def test_read_refuses_undecodable_bytes(tmp_path: Path) -> None:
         lambda d: d["tables"][0].__setitem__("colour", "red"),
         lambda d: d["tables"][0]["columns"][0].pop("arrow"),
     ],
-    ids=["no-slot", "no-tables", "null-tables", "unknown-field", "table-without-columns", "unknown-table-field",
-         "column-without-arrow"],
+    ids=[
+        "no-slot",
+        "no-tables",
+        "null-tables",
+        "unknown-field",
+        "table-without-columns",
+        "unknown-table-field",
+        "column-without-arrow",
+    ],
 )
 def test_read_refuses_a_malformed_manifest(tmp_path: Path, change) -> None:
     directory = stage(tmp_path, manifest())
@@ -188,7 +225,7 @@ def test_read_refuses_a_malformed_manifest(tmp_path: Path, change) -> None:
     assert str(directory) in str(info.value)
 
 
-@pytest.mark.parametrize("text", ["[]", "\"pgdecode.batch/1\"", "null"])
+@pytest.mark.parametrize("text", ["[]", '"pgdecode.batch/1"', "null"])
 def test_read_refuses_json_that_is_not_an_object(tmp_path: Path, text: str) -> None:
     directory = stage(tmp_path, manifest())
     (directory / MANIFEST_NAME).write_text(text, encoding="utf-8")

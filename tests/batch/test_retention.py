@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import MANIFEST_NAME, BatchManifest, batch_dir_name
 from airflow_provider_pgdecode.batch.retention import prune_batches
+from airflow_provider_pgdecode.decoding.lsn import Lsn
 
 DAY = 86400.0
 NOW = 1_800_000_000.0
@@ -25,8 +25,9 @@ def stage(root: Path, start: int, end: int, age_days: float, prepared: bool = Fa
         (path / "prepared").mkdir()
         (path / "prepared" / "7-abc.jsonl.gz").write_bytes(b"")
         pending = [{"gid": "g", "xid": 7, "items": 0, "path": "prepared/7-abc.jsonl.gz"}]
-    manifest = BatchManifest("s", "test_decoding", "db", str(Lsn(start)), str(Lsn(end)), str(Lsn(end)), 0, 0, [],
-                             prepared_pending=pending)
+    manifest = BatchManifest(
+        "s", "test_decoding", "db", str(Lsn(start)), str(Lsn(end)), str(Lsn(end)), 0, 0, [], prepared_pending=pending
+    )
     manifest.write(path)
     stamp = NOW - age_days * DAY
     os.utime(path / MANIFEST_NAME, (stamp, stamp))

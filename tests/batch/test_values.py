@@ -1,13 +1,13 @@
 from __future__ import annotations
 
 import math
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import pyarrow as pa
 import pytest
 
-from airflow_provider_pgdecode.errors import ValueConversionError
 from airflow_provider_pgdecode.batch.values import arrow_type, convert_column, parse_array_literal, python_value
+from airflow_provider_pgdecode.errors import ValueConversionError
 
 
 @pytest.mark.parametrize(
@@ -45,7 +45,9 @@ def test_scalar_conversions() -> None:
     assert python_value("double precision", "1.5e+20") == 1.5e20
     assert [python_value("boolean", v) for v in ("true", "t", "false", "f")] == [True, True, False, False]
     assert python_value("date", "2024-02-29") == date(2024, 2, 29)
-    assert python_value("timestamp with time zone", "2024-01-02 03:04:05.5+00") == datetime(2024, 1, 2, 3, 4, 5, 500000, tzinfo=timezone.utc)
+    assert python_value("timestamp with time zone", "2024-01-02 03:04:05.5+00") == datetime(
+        2024, 1, 2, 3, 4, 5, 500000, tzinfo=UTC
+    )
     assert python_value("timestamp without time zone", "1999-12-31 23:59:59") == datetime(1999, 12, 31, 23, 59, 59)
     assert python_value("bytea", "\\x00ff") == b"\x00\xff"
     assert python_value("uuid", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11") == "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
@@ -53,11 +55,18 @@ def test_scalar_conversions() -> None:
 
 def test_infinite_dates_are_clamped() -> None:
     assert python_value("date", "infinity") == date(9999, 12, 31)
-    assert python_value("timestamp with time zone", "-infinity") == datetime(1, 1, 1, tzinfo=timezone.utc)
+    assert python_value("timestamp with time zone", "-infinity") == datetime(1, 1, 1, tzinfo=UTC)
 
 
 def test_arrays() -> None:
-    assert parse_array_literal('{"a b","c,d","e\\"f",NULL,"null","back\\\\slash"}') == ["a b", "c,d", 'e"f', None, "null", "back\\slash"]
+    assert parse_array_literal('{"a b","c,d","e\\"f",NULL,"null","back\\\\slash"}') == [
+        "a b",
+        "c,d",
+        'e"f',
+        None,
+        "null",
+        "back\\slash",
+    ]
     assert parse_array_literal("{}") == []
     assert parse_array_literal("[0:1]={1,2}") == ["1", "2"]
     assert python_value("integer[]", "{1,NULL,3}") == [1, None, 3]

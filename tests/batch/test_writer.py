@@ -4,12 +4,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_pgdecode.batch.writer import BatchWriter
 from airflow_provider_pgdecode.decoding.assembler import Transaction
 from airflow_provider_pgdecode.decoding.events import Change, Operation, RowImage
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.spool import ItemSpool
 from airflow_provider_pgdecode.errors import CatalogError
-from airflow_provider_pgdecode.batch.writer import BatchWriter
 
 
 def transaction(commit: int, items: list) -> Transaction:
@@ -34,7 +34,9 @@ def read(directory, summary) -> list[dict]:
 def test_memory_budget_is_shared_by_all_tables(tmp_path) -> None:
     writer = BatchWriter(tmp_path, part_rows=100)
     for n in range(30):
-        writer.add_transaction(transaction(1000 + n, [insert(t, n * 10 + k) for t in ("a", "b", "c") for k in range(10)]))
+        writer.add_transaction(
+            transaction(1000 + n, [insert(t, n * 10 + k) for t in ("a", "b", "c") for k in range(10)])
+        )
         assert sum(len(b.meta) for b in writer._tables.values()) <= 100
     tables, _ = writer.close()
     assert [t.table for t in tables] == ["a", "b", "c"]

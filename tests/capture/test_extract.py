@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
+from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CatalogError, SlotError
-from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
-from airflow_provider_pgdecode.capture.extract import extract_batch
-from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
 
 pytestmark = pytest.mark.postgres
 
@@ -71,7 +71,11 @@ def test_stages_committed_changes_in_commit_order_and_drops_rollbacks(pg_conn, s
     manifest = extract_batch(pg_conn, slot_name, tmp_path)
     rows = table_rows(manifest, "public", "items")
     assert [(r["_pg_op"], r["id"], r["label"]) for r in rows] == [
-        ("I", 1, "one"), ("I", 2, "two"), ("I", 4, "kept"), ("U", 1, "uno"), ("D", None, None),
+        ("I", 1, "one"),
+        ("I", 2, "two"),
+        ("I", 4, "kept"),
+        ("U", 1, "uno"),
+        ("D", None, None),
     ]
     assert rows[-1]["_pg_old"]["id"] == 2
     assert [r["_pg_seq"] for r in rows] == [0, 1, 0, 1, 2]
@@ -90,10 +94,10 @@ def test_interleaved_transactions_come_out_in_commit_order(pg_conn, pg_dsn, slot
     pg_conn.execute("create table events (id int primary key, who text)")
     create_slot(pg_conn, slot_name)
     with psycopg.connect(pg_dsn) as a, psycopg.connect(pg_dsn) as b:
-        a.execute("insert into events values (1, 'a')")       # A starts first...
+        a.execute("insert into events values (1, 'a')")  # A starts first...
         b.execute("insert into events values (2, 'b')")
         a.execute("insert into events values (3, 'a')")
-        b.commit()                                             # ...but B commits first
+        b.commit()  # ...but B commits first
         a.execute("insert into events values (4, 'a')")
         a.commit()
     manifest = extract_batch(pg_conn, slot_name, tmp_path)
@@ -176,13 +180,16 @@ def test_messages_truncate_and_unchanged_toast_are_staged(pg_conn, slot_name, tm
     manifest = extract_batch(pg_conn, slot_name, tmp_path)
     parent = table_rows(manifest, "public", "parent")
     assert [(r["_pg_op"], r["id"], r["big"], r["_pg_unchanged_toast"]) for r in parent] == [
-        ("U", 1, None, ["big"]), ("T", None, None, None), ("I", 2, "after", None),
+        ("U", 1, None, ["big"]),
+        ("T", None, None, None),
+        ("I", 2, "after", None),
     ]
     child = table_rows(manifest, "public", "child")
     assert [(r["_pg_op"], r["_pg_seq"]) for r in child] == [("I", 2), ("T", 3)]
     messages = pq.read_table(Path(manifest.path) / "messages").to_pylist()
     assert [(m["prefix"], m["content"], m["transactional"], m["_pg_seq"]) for m in messages] == [
-        ("app", b"in tx", True, 1), ("heartbeat", b"\xff\x00", False, None),
+        ("app", b"in tx", True, 1),
+        ("heartbeat", b"\xff\x00", False, None),
     ]
     assert Lsn(messages[1]["_pg_lsn"]) == Lsn.parse(manifest.end_lsn)
 
@@ -208,7 +215,9 @@ def test_typed_values_equal_what_postgres_returns(pg_conn, slot_name, tmp_path) 
     staged = {r["id"]: r for r in table_rows(manifest, "public", "typed")}
     with pg_conn.cursor() as cur:
         cur.execute("set timezone = 'UTC'")
-        cur.execute("select id, s, i, n::text, r, d, b, t, v, case when isfinite(dt) then dt end as dt, ts, tz, u::text, j::text, jb::text, by, ia, ta, m::text, iv::text from typed order by id")
+        cur.execute(
+            "select id, s, i, n::text, r, d, b, t, v, case when isfinite(dt) then dt end as dt, ts, tz, u::text, j::text, jb::text, by, ia, ta, m::text, iv::text from typed order by id"
+        )
         names = [c.name for c in cur.description]
         source = {row[0]: dict(zip(names, row)) for row in cur.fetchall()}
     import math
@@ -277,7 +286,11 @@ def test_same_range_gives_byte_identical_batches(pg_conn, slot_name, tmp_path) -
     b = extract_batch(pg_conn, slot_name, tmp_path / "b", upto_lsn=Lsn.parse(a.ceiling_lsn))
 
     def digest(root: Path) -> dict[str, str]:
-        return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+        return {
+            str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))
+            if p.is_file()
+        }
 
     assert a.path.name == b.path.name
     assert digest(a.path) == digest(b.path)
@@ -299,10 +312,30 @@ def test_large_transaction_in_bounded_memory(pg_conn, slot_name, tmp_path) -> No
 
 
 TRICKY = st.sampled_from(
-    ["null", "NULL", "unchanged-toast-datum", "'", "''", "\\", "\\x00", "\n", "table public.t: INSERT: a[text]:'x'",
-     " new-tuple: ", "B'101'", "{", '"', "é", "😀", "\r\n", "\t"]
+    [
+        "null",
+        "NULL",
+        "unchanged-toast-datum",
+        "'",
+        "''",
+        "\\",
+        "\\x00",
+        "\n",
+        "table public.t: INSERT: a[text]:'x'",
+        " new-tuple: ",
+        "B'101'",
+        "{",
+        '"',
+        "é",
+        "😀",
+        "\r\n",
+        "\t",
+    ]
 )
-TEXT = st.lists(st.one_of(TRICKY, st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)), max_size=4).map("".join)
+TEXT = st.lists(
+    st.one_of(TRICKY, st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)),
+    max_size=4,
+).map("".join)
 
 
 @pytest.fixture()

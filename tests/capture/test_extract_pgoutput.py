@@ -8,11 +8,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from airflow_provider_pgdecode.errors import SlotError
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
-from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
-
+from airflow_provider_pgdecode.capture.extract import extract_batch
+from airflow_provider_pgdecode.errors import SlotError
 from tests.capture.test_extract import advance, table_rows
 
 pytestmark = pytest.mark.postgres
@@ -39,8 +38,7 @@ def staged(manifest: BatchManifest) -> dict[str, list[dict[str, Any]]]:
 def two_slots(pg_conn: psycopg.Connection, slot_name: str):
     c = pg_conn
     c.execute(
-        "drop table if exists par_a, par_b, par_full, par_toast cascade;"
-        f" drop publication if exists {PUBLICATION}"
+        f"drop table if exists par_a, par_b, par_full, par_toast cascade; drop publication if exists {PUBLICATION}"
     )
     c.execute(
         "create type par_mood as enum ('ok', 'meh');"
@@ -80,7 +78,9 @@ def workload(c: psycopg.Connection) -> None:
     c.execute("delete from par_full where a = 2")
     c.execute("update par_toast set small = 5")
     with c.transaction():
-        c.execute("insert into par_b select g, 's', repeat('s', 300) from generate_series(100, 600) g")  # streamed by pgoutput
+        c.execute(
+            "insert into par_b select g, 's', repeat('s', 300) from generate_series(100, 600) g"
+        )  # streamed by pgoutput
         c.execute("select pg_logical_emit_message(true, 'par', 'msg')")
         c.execute("truncate par_full")
         c.execute("insert into par_full values (9, 'after truncate')")
@@ -112,7 +112,12 @@ def test_both_plugins_stage_the_same_changes(pg_conn, two_slots, tmp_path) -> No
     upto = Lsn.parse(str(pg_conn.execute("select pg_current_wal_flush_lsn()").fetchone()[0]))
     td2 = extract_batch(pg_conn, td_slot, tmp_path / "td", upto_lsn=upto, checkpoint=Checkpoint.from_manifest(td))
     po2 = extract_batch(
-        pg_conn, po_slot, tmp_path / "po", plugin="pgoutput", publication=PUBLICATION, upto_lsn=upto,
+        pg_conn,
+        po_slot,
+        tmp_path / "po",
+        plugin="pgoutput",
+        publication=PUBLICATION,
+        upto_lsn=upto,
         checkpoint=Checkpoint.from_manifest(po),
     )
     assert staged(td2) == staged(po2)

@@ -14,12 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
-from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
+from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.capture.native import load_native
-
+from airflow_provider_pgdecode.decoding.lsn import Lsn
 from tests.capture.test_extract import TEXT, table_rows
 
 pytestmark = [
@@ -104,8 +103,10 @@ def first_batch_workload(c: psycopg.Connection) -> None:
            (3, 1, 2, 0.5, 0, -0.0, null, e'éß😀 \\t tab', '', '-infinity', 'infinity', '-infinity',
             null, 'null', '[]', '\\x', '{-1}', '{}', 'happy', '-3 mons', B'')"""
     )
-    c.execute("insert into \"Odd Schema\".\"we\"\"ird\" values (1, 'a] b:[c', ' new-tuple: x[text]:''y''', '{a,\"b c\"}')")
-    c.execute("update \"Odd Schema\".\"we\"\"ird\" set \"Col A\" = 2 where \"Col A\" = 1")
+    c.execute(
+        "insert into \"Odd Schema\".\"we\"\"ird\" values (1, 'a] b:[c', ' new-tuple: x[text]:''y''', '{a,\"b c\"}')"
+    )
+    c.execute('update "Odd Schema"."we""ird" set "Col A" = 2 where "Col A" = 1')
     c.execute("insert into nat_keys values (1, 'x', 'one'), (1, 'y', 'two'), (2, 'it''s', e'line\\nbreak')")
     c.execute("update nat_keys set k2 = 'z' where k2 = 'y'")
     c.execute("update nat_keys set v = 'same key' where k1 = 2")
@@ -183,7 +184,9 @@ def test_native_and_python_paths_stage_identical_batches(pg_conn, slots, tmp_pat
             assert_same_batches(python, native)
             firsts[label] = python
     assert firsts["default"].changes > 330 and firsts["default"].prepared_pending
-    handed = [tuple(map(int, m)) for m in re.findall(r"Native extract: (\d+) rows read, (\d+) of them handed", caplog.text)]
+    handed = [
+        tuple(map(int, m)) for m in re.findall(r"Native extract: (\d+) rows read, (\d+) of them handed", caplog.text)
+    ]
     assert handed and all(h < rows for rows, h in handed), handed  # the fast path did work
     # The next batch: the prepared transactions resolve, a delete-only table.
     second_batch_workload(pg_conn)
@@ -191,7 +194,9 @@ def test_native_and_python_paths_stage_identical_batches(pg_conn, slots, tmp_pat
     pg_conn.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, firsts["default"].end_lsn))
     for label, kwargs in PARAMETERS.items():
         checkpoint = Checkpoint.from_manifest(firsts[label])
-        python, native = extract_both(pg_conn, plugin, slot, tmp_path / label / "2", upto, checkpoint=checkpoint, **kwargs)
+        python, native = extract_both(
+            pg_conn, plugin, slot, tmp_path / label / "2", upto, checkpoint=checkpoint, **kwargs
+        )
         assert_same_batches(python, native)
         if label == "default":
             rows = table_rows(native, "public", "nat_keys")

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_pgdecode.batch.writer import BatchWriter
+from airflow_provider_pgdecode.capture.native import extract_native, load_native
 from airflow_provider_pgdecode.decoding.assembler import TransactionAssembler
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.test_decoding import TestDecodingParser
 from airflow_provider_pgdecode.errors import DecodingError
-from airflow_provider_pgdecode.capture.native import extract_native, load_native
-from airflow_provider_pgdecode.batch.writer import BatchWriter
 
 native = load_native()
 pytestmark = pytest.mark.skipif(native is None, reason="the native extension is not built")
@@ -50,7 +50,11 @@ def drain(r: Any, data: bytes, size: int) -> list[Any]:
 ROWS = [
     (100, 7, b"BEGIN 7"),
     (110, 7, b"table public.t: INSERT: id[integer]:1 v[text]:'it''s\nhere' n[numeric]:null"),
-    (120, 7, b"table public.t: UPDATE: old-key: id[integer]:1 new-tuple: id[integer]:2 v[text]:unchanged-toast-datum n[numeric]:1.5"),
+    (
+        120,
+        7,
+        b"table public.t: UPDATE: old-key: id[integer]:1 new-tuple: id[integer]:2 v[text]:unchanged-toast-datum n[numeric]:1.5",
+    ),
     (130, 7, b"table public.t: DELETE: id[integer]:2"),
     (140, 7, b"COMMIT 7 (at 2026-11-22 09:43:00.6+00)"),
 ]
@@ -89,7 +93,7 @@ def test_values_metadata_and_layout() -> None:
     assert struct.unpack("<3q", b["change_lsn"]) == (110, 120, 130)
     assert struct.unpack("<q", b["ctime"][:8])[0] == 1795340580600000  # 2026-11-22 09:43:00.6 UTC
     assert b["toast_names"][3] == b"v" and struct.unpack("<4i", b["toast_offsets"]) == (0, 0, 1, 1)
-    (name, pg_type, (_, old_nulls, _, old_data)), = b["old"]
+    ((name, pg_type, (_, old_nulls, _, old_data)),) = b["old"]
     assert (name, pg_type, old_data, old_nulls) == ("id", "integer", b"12", 1)
     assert b["has_old"] == b"\x00\x01\x01"
 
@@ -136,8 +140,16 @@ def run_extract(rows: list[tuple[int, int | None, bytes]]) -> Any:
     assembler = TransactionAssembler()
     with tempfile.TemporaryDirectory() as tmp:
         writer, _ = extract_native(
-            native, [copy_data(rows)], TestDecodingParser(), "test_decoding", assembler,
-            BatchWriter(tmp), None, 1000, 1000, None,
+            native,
+            [copy_data(rows)],
+            TestDecodingParser(),
+            "test_decoding",
+            assembler,
+            BatchWriter(tmp),
+            None,
+            1000,
+            1000,
+            None,
         )
         assembler.finish()
         return writer.close()

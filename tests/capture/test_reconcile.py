@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_pgdecode.batch.chains import find_chain, staged_ranges
-from airflow_provider_pgdecode.capture.reconcile import ADOPTED, RESUME, SLOT_BEHIND, START, reconcile
-from airflow_provider_pgdecode.errors import CheckpointError
-from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.postgres.slot import SlotInfo
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, batch_dir_name
+from airflow_provider_pgdecode.capture.reconcile import ADOPTED, RESUME, SLOT_BEHIND, START, reconcile
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import CheckpointError
+from airflow_provider_pgdecode.postgres.slot import SlotInfo
 
 SLOT = "pgdecode_orders"
 
@@ -46,13 +46,30 @@ def stage(root: Path, start: int, end: int, *, pending_gid: str | None = None, s
         (directory / "prepared").mkdir()
         (directory / "prepared" / "900-x.jsonl.gz").write_bytes(b"")
         pending = [
-            {"gid": pending_gid, "xid": 900, "begin_lsn": str(Lsn(start)), "prepare_lsn": str(Lsn(start + 1)),
-             "prepare_time": None, "items": 0, "path": "prepared/900-x.jsonl.gz"}
+            {
+                "gid": pending_gid,
+                "xid": 900,
+                "begin_lsn": str(Lsn(start)),
+                "prepare_lsn": str(Lsn(start + 1)),
+                "prepare_time": None,
+                "items": 0,
+                "path": "prepared/900-x.jsonl.gz",
+            }
         ]
     BatchManifest(
-        slot=slot, plugin="test_decoding", database="shop", start_lsn=str(Lsn(start)), end_lsn=str(Lsn(end)),
-        ceiling_lsn=str(Lsn(end)), transactions=0, changes=0, tables=[], messages=None,
-        prepared_pending=pending, prepared_committed=[], prepared_rolled_back=[],
+        slot=slot,
+        plugin="test_decoding",
+        database="shop",
+        start_lsn=str(Lsn(start)),
+        end_lsn=str(Lsn(end)),
+        ceiling_lsn=str(Lsn(end)),
+        transactions=0,
+        changes=0,
+        tables=[],
+        messages=None,
+        prepared_pending=pending,
+        prepared_committed=[],
+        prepared_rolled_back=[],
     ).write(directory)
     return directory
 

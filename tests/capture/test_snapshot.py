@@ -19,13 +19,13 @@ import psycopg
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.batch.manifest import BatchManifest
+from airflow_provider_pgdecode.capture.extract import extract_batch
+from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot, stage_snapshot
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CatalogError, StagingError
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
-from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
-from airflow_provider_pgdecode.capture.extract import extract_batch
-from airflow_provider_pgdecode.batch.manifest import BatchManifest
-from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot, stage_snapshot
 from airflow_provider_pgdecode.testing.compare import compare_table
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
@@ -71,8 +71,10 @@ class Writer(threading.Thread):
                     k = rng.randint(1, ROWS)
                     if r < 0.3:
                         next_id += 1
-                        c.execute("insert into snap_items values (%s, 'new', 1.5, '{n}', now(), true, '\\x01', 'z')",
-                                  (next_id,))
+                        c.execute(
+                            "insert into snap_items values (%s, 'new', 1.5, '{n}', now(), true, '\\x01', 'z')",
+                            (next_id,),
+                        )
                     elif r < 0.6:
                         c.execute("update snap_items set amount = amount + 1, name = name || '+' where id = %s", (k,))
                     elif r < 0.7:
@@ -83,8 +85,7 @@ class Writer(threading.Thread):
                         with c.transaction():
                             c.execute("update snap_pairs set v = v + 1 where a = %s", (f"k {k % 37}",))
                             c.execute("delete from snap_pairs where b = %s", (k % 800,))
-                            c.execute("insert into snap_pairs values (%s, %s, 0) on conflict do nothing",
-                                      (f"w {k}", k))
+                            c.execute("insert into snap_pairs values (%s, %s, 0) on conflict do nothing", (f"w {k}", k))
                     else:
                         # Logs xl_running_xacts, which a slot being created waits for on a busy server.
                         c.execute("checkpoint")
@@ -184,12 +185,14 @@ def test_chunked_copy_resumes_after_a_failure_and_gives_the_same_result(
     try:
         with create_slot_with_snapshot(pg_dsn, slot_name) as (lsn, name):
             with pytest.raises(ConnectionError):
-                stage_snapshot(pg_dsn, name, lsn, slot_name, staging, TABLES, chunk_pages=1, workers=2,
-                               on_chunk=fail_once)
+                stage_snapshot(
+                    pg_dsn, name, lsn, slot_name, staging, TABLES, chunk_pages=1, workers=2, on_chunk=fail_once
+                )
             before = len(seen)
             wait_for_ops(writer, 30)  # the source moves on; the snapshot does not
-            snapshot = stage_snapshot(pg_dsn, name, lsn, slot_name, staging, TABLES, chunk_pages=1, workers=2,
-                                      on_chunk=fail_once)
+            snapshot = stage_snapshot(
+                pg_dsn, name, lsn, slot_name, staging, TABLES, chunk_pages=1, workers=2, on_chunk=fail_once
+            )
         wait_for_ops(writer, 30)
     finally:
         writer.stop.set()
@@ -239,7 +242,9 @@ def test_clear_errors_for_bad_tables(pg_conn, pg_dsn, source, slot_name, tmp_pat
             stage_snapshot(pg_dsn, name, lsn, slot_name, tmp_path, TABLES, workers=0)
 
 
-def test_snapshot_of_a_replica_identity_full_table_without_a_key(pg_conn, pg_dsn, slot_name, spark, tmp_path: Path) -> None:
+def test_snapshot_of_a_replica_identity_full_table_without_a_key(
+    pg_conn, pg_dsn, slot_name, spark, tmp_path: Path
+) -> None:
     """Keyed by all its columns, as the incremental extract keys it (one rule): copied in page
     ranges (no ordering needed, so json and point columns are fine), then followed by the slot."""
     staging, delta_root = tmp_path / "staging", str(tmp_path / "delta")
@@ -276,8 +281,12 @@ def test_snapshot_cannot_be_used_after_the_slot_connection_closed(pg_conn, pg_ds
     with pytest.raises(RuntimeError):
         with create_slot_with_snapshot(pg_dsn, other):
             raise RuntimeError("copy failed")
-    assert pg_conn.execute("select count(*) from pg_replication_slots where slot_name = %s", (other,)).fetchone() == (0,)
-    assert pg_conn.execute("select count(*) from pg_replication_slots where slot_name = %s", (slot_name,)).fetchone() == (1,)
+    assert pg_conn.execute("select count(*) from pg_replication_slots where slot_name = %s", (other,)).fetchone() == (
+        0,
+    )
+    assert pg_conn.execute(
+        "select count(*) from pg_replication_slots where slot_name = %s", (slot_name,)
+    ).fetchone() == (1,)
 
 
 BIG_ROWS = 60_000
@@ -311,10 +320,18 @@ def test_copy_killed_with_sigkill_resumes_without_redoing_chunks(
         c.execute("update snap_big set label = 'changed' where id % 1000 = 0")
         c.execute("delete from snap_big where id % 997 = 0")
         c.execute("insert into snap_big select g, 'new', 1, now(), true, '{}' from generate_series(100001, 100500) g")
-        arguments = {"dsn": pg_dsn, "name": name, "lsn": str(lsn), "slot": slot_name, "staging": str(staging),
-                     "tables": [list(t) for t in tables], "pages": 20}
-        child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(arguments)],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        arguments = {
+            "dsn": pg_dsn,
+            "name": name,
+            "lsn": str(lsn),
+            "slot": slot_name,
+            "staging": str(staging),
+            "tables": [list(t) for t in tables],
+            "pages": 20,
+        }
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, json.dumps(arguments)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         progress = staging / slot_name / f".tmp-snapshot-{name}" / "progress.json"
         deadline = time.monotonic() + 60
         done = 0
@@ -340,14 +357,23 @@ def test_copy_killed_with_sigkill_resumes_without_redoing_chunks(
         assert big["chunks"] > 5
         stamps = {}
         for t in record["tables"].values():
-            for i, d in t["done"].items():
+            for d in t["done"].values():
                 if d["file"]:
                     st = (progress.parent / "tables" / "public" / t["table"] / d["file"]).stat()
                     stamps[(t["table"], d["file"])] = (st.st_ino, st.st_mtime_ns)
 
         seen: list[tuple[str, int]] = []
-        snapshot = stage_snapshot(pg_dsn, name, lsn, slot_name, staging, tables, chunk_pages=20, workers=3,
-                                  on_chunk=lambda s, t, i, r: seen.append((t, i)))
+        snapshot = stage_snapshot(
+            pg_dsn,
+            name,
+            lsn,
+            slot_name,
+            staging,
+            tables,
+            chunk_pages=20,
+            workers=3,
+            on_chunk=lambda s, t, i, r: seen.append((t, i)),
+        )
     assert not before & set(seen), "chunks finished before the kill were copied again"
     assert before | set(seen) == {(t, i) for t, n in total.items() for i in range(n)}
     assert len(seen) == len(set(seen))
@@ -382,12 +408,13 @@ def test_awkward_values_survive_the_csv_copy(pg_conn, pg_dsn, slot_name, spark, 
         " (5, '\"', array['\"'], '\"\"', null, 12345678901234567890.123, null, null)"
     )
     with create_slot_with_snapshot(pg_dsn, slot_name) as (lsn, name):
-        snapshot = stage_snapshot(pg_dsn, name, lsn, slot_name, tmp_path / "staging", ["public.snap_awkward"],
-                                  workers=2)
+        snapshot = stage_snapshot(
+            pg_dsn, name, lsn, slot_name, tmp_path / "staging", ["public.snap_awkward"], workers=2
+        )
     staged = pq.read_table(snapshot.path / snapshot.tables[0].path).to_pydict()
     rows = {i: (t, tags) for i, t, tags in zip(staged["id"], staged["t"], staged["tags"]) if i is not None}
     assert rows[1] == ("", []) and rows[2] == (None, None)
-    assert rows[3] == ('a,b "q" \'s\'', ["x,y", 'q"t', None, "", "NULL"])
+    assert rows[3] == ("a,b \"q\" 's'", ["x,y", 'q"t', None, "", "NULL"])
     assert rows[4][0] == "line\nbreak\r\n\ttab \\ back" and rows[5][0] == '"'
     summary = merge_batches(spark, [str(snapshot.path)], str(tmp_path / "delta"))
     assert summary["tables"]["public.snap_awkward"]["status"] == "merged", summary

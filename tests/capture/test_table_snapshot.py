@@ -20,9 +20,8 @@ import psycopg
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_pgdecode.errors import StagingError
-from airflow_provider_pgdecode.capture import table_snapshot
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.capture import table_snapshot
 from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.capture.table_snapshot import (
     SnapshotVisibility,
@@ -33,6 +32,7 @@ from airflow_provider_pgdecode.capture.table_snapshot import (
     request_table_snapshot,
     write_snapshot_states,
 )
+from airflow_provider_pgdecode.errors import StagingError
 
 ORDERS = ("public", "ts_orders")
 REFUNDS = ("public", "ts_refunds")
@@ -63,8 +63,9 @@ def test_visibility_widens_32_bit_xids_across_an_epoch() -> None:
 def test_requests_are_filed_once_and_checked(tmp_path: Path) -> None:
     first = request_table_snapshot(tmp_path, "s1", ["ts_refunds"], "add-table", request_id="run 1", chunk_rows=10)
     assert first.id == "run_1" and first.tables == (REFUNDS,)
-    again = request_table_snapshot(tmp_path, "s1", ["public.ts_refunds"], "add-table", request_id="run 1",
-                                   chunk_rows=10)
+    again = request_table_snapshot(
+        tmp_path, "s1", ["public.ts_refunds"], "add-table", request_id="run 1", chunk_rows=10
+    )
     assert again == first
     with pytest.raises(StagingError, match="already exists with other settings"):
         request_table_snapshot(tmp_path, "s1", ["public.ts_orders"], "add-table", request_id="run 1", chunk_rows=10)
@@ -74,8 +75,11 @@ def test_requests_are_filed_once_and_checked(tmp_path: Path) -> None:
         request_table_snapshot(tmp_path, "s1", [], "resnapshot")
     second = request_table_snapshot(tmp_path, "s1", [ORDERS], "resnapshot")
     assert [r.id for r in list_snapshot_requests(tmp_path, "s1")] == ["run_1", second.id]
-    write_snapshot_states(tmp_path, "s1", {"run_1": {"done": True, "tables": {"public.ts_refunds": {
-        "chunks": 3, "rows": 25, "done": True}}}})
+    write_snapshot_states(
+        tmp_path,
+        "s1",
+        {"run_1": {"done": True, "tables": {"public.ts_refunds": {"chunks": 3, "rows": 25, "done": True}}}},
+    )
     state = read_snapshot_state(tmp_path, "s1", "run_1")
     assert state is not None and state["done"]
     assert describe_progress(state) == "public.ts_refunds: 3 chunk(s), 25 rows, done"
@@ -186,8 +190,13 @@ class Pipeline:
         from airflow_provider_pgdecode.spark.merge_job import merge_batches
 
         manifest = extract_batch(
-            self.conn, self.slot, self.staging, checkpoint=self.checkpoint, tables=self.tables,
-            **self.options, **options,
+            self.conn,
+            self.slot,
+            self.staging,
+            checkpoint=self.checkpoint,
+            tables=self.tables,
+            **self.options,
+            **options,
         )
         if any(t.rows for t in manifest.tables):
             merge_batches(self.spark, [str(manifest.path)], self.delta)
@@ -267,7 +276,12 @@ def test_add_table_under_concurrent_writes(
 @pytest.mark.spark
 @pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])
 def test_add_table_with_replica_identity_full_and_no_primary_key_under_concurrent_writes(
-    full_table: None, pg_conn: psycopg.Connection, pg_dsn: str, slot_name: str, spark: Any, tmp_path: Path,
+    full_table: None,
+    pg_conn: psycopg.Connection,
+    pg_dsn: str,
+    slot_name: str,
+    spark: Any,
+    tmp_path: Path,
     plugin: str,
 ) -> None:
     """The incremental extract keys a REPLICA IDENTITY FULL table by all its columns; add-table
@@ -360,8 +374,9 @@ def test_resnapshot_of_a_deleted_delta_table_while_other_tables_flow(
 
     pipeline = Pipeline(pg_conn, spark, slot_name, tmp_path, [ORDERS, REFUNDS])
     with create_slot_with_snapshot(pg_dsn, slot_name) as snapshot:
-        initial = stage_snapshot(pg_dsn, snapshot.snapshot_name, snapshot.consistent_lsn, slot_name,
-                                 pipeline.staging, [ORDERS, REFUNDS])
+        initial = stage_snapshot(
+            pg_dsn, snapshot.snapshot_name, snapshot.consistent_lsn, slot_name, pipeline.staging, [ORDERS, REFUNDS]
+        )
     merge_batches(spark, [str(initial.path)], pipeline.delta)
     writer = _writer(pg_dsn, 2)
     try:
@@ -386,7 +401,12 @@ def test_resnapshot_of_a_deleted_delta_table_while_other_tables_flow(
 @pytest.mark.postgres
 @pytest.mark.spark
 def test_a_change_the_chunk_did_not_see_lands_after_the_chunk_row(
-    tables: None, pg_conn: psycopg.Connection, pg_dsn: str, slot_name: str, spark: Any, tmp_path: Path,
+    tables: None,
+    pg_conn: psycopg.Connection,
+    pg_dsn: str,
+    slot_name: str,
+    spark: Any,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A transaction open while the chunk is read, committed before the high watermark: its
@@ -464,7 +484,11 @@ def test_module_imports_neither_airflow_nor_spark() -> None:
 
 @pytest.mark.postgres
 def test_a_commit_not_yet_visible_makes_the_chunk_wait(
-    tables: None, pg_conn: psycopg.Connection, pg_dsn: str, slot_name: str, tmp_path: Path,
+    tables: None,
+    pg_conn: psycopg.Connection,
+    pg_dsn: str,
+    slot_name: str,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A commit waiting for a synchronous standby is in the WAL (an earlier batch may hold it)
@@ -508,7 +532,12 @@ def test_a_commit_not_yet_visible_makes_the_chunk_wait(
 @pytest.mark.postgres
 @pytest.mark.spark
 def test_a_row_inserted_during_the_copy_is_not_doubled_in_a_new_delta_table(
-    tables: None, pg_conn: psycopg.Connection, pg_dsn: str, slot_name: str, spark: Any, tmp_path: Path,
+    tables: None,
+    pg_conn: psycopg.Connection,
+    pg_dsn: str,
+    slot_name: str,
+    spark: Any,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An INSERT committed after the low watermark and seen by the chunk arrives twice: as a

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -88,8 +89,13 @@ def test_initial_load_resnapshot_and_replay(pg_conn, dags, spark, tmp_path) -> N
 
     # resnapshot of a deleted Delta table, done by the incremental runs while bf_customers flows
     shutil.rmtree(orders)
-    request = {**conf, "mode": "resnapshot", "tables": ["public.bf_orders"], "chunk_rows": 600,
-               "request_id": "rebuild-orders"}
+    request = {
+        **conf,
+        "mode": "resnapshot",
+        "tables": ["public.bf_orders"],
+        "chunk_rows": 600,
+        "request_id": "rebuild-orders",
+    }
     run(backfill, {**request, "wait_seconds": 0})
     pg_conn.execute("update bf_customers set name = name || '!' where id < 10")
     pg_conn.execute("insert into bf_orders values (5000, 1, 1.00, 'during')")
@@ -123,18 +129,34 @@ def test_add_table_without_tables_or_slot_fails_clearly(dags) -> None:
 
 def test_airflow_backfill_accepts_the_dag_and_its_conf(dags) -> None:
     """`airflow backfill create` needs a periodic timetable and params that validate."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from airflow.models.backfill import InvalidBackfillConf, ReprocessBehavior, _do_dry_run
     from airflow.utils.session import create_session
 
     backfill, _, conf = dags
     backfill.test(run_conf={**conf, "mode": "replay"})  # serialises the DAG into the metadata DB
-    window = {"from_date": datetime(2026, 3, 1, tzinfo=timezone.utc), "to_date": datetime(2026, 3, 3, tzinfo=timezone.utc)}
+    window = {"from_date": datetime(2026, 3, 1, tzinfo=UTC), "to_date": datetime(2026, 3, 3, tzinfo=UTC)}
     with create_session() as session:
-        runs = list(_do_dry_run(dag_id="pgdecode_backfill", reverse=False, reprocess_behavior=ReprocessBehavior.NONE,
-                                session=session, dag_run_conf={**conf, "mode": "replay"}, **window))
+        runs = list(
+            _do_dry_run(
+                dag_id="pgdecode_backfill",
+                reverse=False,
+                reprocess_behavior=ReprocessBehavior.NONE,
+                session=session,
+                dag_run_conf={**conf, "mode": "replay"},
+                **window,
+            )
+        )
         assert [r.logical_date.day for r in runs] == [1, 2, 3]
         with pytest.raises(InvalidBackfillConf):
-            list(_do_dry_run(dag_id="pgdecode_backfill", reverse=False, reprocess_behavior=ReprocessBehavior.NONE,
-                             session=session, dag_run_conf={**conf, "mode": "reload"}, **window))
+            list(
+                _do_dry_run(
+                    dag_id="pgdecode_backfill",
+                    reverse=False,
+                    reprocess_behavior=ReprocessBehavior.NONE,
+                    session=session,
+                    dag_run_conf={**conf, "mode": "reload"},
+                    **window,
+                )
+            )

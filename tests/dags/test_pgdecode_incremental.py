@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from airflow_provider_pgdecode.testing.compare import compare_table
@@ -104,9 +103,13 @@ def test_three_runs_a_prepared_transaction_and_a_killed_confirm(pg_conn, increme
     c.execute("update dag_orders set amount = amount + 1 where id <= 5")
     c.execute("insert into dag_orders values (500, 1, 9.99, 'late')")
     states = run(dag, conf, mark_success_pattern="^confirm$")
-    slot_before = c.execute("select confirmed_flush_lsn from pg_replication_slots where slot_name = %s", (conf["slot_name"],)).fetchone()[0]
+    slot_before = c.execute(
+        "select confirmed_flush_lsn from pg_replication_slots where slot_name = %s", (conf["slot_name"],)
+    ).fetchone()[0]
     run(dag, conf)
-    slot_after = c.execute("select confirmed_flush_lsn from pg_replication_slots where slot_name = %s", (conf["slot_name"],)).fetchone()[0]
+    slot_after = c.execute(
+        "select confirmed_flush_lsn from pg_replication_slots where slot_name = %s", (conf["slot_name"],)
+    ).fetchone()[0]
     assert slot_after > slot_before
     assert_delta_equals_source(pg_conn, spark, conf["delta_root"])
     orders = spark.read.format("delta").load(conf["delta_root"] + "/public/dag_orders")

@@ -35,10 +35,18 @@ def run(assembler: TransactionAssembler, events) -> list:
 
 def test_transactions_come_out_at_commit_in_commit_order() -> None:
     asm = TransactionAssembler()
-    out = run(asm, [
-        Begin(Lsn(10), 1), insert(11, 1, 1), insert(12, 1, 2), Commit(Lsn(20), 1),
-        Begin(Lsn(5), 2), insert(6, 2, 3), Commit(Lsn(30), 2),
-    ])
+    out = run(
+        asm,
+        [
+            Begin(Lsn(10), 1),
+            insert(11, 1, 1),
+            insert(12, 1, 2),
+            Commit(Lsn(20), 1),
+            Begin(Lsn(5), 2),
+            insert(6, 2, 3),
+            Commit(Lsn(30), 2),
+        ],
+    )
     assert [t.commit_lsn for t in out] == [Lsn(20), Lsn(30)]
     assert [values(t) for t in out] == [["1", "2"], ["3"]]
     assert asm.safe_lsn == Lsn(30)
@@ -54,11 +62,16 @@ def test_empty_transactions_advance_but_do_not_come_out() -> None:
 
 def test_transactional_messages_belong_to_their_transaction_non_transactional_come_out_at_once() -> None:
     asm = TransactionAssembler()
-    out = run(asm, [
-        Begin(Lsn(1), 1), Message(Lsn(2), 1, True, "p", b"in"),
-        Message(Lsn(3), 0, False, "p", b"now"),
-        insert(4, 1, 1), Commit(Lsn(5), 1),
-    ])
+    out = run(
+        asm,
+        [
+            Begin(Lsn(1), 1),
+            Message(Lsn(2), 1, True, "p", b"in"),
+            Message(Lsn(3), 0, False, "p", b"now"),
+            insert(4, 1, 1),
+            Commit(Lsn(5), 1),
+        ],
+    )
     assert isinstance(out[0], Message) and out[0].content == b"now"
     assert [type(i).__name__ for i in out[1]] == ["Message", "Change"]
 
@@ -103,10 +116,18 @@ def test_repeated_prepare_is_kept_once() -> None:
 
 def test_same_gid_reused_by_another_transaction_is_a_different_key() -> None:
     asm = TransactionAssembler()
-    out = run(asm, [
-        Begin(Lsn(1), 7), insert(2, 7, 1), Prepare(Lsn(3), 7, "g"), CommitPrepared(Lsn(4), 7, "g"),
-        Begin(Lsn(5), 9), insert(6, 9, 2), Prepare(Lsn(7), 9, "g"),
-    ])
+    out = run(
+        asm,
+        [
+            Begin(Lsn(1), 7),
+            insert(2, 7, 1),
+            Prepare(Lsn(3), 7, "g"),
+            CommitPrepared(Lsn(4), 7, "g"),
+            Begin(Lsn(5), 9),
+            insert(6, 9, 2),
+            Prepare(Lsn(7), 9, "g"),
+        ],
+    )
     assert [values(t) for t in out] == [["1"]]
     assert [(p.gid, p.xid) for p in asm.pending()] == [("g", 9)]
 
@@ -125,7 +146,9 @@ def test_commit_prepared_without_any_state_fails_loudly() -> None:
 
 def test_without_xids_gid_alone_matches() -> None:
     asm = TransactionAssembler()
-    out = run(asm, [Begin(Lsn(1), None), insert(2, None, 1), Prepare(Lsn(3), None, "g"), CommitPrepared(Lsn(4), None, "g")])
+    out = run(
+        asm, [Begin(Lsn(1), None), insert(2, None, 1), Prepare(Lsn(3), None, "g"), CommitPrepared(Lsn(4), None, "g")]
+    )
     assert len(out) == 1
 
 
@@ -134,15 +157,26 @@ def test_resume_after_drops_what_an_earlier_batch_handled() -> None:
     first = TransactionAssembler()
     run(first, [Begin(Lsn(8), 3), insert(9, 3, 0), Prepare(Lsn(10), 3, "p")])
     asm = TransactionAssembler(first.pending(), resume_after=Lsn(20))
-    out = run(asm, [
-        Begin(Lsn(1), 1), insert(2, 1, 1), Commit(Lsn(5), 1),            # staged before
-        Begin(Lsn(6), 2), insert(7, 2, 2), Prepare(Lsn(8), 2, "q"),      # prepared and resolved before
-        Begin(Lsn(8), 3), insert(9, 3, 0), Prepare(Lsn(10), 3, "p"),     # still pending: duplicate
-        CommitPrepared(Lsn(12), 2, "q"),                                   # resolved before
-        Message(Lsn(15), 0, False, "hb", b""),                             # seen before
-        Begin(Lsn(21), 4), insert(22, 4, 4), Commit(Lsn(25), 4),          # new
-        CommitPrepared(Lsn(30), 3, "p"),                                   # new
-    ])
+    out = run(
+        asm,
+        [
+            Begin(Lsn(1), 1),
+            insert(2, 1, 1),
+            Commit(Lsn(5), 1),  # staged before
+            Begin(Lsn(6), 2),
+            insert(7, 2, 2),
+            Prepare(Lsn(8), 2, "q"),  # prepared and resolved before
+            Begin(Lsn(8), 3),
+            insert(9, 3, 0),
+            Prepare(Lsn(10), 3, "p"),  # still pending: duplicate
+            CommitPrepared(Lsn(12), 2, "q"),  # resolved before
+            Message(Lsn(15), 0, False, "hb", b""),  # seen before
+            Begin(Lsn(21), 4),
+            insert(22, 4, 4),
+            Commit(Lsn(25), 4),  # new
+            CommitPrepared(Lsn(30), 3, "p"),  # new
+        ],
+    )
     assert [(t.commit_lsn, values(t)) for t in out] == [(Lsn(25), ["4"]), (Lsn(30), ["0"])]
     assert asm.stats.already_handled == 4
     assert asm.pending() == []
@@ -150,7 +184,16 @@ def test_resume_after_drops_what_an_earlier_batch_handled() -> None:
 
 def test_truncate_is_an_item_of_its_transaction() -> None:
     asm = TransactionAssembler()
-    out = run(asm, [Begin(Lsn(1), 1), insert(2, 1, 1), Truncate(Lsn(3), 1, (("public", "t"),)), insert(4, 1, 2), Commit(Lsn(5), 1)])
+    out = run(
+        asm,
+        [
+            Begin(Lsn(1), 1),
+            insert(2, 1, 1),
+            Truncate(Lsn(3), 1, (("public", "t"),)),
+            insert(4, 1, 2),
+            Commit(Lsn(5), 1),
+        ],
+    )
     assert [type(i).__name__ for i in out[0]] == ["Change", "Truncate", "Change"]
 
 

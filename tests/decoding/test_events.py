@@ -6,7 +6,7 @@ import copy
 import json
 import pickle
 from dataclasses import fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given
@@ -37,7 +37,9 @@ def through_json(item: object) -> object:
 def image(**columns: tuple[str, object]) -> RowImage:
     """``image(id=("integer", "1"))``: a row image from name=(type, value) in order."""
     return RowImage(
-        tuple(columns), tuple(t for t, _ in columns.values()), tuple(v for _, v in columns.values())  # type: ignore[misc]
+        tuple(columns),
+        tuple(t for t, _ in columns.values()),
+        tuple(v for _, v in columns.values()),  # type: ignore[misc]
     )
 
 
@@ -107,8 +109,13 @@ def test_operation_values_are_the_staged_op_letters() -> None:
 
 def test_insert_round_trips() -> None:
     item = Change(
-        Lsn.parse("16/B374D848"), 731, Operation.INSERT, "public", "Odd Tbl", None,
-        image(id=("integer", "1"), **{"Col A": ("text", "it's a \"test\"\nline2")}, n=("numeric", "NaN")),
+        Lsn.parse("16/B374D848"),
+        731,
+        Operation.INSERT,
+        "public",
+        "Odd Tbl",
+        None,
+        image(id=("integer", "1"), **{"Col A": ("text", 'it\'s a "test"\nline2')}, n=("numeric", "NaN")),
     )
     back = through_json(item)
     assert back == item
@@ -119,7 +126,11 @@ def test_insert_round_trips() -> None:
 
 def test_update_with_old_key_and_unchanged_toast_round_trips() -> None:
     item = Change(
-        Lsn(0x20), 9, Operation.UPDATE, "sales", "docs",
+        Lsn(0x20),
+        9,
+        Operation.UPDATE,
+        "sales",
+        "docs",
         image(id=("integer", "1")),
         image(id=("integer", "10"), big=("text", UNCHANGED_TOAST), small=("integer", None)),
     )
@@ -141,7 +152,9 @@ def test_delete_without_tuple_data_round_trips() -> None:
 def test_text_that_looks_like_the_marker_stays_text() -> None:
     # The JSON form marks TOAST with an object; a text value spelling it must not turn into the marker.
     tricky = json.dumps({"$toast": True})
-    item = Change(Lsn(1), 1, Operation.INSERT, "public", "t", None, image(j=("jsonb", tricky), u=("text", "UNCHANGED_TOAST")))
+    item = Change(
+        Lsn(1), 1, Operation.INSERT, "public", "t", None, image(j=("jsonb", tricky), u=("text", "UNCHANGED_TOAST"))
+    )
     back = through_json(item)
     assert back.new.values == (tricky, "UNCHANGED_TOAST")
     assert back.new.unchanged_toast_columns() == ()
@@ -151,9 +164,18 @@ def test_datetime_values_stay_the_text_postgres_printed() -> None:
     # Values are kept as text; a timestamp survives byte for byte (no reformatting, no time zone shift).
     stamps = ("2024-01-02 03:04:05.123456+00", "infinity", "0044-03-15 12:00:00 BC", "2024-02-29")
     item = Change(
-        Lsn(2), 2, Operation.INSERT, "public", "t", None,
-        image(a=("timestamp with time zone", stamps[0]), b=("timestamp without time zone", stamps[1]),
-              c=("timestamp without time zone", stamps[2]), d=("date", stamps[3])),
+        Lsn(2),
+        2,
+        Operation.INSERT,
+        "public",
+        "t",
+        None,
+        image(
+            a=("timestamp with time zone", stamps[0]),
+            b=("timestamp without time zone", stamps[1]),
+            c=("timestamp without time zone", stamps[2]),
+            d=("date", stamps[3]),
+        ),
     )
     assert through_json(item).new.values == stamps
 
@@ -189,7 +211,7 @@ def test_largest_lsn_round_trips() -> None:
 
 
 def test_item_to_json_refuses_events_that_are_not_transaction_items() -> None:
-    for event in (Begin(Lsn(1), 1), Commit(Lsn(1), 1, datetime(2024, 1, 1, tzinfo=timezone.utc)), Prepare(Lsn(1), 1, "g")):
+    for event in (Begin(Lsn(1), 1), Commit(Lsn(1), 1, datetime(2024, 1, 1, tzinfo=UTC)), Prepare(Lsn(1), 1, "g")):
         with pytest.raises(TypeError, match="not a transaction item"):
             item_to_json(event)  # type: ignore[arg-type]
 
@@ -212,7 +234,9 @@ def _images(draw: st.DrawFn) -> RowImage | None:
     if draw(st.booleans()):
         return None
     names = draw(st.lists(_names, max_size=6, unique=True))
-    types = [draw(st.sampled_from(["integer", "text", "bytea", "timestamp with time zone", "text[]", "mood"])) for _ in names]
+    types = [
+        draw(st.sampled_from(["integer", "text", "bytea", "timestamp with time zone", "text[]", "mood"])) for _ in names
+    ]
     values = [draw(_values) for _ in names]
     return RowImage(tuple(names), tuple(types), tuple(values))
 
@@ -240,7 +264,15 @@ def test_any_change_round_trips(lsn, xid, op, schema, table, old, new, has_tuple
 def test_every_item_kind_is_covered_by_the_json_form() -> None:
     # TransactionItem is Change | Truncate | Message; each has a JSON kind and every field survives.
     samples = [
-        Change(Lsn(1), 2, Operation.UPDATE, "s", "t", image(k=("integer", "1")), image(k=("integer", "2"), v=("text", UNCHANGED_TOAST))),
+        Change(
+            Lsn(1),
+            2,
+            Operation.UPDATE,
+            "s",
+            "t",
+            image(k=("integer", "1")),
+            image(k=("integer", "2"), v=("text", UNCHANGED_TOAST)),
+        ),
         Truncate(Lsn(3), 4, (("s", "t"),), True, True),
         Message(Lsn(5), 6, True, "p", b"\x00"),
     ]

@@ -7,7 +7,15 @@ import pytest
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 
 
-@pytest.mark.parametrize("text, value", [("0/0", 0), ("0/16B6C50", 0x16B6C50), ("16/B374D848", (0x16 << 32) | 0xB374D848), ("FFFFFFFF/FFFFFFFF", 2**64 - 1)])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("0/0", 0),
+        ("0/16B6C50", 0x16B6C50),
+        ("16/B374D848", (0x16 << 32) | 0xB374D848),
+        ("FFFFFFFF/FFFFFFFF", 2**64 - 1),
+    ],
+)
 def test_parse_and_format_round_trip(text: str, value: int) -> None:
     lsn = Lsn.parse(text)
     assert int(lsn) == value

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import struct
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given
@@ -32,7 +32,7 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.pgoutput import PgOutputParser
 from airflow_provider_pgdecode.errors import DecodingError
 
-PG_EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 ALL_VERSIONS = [1, 2, 3, 4]
 STREAM_VERSIONS = [2, 3, 4]
 TWO_PHASE_VERSIONS = [3, 4]
@@ -63,8 +63,14 @@ def commit(commit_lsn: int, end_lsn: int, when: datetime | None, flags: int = 0)
     return b"C" + struct.pack(">bQQq", flags, commit_lsn, end_lsn, pg_time(when))
 
 
-def relation(relid: int, namespace: str, name: str, columns: list[tuple[int, str, int, int]],
-             replident: bytes = b"d", xid: int | None = None) -> bytes:
+def relation(
+    relid: int,
+    namespace: str,
+    name: str,
+    columns: list[tuple[int, str, int, int]],
+    replident: bytes = b"d",
+    xid: int | None = None,
+) -> bytes:
     """columns: (flags, name, type oid, typmod); flags 1 = part of the key."""
     out = b"R" + sub_xid(xid) + struct.pack(">I", relid) + pg_string(namespace) + pg_string(name) + replident
     out += struct.pack(">h", len(columns))
@@ -97,8 +103,9 @@ def insert(relid: int, new: list[object], xid: int | None = None) -> bytes:
     return b"I" + sub_xid(xid) + struct.pack(">I", relid) + b"N" + tuple_data(new)
 
 
-def update(relid: int, new: list[object], old: list[object] | None = None, old_kind: bytes = b"K",
-           xid: int | None = None) -> bytes:
+def update(
+    relid: int, new: list[object], old: list[object] | None = None, old_kind: bytes = b"K", xid: int | None = None
+) -> bytes:
     out = b"U" + sub_xid(xid) + struct.pack(">I", relid)
     if old is not None:
         out += old_kind + tuple_data(old)
@@ -110,12 +117,20 @@ def delete(relid: int, old: list[object], old_kind: bytes = b"K", xid: int | Non
 
 
 def truncate(relids: list[int], options: int = 0, xid: int | None = None) -> bytes:
-    return b"T" + sub_xid(xid) + struct.pack(">ib", len(relids), options) + b"".join(struct.pack(">I", r) for r in relids)
+    return (
+        b"T" + sub_xid(xid) + struct.pack(">ib", len(relids), options) + b"".join(struct.pack(">I", r) for r in relids)
+    )
 
 
 def message(prefix: str, content: bytes, transactional: bool, lsn: int, xid: int | None = None) -> bytes:
-    return (b"M" + sub_xid(xid) + struct.pack(">bQ", 1 if transactional else 0, lsn) + pg_string(prefix)
-            + struct.pack(">i", len(content)) + content)
+    return (
+        b"M"
+        + sub_xid(xid)
+        + struct.pack(">bQ", 1 if transactional else 0, lsn)
+        + pg_string(prefix)
+        + struct.pack(">i", len(content))
+        + content
+    )
 
 
 def origin(origin_lsn: int, name: str) -> bytes:
@@ -150,20 +165,35 @@ def two_phase(kind: bytes, lsn: int, end_lsn: int, when: datetime | None, xid: i
     return kind + struct.pack(">bQQqI", 0, lsn, end_lsn, pg_time(when), xid) + pg_string(gid)
 
 
-def rollback_prepared(prepare_end_lsn: int, rollback_end_lsn: int, prepared_at: datetime | None,
-                      rolled_back_at: datetime | None, xid: int, gid: str) -> bytes:
-    return (b"r" + struct.pack(">bQQqqI", 0, prepare_end_lsn, rollback_end_lsn, pg_time(prepared_at),
-                               pg_time(rolled_back_at), xid) + pg_string(gid))
+def rollback_prepared(
+    prepare_end_lsn: int,
+    rollback_end_lsn: int,
+    prepared_at: datetime | None,
+    rolled_back_at: datetime | None,
+    xid: int,
+    gid: str,
+) -> bytes:
+    return (
+        b"r"
+        + struct.pack(
+            ">bQQqqI", 0, prepare_end_lsn, rollback_end_lsn, pg_time(prepared_at), pg_time(rolled_back_at), xid
+        )
+        + pg_string(gid)
+    )
 
 
 # --- a table to change ------------------------------------------------------------------------
 
 ORDERS = 16401
-ORDERS_COLUMNS = [(1, "id", INT4, -1), (0, "note", TEXT, -1), (0, "amount", NUMERIC, (12 << 16 | 2) + 4),
-                  (1, "region", VARCHAR, 24)]
+ORDERS_COLUMNS = [
+    (1, "id", INT4, -1),
+    (0, "note", TEXT, -1),
+    (0, "amount", NUMERIC, (12 << 16 | 2) + 4),
+    (1, "region", VARCHAR, 24),
+]
 NAMES = ("id", "note", "amount", "region")
 TYPES = ("integer", "text", "numeric", "character varying")
-T0 = datetime(2026, 11, 22, 9, 43, 0, 601424, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 22, 9, 43, 0, 601424, tzinfo=UTC)
 
 
 def parser_with_orders(version: int, **kwargs) -> PgOutputParser:
@@ -189,8 +219,11 @@ def test_the_real_bytes_from_the_reference_run() -> None:
     # Bytes observed from PostgreSQL 15 (proto 1) for pt(id int pk, t text, n int): B, R, I, U (key changed), D, M, C.
     rows = [
         ("0/1618400", "42 0000000001618418 000303d91566c7eb 000002ff"),
-        ("0/1618400", "52 00004030 7075626c696300 707400 64 0003 01 696400 00000017 ffffffff"
-                      " 00 7400 00000019 ffffffff 00 6e00 00000017 ffffffff"),
+        (
+            "0/1618400",
+            "52 00004030 7075626c696300 707400 64 0003 01 696400 00000017 ffffffff"
+            " 00 7400 00000019 ffffffff 00 6e00 00000017 ffffffff",
+        ),
         ("0/1618500", "49 00004030 4e 0003 74 00000001 31 74 00000002 6869 6e"),
         ("0/1618600", "55 00004030 4b 0003 74 00000001 31 6e 6e 4e 0003 74 00000001 32 74 00000002 6869 6e"),
         ("0/1618700", "44 00004030 4b 0003 74 00000001 32 6e 6e"),
@@ -221,7 +254,7 @@ def test_zero_timestamps_are_no_time(version: int) -> None:
     assert parser.parse(Lsn(2), 5, commit(0x20, 0x30, None)).commit_time is None
 
 
-@given(when=st.datetimes(min_value=datetime(1990, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(timezone.utc)))
+@given(when=st.datetimes(min_value=datetime(1990, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC)))
 def test_timestamps_are_microseconds_since_2000_utc(when: datetime) -> None:
     if when == PG_EPOCH:
         return  # 0 is "no time"
@@ -250,10 +283,23 @@ def test_an_empty_namespace_is_pg_catalog() -> None:
 
 def test_names_are_decoded_with_the_database_encoding() -> None:
     parser = PgOutputParser(proto_version=1, encoding="latin-1")
-    data = (b"R" + struct.pack(">I", 5) + pg_string("Verkäufe", "latin-1") + pg_string("Grüße", "latin-1") + b"f"
-            + struct.pack(">h", 1) + b"\x00" + pg_string("straße", "latin-1") + struct.pack(">Ii", TEXT, -1))
+    data = (
+        b"R"
+        + struct.pack(">I", 5)
+        + pg_string("Verkäufe", "latin-1")
+        + pg_string("Grüße", "latin-1")
+        + b"f"
+        + struct.pack(">h", 1)
+        + b"\x00"
+        + pg_string("straße", "latin-1")
+        + struct.pack(">Ii", TEXT, -1)
+    )
     parser.parse(Lsn(1), 1, data)
-    assert (parser.relations[5].schema, parser.relations[5].table, parser.relations[5].names) == ("Verkäufe", "Grüße", ("straße",))
+    assert (parser.relations[5].schema, parser.relations[5].table, parser.relations[5].names) == (
+        "Verkäufe",
+        "Grüße",
+        ("straße",),
+    )
     change = parser.parse(Lsn(2), 1, b"I" + struct.pack(">I", 5) + b"N" + tuple_data(["süß"], "latin-1"))
     assert change.new.values == ("süß",)
 
@@ -264,8 +310,13 @@ def test_user_types_are_named_from_type_messages(version: int) -> None:
     assert parser.parse(Lsn(1), 1, type_message(16500, "public", "mood")) is None
     assert parser.parse(Lsn(1), 1, type_message(16499, "public", "_mood")) is None
     assert parser.parse(Lsn(1), 1, type_message(16510, "shop", "Mood Ring")) is None
-    parser.parse(Lsn(2), 1, relation(7, "public", "t", [(1, "id", INT4, -1), (0, "m", 16500, -1),
-                                                      (0, "ms", 16499, -1), (0, "r", 16510, -1)]))
+    parser.parse(
+        Lsn(2),
+        1,
+        relation(
+            7, "public", "t", [(1, "id", INT4, -1), (0, "m", 16500, -1), (0, "ms", 16499, -1), (0, "r", 16510, -1)]
+        ),
+    )
     assert parser.relations[7].types == ("integer", "mood", "mood[]", '"Mood Ring"')
 
 
@@ -290,13 +341,19 @@ def test_a_relation_can_be_redefined() -> None:
 @pytest.mark.parametrize("version", ALL_VERSIONS)
 def test_insert_with_every_tuple_kind(version: int) -> None:
     parser = parser_with_orders(version)
-    event = parser.parse(Lsn(0x100), 700, insert(ORDERS, ["1", "it's \"x\"\nline2", None, UNCHANGED_TOAST]))
+    event = parser.parse(Lsn(0x100), 700, insert(ORDERS, ["1", 'it\'s "x"\nline2', None, UNCHANGED_TOAST]))
     assert isinstance(event, Change)
     assert (event.lsn, event.xid, event.operation, event.schema, event.table, event.old) == (
-        Lsn(0x100), 700, Operation.INSERT, "public", "orders", None)
+        Lsn(0x100),
+        700,
+        Operation.INSERT,
+        "public",
+        "orders",
+        None,
+    )
     assert event.has_tuple_data
     assert event.new.names == NAMES and event.new.types == TYPES
-    assert event.new.values[:3] == ("1", "it's \"x\"\nline2", None)
+    assert event.new.values[:3] == ("1", 'it\'s "x"\nline2', None)
     assert event.new.values[3] is UNCHANGED_TOAST
 
 
@@ -312,7 +369,9 @@ def test_update_without_old_tuple(version: int) -> None:
 def test_update_with_key_tuple_keeps_only_key_columns(version: int) -> None:
     parser = parser_with_orders(version)
     # In a K tuple the non-key columns come as 'n': not NULL, just not part of the key.
-    event = parser.parse(Lsn(0x120), 700, update(ORDERS, ["2", UNCHANGED_TOAST, "3", "us"], ["1", None, None, "eu"], b"K"))
+    event = parser.parse(
+        Lsn(0x120), 700, update(ORDERS, ["2", UNCHANGED_TOAST, "3", "us"], ["1", None, None, "eu"], b"K")
+    )
     assert event.old.names == ("id", "region")
     assert event.old.types == ("integer", "character varying")
     assert event.old.values == ("1", "eu")
@@ -329,7 +388,9 @@ def test_update_with_old_row_leaves_out_null_columns_like_test_decoding(version:
 
 
 @pytest.mark.parametrize("version", ALL_VERSIONS)
-@pytest.mark.parametrize("kind, expected", [(b"K", {"id": "9", "region": "eu"}), (b"O", {"id": "9", "note": "x", "region": "eu"})])
+@pytest.mark.parametrize(
+    "kind, expected", [(b"K", {"id": "9", "region": "eu"}), (b"O", {"id": "9", "note": "x", "region": "eu"})]
+)
 def test_delete(version: int, kind: bytes, expected: dict[str, str]) -> None:
     parser = parser_with_orders(version)
     old = ["9", None, None, "eu"] if kind == b"K" else ["9", "x", None, "eu"]
@@ -340,7 +401,9 @@ def test_delete(version: int, kind: bytes, expected: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize("version", ALL_VERSIONS)
-@pytest.mark.parametrize("options, cascade, restart", [(0, False, False), (1, True, False), (2, False, True), (3, True, True)])
+@pytest.mark.parametrize(
+    "options, cascade, restart", [(0, False, False), (1, True, False), (2, False, True), (3, True, True)]
+)
 def test_truncate(version: int, options: int, cascade: bool, restart: bool) -> None:
     parser = parser_with_orders(version)
     parser.parse(Lsn(0x11), 700, relation(16402, "sales", "Line Items", [(1, "id", INT4, -1)]))
@@ -363,7 +426,7 @@ def test_any_text_tuple_decodes_to_its_values(values: list[object]) -> None:
 @pytest.mark.parametrize("version", ALL_VERSIONS)
 def test_messages(version: int) -> None:
     parser = PgOutputParser(proto_version=version)
-    content = bytes(range(256)) + "sz: 3, content:\n".encode()
+    content = bytes(range(256)) + b"sz: 3, content:\n"
     event = parser.parse(Lsn(0x200), 700, message("app.audit", content, True, 0x200))
     assert event == Message(Lsn(0x200), 700, True, "app.audit", content)
     # A non-transactional message outside any transaction has xid 0 in the peek row: no xid.
@@ -407,7 +470,12 @@ def test_a_streamed_transaction(version: int) -> None:
     assert parser.relations[ORDERS].types == ("integer", "text", "mood")
     # Inside the stream every data message carries the xid of the (sub)transaction that made it.
     assert [(type(e).__name__, e.xid) for e in events[3:8]] == [
-        ("Change", top), ("Change", sub), ("Change", sub), ("Truncate", sub), ("Message", sub)]
+        ("Change", top),
+        ("Change", sub),
+        ("Change", sub),
+        ("Truncate", sub),
+        ("Message", sub),
+    ]
     assert events[4].new.values == ("1", "b", "ok")
     assert events[5].old.as_dict() == {"id": "1"}
     assert events[6].relations == (("public", "orders"),) and events[6].cascade
@@ -448,13 +516,18 @@ def test_two_phase_messages(version: int) -> None:
     assert parser.parse(Lsn(0x600), 910, begin_prepare(0x640, 0x650, T0, 910, gid)) == Begin(Lsn(0x600), 910)
     change = parser.parse(Lsn(0x610), 910, insert(ORDERS, ["1", None, None, "eu"]))
     assert change.xid == 910
-    assert parser.parse(Lsn(0x650), 910, two_phase(b"P", 0x640, 0x650, T0, 910, gid)) == Prepare(Lsn(0x650), 910, gid, T0)
+    assert parser.parse(Lsn(0x650), 910, two_phase(b"P", 0x640, 0x650, T0, 910, gid)) == Prepare(
+        Lsn(0x650), 910, gid, T0
+    )
     assert parser.parse(Lsn(0x700), 910, two_phase(b"K", 0x6F0, 0x700, later, 910, gid)) == CommitPrepared(
-        Lsn(0x700), 910, gid, later)
+        Lsn(0x700), 910, gid, later
+    )
     assert parser.parse(Lsn(0x800), 911, rollback_prepared(0x650, 0x800, T0, later, 911, "g2")) == RollbackPrepared(
-        Lsn(0x800), 911, "g2", later)  # the rollback's own time, not the prepare's
+        Lsn(0x800), 911, "g2", later
+    )  # the rollback's own time, not the prepare's
     assert parser.parse(Lsn(0x900), 912, two_phase(b"p", 0x8F0, 0x900, T0, 912, "sp1")) == StreamPrepare(
-        Lsn(0x900), 912, "sp1", T0)
+        Lsn(0x900), 912, "sp1", T0
+    )
 
 
 def test_top_level_k_and_o_are_commit_prepared_and_origin() -> None:
@@ -548,14 +621,22 @@ def test_empty_and_unknown_messages() -> None:
 
 
 def test_a_change_before_its_relation() -> None:
-    assert_decoding_error(PgOutputParser(proto_version=1), Lsn(0x77), insert(ORDERS, ["1", None, None, None]),
-                          f"change for relation {ORDERS} before its Relation message")
+    assert_decoding_error(
+        PgOutputParser(proto_version=1),
+        Lsn(0x77),
+        insert(ORDERS, ["1", None, None, None]),
+        f"change for relation {ORDERS} before its Relation message",
+    )
     assert_decoding_error(PgOutputParser(proto_version=1), Lsn(0x78), truncate([ORDERS]), "before its Relation message")
 
 
 def test_a_tuple_with_the_wrong_column_count() -> None:
-    assert_decoding_error(parser_with_orders(1), Lsn(0x79), insert(ORDERS, ["1", None]),
-                          "tuple of 2 columns for public.orders, which has 4")
+    assert_decoding_error(
+        parser_with_orders(1),
+        Lsn(0x79),
+        insert(ORDERS, ["1", None]),
+        "tuple of 2 columns for public.orders, which has 4",
+    )
 
 
 def test_an_unknown_tuple_data_kind() -> None:
@@ -564,7 +645,9 @@ def test_an_unknown_tuple_data_kind() -> None:
 
 
 def test_binary_tuple_data_is_refused_with_advice() -> None:
-    error = assert_decoding_error(parser_with_orders(1), Lsn(0x7B), insert(ORDERS, [struct.pack(">i", 1), None, None, None]))
+    error = assert_decoding_error(
+        parser_with_orders(1), Lsn(0x7B), insert(ORDERS, [struct.pack(">i", 1), None, None, None])
+    )
     assert "binary" in str(error) and "text mode" in str(error)
 
 
@@ -572,8 +655,9 @@ def test_a_missing_new_tuple_marker() -> None:
     data = bytearray(insert(ORDERS, ["1", None, None, None]))
     data[5] = ord("X")
     assert_decoding_error(parser_with_orders(1), Lsn(0x7C), bytes(data), "expected 'N' in Insert")
-    assert_decoding_error(parser_with_orders(1), Lsn(0x7D), delete(ORDERS, ["1", None, None, "eu"], b"N"),
-                          "expected 'K' or 'O'")
+    assert_decoding_error(
+        parser_with_orders(1), Lsn(0x7D), delete(ORDERS, ["1", None, None, "eu"], b"N"), "expected 'K' or 'O'"
+    )
 
 
 def test_message_content_shorter_than_its_length() -> None:
@@ -582,11 +666,21 @@ def test_message_content_shorter_than_its_length() -> None:
 
 
 def test_an_unknown_type_oid_without_type_message() -> None:
-    assert_decoding_error(PgOutputParser(proto_version=1), Lsn(0x7F), relation(1, "public", "t", [(0, "x", 99999, -1)]),
-                          "type OID 99999")
+    assert_decoding_error(
+        PgOutputParser(proto_version=1), Lsn(0x7F), relation(1, "public", "t", [(0, "x", 99999, -1)]), "type OID 99999"
+    )
 
 
 def test_text_that_is_not_in_the_database_encoding() -> None:
-    assert_decoding_error(parser_with_orders(1), Lsn(0x80),
-                          b"I" + struct.pack(">I", ORDERS) + b"N" + struct.pack(">h", 4) + b"t" + struct.pack(">i", 2)
-                          + b"\xff\xfe" + b"nnn")
+    assert_decoding_error(
+        parser_with_orders(1),
+        Lsn(0x80),
+        b"I"
+        + struct.pack(">I", ORDERS)
+        + b"N"
+        + struct.pack(">h", 4)
+        + b"t"
+        + struct.pack(">i", 2)
+        + b"\xff\xfe"
+        + b"nnn",
+    )

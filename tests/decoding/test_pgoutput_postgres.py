@@ -113,14 +113,28 @@ def test_every_message_kind(pg_conn, pgoutput_slot) -> None:
     assert set(truncate.relations) == {("public", "po_other"), ("public", "po_main")}
     assert truncate.cascade and truncate.restart_identity
     messages = [e for e in events if isinstance(e, Message)]
-    assert [(m.transactional, m.prefix, m.content) for m in messages] == [(True, "app", b"in tx"), (False, "hb", b"\xff\x00")]
-    assert [e.gid for e in events if isinstance(e, (Prepare, CommitPrepared, RollbackPrepared))] == ["po'1", "po'1", "po2", "po2"]
+    assert [(m.transactional, m.prefix, m.content) for m in messages] == [
+        (True, "app", b"in tx"),
+        (False, "hb", b"\xff\x00"),
+    ]
+    assert [e.gid for e in events if isinstance(e, (Prepare, CommitPrepared, RollbackPrepared))] == [
+        "po'1",
+        "po'1",
+        "po2",
+        "po2",
+    ]
     assert all(e.commit_time is not None for e in events if isinstance(e, Commit))
 
     assembler = TransactionAssembler()
     out = list(assembler.feed_all(events))
     assembler.finish()
-    other = [i.new.as_dict()["id"] for t in out if not isinstance(t, Message) for i in t if isinstance(i, Change) and i.table == "po_other"]
+    other = [
+        i.new.as_dict()["id"]
+        for t in out
+        if not isinstance(t, Message)
+        for i in t
+        if isinstance(i, Change) and i.table == "po_other"
+    ]
     assert other == ["1", "5", "2"]  # the rolled-back prepared insert (3) never comes out
 
 
@@ -144,8 +158,10 @@ def test_streamed_transaction_with_rolled_back_savepoint(pg_conn, pgoutput_slot)
 
 def test_streamed_prepared_transaction_committed_later(pg_conn, pgoutput_slot) -> None:
     c = pg_conn
-    c.execute("begin; insert into po_stream select g, repeat('p', 200) from generate_series(10001, 11000) g;"
-              " prepare transaction 'streamed_2pc'")
+    c.execute(
+        "begin; insert into po_stream select g, repeat('p', 200) from generate_series(10001, 11000) g;"
+        " prepare transaction 'streamed_2pc'"
+    )
     first = TransactionAssembler()
     events = events_of(c, pgoutput_slot)
     assert any(isinstance(e, StreamPrepare) for e in events)
@@ -161,11 +177,15 @@ def test_streamed_prepared_transaction_committed_later(pg_conn, pgoutput_slot) -
 
 def test_origin_is_kept_on_the_transaction(pg_conn, pgoutput_slot) -> None:
     c = pg_conn
-    c.execute("select pg_replication_origin_create('upstream_a') where not exists"
-              " (select 1 from pg_replication_origin where roname = 'upstream_a')")
+    c.execute(
+        "select pg_replication_origin_create('upstream_a') where not exists"
+        " (select 1 from pg_replication_origin where roname = 'upstream_a')"
+    )
     c.execute("select pg_replication_origin_session_setup('upstream_a')")
     try:
-        c.execute("begin; select pg_replication_origin_xact_setup('0/AB', now()); insert into po_other values (42); commit")
+        c.execute(
+            "begin; select pg_replication_origin_xact_setup('0/AB', now()); insert into po_other values (42); commit"
+        )
     finally:
         c.execute("select pg_replication_origin_session_reset()")
     events = events_of(c, pgoutput_slot)
@@ -188,7 +208,11 @@ def test_malformed_messages_are_reported() -> None:
 
 def test_options_follow_the_server_version() -> None:
     assert pgoutput_options("p", 150000, two_phase=True) == [
-        ("proto_version", "3"), ("publication_names", "p"), ("messages", "true"), ("streaming", "true"), ("two_phase", "true"),
+        ("proto_version", "3"),
+        ("publication_names", "p"),
+        ("messages", "true"),
+        ("streaming", "true"),
+        ("two_phase", "true"),
     ]
     assert ("streaming", "on") in pgoutput_options("p", 160000)
     assert pgoutput_options("p", 130000) == [("proto_version", "1"), ("publication_names", "p")]

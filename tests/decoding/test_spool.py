@@ -32,7 +32,8 @@ def make_items(count: int, start: int = 0) -> list[TransactionItem]:
             items.append(Message(Lsn(0x1000 + i), 5, True, "pfx", bytes([i % 256, 0, 255])))
         else:
             new = RowImage(
-                ("id", "big", "note"), ("integer", "text", "text"),
+                ("id", "big", "note"),
+                ("integer", "text", "text"),
                 (str(i), UNCHANGED_TOAST if i % 3 == 0 else "x" * (i % 11), None if i % 2 else f"n'{i}\n"),
             )
             items.append(Change(Lsn(0x1000 + i), 5, Operation.UPDATE, "public", "t", None, new))
@@ -72,7 +73,9 @@ def test_past_the_limit_it_spills_and_gives_everything_back_in_order(tmp_path: P
     # Iterating does not consume: a second pass gives the same items.
     assert list(spool) == items
     # The unchanged-TOAST marker survives the trip through the file as the marker itself.
-    toast_positions = [i for i, it in enumerate(items) if isinstance(it, Change) and it.new.values[1] is UNCHANGED_TOAST]
+    toast_positions = [
+        i for i, it in enumerate(items) if isinstance(it, Change) and it.new.values[1] is UNCHANGED_TOAST
+    ]
     assert toast_positions and all(back[i].new.values[1] is UNCHANGED_TOAST for i in toast_positions)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -36,11 +36,11 @@ def parse(data: bytes | str, xid: int | None = None):
 
 
 ODD_INSERT = (
-    "table public.\"Odd Tbl\": INSERT: id[integer]:1 \"Col A\"[text]:'it''s a \"test\"' v[character varying]:'line1\n"
+    'table public."Odd Tbl": INSERT: id[integer]:1 "Col A"[text]:\'it\'\'s a "test"\' v[character varying]:\'line1\n'
     "line2' n[numeric]:1.50 f[double precision]:NaN b[boolean]:true bits[bit]:B'1010' vb[bit varying]:B'101' "
-    "arr[text[]]:'{\"a b\",\"c,d\",\"e\\\"f\",NULL,\"null\"}' iarr[integer[]]:'{1,2}' "
+    'arr[text[]]:\'{"a b","c,d","e\\"f",NULL,"null"}\' iarr[integer[]]:\'{1,2}\' '
     "ts[timestamp with time zone]:'2024-01-02 03:04:05+00' j[jsonb]:'{\"k\": \"v''x\"}' by[bytea]:'\\x00ff' "
-    "nulltext[text]:null \"select\"[integer]:7"
+    'nulltext[text]:null "select"[integer]:7'
 )
 
 
@@ -76,7 +76,9 @@ def test_quoted_null_is_text_and_bare_null_is_null() -> None:
 
 
 def test_update_with_changed_key_has_old_key_and_new_tuple() -> None:
-    event = parse("table public.\"Odd Tbl\": UPDATE: old-key: id[integer]:1 new-tuple: id[integer]:10 \"Col A\"[text]:'upd'")
+    event = parse(
+        'table public."Odd Tbl": UPDATE: old-key: id[integer]:1 new-tuple: id[integer]:10 "Col A"[text]:\'upd\''
+    )
     assert event.operation is Operation.UPDATE
     assert event.old.as_dict() == {"id": "1"}
     assert event.new.as_dict() == {"id": "10", "Col A": "upd"}
@@ -105,7 +107,7 @@ def test_unchanged_toast_datum() -> None:
 
 
 def test_delete_forms() -> None:
-    keyed = parse("table public.\"Odd Tbl\": DELETE: id[integer]:2")
+    keyed = parse('table public."Odd Tbl": DELETE: id[integer]:2')
     assert keyed.operation is Operation.DELETE and keyed.old.as_dict() == {"id": "2"} and keyed.new is None
     no_data = parse("table public.nokey: DELETE: (no-tuple-data)")
     assert no_data.has_tuple_data is False and no_data.old is None
@@ -119,10 +121,15 @@ def test_quoted_schema_table_and_column_with_doubled_quotes() -> None:
 
 def test_type_names_with_spaces_brackets_and_quotes() -> None:
     event = parse(
-        'table public.t: INSERT: a[timestamp without time zone[]]:\'{"2024-01-01 00:00:00"}\' '
+        "table public.t: INSERT: a[timestamp without time zone[]]:'{\"2024-01-01 00:00:00\"}' "
         "b[character varying]:'v' c[\"My Type\"]:'e1' d[myschema.\"Odd]:Type\"]:'e2'"
     )
-    assert event.new.types == ("timestamp without time zone[]", "character varying", '"My Type"', 'myschema."Odd]:Type"')
+    assert event.new.types == (
+        "timestamp without time zone[]",
+        "character varying",
+        '"My Type"',
+        'myschema."Odd]:Type"',
+    )
     assert event.new.values[2:] == ("e1", "e2")
 
 
@@ -153,7 +160,7 @@ def test_begin_and_commit_with_and_without_xids_and_timestamps() -> None:
     assert parse("BEGIN") == Begin(LSN, None)
     assert parse("BEGIN", xid=9) == Begin(LSN, 9)
     commit = parse("COMMIT 725 (at 2026-11-22 09:43:00.601424+00)")
-    assert commit == Commit(LSN, 725, datetime(2026, 11, 22, 9, 43, 0, 601424, tzinfo=timezone.utc))
+    assert commit == Commit(LSN, 725, datetime(2026, 11, 22, 9, 43, 0, 601424, tzinfo=UTC))
     assert parse("COMMIT") == Commit(LSN, None, None)
     assert parse("COMMIT (at 2026-11-22 04:44:45.268943-05)").commit_time.utcoffset().total_seconds() == -5 * 3600
 
@@ -238,8 +245,10 @@ KEYWORDS = {"select", "table", "from", "user", "order"}
 
 def quote_identifier(name: str) -> str:
     """PostgreSQL's quote_identifier: bare only for [a-z_][a-z0-9_]* that is not a keyword."""
-    safe = bool(name) and (name[0].islower() and name[0].isascii() or name[0] == "_") and all(
-        (c.isascii() and (c.islower() or c.isdigit())) or c == "_" for c in name
+    safe = (
+        bool(name)
+        and (name[0].islower() and name[0].isascii() or name[0] == "_")
+        and all((c.isascii() and (c.islower() or c.isdigit())) or c == "_" for c in name)
     )
     if safe and name not in KEYWORDS:
         return name
@@ -262,9 +271,9 @@ NAMES = st.one_of(
     st.sampled_from(["id", "a_1", "select", "Col A", 'q"uote', "new-tuple", "old-key", "x[1]", "é", "_x"]),
     st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=8),
 )
-TEXTS = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30) | st.sampled_from(
-    ["null", "'", "''", " new-tuple: a[text]:'x'", "unchanged-toast-datum", "\\", "\n"]
-)
+TEXTS = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30
+) | st.sampled_from(["null", "'", "''", " new-tuple: a[text]:'x'", "unchanged-toast-datum", "\\", "\n"])
 COLUMNS = st.lists(
     st.tuples(
         NAMES,

@@ -91,8 +91,17 @@ def test_every_line_kind_with_xids_and_timestamps(pg_conn, workload) -> None:
     insert = changes[0]
     assert (insert.table, insert.operation) == ("Odd Tbl", Operation.INSERT)
     assert insert.new.as_dict() == {
-        "id": "1", "Col A": 'it\'s a "test"', "v": "line1\nline2", "n": "1.50", "f": "NaN", "b": "true",
-        "bits": "1010", "vb": "101", "arr": '{"a b","c,d",NULL,"null"}', "select": "7", "nulltext": None,
+        "id": "1",
+        "Col A": 'it\'s a "test"',
+        "v": "line1\nline2",
+        "n": "1.50",
+        "f": "NaN",
+        "b": "true",
+        "bits": "1010",
+        "vb": "101",
+        "arr": '{"a b","c,d",NULL,"null"}',
+        "select": "7",
+        "nulltext": None,
     }
     key_change = changes[1]
     assert key_change.old.as_dict() == {"id": "1"} and key_change.new.as_dict()["Col A"] == "null"
@@ -101,7 +110,9 @@ def test_every_line_kind_with_xids_and_timestamps(pg_conn, workload) -> None:
 
     nokey = [e for e in changes if e.table == "nokey"]
     assert [(e.operation, e.has_tuple_data) for e in nokey[:3]] == [
-        (Operation.INSERT, True), (Operation.UPDATE, True), (Operation.DELETE, False),
+        (Operation.INSERT, True),
+        (Operation.UPDATE, True),
+        (Operation.DELETE, False),
     ]
     assert nokey[1].old is None  # no key, no old-key
 
@@ -119,7 +130,8 @@ def test_every_line_kind_with_xids_and_timestamps(pg_conn, workload) -> None:
     ]
     messages = [e for e in events if isinstance(e, Message)]
     assert [(m.transactional, m.prefix, m.content) for m in messages] == [
-        (True, "pfx", b"tx\nmsg"), (False, "pfx, sz: 1", b"\xff\x00"),
+        (True, "pfx", b"tx\nmsg"),
+        (False, "pfx, sz: 1", b"\xff\x00"),
     ]
     prepares = [e for e in events if isinstance(e, Prepare)]
     assert [p.gid for p in prepares] == ["g'1", "g2"]
@@ -138,7 +150,11 @@ def test_every_line_kind_with_xids_and_timestamps(pg_conn, workload) -> None:
     out = list(assembler.feed_all(events))
     assembler.finish()
     staged_nokey = [
-        i.new.as_dict()["a"] for t in out if not isinstance(t, Message) for i in t if isinstance(i, Change) and i.table == "nokey" and i.new
+        i.new.as_dict()["a"]
+        for t in out
+        if not isinstance(t, Message)
+        for i in t
+        if isinstance(i, Change) and i.table == "nokey" and i.new
     ]
     assert staged_nokey == ["1", "1", "2"]
 
@@ -146,7 +162,12 @@ def test_every_line_kind_with_xids_and_timestamps(pg_conn, workload) -> None:
 def test_line_kinds_without_xids_and_timestamps(pg_conn, workload) -> None:
     events = peek_events(pg_conn, workload, **{"include-xids": "0", "include-timestamp": "0"})
     assert all(e.commit_time is None for e in events if isinstance(e, Commit))
-    assert [e.gid for e in events if isinstance(e, (Prepare, CommitPrepared, RollbackPrepared))] == ["g'1", "g'1", "g2", "g2"]
+    assert [e.gid for e in events if isinstance(e, (Prepare, CommitPrepared, RollbackPrepared))] == [
+        "g'1",
+        "g'1",
+        "g2",
+        "g2",
+    ]
     # The SQL function's xid column still identifies transactions.
     assert all(e.xid is not None for e in events if isinstance(e, (Begin, Commit)))
     assert sum(isinstance(e, Change) for e in events) == 11

@@ -47,8 +47,12 @@ def test_creates_the_slot_and_stages_the_tables_at_its_consistent_point(
 ) -> None:
     orders, customers = new_table(pg_conn, 250), new_table(pg_conn, 40)
     op = PgDecodeInitialSnapshotOperator(
-        task_id="initial_load", slot_name=slot_name, staging_root=str(tmp_path), tables=[f"public.{orders}", customers],
-        chunk_rows=60, workers=2,
+        task_id="initial_load",
+        slot_name=slot_name,
+        staging_root=str(tmp_path),
+        tables=[f"public.{orders}", customers],
+        chunk_rows=60,
+        workers=2,
     )
     with structlog.testing.capture_logs() as logs:
         paths = op.execute(make_context())
@@ -59,7 +63,10 @@ def test_creates_the_slot_and_stages_the_tables_at_its_consistent_point(
     assert (plugin, two_phase) == ("test_decoding", True)
     # the copy sits exactly at the slot's consistent point: the slot's first batch starts there
     assert Lsn.parse(manifest.start_lsn) == Lsn(0) and manifest.end_lsn == str(Lsn.parse(confirmed))
-    assert {t.table: (t.rows - t.truncates, t.truncates) for t in manifest.tables} == {orders: (250, 1), customers: (40, 1)}
+    assert {t.table: (t.rows - t.truncates, t.truncates) for t in manifest.tables} == {
+        orders: (250, 1),
+        customers: (40, 1),
+    }
     assert staged_ids(manifest, orders) == list(range(1, 251))
     assert f"initial load: creating slot {slot_name} and copying 2 table(s)" in [e["event"] for e in logs]
 
@@ -115,7 +122,11 @@ def test_a_table_that_cannot_be_copied_fails_without_retry_and_drops_the_new_slo
 
 @pytest.mark.parametrize("settings", [{"chunk_rows": 0}, {"workers": -1}, {"chunk_rows": "many"}])
 def test_bad_settings_fail_before_the_slot_is_created(
-    settings: dict[str, Any], source_conn: str, pg_conn: psycopg.Connection[Any], slot_name: str, tmp_path: Path,
+    settings: dict[str, Any],
+    source_conn: str,
+    pg_conn: psycopg.Connection[Any],
+    slot_name: str,
+    tmp_path: Path,
     make_context: Any,
 ) -> None:
     op = PgDecodeInitialSnapshotOperator(
@@ -134,7 +145,9 @@ def own_database(pg_cluster: ThrowawayCluster, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json(name))
     yield name
     with pg_cluster.connect(name) as conn:
-        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s", (name,))
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s", (name,)
+        )
     with pg_cluster.connect() as conn:
         conn.execute(f'DROP DATABASE "{name}"')
 

@@ -16,10 +16,10 @@ import pyspark
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_provider_pgdecode.batch.manifest import BatchManifest, ColumnSummary, TableSummary, batch_dir_name
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator, merge_job_path, parse_batch_paths
 from airflow_provider_pgdecode.spark.session import delta_maven_coordinates, ivy_dir
-from airflow_provider_pgdecode.batch.manifest import BatchManifest, ColumnSummary, TableSummary, batch_dir_name
 
 SLOT = "pgdecode_merge_op"
 SPARK_LOCAL = json.dumps({"conn_type": "spark", "host": "local[*]"})
@@ -40,17 +40,37 @@ def stage(root: Path, start: int, end: int, rows: int) -> str:
         (directory / "tables" / "public" / "orders" / "part-00000.parquet").write_bytes(b"")
         tables.append(
             TableSummary(
-                schema="public", table="orders", path="tables/public/orders", files=["part-00000.parquet"],
-                rows=rows, inserts=rows, updates=0, deletes=0, truncates=0,
-                min_commit_lsn=str(Lsn(start + 1)), max_commit_lsn=str(Lsn(end)),
-                columns=[ColumnSummary("id", "integer", "int32", "integer")], key=["id"], replica_identity="default",
+                schema="public",
+                table="orders",
+                path="tables/public/orders",
+                files=["part-00000.parquet"],
+                rows=rows,
+                inserts=rows,
+                updates=0,
+                deletes=0,
+                truncates=0,
+                min_commit_lsn=str(Lsn(start + 1)),
+                max_commit_lsn=str(Lsn(end)),
+                columns=[ColumnSummary("id", "integer", "int32", "integer")],
+                key=["id"],
+                replica_identity="default",
             )
         )
     directory.mkdir(parents=True, exist_ok=True)
     BatchManifest(
-        slot=SLOT, plugin="test_decoding", database="shop", start_lsn=str(Lsn(start)), end_lsn=str(Lsn(end)),
-        ceiling_lsn=str(Lsn(end)), transactions=1 if rows else 0, changes=rows, tables=tables, messages=None,
-        prepared_pending=[], prepared_committed=[], prepared_rolled_back=[],
+        slot=SLOT,
+        plugin="test_decoding",
+        database="shop",
+        start_lsn=str(Lsn(start)),
+        end_lsn=str(Lsn(end)),
+        ceiling_lsn=str(Lsn(end)),
+        transactions=1 if rows else 0,
+        changes=rows,
+        tables=tables,
+        messages=None,
+        prepared_pending=[],
+        prepared_committed=[],
+        prepared_rolled_back=[],
     ).write(directory)
     return str(directory)
 
@@ -62,8 +82,7 @@ def fake_spark_submit(tmp_path: Path, body: str) -> str:
         f"#!{sys.executable}\n"
         "import json, os, sys, time\n"
         "args = sys.argv[1:]\n"
-        f"json.dump({{'args': args, 'env': dict(os.environ)}}, open({str(tmp_path / 'call.json')!r}, 'w'))\n"
-        + body
+        f"json.dump({{'args': args, 'env': dict(os.environ)}}, open({str(tmp_path / 'call.json')!r}, 'w'))\n" + body
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return str(script)
@@ -100,11 +119,16 @@ def test_spark_submit_command(spark_conn: str, tmp_path: Path) -> None:
     assert command[command.index("--name") + 1] == "pgdecode-merge"
     app = command.index(merge_job_path())
     assert command[app + 1 :] == [
-        "--delta-root", str(tmp_path / "delta"),
-        "--batch", first,
-        "--batch", second,
-        "--summary-json", "/tmp/summary.json",
-        "--type-map", "mood=string",
+        "--delta-root",
+        str(tmp_path / "delta"),
+        "--batch",
+        first,
+        "--batch",
+        second,
+        "--summary-json",
+        "/tmp/summary.json",
+        "--type-map",
+        "mood=string",
     ]
     # Pitfall P2: the venv's Spark and Python, whatever PATH says.
     assert hook._env is not None
@@ -125,12 +149,13 @@ def test_missing_spark_connection_fails_instead_of_using_yarn(monkeypatch: pytes
 def test_execute_runs_the_job_through_the_hook(spark_conn: str, tmp_path: Path) -> None:
     empty = stage(tmp_path, 0x300, 0x300, 0)
     second, first = stage(tmp_path, 0x200, 0x300, 2), stage(tmp_path, 0x100, 0x200, 5)
-    summary = {"tables": {"public.orders": {"status": "merged", "inserted": 7, "updated": 0, "deleted": 0}},
-               "end_lsn": "0/300"}
+    summary = {
+        "tables": {"public.orders": {"status": "merged", "inserted": 7, "updated": 0, "deleted": 0}},
+        "end_lsn": "0/300",
+    }
     binary = fake_spark_submit(
         tmp_path,
-        "print('spark says hello')\n"
-        f"json.dump({summary!r}, open(args[args.index('--summary-json') + 1], 'w'))\n",
+        f"print('spark says hello')\njson.dump({summary!r}, open(args[args.index('--summary-json') + 1], 'w'))\n",
     )
     op = PgDecodeMergeOperator(
         task_id="merge",

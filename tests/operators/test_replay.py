@@ -31,8 +31,9 @@ def batches(
     table = f"rp_{uuid.uuid4().hex[:10]}"
     pg_conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v text)")
     PgDecodeEnsureSlotOperator(task_id="ensure", slot_name=slot_name).execute(make_context())
-    extract = PgDecodeExtractOperator(task_id="extract", slot_name=slot_name, staging_root=str(tmp_path / "staging"),
-                                      tables=[table])
+    extract = PgDecodeExtractOperator(
+        task_id="extract", slot_name=slot_name, staging_root=str(tmp_path / "staging"), tables=[table]
+    )
     confirm = PgDecodeConfirmOperator(task_id="confirm", slot_name=slot_name, batch_path="(set per run)")
     checkpoint = None
     staged = []

@@ -12,17 +12,17 @@ import pyarrow.parquet as pq
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-from airflow_provider_pgdecode.postgres.slot import SlotClient
 from airflow_provider_pgdecode.operators import (
     PgDecodeConfirmOperator,
     PgDecodeEnsureSlotOperator,
     PgDecodeExtractOperator,
     PgDecodeMergeOperator,
 )
-from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
-from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
+from airflow_provider_pgdecode.postgres.slot import SlotClient
 
 pytestmark = pytest.mark.postgres
 
@@ -80,7 +80,12 @@ def test_two_runs_carry_the_checkpoint_and_a_pending_prepared_transaction(
     ctx = make_context()
     first = extract.execute(ctx)
     assert ctx["ti"].pulls == [  # the slot's own checkpoint first, then the task's return value
-        {"task_ids": "confirm", "key": f"pgdecode_checkpoint:{slot_name}", "include_prior_dates": True, "map_indexes": -1},
+        {
+            "task_ids": "confirm",
+            "key": f"pgdecode_checkpoint:{slot_name}",
+            "include_prior_dates": True,
+            "map_indexes": -1,
+        },
         {"task_ids": "confirm", "key": "return_value", "include_prior_dates": True, "map_indexes": -1},
     ]
     json.dumps(first)  # XCom values must be JSON-able
@@ -212,7 +217,10 @@ def test_missing_slot_and_wrong_plugin_fail_loudly(
     as_pgoutput = PgDecodeExtractOperator(
         task_id="extract", slot_name=slot_name, staging_root=str(tmp_path), plugin="pgoutput", publication="p"
     )
-    with pytest.raises(AirflowFailException, match="uses output plugin 'test_decoding'.*Set the DAG's plugin parameter to 'test_decoding'"):
+    with pytest.raises(
+        AirflowFailException,
+        match="uses output plugin 'test_decoding'.*Set the DAG's plugin parameter to 'test_decoding'",
+    ):
         as_pgoutput.execute(make_context())
     assert list_batches(tmp_path, slot_name) == []
 

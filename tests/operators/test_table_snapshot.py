@@ -27,15 +27,22 @@ def test_files_the_request_once_and_returns_its_id(
     source_conn: str, slot: str, tmp_path: Path, make_context: Any
 ) -> None:
     op = PgDecodeTableSnapshotOperator(
-        task_id="prepare", slot_name=slot, staging_root=str(tmp_path), tables=["public.refunds", "orders"],
-        mode="resnapshot", request_id="rebuild-orders", chunk_rows=1000,
+        task_id="prepare",
+        slot_name=slot,
+        staging_root=str(tmp_path),
+        tables=["public.refunds", "orders"],
+        mode="resnapshot",
+        request_id="rebuild-orders",
+        chunk_rows=1000,
     )
     with structlog.testing.capture_logs() as logs:
         request_id = op.execute(make_context())
     assert request_id == "rebuild-orders"
     filed = json.loads((requests_dir(tmp_path, slot) / "rebuild-orders.json").read_text())
     assert (filed["mode"], filed["tables"], filed["chunk_rows"]) == (
-        "resnapshot", [["public", "orders"], ["public", "refunds"]], 1000
+        "resnapshot",
+        [["public", "orders"], ["public", "refunds"]],
+        1000,
     )
     assert "filed request rebuild-orders: pgdecode_incremental copies public.orders, public.refunds" in [
         e["event"] for e in logs
@@ -82,7 +89,10 @@ def test_a_missing_slot_fails_without_retry_and_names_the_way_forward(
     source_conn: str, slot_name: str, tmp_path: Path, make_context: Any
 ) -> None:
     op = PgDecodeTableSnapshotOperator(
-        task_id="prepare", slot_name=slot_name, staging_root=str(tmp_path), tables=["public.refunds"],
+        task_id="prepare",
+        slot_name=slot_name,
+        staging_root=str(tmp_path),
+        tables=["public.refunds"],
         request_id="r1",
     )
     with pytest.raises(AirflowFailException) as failed:
@@ -93,7 +103,9 @@ def test_a_missing_slot_fails_without_retry_and_names_the_way_forward(
     assert list_snapshot_requests(tmp_path, slot_name) == []
 
 
-def test_the_same_id_with_other_tables_is_refused(source_conn: str, slot: str, tmp_path: Path, make_context: Any) -> None:
+def test_the_same_id_with_other_tables_is_refused(
+    source_conn: str, slot: str, tmp_path: Path, make_context: Any
+) -> None:
     def request(tables: list[str]) -> PgDecodeTableSnapshotOperator:
         return PgDecodeTableSnapshotOperator(
             task_id="prepare", slot_name=slot, staging_root=str(tmp_path), tables=tables, request_id="r1"

@@ -44,7 +44,10 @@ def run(conn: psycopg.Connection[Any], schema: str, sql: str) -> None:
 
 
 def test_columns_names_types_typmods_and_not_null(pg_conn, catalog, schema) -> None:
-    run(pg_conn, schema, """
+    run(
+        pg_conn,
+        schema,
+        """
         CREATE TABLE t (
             id integer PRIMARY KEY,
             name character varying(20) NOT NULL,
@@ -57,10 +60,22 @@ def test_columns_names_types_typmods_and_not_null(pg_conn, catalog, schema) -> N
             doc jsonb,
             "Odd Col" text,
             "select" int8
-        )""")
+        )""",
+    )
     columns = catalog.columns(schema, "t")
-    assert [c.name for c in columns] == ["id", "name", "amount", "free", "tags", "codes", "at", "flags", "doc",
-                                         "Odd Col", "select"]
+    assert [c.name for c in columns] == [
+        "id",
+        "name",
+        "amount",
+        "free",
+        "tags",
+        "codes",
+        "at",
+        "flags",
+        "doc",
+        "Odd Col",
+        "select",
+    ]
     by_name = {c.name: c for c in columns}
     # type_name: what test_decoding prints (no typmod); catalog_type: with the typmod.
     expected = {
@@ -85,13 +100,20 @@ def test_columns_names_types_typmods_and_not_null(pg_conn, catalog, schema) -> N
 
 
 def test_dropped_columns_are_left_out_and_attnums_kept(pg_conn, catalog, schema) -> None:
-    run(pg_conn, schema, "CREATE TABLE t (a int, b text, c int); ALTER TABLE t DROP COLUMN b; ALTER TABLE t ADD COLUMN d date")
+    run(
+        pg_conn,
+        schema,
+        "CREATE TABLE t (a int, b text, c int); ALTER TABLE t DROP COLUMN b; ALTER TABLE t ADD COLUMN d date",
+    )
     columns = catalog.columns(schema, "t")
     assert [(c.name, c.attnum) for c in columns] == [("a", 1), ("c", 3), ("d", 4)]
 
 
 def test_user_types_enum_domain_composite_range_and_arrays(pg_conn, catalog, schema) -> None:
-    run(pg_conn, schema, """
+    run(
+        pg_conn,
+        schema,
+        """
         CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
         CREATE DOMAIN positive AS integer CHECK (VALUE > 0);
         CREATE DOMAIN short_text AS varchar(10);
@@ -106,7 +128,8 @@ def test_user_types_enum_domain_composite_range_and_arrays(pg_conn, catalog, sch
             pr pair,
             fr floatrange,
             plain int
-        )""")
+        )""",
+    )
     by_name = {c.name: c for c in catalog.columns(schema, "t")}
     assert by_name["m"].user_type == "enum"
     assert by_name["ms"].user_type == "enum"  # an array reports its element's kind
@@ -154,10 +177,14 @@ def test_a_missing_table_names_table_and_database(pg_conn, catalog, schema) -> N
 
 
 def test_catalog_type_names_are_what_test_decoding_prints(pg_conn, catalog, schema, slot_name) -> None:
-    run(pg_conn, schema, """
+    run(
+        pg_conn,
+        schema,
+        """
         CREATE TYPE mood AS ENUM ('ok');
         CREATE TABLE t (id int PRIMARY KEY, v varchar(9), n numeric(5,1), a int[], ts timestamptz(2),
-                        b bit(3), m mood, ms mood[], j json)""")
+                        b bit(3), m mood, ms mood[], j json)""",
+    )
     pg_conn.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", (slot_name,))
     run(pg_conn, schema, "INSERT INTO t VALUES (1, 'x', 1.5, '{1}', now(), B'101', 'ok', '{ok}', '{}')")
     rows = pg_conn.execute(
@@ -176,12 +203,16 @@ def test_catalog_type_names_are_what_test_decoding_prints(pg_conn, catalog, sche
 
 
 def test_primary_key_in_index_order_not_column_order(pg_conn, catalog, schema) -> None:
-    run(pg_conn, schema, """
+    run(
+        pg_conn,
+        schema,
+        """
         CREATE TABLE composite (a int, b text, c int, d int, PRIMARY KEY (c, a));
         CREATE TABLE single (x int, y int PRIMARY KEY);
         CREATE TABLE nokey (x int, y int);
         CREATE TABLE unique_only (x int NOT NULL UNIQUE, y int);
-        CREATE TABLE with_include (a int, b int, c int, PRIMARY KEY (b) INCLUDE (a, c))""")
+        CREATE TABLE with_include (a int, b int, c int, PRIMARY KEY (b) INCLUDE (a, c))""",
+    )
     assert catalog.primary_key(schema, "composite") == ["c", "a"]
     assert catalog.primary_key(schema, "single") == ["y"]
     assert catalog.primary_key(schema, "nokey") == []
@@ -199,9 +230,13 @@ def test_primary_key_follows_ddl(pg_conn, catalog, schema) -> None:
 
 
 def test_primary_key_of_a_partitioned_table_and_its_partitions(pg_conn, catalog, schema) -> None:
-    run(pg_conn, schema, """
+    run(
+        pg_conn,
+        schema,
+        """
         CREATE TABLE parted (region text, id int, PRIMARY KEY (id, region)) PARTITION BY LIST (region);
-        CREATE TABLE parted_eu PARTITION OF parted FOR VALUES IN ('eu')""")
+        CREATE TABLE parted_eu PARTITION OF parted FOR VALUES IN ('eu')""",
+    )
     assert catalog.primary_key(schema, "parted") == ["id", "region"]
     assert catalog.primary_key(schema, "parted_eu") == ["id", "region"]
 
@@ -210,7 +245,10 @@ def test_primary_key_of_a_partitioned_table_and_its_partitions(pg_conn, catalog,
 
 
 def test_replica_identity_kinds(pg_conn, catalog, schema) -> None:
-    run(pg_conn, schema, """
+    run(
+        pg_conn,
+        schema,
+        """
         CREATE TABLE dflt (a int, b int, c text, PRIMARY KEY (b, a));
         CREATE TABLE dflt_nokey (a int, b text);
         CREATE TABLE idx (a int, b int NOT NULL, c int NOT NULL, d text);
@@ -220,7 +258,8 @@ def test_replica_identity_kinds(pg_conn, catalog, schema) -> None:
         ALTER TABLE full_t DROP COLUMN gone;
         ALTER TABLE full_t REPLICA IDENTITY FULL;
         CREATE TABLE nothing_t (a int PRIMARY KEY, b text);
-        ALTER TABLE nothing_t REPLICA IDENTITY NOTHING""")
+        ALTER TABLE nothing_t REPLICA IDENTITY NOTHING""",
+    )
     assert catalog.replica_identity(schema, "dflt") == ReplicaIdentity("default", ("b", "a"))
     assert catalog.replica_identity(schema, "dflt_nokey") == ReplicaIdentity("default", ())
     assert catalog.replica_identity(schema, "idx") == ReplicaIdentity("index", ("c", "b"), "idx_cb")
@@ -229,10 +268,14 @@ def test_replica_identity_kinds(pg_conn, catalog, schema) -> None:
 
 
 def test_replica_identity_of_a_dropped_index_is_nothing(pg_conn, catalog, schema) -> None:
-    run(pg_conn, schema, """
+    run(
+        pg_conn,
+        schema,
+        """
         CREATE TABLE t (a int NOT NULL, b text);
         CREATE UNIQUE INDEX t_a ON t (a);
-        ALTER TABLE t REPLICA IDENTITY USING INDEX t_a""")
+        ALTER TABLE t REPLICA IDENTITY USING INDEX t_a""",
+    )
     assert catalog.replica_identity(schema, "t") == ReplicaIdentity("index", ("a",), "t_a")
     run(pg_conn, schema, "DROP INDEX t_a")
     # PostgreSQL keeps relreplident = 'i' and logs no old key: as NOTHING.
@@ -247,7 +290,10 @@ def test_replica_identity_of_a_dropped_index_is_nothing(pg_conn, catalog, schema
 
 
 def test_table_key_is_the_primary_key_whatever_the_replica_identity(pg_conn, catalog, schema) -> None:
-    run(pg_conn, schema, """
+    run(
+        pg_conn,
+        schema,
+        """
         CREATE TABLE pk (a int, b text, c int, PRIMARY KEY (c, a));
         CREATE TABLE pk_full (a int PRIMARY KEY, b text);
         ALTER TABLE pk_full REPLICA IDENTITY FULL;
@@ -255,7 +301,8 @@ def test_table_key_is_the_primary_key_whatever_the_replica_identity(pg_conn, cat
         ALTER TABLE pk_nothing REPLICA IDENTITY NOTHING;
         CREATE TABLE pk_and_index (a int PRIMARY KEY, b int NOT NULL);
         CREATE UNIQUE INDEX pk_and_index_b ON pk_and_index (b);
-        ALTER TABLE pk_and_index REPLICA IDENTITY USING INDEX pk_and_index_b""")
+        ALTER TABLE pk_and_index REPLICA IDENTITY USING INDEX pk_and_index_b""",
+    )
     assert catalog.table_key(schema, "pk") == TableKey(("c", "a"), "default", "primary key")
     assert catalog.table_key(schema, "pk_full") == TableKey(("a",), "full", "primary key")
     assert catalog.table_key(schema, "pk_nothing") == TableKey(("a",), "nothing", "primary key")
@@ -264,21 +311,29 @@ def test_table_key_is_the_primary_key_whatever_the_replica_identity(pg_conn, cat
 
 
 def test_table_key_without_primary_key_is_the_replica_identity_index(pg_conn, catalog, schema) -> None:
-    run(pg_conn, schema, """
+    run(
+        pg_conn,
+        schema,
+        """
         CREATE TABLE t (a int, b int NOT NULL, c int NOT NULL, d text);
         CREATE UNIQUE INDEX t_cb ON t (c, b) INCLUDE (d);
-        ALTER TABLE t REPLICA IDENTITY USING INDEX t_cb""")
+        ALTER TABLE t REPLICA IDENTITY USING INDEX t_cb""",
+    )
     key = catalog.table_key(schema, "t")
     assert key == TableKey(("c", "b"), "index", "replica identity index")  # index order, INCLUDE left out
     assert key.unique
 
 
 def test_table_key_under_replica_identity_full_without_primary_key_is_all_columns(pg_conn, catalog, schema) -> None:
-    run(pg_conn, schema, """
+    run(
+        pg_conn,
+        schema,
+        """
         CREATE TABLE t (a int, gone int, b text, c jsonb, "Odd Col" point);
         ALTER TABLE t DROP COLUMN gone;
         CREATE UNIQUE INDEX t_a ON t (a);  -- unique, but not the replica identity: not a key
-        ALTER TABLE t REPLICA IDENTITY FULL""")
+        ALTER TABLE t REPLICA IDENTITY FULL""",
+    )
     key = catalog.table_key(schema, "t")
     assert key == TableKey(("a", "b", "c", "Odd Col"), "full", "all columns")  # attnum order, live columns only
     assert not key.unique  # rows may repeat, columns may be NULL
@@ -291,8 +346,11 @@ def test_table_key_under_replica_identity_full_without_primary_key_is_all_column
         ("CREATE TABLE t (a int NOT NULL UNIQUE, b text)", "DEFAULT"),  # a unique index alone is not a key
         ("CREATE TABLE t (a int, b text); ALTER TABLE t REPLICA IDENTITY NOTHING", "NOTHING"),
         # The replica identity index was dropped: PostgreSQL logs no old key, as under NOTHING.
-        ("CREATE TABLE t (a int NOT NULL, b text); CREATE UNIQUE INDEX t_a ON t (a);"
-         " ALTER TABLE t REPLICA IDENTITY USING INDEX t_a; DROP INDEX t_a", "NOTHING"),
+        (
+            "CREATE TABLE t (a int NOT NULL, b text); CREATE UNIQUE INDEX t_a ON t (a);"
+            " ALTER TABLE t REPLICA IDENTITY USING INDEX t_a; DROP INDEX t_a",
+            "NOTHING",
+        ),
     ],
     ids=["default", "unique-but-default", "nothing", "dropped-index"],
 )
@@ -313,13 +371,17 @@ def test_table_key_of_a_missing_table(catalog, schema) -> None:
 
 
 def test_unorderable_columns_are_those_order_by_refuses(pg_conn, catalog, schema) -> None:
-    run(pg_conn, schema, """
+    run(
+        pg_conn,
+        schema,
+        """
         CREATE TYPE mood AS ENUM ('sad', 'ok');
         CREATE TYPE with_json AS (x int, y json);
         CREATE TYPE plain_pair AS (x int, y text);
         CREATE DOMAIN doc AS json;
         CREATE TABLE t (i int, v varchar(3), jb jsonb, ia int[], m mood, r int4range, pp plain_pair,
-                        j json, p point, x xml, ja json[], wj with_json, d doc)""")
+                        j json, p point, x xml, ja json[], wj with_json, d doc)""",
+    )
     columns = catalog.columns(schema, "t")
     assert [c.name for c in catalog.unorderable_columns(schema, "t", columns)] == ["j", "p", "x", "ja", "wj", "d"]
     sortable = [c for c in columns if c.name in ("i", "v", "jb", "ia", "m", "r", "pp")]
@@ -369,7 +431,10 @@ def test_pgoutput_builtin_type_table_agrees_with_the_server(catalog) -> None:
 
 
 def test_tables_with_primary_key(pg_conn, catalog, schema) -> None:
-    run(pg_conn, schema, """
+    run(
+        pg_conn,
+        schema,
+        """
         CREATE TABLE b_keyed (id int PRIMARY KEY);
         CREATE TABLE a_keyed (x int, y int, PRIMARY KEY (y, x));
         CREATE TABLE keyless (id int);
@@ -378,11 +443,16 @@ def test_tables_with_primary_key(pg_conn, catalog, schema) -> None:
         CREATE MATERIALIZED VIEW keyed_mv AS SELECT * FROM b_keyed;
         CREATE TABLE parted (id int, region text, PRIMARY KEY (id, region)) PARTITION BY LIST (region);
         CREATE TABLE parted_eu PARTITION OF parted FOR VALUES IN ('eu');
-        CREATE TABLE "Mixed Case" (id int PRIMARY KEY)""")
+        CREATE TABLE "Mixed Case" (id int PRIMARY KEY)""",
+    )
     pg_conn.execute("CREATE TEMPORARY TABLE temp_keyed (id int PRIMARY KEY)")
     mine = [entry for entry in catalog.tables_with_primary_key() if entry[0] == schema]
     assert mine == [
-        (schema, "Mixed Case"), (schema, "a_keyed"), (schema, "b_keyed"), (schema, "parted"), (schema, "parted_eu"),
+        (schema, "Mixed Case"),
+        (schema, "a_keyed"),
+        (schema, "b_keyed"),
+        (schema, "parted"),
+        (schema, "parted_eu"),
     ]  # sorted by (schema, table); partitions listed with their parent
     everything = catalog.tables_with_primary_key()
     assert everything == sorted(everything)

@@ -158,9 +158,7 @@ def test_server_facts(client: SlotClient) -> None:
 # -- peek ----------------------------------------------------------------------------------------
 
 
-def test_peek_returns_rows_without_consuming(
-    client: SlotClient, slot_name: str, table: str, pg_conn: Any
-) -> None:
+def test_peek_returns_rows_without_consuming(client: SlotClient, slot_name: str, table: str, pg_conn: Any) -> None:
     client.create(slot_name)
     xid = _xact(pg_conn, f"INSERT INTO {table} VALUES (1, 'a')", f"INSERT INTO {table} VALUES (2, 'it''s')")
     rows = _peek_all(client, slot_name)
@@ -181,9 +179,7 @@ def test_peek_returns_rows_without_consuming(
     assert confirmed is not None and confirmed <= lsns[0]
 
 
-def test_peek_ceiling_excludes_later_transactions(
-    client: SlotClient, slot_name: str, table: str, pg_conn: Any
-) -> None:
+def test_peek_ceiling_excludes_later_transactions(client: SlotClient, slot_name: str, table: str, pg_conn: Any) -> None:
     client.create(slot_name)
     first = _xact(pg_conn, f"INSERT INTO {table} VALUES (1, 'a')")
     ceiling = client.current_flush_lsn()
@@ -282,7 +278,9 @@ def test_heartbeat_is_decoded_as_a_message(client: SlotClient, slot_name: str) -
     client.create(slot_name)
     lsn = client.heartbeat(content="hello")
     assert client.current_flush_lsn() >= lsn
-    messages = [(row_lsn, xid, data) for row_lsn, xid, data in _peek_all(client, slot_name) if data.startswith(b"message")]
+    messages = [
+        (row_lsn, xid, data) for row_lsn, xid, data in _peek_all(client, slot_name) if data.startswith(b"message")
+    ]
     assert messages == [
         (lsn, None, b"message: transactional: 0 prefix: pgdecode.heartbeat, sz: 5 content:hello"),
     ]

@@ -181,9 +181,7 @@ def test_a_slot_held_by_another_process_is_waited_for(
     assert PgDecodeSlotChangesSensor(task_id="wait", slot_name=slot_name).poke({}).is_done is True
 
 
-def test_a_table_snapshot_request_in_progress_counts_as_work(
-    source_conn: str, slot_name: str, tmp_path: Any
-) -> None:
+def test_a_table_snapshot_request_in_progress_counts_as_work(source_conn: str, slot_name: str, tmp_path: Any) -> None:
     from airflow_provider_pgdecode.capture.table_snapshot import request_table_snapshot, write_snapshot_states
 
     staging = str(tmp_path)

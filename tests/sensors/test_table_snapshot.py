@@ -40,13 +40,21 @@ class Pipeline:
 
     def request(self, table: str, request_id: str) -> str:
         return PgDecodeTableSnapshotOperator(
-            task_id="prepare", slot_name=self.slot, staging_root=self.staging, tables=[table], mode="add-table",
-            request_id=request_id, chunk_rows=100,
+            task_id="prepare",
+            slot_name=self.slot,
+            staging_root=self.staging,
+            tables=[table],
+            mode="add-table",
+            request_id=request_id,
+            chunk_rows=100,
         ).execute(context())
 
     def extract(self) -> dict[str, Any]:
         return PgDecodeExtractOperator(
-            task_id="extract", slot_name=self.slot, staging_root=self.staging, tables=[self.flowing],
+            task_id="extract",
+            slot_name=self.slot,
+            staging_root=self.staging,
+            tables=[self.flowing],
             extract_options={"snapshot_rows": 100},  # one chunk per run
         ).execute(context(confirm=self.checkpoint))
 
@@ -57,7 +65,10 @@ class Pipeline:
 
     def sensor(self, request_id: str, **kwargs: Any) -> PgDecodeTableSnapshotSensor:
         return PgDecodeTableSnapshotSensor(
-            task_id="wait_for_snapshot", slot_name=self.slot, staging_root=self.staging, request_id=request_id,
+            task_id="wait_for_snapshot",
+            slot_name=self.slot,
+            staging_root=self.staging,
+            request_id=request_id,
             **kwargs,
         )
 

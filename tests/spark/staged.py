@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -51,8 +52,9 @@ class Part:
 class TableChanges:
     """The changes of one table in one batch, in commit order (the caller gives commit LSNs)."""
 
-    def __init__(self, schema: str, table: str, columns: Sequence[tuple[str, str, pa.DataType]],
-                 key: Sequence[str] = ("id",)) -> None:
+    def __init__(
+        self, schema: str, table: str, columns: Sequence[tuple[str, str, pa.DataType]], key: Sequence[str] = ("id",)
+    ) -> None:
         self.schema = schema
         self.table = table
         self.key = list(key)
@@ -68,8 +70,9 @@ class TableChanges:
         self._seq[lsn] = seq + 1
         return seq
 
-    def _add(self, op: str, lsn: int, new: dict[str, Any] | None, old: dict[str, Any] | None,
-             toast: Iterable[str] = ()) -> TableChanges:
+    def _add(
+        self, op: str, lsn: int, new: dict[str, Any] | None, old: dict[str, Any] | None, toast: Iterable[str] = ()
+    ) -> TableChanges:
         self.parts[-1].changes.append(Change(op, lsn, self._next_seq(lsn), lsn // 16, new, old, tuple(toast)))
         return self
 
@@ -117,7 +120,7 @@ class TableChanges:
                 "_pg_seq": change.seq,
                 "_pg_op": change.op,
                 "_pg_xid": change.xid,
-                "_pg_commit_time": datetime(2026, 11, 22, tzinfo=timezone.utc).replace(microsecond=change.lsn % 1000),
+                "_pg_commit_time": datetime(2026, 11, 22, tzinfo=UTC).replace(microsecond=change.lsn % 1000),
                 "_pg_change_lsn": change.lsn - 8 + change.seq,
                 "_pg_unchanged_toast": list(change.toast) if change.op == "U" else [],
                 "_pg_old": dict(change.old) if change.old is not None else None,
@@ -138,14 +141,19 @@ class TableChanges:
         columns = [seen[name] for name in seen if name in latest]
         lsns = [c.lsn for c in changes]
         return {
-            "schema": self.schema, "table": self.table,
+            "schema": self.schema,
+            "table": self.table,
             "path": f"tables/{quote(self.schema, safe='')}/{quote(self.table, safe='')}",
-            "files": files, "rows": len(changes),
-            "inserts": sum(c.op == "I" for c in changes), "updates": sum(c.op == "U" for c in changes),
-            "deletes": sum(c.op == "D" for c in changes), "truncates": sum(c.op == "T" for c in changes),
+            "files": files,
+            "rows": len(changes),
+            "inserts": sum(c.op == "I" for c in changes),
+            "updates": sum(c.op == "U" for c in changes),
+            "deletes": sum(c.op == "D" for c in changes),
+            "truncates": sum(c.op == "T" for c in changes),
             "min_commit_lsn": lsn_text(min(lsns)) if lsns else None,
             "max_commit_lsn": lsn_text(max(lsns)) if lsns else None,
-            "key": self.key, "replica_identity": "default" if self.key else "nothing",
+            "key": self.key,
+            "replica_identity": "default" if self.key else "nothing",
             "columns": [
                 {"name": c.name, "type": c.catalog_type, "catalog_type": c.catalog_type, "arrow": str(c.arrow)}
                 for c in columns
@@ -153,8 +161,16 @@ class TableChanges:
         }
 
 
-def write_batch(root: Path | str, slot: str, start_lsn: int, end_lsn: int, tables: Sequence[TableChanges],
-                *, complete: bool = True, manifest: bool = True) -> str:
+def write_batch(
+    root: Path | str,
+    slot: str,
+    start_lsn: int,
+    end_lsn: int,
+    tables: Sequence[TableChanges],
+    *,
+    complete: bool = True,
+    manifest: bool = True,
+) -> str:
     """Write a batch directory ``<root>/<slot>/<start:016X>-<end:016X>`` and return its path."""
     directory = Path(root) / slot / f"{start_lsn:016X}-{end_lsn:016X}"
     directory.mkdir(parents=True, exist_ok=False)
@@ -177,14 +193,29 @@ def write_batch(root: Path | str, slot: str, start_lsn: int, end_lsn: int, table
     (directory / "prepared" / "903-deadbeef.jsonl.gz").write_bytes(b"not gzip: must never be read")
     if manifest:
         document = {
-            "format": "pgdecode.batch/1", "slot": slot, "plugin": "test_decoding", "database": "shop",
-            "start_lsn": lsn_text(start_lsn), "end_lsn": lsn_text(end_lsn), "ceiling_lsn": lsn_text(end_lsn + 16),
-            "transactions": len(transactions), "changes": sum(e["rows"] for e in entries),
+            "format": "pgdecode.batch/1",
+            "slot": slot,
+            "plugin": "test_decoding",
+            "database": "shop",
+            "start_lsn": lsn_text(start_lsn),
+            "end_lsn": lsn_text(end_lsn),
+            "ceiling_lsn": lsn_text(end_lsn + 16),
+            "transactions": len(transactions),
+            "changes": sum(e["rows"] for e in entries),
             "tables": entries,
-            "prepared_pending": [{"gid": "tx-42", "xid": 903, "begin_lsn": lsn_text(start_lsn + 1),
-                                  "prepare_lsn": lsn_text(start_lsn + 2), "prepare_time": "2026-11-22T10:00:00+00:00",
-                                  "items": 1, "path": "prepared/903-deadbeef.jsonl.gz"}],
-            "prepared_committed": [], "prepared_rolled_back": [],
+            "prepared_pending": [
+                {
+                    "gid": "tx-42",
+                    "xid": 903,
+                    "begin_lsn": lsn_text(start_lsn + 1),
+                    "prepare_lsn": lsn_text(start_lsn + 2),
+                    "prepare_time": "2026-11-22T10:00:00+00:00",
+                    "items": 1,
+                    "path": "prepared/903-deadbeef.jsonl.gz",
+                }
+            ],
+            "prepared_committed": [],
+            "prepared_rolled_back": [],
             "complete": complete,
         }
         (directory / "manifest.json").write_text(json.dumps(document, sort_keys=True), encoding="utf-8")
@@ -202,9 +233,7 @@ class Model:
         return tuple(row[k] for k in self.key)
 
     def apply(self, *tables: TableChanges, applied_through: int = -1) -> Model:
-        changes = sorted(
-            (c for t in tables for p in t.parts for c in p.changes), key=lambda c: (c.lsn, c.seq)
-        )
+        changes = sorted((c for t in tables for p in t.parts for c in p.changes), key=lambda c: (c.lsn, c.seq))
         for change in changes:
             if change.lsn <= applied_through:
                 continue

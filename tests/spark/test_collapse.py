@@ -38,11 +38,31 @@ EVENT_SCHEMA = (
 TARGET_SCHEMA = "id int, v string, big string, n int, _pg_commit_lsn bigint, _pg_commit_time timestamp, _pg_xid bigint"
 
 
-def ev(op: str, lsn: int, seq: int, key: int | None = None, *, old: int | None = None, keep: tuple[str, ...] = (),
-       **values: Any) -> dict[str, Any]:
+def ev(
+    op: str,
+    lsn: int,
+    seq: int,
+    key: int | None = None,
+    *,
+    old: int | None = None,
+    keep: tuple[str, ...] = (),
+    **values: Any,
+) -> dict[str, Any]:
     """One staged change as the merge job normalizes it. Kept columns carry null, as staged."""
-    row = {"id": key, "v": None, "big": None, "n": None, "_pg_commit_lsn": lsn, "_pg_commit_time": None,
-           "_pg_xid": lsn // 16, "__lsn": lsn, "__seq": seq, "__op": op, "__keep": list(keep), "__old_0": old}
+    row = {
+        "id": key,
+        "v": None,
+        "big": None,
+        "n": None,
+        "_pg_commit_lsn": lsn,
+        "_pg_commit_time": None,
+        "_pg_xid": lsn // 16,
+        "__lsn": lsn,
+        "__seq": seq,
+        "__op": op,
+        "__keep": list(keep),
+        "__old_0": old,
+    }
     for name, value in values.items():
         assert name in VALUES
         row[name] = None if name in keep else value
@@ -75,7 +95,9 @@ def replay(target: dict[int, dict[str, Any]], events: list[dict[str, Any]]) -> d
     return table
 
 
-def apply_merge(target: dict[int, dict[str, Any]], source: list[dict[str, Any]], spec: CollapseInput) -> dict[int, dict[str, Any]]:
+def apply_merge(
+    target: dict[int, dict[str, Any]], source: list[dict[str, Any]], spec: CollapseInput
+) -> dict[int, dict[str, Any]]:
     """What the merge job's MERGE does with the collapsed rows (one per key)."""
     keys = [r["id"] for r in source]
     assert len(keys) == len(set(keys)), f"more than one row per key: {sorted(keys)}"
@@ -100,7 +122,9 @@ def spec_for(events: list[dict[str, Any]]) -> CollapseInput:
 
 
 def keep_moves(events: list[dict[str, Any]]) -> bool:
-    return any(e["__op"] == "U" and e["__old_0"] is not None and e["__old_0"] != e["id"] and e["__keep"] for e in events)
+    return any(
+        e["__op"] == "U" and e["__old_0"] is not None and e["__old_0"] != e["id"] and e["__keep"] for e in events
+    )
 
 
 def collapse(spark, events, target, *, lineage: bool, truncate_at: tuple[int, int] | None = None):
@@ -114,8 +138,9 @@ def collapse(spark, events, target, *, lineage: bool, truncate_at: tuple[int, in
     allow_keep = truncate_at is None
     effects = effects_of(frame, spec)
     if lineage:
-        target_frame = spark.createDataFrame([{"id": k, **v, "_pg_commit_time": None, "_pg_xid": 1}
-                                              for k, v in target.items()], TARGET_SCHEMA)
+        target_frame = spark.createDataFrame(
+            [{"id": k, **v, "_pg_commit_time": None, "_pg_xid": 1} for k, v in target.items()], TARGET_SCHEMA
+        )
         result = collapse_with_lineage(effects, spec, target_frame if allow_keep else None, allow_keep=allow_keep)
     else:
         result = collapse_simple(effects, spec, allow_keep=allow_keep)
@@ -161,13 +186,17 @@ def test_effects_of_each_kind_of_event(spark) -> None:
     ]
     spec = CollapseInput(key=("id",), value_columns=VALUES, keep_columns=("big",))
     effects = effects_of(spark.createDataFrame(events, EVENT_SCHEMA), spec).collect()
-    got = sorted((r["id"], r[KIND], r[MOVE_IN], r[IS_INSERT], r["__lsn"], r["__seq"], r["v"], tuple(r["__keep"]))
-                 for r in effects)
+    got = sorted(
+        (r["id"], r[KIND], r[MOVE_IN], r[IS_INSERT], r["__lsn"], r["__seq"], r["v"], tuple(r["__keep"]))
+        for r in effects
+    )
     expected = []
     for e in events:
         moved = e["__op"] == "U" and e["__old_0"] is not None and e["__old_0"] != e["id"]
         if e["__op"] in ("I", "U"):
-            expected.append((e["id"], UPSERT, moved, e["__op"] == "I", e["__lsn"], e["__seq"], e["v"], tuple(e["__keep"])))
+            expected.append(
+                (e["id"], UPSERT, moved, e["__op"] == "I", e["__lsn"], e["__seq"], e["v"], tuple(e["__keep"]))
+            )
         if e["__op"] == "D" or moved:
             expected.append((e["__old_0"], DELETE, False, False, e["__lsn"], e["__seq"], None, ()))
     assert got == sorted(expected)
@@ -176,8 +205,10 @@ def test_effects_of_each_kind_of_event(spark) -> None:
 
 
 def test_effects_of_with_a_composite_key(spark) -> None:
-    schema = ("a int, b string, v string, _pg_commit_lsn bigint, _pg_commit_time timestamp, _pg_xid bigint,"
-              " __lsn bigint, __seq int, __op string, __keep array<string>, __old_0 int, __old_1 string")
+    schema = (
+        "a int, b string, v string, _pg_commit_lsn bigint, _pg_commit_time timestamp, _pg_xid bigint,"
+        " __lsn bigint, __seq int, __op string, __keep array<string>, __old_0 int, __old_1 string"
+    )
     rows = [
         {"a": 1, "b": "x", "v": "same", "__old_0": 1, "__old_1": "x"},  # not a move
         {"a": 1, "b": "y", "v": "half", "__old_0": 1, "__old_1": "x"},  # second part changed: a move
@@ -188,7 +219,8 @@ def test_effects_of_with_a_composite_key(spark) -> None:
     spec = CollapseInput(key=("a", "b"), value_columns=("v",), keep_columns=())
     effects = effects_of(spark.createDataFrame(rows, schema), spec).collect()
     assert sorted((r["a"], r["b"], r[KIND], r[MOVE_IN]) for r in effects) == sorted(
-        [(1, "x", UPSERT, False), (1, "y", UPSERT, True), (1, "x", DELETE, False), (2, "y", UPSERT, False)])
+        [(1, "x", UPSERT, False), (1, "y", UPSERT, True), (1, "x", DELETE, False), (2, "y", UPSERT, False)]
+    )
 
 
 # --- the collapse against the replay ----------------------------------------------------------
@@ -237,7 +269,14 @@ def test_key_change_chain_without_kept_columns(spark) -> None:
         ev("U", 0x100, 1, 30, old=2, v="away", big="w", n=4),  # ... moved away first (2 -> 30)
     ]
     rows = by_key(check(spark, events, TARGET))
-    assert {k: r[KIND] for k, r in rows.items()} == {1: DELETE, 10: DELETE, 20: UPSERT, 2: UPSERT, 3: DELETE, 30: UPSERT}
+    assert {k: r[KIND] for k, r in rows.items()} == {
+        1: DELETE,
+        10: DELETE,
+        20: UPSERT,
+        2: UPSERT,
+        3: DELETE,
+        30: UPSERT,
+    }
 
 
 def test_key_change_chain_carries_unchanged_toast_along_the_lineage(spark) -> None:
@@ -315,8 +354,13 @@ def test_truncate_cuts_the_batch(spark) -> None:
 
 
 def test_after_is_strictly_after_in_commit_order(spark) -> None:
-    frame = spark.createDataFrame([ev("U", lsn, seq, 1, v=f"{lsn}/{seq}") for lsn, seq in
-                                   [(0x100, 9), (0x200, 2), (0x200, 3), (0x200, 4), (0x300, 0)]], EVENT_SCHEMA)
+    frame = spark.createDataFrame(
+        [
+            ev("U", lsn, seq, 1, v=f"{lsn}/{seq}")
+            for lsn, seq in [(0x100, 9), (0x200, 2), (0x200, 3), (0x200, 4), (0x300, 0)]
+        ],
+        EVENT_SCHEMA,
+    )
     kept = sorted((r["__lsn"], r["__seq"]) for r in frame.where(after(0x200, 3)).collect())
     assert kept == [(0x200, 4), (0x300, 0)]
 
@@ -381,15 +425,19 @@ def test_resolve_lineage_roots_follows_chains_to_their_ends(spark) -> None:
 
 def test_resolve_lineage_roots_with_segment_structs(spark) -> None:
     # As collapse_with_lineage calls it: segments are (key struct, order struct) structs.
-    schema = "child struct<k: struct<id: int>, o: struct<lsn: bigint, seq: int>>, " \
-             "parent struct<k: struct<id: int>, o: struct<lsn: bigint, seq: int>>"
+    schema = (
+        "child struct<k: struct<id: int>, o: struct<lsn: bigint, seq: int>>, "
+        "parent struct<k: struct<id: int>, o: struct<lsn: bigint, seq: int>>"
+    )
 
     def seg(key: int, lsn: int | None) -> tuple:
         return ((key,), None if lsn is None else (lsn, 0))
 
     links = [(seg(12, 0x200), seg(11, 0x100)), (seg(11, 0x100), seg(1, None))]
-    got = {r["child"]["k"]["id"]: (r["root"]["k"]["id"], r["root"]["o"]) for r in
-           resolve_lineage_roots(spark.createDataFrame(links, schema)).collect()}
+    got = {
+        r["child"]["k"]["id"]: (r["root"]["k"]["id"], r["root"]["o"])
+        for r in resolve_lineage_roots(spark.createDataFrame(links, schema)).collect()
+    }
     assert got == {12: (1, None), 11: (1, None)}
 
 

@@ -9,15 +9,15 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from airflow_provider_pgdecode.errors import BatchError
-from airflow_provider_pgdecode.errors import MergeInputError
+from airflow_provider_pgdecode.errors import BatchError, MergeInputError
 from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches
 from tests.spark.staged import UNCHANGED, Model, TableChanges, write_batch
 
@@ -25,8 +25,12 @@ pytestmark = pytest.mark.spark
 
 SLOT = "pgdecode_test"
 ORDERS = [("id", "integer", pa.int32()), ("note", "text", pa.string()), ("amount", "numeric(10,2)", pa.string())]
-DOCS = [("id", "bigint", pa.int64()), ("title", "character varying(40)", pa.string()),
-        ("body", "text", pa.string()), ("blob", "bytea", pa.binary())]
+DOCS = [
+    ("id", "bigint", pa.int64()),
+    ("title", "character varying(40)", pa.string()),
+    ("body", "text", pa.string()),
+    ("blob", "bytea", pa.binary()),
+]
 
 
 def delta_rows(spark: Any, path: str, columns: Sequence[str], key: Sequence[str] = ("id",)) -> list[dict[str, Any]]:
@@ -91,7 +95,9 @@ def test_insert_update_delete_nulls_and_awkward_text(spark: Any, tmp_path: Path)
 
     table = deltalake.DeltaTable(path)
     assert table.transaction_version(f"pgdecode:{SLOT}") == 510
-    read = pa.table(deltalake.QueryBuilder().register("t", table).execute("select id, note from t order by id").read_all())
+    read = pa.table(
+        deltalake.QueryBuilder().register("t", table).execute("select id, note from t order by id").read_all()
+    )
     assert read.to_pylist() == [{"id": r["id"], "note": r["note"]} for r in expected]
 
     # Second batch against the existing table: updates, deletes, inserts in one MERGE.
@@ -102,7 +108,9 @@ def test_insert_update_delete_nulls_and_awkward_text(spark: Any, tmp_path: Path)
         .insert(700, id=5, note="five", amount="5.55")
     )
     before = delta_version(spark, path)
-    summary = merge_batches(spark, [write_batch(tmp_path / "staging", SLOT, 510, 710, [second])], str(tmp_path / "delta"))
+    summary = merge_batches(
+        spark, [write_batch(tmp_path / "staging", SLOT, 510, 710, [second])], str(tmp_path / "delta")
+    )
     result = summary["tables"]["public.orders"]
     assert (result["inserted"], result["updated"], result["deleted"]) == (1, 1, 1)
     assert delta_version(spark, path) == before + 1
@@ -246,8 +254,12 @@ ALL_TYPES = [
     ("c_date", "date", pa.date32(), dt.date(2024, 2, 29)),
     ("c_date_inf", "date", pa.date32(), dt.date(9999, 12, 31)),
     ("c_ts", "timestamp without time zone", pa.timestamp("us"), dt.datetime(2024, 1, 2, 3, 4, 5, 123456)),
-    ("c_tstz", "timestamp with time zone", pa.timestamp("us", tz="UTC"),
-     dt.datetime(2024, 1, 2, 3, 4, 5, 654321, tzinfo=dt.timezone.utc)),
+    (
+        "c_tstz",
+        "timestamp with time zone",
+        pa.timestamp("us", tz="UTC"),
+        dt.datetime(2024, 1, 2, 3, 4, 5, 654321, tzinfo=dt.UTC),
+    ),
     ("c_uuid", "uuid", pa.string(), "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"),
     ("c_json", "json", pa.string(), '{"a": [1, 2]}'),
     ("c_jsonb", "jsonb", pa.string(), '{"b": null}'),
@@ -265,8 +277,10 @@ ALL_TYPES = [
 def test_every_mapped_type(spark: Any, tmp_path: Path) -> None:
     columns = [(name, catalog, arrow) for name, catalog, arrow, _ in ALL_TYPES]
     values = {name: value for name, _, _, value in ALL_TYPES}
-    batch = TableChanges("public", "all_types", columns).insert(100, **values).insert(
-        100, **{name: (2 if name == "id" else None) for name in values}
+    batch = (
+        TableChanges("public", "all_types", columns)
+        .insert(100, **values)
+        .insert(100, **{name: (2 if name == "id" else None) for name in values})
     )
     options = MergeOptions(type_overrides={"mood": "string"})
     summary = merge_batches(spark, [write_batch(tmp_path / "s", SLOT, 90, 110, [batch])], str(tmp_path / "d"), options)
@@ -274,14 +288,39 @@ def test_every_mapped_type(spark: Any, tmp_path: Path) -> None:
     frame = spark.read.format("delta").load(str(tmp_path / "d" / "public" / "all_types"))
     types = {f.name: f.dataType.simpleString() for f in frame.schema.fields}
     assert types == {
-        "id": "int", "c_smallint": "smallint", "c_bigint": "bigint", "c_oid": "bigint", "c_real": "float",
-        "c_double": "double", "c_double_inf": "double", "c_numeric": "decimal(10,2)",
-        "c_numeric_nan": "decimal(10,2)", "c_numeric_unbounded": "decimal(38,18)", "c_numeric_big": "string",
-        "c_bool": "boolean", "c_text": "string", "c_varchar": "string", "c_char": "string", "c_date": "date",
-        "c_date_inf": "date", "c_ts": "timestamp", "c_tstz": "timestamp", "c_uuid": "string", "c_json": "string",
-        "c_jsonb": "string", "c_bytea": "binary", "c_text_arr": "array<string>", "c_int_arr": "array<int>",
-        "c_num_arr": "array<decimal(6,2)>", "c_mood": "string", "c_interval": "string", "c_time": "string",
-        "c_bits": "string", "_pg_commit_lsn": "bigint", "_pg_commit_time": "timestamp", "_pg_xid": "bigint",
+        "id": "int",
+        "c_smallint": "smallint",
+        "c_bigint": "bigint",
+        "c_oid": "bigint",
+        "c_real": "float",
+        "c_double": "double",
+        "c_double_inf": "double",
+        "c_numeric": "decimal(10,2)",
+        "c_numeric_nan": "decimal(10,2)",
+        "c_numeric_unbounded": "decimal(38,18)",
+        "c_numeric_big": "string",
+        "c_bool": "boolean",
+        "c_text": "string",
+        "c_varchar": "string",
+        "c_char": "string",
+        "c_date": "date",
+        "c_date_inf": "date",
+        "c_ts": "timestamp",
+        "c_tstz": "timestamp",
+        "c_uuid": "string",
+        "c_json": "string",
+        "c_jsonb": "string",
+        "c_bytea": "binary",
+        "c_text_arr": "array<string>",
+        "c_int_arr": "array<int>",
+        "c_num_arr": "array<decimal(6,2)>",
+        "c_mood": "string",
+        "c_interval": "string",
+        "c_time": "string",
+        "c_bits": "string",
+        "_pg_commit_lsn": "bigint",
+        "_pg_commit_time": "timestamp",
+        "_pg_xid": "bigint",
     }
     comments = {f.name: f.metadata.get("comment") for f in frame.schema.fields}
     assert comments["c_numeric"] == "PostgreSQL numeric(10,2)" and comments["c_mood"] == "PostgreSQL mood"
@@ -299,21 +338,33 @@ def test_every_mapped_type(spark: Any, tmp_path: Path) -> None:
     # Both timestamps are UTC instants; the one without zone keeps its wall-clock time as UTC.
     utc = spark.sql("select 1").sparkSession.conf.get("spark.sql.session.timeZone")
     assert utc == "UTC"
-    check = frame.where("id = 1").selectExpr(
-        "date_format(c_ts, 'yyyy-MM-dd HH:mm:ss.SSSSSS') as ts", "date_format(c_tstz, 'yyyy-MM-dd HH:mm:ss.SSSSSS') as tstz"
-    ).collect()[0]
+    check = (
+        frame.where("id = 1")
+        .selectExpr(
+            "date_format(c_ts, 'yyyy-MM-dd HH:mm:ss.SSSSSS') as ts",
+            "date_format(c_tstz, 'yyyy-MM-dd HH:mm:ss.SSSSSS') as tstz",
+        )
+        .collect()[0]
+    )
     assert (check["ts"], check["tstz"]) == ("2024-01-02 03:04:05.123456", "2024-01-02 03:04:05.654321")
     assert row["c_uuid"] == values["c_uuid"] and json.loads(row["c_json"]) == {"a": [1, 2]}
     assert row["c_jsonb"] == '{"b": null}' and bytes(row["c_bytea"]) == b"\x00\xff\x10"
     assert row["c_text_arr"] == ["a", None, 'q"uote'] and row["c_int_arr"] == [1, None, 3]
     assert row["c_num_arr"] == [Decimal("1.50"), None, None]
-    assert (row["c_mood"], row["c_interval"], row["c_time"], row["c_bits"]) == ("happy", "1 day 02:00:00", "12:34:56", "1010")
+    assert (row["c_mood"], row["c_interval"], row["c_time"], row["c_bits"]) == (
+        "happy",
+        "1 day 02:00:00",
+        "12:34:56",
+        "1010",
+    )
     assert all(value is None for name, value in rows[2].items() if name.startswith("c_"))
 
 
 def test_schema_evolution_added_and_dropped_columns(spark: Any, tmp_path: Path) -> None:
-    first = TableChanges("public", "orders", ORDERS).insert(100, id=1, note="a", amount="1.00").insert(
-        100, id=2, note="b", amount="2.00"
+    first = (
+        TableChanges("public", "orders", ORDERS)
+        .insert(100, id=1, note="a", amount="1.00")
+        .insert(100, id=2, note="b", amount="2.00")
     )
     merge_batches(spark, [write_batch(tmp_path / "s", SLOT, 90, 110, [first])], str(tmp_path / "d"))
     with_status = ORDERS + [("status", "text", pa.string())]
@@ -349,7 +400,9 @@ def test_schema_evolution_added_and_dropped_columns(spark: Any, tmp_path: Path) 
     assert rows[4] == {"id": 4, "note": None, "amount": Decimal("4.00"), "status": "new"}
 
 
-def test_replay_and_overlapping_batches_change_nothing(spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_replay_and_overlapping_batches_change_nothing(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     first = (
         TableChanges("public", "orders", ORDERS)
         .insert(100, id=1, note="a", amount="1.00")
@@ -399,8 +452,10 @@ def test_replay_and_overlapping_batches_change_nothing(spark: Any, tmp_path: Pat
 
 def test_two_batches_in_one_run_are_one_merge_in_lsn_order(spark: Any, tmp_path: Path) -> None:
     a = TableChanges("public", "orders", ORDERS).insert(100, id=1, note="a", amount="1.00")
-    b = TableChanges("public", "orders", ORDERS).update(200, id=1, note="a2", amount="1.10").insert(
-        200, id=2, note="b", amount="2.00"
+    b = (
+        TableChanges("public", "orders", ORDERS)
+        .update(200, id=1, note="a2", amount="1.10")
+        .insert(200, id=2, note="b", amount="2.00")
     )
     batch_a = write_batch(tmp_path / "s", SLOT, 90, 110, [a])
     batch_b = write_batch(tmp_path / "s", SLOT, 110, 210, [b])
@@ -409,7 +464,6 @@ def test_two_batches_in_one_run_are_one_merge_in_lsn_order(spark: Any, tmp_path:
     assert summary["end_lsn"] == "0/D2"
     assert delta_rows(spark, path, ["id", "note", "amount", "_pg_commit_lsn"]) == orders_state(Model().apply(a, b))
     assert [op for _, op in history(spark, path)] == ["MERGE", "CREATE TABLE"]
-
 
 
 def test_inserts_only_into_a_new_table_are_appended_in_one_commit(spark: Any, tmp_path: Path) -> None:
@@ -468,9 +522,13 @@ def test_bad_input_no_key_and_unmapped_type_leave_delta_unchanged(spark: Any, tm
 
 def test_bad_input_missing_or_incomplete_batches_leave_delta_unchanged(spark: Any, tmp_path: Path) -> None:
     root, path, versions = _existing_table(spark, tmp_path)
-    good = write_batch(tmp_path / "s", SLOT, 110, 210, [
-        TableChanges("public", "orders", ORDERS).insert(200, id=2, note="b", amount="2.00")
-    ])
+    good = write_batch(
+        tmp_path / "s",
+        SLOT,
+        110,
+        210,
+        [TableChanges("public", "orders", ORDERS).insert(200, id=2, note="b", amount="2.00")],
+    )
 
     def changes(lsn: int) -> list[TableChanges]:
         return [TableChanges("public", "orders", ORDERS).insert(lsn, id=lsn, note="x", amount="1.00")]
@@ -504,8 +562,9 @@ def test_null_key_and_numeric_overflow_are_refused(spark: Any, tmp_path: Path) -
     assert history(spark, path) == versions
     assert not (tmp_path / "d" / "public" / "wide").exists()
     # The documented way out: unbounded numeric as exact text.
-    merge_batches(spark, [write_batch(tmp_path / "s2", SLOT, 210, 310, [wide])], root,
-                  MergeOptions(unbounded_numeric="string"))
+    merge_batches(
+        spark, [write_batch(tmp_path / "s2", SLOT, 210, 310, [wide])], root, MergeOptions(unbounded_numeric="string")
+    )
     assert delta_rows(spark, str(tmp_path / "d" / "public" / "wide"), ["id", "n"]) == [{"id": 1, "n": "0." + "1" * 25}]
 
 

@@ -8,12 +8,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from airflow_provider_pgdecode.errors import BatchError
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, read_batches
-from airflow_provider_pgdecode.errors import MergeInputError
+from airflow_provider_pgdecode.errors import BatchError, MergeInputError, UnmappedTypeError
 from airflow_provider_pgdecode.spark.merge_job import delta_table_path, merge_condition, merge_ranges
 from airflow_provider_pgdecode.spark.session import delta_maven_coordinates, delta_spark_conf, ivy_dir
-from airflow_provider_pgdecode.errors import UnmappedTypeError
 from airflow_provider_pgdecode.spark.types import map_catalog_type, parse_unbounded_numeric_rule
 from tests.spark.staged import TableChanges, write_batch
 
@@ -21,18 +19,41 @@ from tests.spark.staged import TableChanges, write_batch
 @pytest.mark.parametrize(
     ("catalog_type", "delta_type"),
     [
-        ("smallint", "smallint"), ("integer", "int"), ("bigint", "bigint"), ("oid", "bigint"),
-        ("real", "float"), ("double precision", "double"),
-        ("numeric(10,2)", "decimal(10,2)"), ("numeric(7)", "decimal(7,0)"), ("numeric", "decimal(38,18)"),
-        ("numeric(38,38)", "decimal(38,38)"), ("numeric(39,2)", "string"), ("numeric(5,-2)", "decimal(7,0)"),
+        ("smallint", "smallint"),
+        ("integer", "int"),
+        ("bigint", "bigint"),
+        ("oid", "bigint"),
+        ("real", "float"),
+        ("double precision", "double"),
+        ("numeric(10,2)", "decimal(10,2)"),
+        ("numeric(7)", "decimal(7,0)"),
+        ("numeric", "decimal(38,18)"),
+        ("numeric(38,38)", "decimal(38,38)"),
+        ("numeric(39,2)", "string"),
+        ("numeric(5,-2)", "decimal(7,0)"),
         ("numeric(2,5)", "decimal(5,5)"),
-        ("boolean", "boolean"), ("text", "string"), ("character varying(255)", "string"), ("character(1)", "string"),
-        ('"char"', "string"), ("date", "date"), ("timestamp with time zone", "timestamp"),
-        ("timestamp(3) with time zone", "timestamp"), ("timestamp without time zone", "timestamp"),
-        ("time(6) without time zone", "string"), ("interval day to second", "string"), ("uuid", "string"),
-        ("json", "string"), ("jsonb", "string"), ("bytea", "binary"), ("inet", "string"), ("bit(8)", "string"),
-        ("text[]", "array<string>"), ("integer[]", "array<int>"), ("numeric(6,2)[]", "array<decimal(6,2)>"),
-        ("timestamp with time zone[]", "array<timestamp>"), ("bytea[]", "array<binary>"),
+        ("boolean", "boolean"),
+        ("text", "string"),
+        ("character varying(255)", "string"),
+        ("character(1)", "string"),
+        ('"char"', "string"),
+        ("date", "date"),
+        ("timestamp with time zone", "timestamp"),
+        ("timestamp(3) with time zone", "timestamp"),
+        ("timestamp without time zone", "timestamp"),
+        ("time(6) without time zone", "string"),
+        ("interval day to second", "string"),
+        ("uuid", "string"),
+        ("json", "string"),
+        ("jsonb", "string"),
+        ("bytea", "binary"),
+        ("inet", "string"),
+        ("bit(8)", "string"),
+        ("text[]", "array<string>"),
+        ("integer[]", "array<int>"),
+        ("numeric(6,2)[]", "array<decimal(6,2)>"),
+        ("timestamp with time zone[]", "array<timestamp>"),
+        ("bytea[]", "array<binary>"),
     ],
 )
 def test_type_mapping(catalog_type: str, delta_type: str) -> None:
@@ -85,12 +106,16 @@ def test_session_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     assert ivy_dir() == tmp_path / "ivy"
     monkeypatch.setenv("PGDECODE_DELTA_JARS", str(tmp_path))
     (tmp_path / "a.jar").write_bytes(b"")
-    assert delta_spark_conf()["spark.jars"] == str(tmp_path / "a.jar") and "spark.jars.packages" not in delta_spark_conf()
+    assert (
+        delta_spark_conf()["spark.jars"] == str(tmp_path / "a.jar") and "spark.jars.packages" not in delta_spark_conf()
+    )
 
 
 def test_read_batches_orders_by_lsn_and_checks_the_manifest(tmp_path: Path) -> None:
     columns = [("id", "integer", pa.int32())]
-    later = write_batch(tmp_path, "s", 0x1_0000_0010, 0x1_0000_0100, [TableChanges("public", "t", columns).insert(0x1_0000_0050, id=1)])
+    later = write_batch(
+        tmp_path, "s", 0x1_0000_0010, 0x1_0000_0100, [TableChanges("public", "t", columns).insert(0x1_0000_0050, id=1)]
+    )
     earlier = write_batch(tmp_path, "s", 0x10, 0x9_0000, [TableChanges("public", "t", columns).insert(0x20, id=1)])
     batches = read_batches([later, earlier])
     assert [str(b.start_lsn) for b in batches] == ["0/10", "1/10"]

@@ -7,10 +7,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.capture.extract import extract_batch
+from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches
 from airflow_provider_pgdecode.testing.compare import compare_table
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
@@ -95,9 +94,7 @@ def test_delta_equals_postgres_across_batches_and_replays(pg_conn, source, spark
 
     def cycle() -> None:
         nonlocal checkpoint
-        manifest = extract_batch(
-            pg_conn, slot, staging, plugin=plugin, publication=publication, checkpoint=checkpoint
-        )
+        manifest = extract_batch(pg_conn, slot, staging, plugin=plugin, publication=publication, checkpoint=checkpoint)
         merge_batches(spark, [str(manifest.path)], delta_root, options)
         pg_conn.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, manifest.end_lsn))
         checkpoint = Checkpoint.from_manifest(manifest)

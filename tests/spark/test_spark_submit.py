@@ -9,9 +9,10 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from contextlib import ExitStack, closing
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -50,7 +51,9 @@ def _delta_rows(path: str) -> list[dict[str, Any]]:
     import deltalake
 
     table = deltalake.DeltaTable(path)
-    rows = pa.table(deltalake.QueryBuilder().register("t", table).execute("select id, name from t order by id").read_all())
+    rows = pa.table(
+        deltalake.QueryBuilder().register("t", table).execute("select id, name from t order by id").read_all()
+    )
     return rows.to_pylist()
 
 
@@ -113,8 +116,13 @@ def _wait_for(predicate: Any, timeout: float, what: str) -> Any:
 def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, int]]:
     """A Spark standalone master and two one-core workers on 127.0.0.1; stopped afterwards."""
     env = spark_submit_env()
-    env.update({"SPARK_LOG_DIR": str(tmp_path / "logs"), "SPARK_WORKER_DIR": str(tmp_path / "work"),
-                "SPARK_LOCAL_DIRS": str(tmp_path / "local")})
+    env.update(
+        {
+            "SPARK_LOG_DIR": str(tmp_path / "logs"),
+            "SPARK_WORKER_DIR": str(tmp_path / "work"),
+            "SPARK_LOCAL_DIRS": str(tmp_path / "local"),
+        }
+    )
     master_port, master_ui = _free_port(), _free_port()
     spark_class = spark_bin("spark-class")
     with ExitStack() as stack:
@@ -125,14 +133,40 @@ def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, int]]:
             processes.append(subprocess.Popen([spark_class, *args], env=env, stdout=log, stderr=subprocess.STDOUT))
 
         try:
-            start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(master_port),
-                   "--webui-port", str(master_ui)], "master.log")
+            start(
+                [
+                    "org.apache.spark.deploy.master.Master",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(master_port),
+                    "--webui-port",
+                    str(master_ui),
+                ],
+                "master.log",
+            )
             master_url = f"spark://127.0.0.1:{master_port}"
             _wait_for(lambda: _master_state(master_ui)["status"] == "ALIVE", 60, "the master")
             for index in range(2):
-                start(["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--port", str(_free_port()),
-                       "--webui-port", str(_free_port()), "--cores", "1", "--memory", "1g",
-                       "--work-dir", str(tmp_path / f"work-{index}"), master_url], f"worker-{index}.log")
+                start(
+                    [
+                        "org.apache.spark.deploy.worker.Worker",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(_free_port()),
+                        "--webui-port",
+                        str(_free_port()),
+                        "--cores",
+                        "1",
+                        "--memory",
+                        "1g",
+                        "--work-dir",
+                        str(tmp_path / f"work-{index}"),
+                        master_url,
+                    ],
+                    f"worker-{index}.log",
+                )
             _wait_for(lambda: _master_state(master_ui)["aliveworkers"] == 2, 60, "two workers")
             yield master_url, master_ui
         finally:
@@ -149,11 +183,17 @@ def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, int]]:
 def test_standalone_cluster_with_two_workers(standalone_cluster: tuple[str, int], tmp_path: Path) -> None:
     master_url, master_ui = standalone_cluster
     first, second = _changes()
-    batches = [write_batch(tmp_path / "staging", SLOT, 100, 150, [first]),
-               write_batch(tmp_path / "staging", SLOT, 150, 510, [second])]
+    batches = [
+        write_batch(tmp_path / "staging", SLOT, 100, 150, [first]),
+        write_batch(tmp_path / "staging", SLOT, 150, 510, [second]),
+    ]
     root = str(tmp_path / "delta")
-    conf = {"spark.sql.shuffle.partitions": "4", "spark.executor.cores": "1", "spark.cores.max": "2",
-            "spark.executor.memory": "1g"}
+    conf = {
+        "spark.sql.shuffle.partitions": "4",
+        "spark.executor.cores": "1",
+        "spark.cores.max": "2",
+        "spark.executor.memory": "1g",
+    }
     summary = _submit(master_url, ["--delta-root", root, "--batch", batches[0], "--batch", batches[1]], conf)
     table = summary["tables"]["sales.Customer List"]
     assert table["status"] == "merged" and table["truncated"] is True and table["created"] is True

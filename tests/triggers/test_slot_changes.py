@@ -56,8 +56,14 @@ def test_serialize_round_trips_with_json_only() -> None:
     assert cls is SlotChangesTrigger
     assert json.loads(json.dumps(kwargs)) == kwargs
     assert kwargs == {
-        "slot_name": "pgdecode_shop", "postgres_conn_id": "src", "poll_interval": 15.0, "min_lag_bytes": 1024,
-        "advance_lag_bytes": 1 << 30, "probe_rows": 50, "heartbeat_prefix": "hb", "publication": "pub",
+        "slot_name": "pgdecode_shop",
+        "postgres_conn_id": "src",
+        "poll_interval": 15.0,
+        "min_lag_bytes": 1024,
+        "advance_lag_bytes": 1 << 30,
+        "probe_rows": 50,
+        "heartbeat_prefix": "hb",
+        "publication": "pub",
     }
     assert cls(**kwargs).serialize() == (classpath, kwargs)
 
@@ -180,8 +186,16 @@ def test_classify_rows() -> None:
     binary_rows = [
         ("0/20", b"B" + bytes(20)),
         # a Relation message (table public.t, one int4 key column id) and an Insert into it
-        ("0/21", b"R" + (7).to_bytes(4, "big") + b"public\x00t\x00d" + (1).to_bytes(2, "big")
-         + b"\x01id\x00" + (23).to_bytes(4, "big") + (-1).to_bytes(4, "big", signed=True)),
+        (
+            "0/21",
+            b"R"
+            + (7).to_bytes(4, "big")
+            + b"public\x00t\x00d"
+            + (1).to_bytes(2, "big")
+            + b"\x01id\x00"
+            + (23).to_bytes(4, "big")
+            + (-1).to_bytes(4, "big", signed=True),
+        ),
         ("0/22", b"I" + (7).to_bytes(4, "big") + b"N" + (1).to_bytes(2, "big") + b"t" + (1).to_bytes(4, "big") + b"1"),
         ("0/23", b"C" + bytes(25)),
         ("0/24", message(0, b"pgdecode.heartbeat")),

@@ -55,6 +55,6 @@ def test_transient_errors_pass_through_so_retries_apply(error: Exception) -> Non
 
 def test_in_use_is_the_only_retryable_slot_error() -> None:
     assert SlotInUseError.retryable and is_deterministic(CatalogError("x"))
-    assert [cls.__name__ for cls in vars(errors).values() if isinstance(cls, type) and getattr(cls, "retryable", False)] == [
-        "SlotInUseError"
-    ]
+    assert [
+        cls.__name__ for cls in vars(errors).values() if isinstance(cls, type) and getattr(cls, "retryable", False)
+    ] == ["SlotInUseError"]
