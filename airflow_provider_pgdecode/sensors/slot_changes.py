@@ -7,9 +7,10 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_pgdecode.capture.table_snapshot import pending_snapshot_requests
+from airflow_provider_pgdecode.errors import SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.triggers.slot_changes import (
     DEFAULT_HEARTBEAT_PREFIX,
@@ -152,8 +153,8 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
             raise AirflowException(f"the trigger of slot {self.slot_name!r} returned no event")
         if event.get("status") != "success":
             message = event.get("message") or f"the trigger of slot {self.slot_name!r} failed: {event!r}"
-            if event.get("fatal"):
-                raise AirflowFailException(message)
-            raise AirflowException(message)
+            with fail_fast():
+                # The trigger said whether its error was deterministic (a missing or lost slot).
+                raise SlotError(message) if event.get("fatal") else AirflowException(message)
         self.log.info("Slot %s: %s", self.slot_name, event.get("reason"))
         return event
