@@ -30,6 +30,7 @@ from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary
 from airflow_provider_pgdecode.batch.publish import publish_batch
 from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter
 from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
+from airflow_provider_pgdecode.capture.reconcile import reconcile
 from airflow_provider_pgdecode.capture.table_snapshot import (
     DEFAULT_ROWS_PER_BATCH,
     TableSnapshotter,
@@ -82,7 +83,10 @@ def extract_batch(
     :param plugin: the output plugin the slot must have been created with.
     :param checkpoint: the previous batch's checkpoint: its prepared transactions still
         pending, and its end LSN (rows at or before it are not staged again even when the
-        slot is behind it because a confirm failed).
+        slot is behind it because a confirm failed). It is reconciled with the slot as the DAG
+        does (:func:`~airflow_provider_pgdecode.capture.reconcile.reconcile`): a slot that another
+        reader moved past it raises :class:`~airflow_provider_pgdecode.errors.CheckpointError`
+        rather than skipping the changes in between.
     :param upto_lsn: the ceiling; default the server's WAL flush position when the run starts.
         The same ceiling over the same slot position gives the same batch.
     :param tables: ``schema.table`` names to stage; default every table that has changes.
@@ -111,6 +115,11 @@ def extract_batch(
     check_readable(info, plugin)
     if checkpoint is not None and checkpoint.slot != slot_name:
         raise StagingError(f"the checkpoint belongs to slot {checkpoint.slot!r}, not {slot_name!r}")
+    if checkpoint is not None:
+        # The same reconciliation as the DAG's extract task: a slot ahead of the checkpoint with no
+        # staged batches leading there was consumed by another reader, and starting from the slot
+        # would skip those changes for good (CheckpointError says how to recover).
+        checkpoint = reconcile(checkpoint, info, staging_root).checkpoint
     confirmed = info.confirmed_flush_lsn or Lsn(0)
     resume_after = checkpoint.end_lsn if checkpoint is not None else None
     start_lsn = max(confirmed, resume_after) if resume_after is not None else confirmed

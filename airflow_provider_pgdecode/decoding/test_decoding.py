@@ -346,11 +346,36 @@ def _parse_xid_suffix(rest: str) -> int | None:
     return int(rest)
 
 
+def _read_escaped_literal(line: str, pos: int) -> tuple[str, int]:
+    """Read ``E'...'`` starting at ``pos`` (the ``E``): quote_literal_cstr's form of a text holding a
+    backslash, with each backslash and each quote doubled."""
+    out: list[str] = []
+    i = pos + 2
+    while i < len(line):
+        c = line[i]
+        if c == "\\" and i + 1 < len(line):
+            out.append(line[i + 1])
+            i += 2
+        elif c == "'":
+            if line.startswith("'", i + 1):
+                out.append("'")
+                i += 2
+            else:
+                return "".join(out), i + 1
+        else:
+            out.append(c)
+            i += 1
+    raise _Malformed("unterminated quoted value")
+
+
 def _parse_gid_line(rest: str) -> tuple[str, int | None, datetime | None]:
-    """Parse ``'gid'[, txid N][ (at ts)]``; the gid is quote_literal'd."""
-    if not rest.startswith("'"):
+    """Parse ``'gid'[, txid N][ (at ts)]``; the gid is quote_literal'd (``E'...'`` when it holds a backslash)."""
+    if rest.startswith("E'"):
+        gid, pos = _read_escaped_literal(rest, 0)
+    elif rest.startswith("'"):
+        gid, pos = read_quoted_literal(rest, 0)
+    else:
         raise _Malformed("expected a quoted transaction identifier")
-    gid, pos = read_quoted_literal(rest, 0)
     tail, when = _split_at_time(rest[pos:])
     xid = None
     if tail:
@@ -371,12 +396,13 @@ def _parse_message(
         raise _Malformed("malformed message header")
     transactional = flag == b"1"
     prefix_start = pos + 10
-    # The prefix is raw and may itself contain ", sz: ": find the split that makes the
-    # content exactly sz bytes long, trying from the right.
-    search_end = len(data)
+    # Prefix and content are raw: either may hold ", sz: ". Take the first split from the left
+    # that makes the content exactly sz bytes long, so a content that itself ends in
+    # ", sz: N content:" plus N bytes is not split inside the content.
+    search_from = prefix_start
     content: bytes | None
     while True:
-        sz_at = data.rfind(b", sz: ", prefix_start, search_end)
+        sz_at = data.find(b", sz: ", search_from)
         if sz_at < 0:
             raise _Malformed("message size not found")
         digits_end = sz_at + 6
@@ -391,7 +417,7 @@ def _parse_message(
             if streaming and transactional and digits_end == len(data):
                 content = None
                 break
-        search_end = sz_at + 5  # look for an earlier ", sz: "
+        search_from = sz_at + 1  # look for a later ", sz: "
     prefix = data[prefix_start:sz_at].decode(encoding, errors="surrogateescape")
     if content is None:
         return StreamDataWithheld(lsn, xid, f"transactional message with prefix {prefix!r} ({size} bytes)")

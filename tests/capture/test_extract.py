@@ -19,7 +19,7 @@ from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
 from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import CatalogError, SlotError
+from airflow_provider_pgdecode.errors import CatalogError, CheckpointError, SlotError
 
 pytestmark = pytest.mark.postgres
 
@@ -422,3 +422,33 @@ def test_origin_none_skips_changes_that_came_through_replication(pg_conn, slot_n
     local = extract_batch(pg_conn, slot_name, tmp_path / "local", upto_lsn=upto, origin="none")
     assert [r["source"] for r in table_rows(everything, "public", "looped")] == ["local", "replicated"]
     assert [r["source"] for r in table_rows(local, "public", "looped")] == ["local"]
+
+
+def test_a_checkpoint_the_slot_was_moved_past_is_refused_not_skipped(pg_conn, slot_name, tmp_path) -> None:
+    pg_conn.execute("create table t_moved (id int primary key)")
+    create_slot(pg_conn, slot_name)
+    pg_conn.execute("insert into t_moved values (1)")
+    first = extract_batch(pg_conn, slot_name, tmp_path)
+    checkpoint = Checkpoint.from_manifest(first)
+    advance(pg_conn, slot_name, first)  # confirmed as the DAG would
+    pg_conn.execute("insert into t_moved values (2)")
+    # Another reader consumes the slot past the change to id 2, behind pgdecode's back.
+    pg_conn.execute("select pg_replication_slot_advance(%s, pg_current_wal_lsn())", (slot_name,))
+    pg_conn.execute("insert into t_moved values (3)")
+    with pytest.raises(CheckpointError, match=rf"replication slot '{slot_name}' is at .*ahead of the last merged"):
+        extract_batch(pg_conn, slot_name, tmp_path, checkpoint=checkpoint)
+    assert [p.name for p in list_batches(tmp_path, slot_name)] == [first.name]  # nothing staged
+
+
+def test_a_checkpoint_is_adopted_when_staged_batches_lead_to_the_slot(pg_conn, slot_name, tmp_path) -> None:
+    pg_conn.execute("create table t_chain (id int primary key)")
+    create_slot(pg_conn, slot_name)
+    pg_conn.execute("insert into t_chain values (1)")
+    first = extract_batch(pg_conn, slot_name, tmp_path)
+    pg_conn.execute("insert into t_chain values (2)")
+    second = extract_batch(pg_conn, slot_name, tmp_path, checkpoint=Checkpoint.from_manifest(first))
+    advance(pg_conn, slot_name, second)  # the second confirm ran, but its checkpoint was lost
+    pg_conn.execute("insert into t_chain values (3)")
+    third = extract_batch(pg_conn, slot_name, tmp_path, checkpoint=Checkpoint.from_manifest(first))
+    assert third.start_lsn == second.end_lsn
+    assert [r["id"] for r in table_rows(third, "public", "t_chain")] == [3]

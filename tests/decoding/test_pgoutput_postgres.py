@@ -220,3 +220,12 @@ def test_options_follow_the_server_version() -> None:
         pgoutput_options("p", 140000, two_phase=True)
     with pytest.raises(ValueError, match="origin option needs PostgreSQL 16"):
         pgoutput_options("p", 150000, origin="none")
+
+
+def test_messages_whose_text_looks_like_a_test_decoding_header_round_trip(pg_conn, pgoutput_slot) -> None:
+    # pgoutput carries lengths, so the same contents that trouble a text split come back exact here too.
+    pairs = [("p", b"x, sz: 3 content:abc"), ("p, sz: 1 content:x", b"tail")]
+    for prefix, content in pairs:
+        pg_conn.execute("select pg_logical_emit_message(true, %s, %s::bytea)", (prefix, content))
+    messages = [e for e in events_of(pg_conn, pgoutput_slot) if isinstance(e, Message)]
+    assert [(m.prefix, m.content) for m in messages] == pairs

@@ -188,3 +188,38 @@ def test_streamed_transaction_lines_parse_and_are_refused_clearly(pg_conn, slot_
     whole = peek_events(pg_conn, slot_name)
     assert sum(isinstance(e, Change) for e in whole) == 3000
     assert isinstance(whole[-1], Commit) and whole[-1].lsn > Lsn(0)
+
+
+def test_gids_with_backslashes_and_quotes_are_read_as_postgresql_printed_them(pg_conn, slot_name) -> None:
+    # quote_literal_cstr prints a gid holding a backslash as E'...' with backslashes doubled.
+    c = pg_conn
+    c.execute("drop table if exists gid_t")
+    c.execute("create table gid_t (id int primary key)")
+    c.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (slot_name,))
+    gids = ["plain", "back\\slash", "it's \\ both", "ends\\"]
+    for n, gid in enumerate(gids):
+        c.execute("begin")
+        c.execute("insert into gid_t values (%s)", (n,))
+        c.execute(psycopg.sql.SQL("prepare transaction {}").format(psycopg.sql.Literal(gid)))
+        finish = "commit prepared" if n % 2 == 0 else "rollback prepared"
+        c.execute(psycopg.sql.SQL(finish + " {}").format(psycopg.sql.Literal(gid)))
+    events = peek_events(pg_conn, slot_name)
+    assert [e.gid for e in events if isinstance(e, Prepare)] == gids
+    assert [e.gid for e in events if isinstance(e, CommitPrepared)] == gids[0::2]
+    assert [e.gid for e in events if isinstance(e, RollbackPrepared)] == gids[1::2]
+
+
+@pytest.mark.parametrize(
+    "prefix, content",
+    [
+        ("p", b"x, sz: 3 content:abc"),  # the content ends like a message header with a size that fits
+        ("p", b", sz: 0 content:"),
+        ("p, sz: 1 content:x", b"tail"),  # the prefix holds the separator
+        ("", b""),
+    ],
+)
+def test_messages_whose_text_looks_like_the_header_round_trip(pg_conn, slot_name, prefix, content) -> None:
+    pg_conn.execute("select pg_create_logical_replication_slot(%s, 'test_decoding')", (slot_name,))
+    pg_conn.execute("select pg_logical_emit_message(true, %s, %s::bytea)", (prefix, content))
+    messages = [e for e in peek_events(pg_conn, slot_name) if isinstance(e, Message)]
+    assert [(m.prefix, m.content) for m in messages] == [(prefix, content)]
