@@ -53,6 +53,15 @@ def slot_in_use(name: str, detail: str | None = None) -> SlotInUseError:
     )
 
 
+def publication_missing(name: str, detail: str) -> SlotError:
+    """The publication a pgoutput slot is read with does not exist (the slot itself may be fine)."""
+    return SlotError(
+        f"replication slot {name!r} cannot be read: {detail}. Create the publication in the slot's database "
+        "(CREATE PUBLICATION pgdecode FOR ALL TABLES, or FOR TABLE ...) or set the DAG's publication parameter "
+        "to one that exists"
+    )
+
+
 def wrong_plugin(name: str, actual: str | None, wanted: str) -> SlotError:
     """The slot was created with another output plugin than the one asked for."""
     return SlotError(
@@ -80,4 +89,12 @@ def check_readable(info: SlotInfo, plugin: str | None = None) -> None:
         raise wrong_plugin(info.slot_name, info.plugin, plugin)
 
 
-__all__ = ["check_readable", "not_logical", "slot_in_use", "slot_lost", "slot_missing", "wrong_plugin"]
+__all__ = [
+    "check_readable",
+    "not_logical",
+    "publication_missing",
+    "slot_in_use",
+    "slot_lost",
+    "slot_missing",
+    "wrong_plugin",
+]

@@ -25,7 +25,14 @@ from psycopg.rows import tuple_row
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import PgDecodeError, SlotError
-from airflow_provider_pgdecode.postgres.health import check_readable, not_logical, slot_in_use, slot_lost, slot_missing
+from airflow_provider_pgdecode.postgres.health import (
+    check_readable,
+    not_logical,
+    publication_missing,
+    slot_in_use,
+    slot_lost,
+    slot_missing,
+)
 from airflow_provider_pgdecode.postgres.session import PINNED_GUCS, pin_settings  # noqa: F401  (PINNED_GUCS: re-exported)
 
 SLOT_NAME_RE = re.compile(r"[a-z0-9_]{1,63}")
@@ -187,13 +194,15 @@ class SlotClient:
         text = diag.message_primary or str(exc).strip()
         if diag.message_detail:
             text += f" ({diag.message_detail})"
+        if isinstance(exc, pg_errors.UndefinedObject) and "publication" in text:
+            return publication_missing(name, text)
         if isinstance(exc, pg_errors.UndefinedObject):
             return slot_missing(name, self._where())
         if isinstance(exc, pg_errors.ObjectInUse):
             return slot_in_use(name, text)
         if "invalidated" in text or "can no longer get changes" in text:
             return slot_lost(name, text)
-        return SlotError(f"cannot {action} on replication slot {name!r}: {text}")
+        return SlotError(f"{action} of replication slot {name!r} failed: {text}")
 
     # -- server facts --------------------------------------------------------------------------
 
@@ -313,7 +322,7 @@ class SlotClient:
                 f"on the server ({exc.diag.message_primary})"
             ) from exc
         except psycopg.Error as exc:
-            raise self._error(exc, name, "create replication slot") from exc
+            raise self._error(exc, name, "creation") from exc
         if row is None or row[0] is None:
             raise SlotError(f"pg_create_logical_replication_slot returned no slot for {name!r}")
         return self.describe(name)
@@ -357,9 +366,9 @@ class SlotClient:
         except pg_errors.UndefinedObject as exc:
             if missing_ok:
                 return False
-            raise self._error(exc, name, "drop replication slot") from exc
+            raise self._error(exc, name, "dropping") from exc
         except psycopg.Error as exc:
-            raise self._error(exc, name, "drop replication slot") from exc
+            raise self._error(exc, name, "dropping") from exc
         return True
 
     # -- reading and confirming ----------------------------------------------------------------
@@ -402,7 +411,7 @@ class SlotClient:
                     cur.execute(_PEEK_SQL, (name, upto, options), binary=True)
                     rows = cur.fetchmany(chunk_size)
                 except psycopg.Error as exc:
-                    raise self._error(exc, name, "peek changes") from exc
+                    raise self._error(exc, name, "peeking changes") from exc
                 while rows:
                     for lsn, xid, data in rows:
                         # int.__new__ skips Lsn's range checks: the server's values are in range.
@@ -410,7 +419,7 @@ class SlotClient:
                     try:
                         rows = cur.fetchmany(chunk_size)
                     except psycopg.Error as exc:
-                        raise self._error(exc, name, "peek changes") from exc
+                        raise self._error(exc, name, "peeking changes") from exc
 
     def probe(self, name: str, limit: int, options: Sequence[tuple[str, str]] = ()) -> list[tuple[Lsn, bytes]]:
         """At most ``limit`` rows (completing the transaction at the limit) from the slot's confirmed
@@ -425,7 +434,7 @@ class SlotClient:
                     cur.execute(_PROBE_SQL, (name, limit, flat), binary=True)
                     rows = cur.fetchall()
                 except psycopg.Error as exc:
-                    raise self._error(exc, name, "probe changes") from exc
+                    raise self._error(exc, name, "probing changes") from exc
         return [(Lsn(lsn), bytes(data)) for lsn, data in rows]
 
     @contextlib.contextmanager
@@ -447,7 +456,7 @@ class SlotClient:
                     with cur.copy(_PEEK_COPY_SQL, (name, str(ceiling), flat)) as copy:
                         yield copy
                 except psycopg.Error as exc:
-                    raise self._error(exc, name, "peek changes") from exc
+                    raise self._error(exc, name, "peeking changes") from exc
 
     def advance(self, name: str, lsn: Lsn) -> Lsn:
         """Confirm the slot up to ``lsn``; never moves backwards. Returns the slot's new position.
@@ -472,9 +481,9 @@ class SlotClient:
                 and target <= current.confirmed_flush_lsn
             ):
                 return current.confirmed_flush_lsn
-            raise self._error(exc, name, "advance replication slot") from exc
+            raise self._error(exc, name, "advancing") from exc
         except psycopg.Error as exc:
-            raise self._error(exc, name, "advance replication slot") from exc
+            raise self._error(exc, name, "advancing") from exc
         assert row is not None
         return Lsn.parse(row[0])
 

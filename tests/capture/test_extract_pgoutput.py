@@ -130,3 +130,14 @@ def test_pgoutput_needs_a_publication(pg_conn, two_slots, tmp_path) -> None:
         extract_batch(pg_conn, po_slot, tmp_path, plugin="pgoutput")
     with pytest.raises(SlotError, match="uses output plugin 'pgoutput'"):
         extract_batch(pg_conn, po_slot, tmp_path, plugin="test_decoding")
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_a_missing_publication_is_named_not_reported_as_a_missing_slot(pg_conn, slot_name, tmp_path, native) -> None:
+    table = f"po_nopub_{slot_name}"
+    pg_conn.execute(f"create table {table} (id int primary key)")
+    pg_conn.execute("select pg_create_logical_replication_slot(%s, 'pgoutput')", (slot_name,))
+    pg_conn.execute(f"insert into {table} values (1)")
+    with pytest.raises(SlotError, match=r'publication "no_such_pub" does not exist.*CREATE PUBLICATION') as raised:
+        extract_batch(pg_conn, slot_name, tmp_path, plugin="pgoutput", publication="no_such_pub", native=native)
+    assert "does not exist (looked in" not in str(raised.value)
