@@ -16,7 +16,6 @@ from airflow_provider_pgdecode.triggers.slot_changes import (
     DEFAULT_HEARTBEAT_PREFIX,
     DEFAULT_PROBE_ROWS,
     SlotChangesTrigger,
-    check_slot_changes,
 )
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
@@ -104,17 +103,22 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
         self.staging_root = staging_root
         self.deferrable = deferrable
 
+    def _trigger(self) -> SlotChangesTrigger:
+        """The trigger this sensor defers to; a poke runs the same check in the task."""
+        return SlotChangesTrigger(
+            slot_name=self.slot_name,
+            postgres_conn_id=self.postgres_conn_id,
+            poll_interval=self.poke_interval,
+            min_lag_bytes=self.min_lag_bytes,
+            advance_lag_bytes=self.advance_lag_bytes,
+            probe_rows=self.probe_rows,
+            heartbeat_prefix=self.heartbeat_prefix,
+            publication=self.publication,
+        )
+
     def _check(self) -> tuple[bool, dict[str, Any]]:
-        with fail_fast(), PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
-            return check_slot_changes(
-                hook,
-                self.slot_name,
-                min_lag_bytes=self.min_lag_bytes,
-                advance_lag_bytes=self.advance_lag_bytes,
-                probe_rows=self.probe_rows,
-                heartbeat_prefix=self.heartbeat_prefix,
-                publication=self.publication,
-            )
+        with fail_fast():
+            return self._trigger().check()
 
     def poke(self, context: Context) -> PokeReturnValue:
         done, report = self._check()
@@ -133,16 +137,7 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
         if returned.is_done:
             return returned.xcom_value
         self.defer(
-            trigger=SlotChangesTrigger(
-                slot_name=self.slot_name,
-                postgres_conn_id=self.postgres_conn_id,
-                poll_interval=self.poke_interval,
-                min_lag_bytes=self.min_lag_bytes,
-                advance_lag_bytes=self.advance_lag_bytes,
-                probe_rows=self.probe_rows,
-                heartbeat_prefix=self.heartbeat_prefix,
-                publication=self.publication,
-            ),
+            trigger=self._trigger(),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout),
         )

@@ -277,8 +277,9 @@ class SlotChangesTrigger(BaseTrigger):
             },
         )
 
-    def _check(self) -> tuple[bool, dict[str, Any]]:
-        # Runs in a worker thread: blocking I/O is fine here.
+    def check(self) -> tuple[bool, dict[str, Any]]:
+        """One blocking check (:func:`check_slot_changes`); :meth:`run` calls it in a worker thread,
+        the changes sensor's poke in its task."""
         with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
             return check_slot_changes(
                 hook,
@@ -291,7 +292,7 @@ class SlotChangesTrigger(BaseTrigger):
             )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        check = sync_to_async(self._check, thread_sensitive=False)
+        check = sync_to_async(self.check, thread_sensitive=False)
         polls = 0
         while True:
             polls += 1
