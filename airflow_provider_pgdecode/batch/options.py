@@ -1,0 +1,79 @@
+"""Per-table options: how each source table is loaded (one model, validated by pydantic).
+
+Given as a mapping from ``schema.table`` to options, e.g. the DAGs' ``table_options`` param::
+
+    {"public.pgbench_history": {"mode": "append_only"},
+     "public.readings": {"on_bad_value": "quarantine"}}
+
+A name without a schema means ``public``. Unknown tables in the mapping are allowed (a table
+may be created later); unknown option names and bad values are refused with the table and the
+field named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from airflow_provider_pgdecode.errors import ConfigurationError
+
+LoadMode = Literal["merge", "append_only"]
+BadValuePolicy = Literal["fail", "quarantine"]
+
+
+class TableOptions(BaseModel):
+    """How one table is loaded.
+
+    :param mode: ``merge`` (default): the Delta table holds the source table's current rows,
+        matched by the table key (:meth:`Catalog.table_key`). ``append_only``: for insert-only
+        tables without a key (logs, histories under REPLICA IDENTITY DEFAULT): inserts are
+        appended; an UPDATE or DELETE of the table fails the run with its name.
+    :param on_bad_value: ``fail`` (default): a value the pipeline cannot carry stops the run
+        with the table, column and LSN named. ``quarantine``: that change goes to the quarantine
+        Delta table with the raw value, the reason and its LSN; the rest of the batch flows.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: LoadMode = "merge"
+    on_bad_value: BadValuePolicy = "fail"
+
+
+DEFAULT_OPTIONS = TableOptions()
+
+
+def qualified_name(name: str) -> tuple[str, str]:
+    """``"public.orders"`` or ``"orders"`` to ``("public", "orders")``."""
+    schema, dot, table = name.partition(".")
+    return (schema, table) if dot else ("public", schema)
+
+
+def parse_table_options(value: Mapping[str, Any] | None) -> dict[tuple[str, str], TableOptions]:
+    """Validate a ``{"schema.table": {...}}`` mapping; :class:`ConfigurationError` names the table and field."""
+    out: dict[tuple[str, str], TableOptions] = {}
+    for name, options in (value or {}).items():
+        if isinstance(options, TableOptions):
+            out[qualified_name(name)] = options
+            continue
+        if not isinstance(options, Mapping):
+            raise ConfigurationError(
+                f"table_options[{name!r}] must be a mapping of option names to values, not {options!r}"
+            )
+        try:
+            out[qualified_name(name)] = TableOptions.model_validate(dict(options))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in error['loc']) or 'options'}: {error['msg']}" for error in exc.errors()
+            )
+            raise ConfigurationError(
+                f"table_options[{name!r}] is invalid ({problems}); allowed: mode in ('merge', 'append_only'), "
+                "on_bad_value in ('fail', 'quarantine')"
+            ) from None
+    return out
+
+
+def options_for(options: Mapping[tuple[str, str], TableOptions], schema: str, table: str) -> TableOptions:
+    """The options of ``schema.table``, or the defaults."""
+    return options.get((schema, table), DEFAULT_OPTIONS)
