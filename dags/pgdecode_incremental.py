@@ -72,6 +72,9 @@ with DAG(
         "plugin": Param("test_decoding", enum=["test_decoding", "pgoutput"]),
         "publication": Param("pgdecode", type="string"),
         "tables": Param([], type="array"),
+        "table_options": Param(
+            {}, type="object", description='per table: {"schema.table": {"mode": "append_only"}} (docs/merge.md)'
+        ),
         "staging_uri": Param(f"{DATA_DIR}/staging", type="string"),
         "delta_root": Param(f"{DATA_DIR}/delta", type="string"),
         "spark_conn_id": Param("spark_default", type="string"),
@@ -112,6 +115,7 @@ with DAG(
         postgres_conn_id="{{ params.postgres_conn_id }}",
         tables="{{ params.tables }}",
         publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
+        table_options="{{ params.table_options }}",
         checkpoint_task_id="confirm",
     )
     merge = PgDecodeMergeOperator(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from airflow_provider_pgdecode.batch.format import (
     table_path,
 )
 from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary
+from airflow_provider_pgdecode.batch.options import TableOptions
 from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, RowImage, Truncate
@@ -185,6 +186,7 @@ class BatchWriter:
         as skipped. Default: every table.
     :param part_rows: rows buffered in memory (all tables together) before the largest
         table's rows are written as a Parquet part.
+    :param table_options: per-table options by ``(schema, table)``; others take the defaults.
     """
 
     def __init__(
@@ -192,10 +194,13 @@ class BatchWriter:
         directory: str | os.PathLike[str],
         include: Callable[[str, str], bool] | None = None,
         part_rows: int = DEFAULT_PART_ROWS,
+        *,
+        table_options: Mapping[tuple[str, str], TableOptions] | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.include = include
         self.part_rows = part_rows
+        self.table_options = dict(table_options or {})
         self._tables: dict[tuple[str, str], _TableBuffer] = {}
         self._excluded: set[tuple[str, str]] = set()
         self.skipped_changes = 0

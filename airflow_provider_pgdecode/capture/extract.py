@@ -21,12 +21,13 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, batch_dir_name
+from airflow_provider_pgdecode.batch.options import TableOptions, parse_table_options
 from airflow_provider_pgdecode.batch.publish import publish_batch
 from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter
 from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
@@ -74,6 +75,7 @@ def extract_batch(
     table_snapshots: bool = True,
     snapshot_rows: int = DEFAULT_ROWS_PER_BATCH,
     native: bool | None = None,
+    table_options: Mapping[str, TableOptions | Mapping[str, Any]] | None = None,
 ) -> BatchManifest:
     """Stage the slot's changes from its confirmed position (or the checkpoint) up to a ceiling.
 
@@ -106,6 +108,8 @@ def extract_batch(
     :param snapshot_rows: at most so many snapshot rows per batch, all requests together.
     :param native: use the C fast path (:mod:`airflow_provider_pgdecode.capture.native`); default
         on unless ``PGDECODE_NATIVE=0``. It stages the same batch as the Python path.
+    :param table_options: per-table options, ``{"schema.table": {"mode": ..., "on_bad_value": ...}}``
+        (:class:`~airflow_provider_pgdecode.batch.options.TableOptions`); unnamed tables take the defaults.
     :returns: the manifest of the staged batch (``manifest.path`` is its directory).
     """
     if plugin not in SUPPORTED_PLUGINS:
@@ -125,6 +129,7 @@ def extract_batch(
     start_lsn = max(confirmed, resume_after) if resume_after is not None else confirmed
     pending: list[PreparedTransaction] = checkpoint.pending_prepared() if checkpoint is not None else []
     include_pairs = parse_table_names(tables) if tables else None
+    options_by_table = parse_table_options(table_options)
 
     base = Path(staging_root) / slot_name
     base.mkdir(parents=True, exist_ok=True)
@@ -153,7 +158,12 @@ def extract_batch(
         parser, options = _reader(plugin, slots, info.two_phase, publication, origin, proto_version)
         parse = parser.parse
         assembler = TransactionAssembler(pending, memory_items, spill_dir, resume_after=resume_after)
-        writer = BatchWriter(tmp, None if include_pairs is None else (lambda s, t: (s, t) in include_pairs), part_rows)
+        writer = BatchWriter(
+            tmp,
+            None if include_pairs is None else (lambda s, t: (s, t) in include_pairs),
+            part_rows,
+            table_options=options_by_table,
+        )
         rows = 0
         started = time.monotonic()
         log.info("Extracting slot %s from %s up to %s", slot_name, start_lsn, ceiling)

@@ -124,6 +124,9 @@ class PgDecodeExtractOperator(BaseOperator):
     :param tables: ``schema.table`` names to stage; default (empty) every table with a primary
         key outside the system schemas. (templated)
     :param publication: the publication of a pgoutput slot. (templated)
+    :param table_options: per-table options, ``{"schema.table": {"mode": "append_only"}}``
+        (:class:`~airflow_provider_pgdecode.batch.options.TableOptions`; validated before the
+        slot is read). (templated)
     :param extract_options: more keyword arguments of
         :func:`~airflow_provider_pgdecode.capture.extract.extract_batch` (``chunk_rows``,
         ``part_rows``, ``memory_items``, ``progress_every``, ...).
@@ -139,6 +142,7 @@ class PgDecodeExtractOperator(BaseOperator):
         "upto_lsn",
         "tables",
         "publication",
+        "table_options",
     )
     ui_color = "#d9f0ea"
 
@@ -154,6 +158,7 @@ class PgDecodeExtractOperator(BaseOperator):
         upto_lsn: str | None = None,
         tables: Sequence[str] | None = None,
         publication: str | None = None,
+        table_options: Mapping[str, Mapping[str, Any]] | None = None,
         extract_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -167,6 +172,7 @@ class PgDecodeExtractOperator(BaseOperator):
         self.upto_lsn = upto_lsn
         self.tables = tables
         self.publication = publication
+        self.table_options = table_options
         self.extract_options = dict(extract_options or {})
         self._hook: PgDecodeHook | None = None
 
@@ -212,6 +218,8 @@ class PgDecodeExtractOperator(BaseOperator):
         options = dict(self.extract_options)
         if self.publication is not None:
             options["publication"] = self.publication
+        if self.table_options:
+            options["table_options"] = self.table_options
         with fail_fast(), PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
             self._hook = hook
             info = hook.describe_slot(self.slot_name)
