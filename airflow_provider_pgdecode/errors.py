@@ -13,6 +13,10 @@ can import it).
 
 from __future__ import annotations
 
+import errno
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import ClassVar
 
 
@@ -60,6 +64,48 @@ class CatalogError(PgDecodeError):
 
 class StagingError(PgDecodeError):
     """A batch cannot be written or read back (incomplete, malformed, or inconsistent)."""
+
+
+def staging_io_error(exc: OSError, path: str | os.PathLike[str], action: str) -> StagingError:
+    """The :class:`StagingError` for an I/O error while staging or reading ``path``: names the path,
+    the cause (``No space left on device``, ``Permission denied``...) and what to do about it.
+
+    ``action`` is what was being done, as a verb phrase: ``"write Parquet part"``, ``"publish batch"``.
+    """
+    where = os.fsdecode(exc.filename) if isinstance(exc.filename, (str, bytes, os.PathLike)) else os.fspath(path)
+    cause = exc.strerror or str(exc) or type(exc).__name__
+    text = f"{cause} {exc}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in text or "Disk quota" in text:
+        advice = (
+            "The staging filesystem is full: free space there (remove old batches, see the retention setting) or "
+            "point the staging root at a larger filesystem"
+        )
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) or "Permission denied" in text or "Read-only" in text:
+        advice = "Check that the task's OS user may write there (permissions, ownership, a read-only mount)"
+    else:
+        advice = "Check the staging filesystem (free space, permissions, that it is mounted and healthy)"
+    return StagingError(
+        f"cannot {action} {where}: {cause}. {advice}, then run the task again: a batch is published only once "
+        "it is whole, so nothing half-written is read, and the slot is not advanced until its batch is merged"
+    )
+
+
+@contextmanager
+def staging_io(path: str | os.PathLike[str], action: str) -> Iterator[None]:
+    """Turn an ``OSError`` raised inside the block into :func:`staging_io_error` (the original kept
+    as ``__cause__``); pgdecode's own errors pass through.
+
+    Example::
+
+        with staging_io(part, "write Parquet part"):
+            pq.write_table(table, part)
+    """
+    try:
+        yield
+    except PgDecodeError:
+        raise
+    except OSError as exc:
+        raise staging_io_error(exc, path, action) from exc
 
 
 class ValueConversionError(StagingError):

@@ -19,7 +19,7 @@ from airflow_provider_pgdecode.batch.format import (
     table_path,
 )
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import BatchError, StagingError
+from airflow_provider_pgdecode.errors import BatchError, StagingError, staging_io
 
 __all__ = [
     "FORMAT",
@@ -180,7 +180,7 @@ class BatchManifest:
     def write(self, directory: str | os.PathLike[str]) -> Path:
         target = Path(directory) / MANIFEST_NAME
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False)
-        with open(target, "w", encoding="utf-8") as f:
+        with staging_io(target, "write batch manifest"), open(target, "w", encoding="utf-8") as f:
             f.write(text + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -249,7 +249,13 @@ def _check(manifest: BatchManifest, target: Path) -> None:
         ]
     missing += [p["path"] for p in manifest.prepared_pending if not (directory / p["path"]).is_file()]
     if missing:
-        raise BatchError(f"batch {directory} is incomplete: missing {', '.join(missing[:5])}")
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise BatchError(
+            f"batch {directory} is incomplete: missing {', '.join(missing[:5])}{more} (listed in its manifest, so "
+            "removed or lost after the batch was staged). Restore the file(s) from a copy, or move the batch "
+            "directory away and run the extract again, which stages the same LSN range anew as long as the slot "
+            "was not advanced past it"
+        )
 
 
 def read_batches(directories: list[str] | tuple[str, ...]) -> list[BatchManifest]:

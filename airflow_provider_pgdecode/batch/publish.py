@@ -13,13 +13,21 @@ import shutil
 from pathlib import Path
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
-from airflow_provider_pgdecode.errors import StagingError
+from airflow_provider_pgdecode.errors import StagingError, staging_io
 
 log = logging.getLogger(__name__)
 
 
 def publish_batch(tmp: Path, final: Path, manifest: BatchManifest) -> Path:
-    """Rename the finished batch into place; an existing identical batch is kept as it is."""
+    """Rename the finished batch into place; an existing identical batch is kept as it is.
+
+    An I/O error (a full disk, lost permissions) is a :class:`StagingError` naming the path; the
+    temporary directory is left to the caller, which removes it."""
+    with staging_io(tmp, "publish batch"):
+        return _publish(tmp, final, manifest)
+
+
+def _publish(tmp: Path, final: Path, manifest: BatchManifest) -> Path:
     _fsync_tree(tmp)
     if final.exists():
         existing = BatchManifest.read(final)

@@ -39,7 +39,7 @@ from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, RowImage, Truncate
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import CatalogError
+from airflow_provider_pgdecode.errors import CatalogError, staging_io
 
 DEFAULT_PART_ROWS = 100_000
 
@@ -117,9 +117,10 @@ class _TableBuffer:
                     values[child.name] = pa.nulls(len(olds), child.type)
         columns.update(values)
         table = pa.table(columns)
-        self.directory.mkdir(parents=True, exist_ok=True)
         file_name = f"part-{len(self.files):05d}.parquet"
-        pq.write_table(table, self.directory / file_name, **PARQUET_OPTIONS)
+        with staging_io(self.directory / file_name, "write Parquet part"):
+            self.directory.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table, self.directory / file_name, **PARQUET_OPTIONS)
         self.files.append(file_name)
         self.values.clear()
         self.meta.clear()
@@ -301,9 +302,10 @@ class BatchWriter:
             }
         )
         directory = self.directory / "messages"
-        directory.mkdir(parents=True, exist_ok=True)
         name = f"part-{len(self._message_files):05d}.parquet"
-        pq.write_table(table, directory / name, **PARQUET_OPTIONS)
+        with staging_io(directory / name, "write Parquet part"):
+            directory.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table, directory / name, **PARQUET_OPTIONS)
         self._message_files.append(name)
         self._message_rows += len(self._messages)
         self._messages.clear()
@@ -312,11 +314,12 @@ class BatchWriter:
         """Write pending prepared transactions' items to ``prepared/``; return their manifest entries."""
         entries = []
         if prepared:
-            (self.directory / "prepared").mkdir(exist_ok=True)
+            with staging_io(self.directory / "prepared", "create directory"):
+                (self.directory / "prepared").mkdir(exist_ok=True)
         for txn in prepared:
             digest = hashlib.sha1(txn.gid.encode("utf-8")).hexdigest()[:16]
             relpath = f"prepared/{txn.xid}-{digest}.jsonl.gz"
-            count = txn.items.save(self.directory / relpath)
+            count = txn.items.save(self.directory / relpath)  # raises StagingError itself
             entries.append({**txn.header(), "items": count, "path": relpath})
         return entries
 

@@ -46,7 +46,7 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.pgoutput import PgOutputParser, max_proto_version, pgoutput_options
 from airflow_provider_pgdecode.decoding.spool import DEFAULT_MEMORY_ITEMS
 from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS, TestDecodingParser
-from airflow_provider_pgdecode.errors import ConfigurationError, SlotError, StagingError
+from airflow_provider_pgdecode.errors import ConfigurationError, SlotError, StagingError, staging_io
 from airflow_provider_pgdecode.postgres.catalog import Catalog
 from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.postgres.slot import SlotClient
@@ -132,12 +132,14 @@ def extract_batch(
     options_by_table = parse_table_options(table_options)
 
     base = Path(staging_root) / slot_name
-    base.mkdir(parents=True, exist_ok=True)
     tmp = base / f".tmp-{int(start_lsn):016X}-{uuid.uuid4().hex[:12]}"
-    tmp.mkdir()
+    with staging_io(tmp, "create batch directory"):
+        base.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
     try:
         spill_dir = tmp / ".spool"
-        spill_dir.mkdir()
+        with staging_io(spill_dir, "create directory"):
+            spill_dir.mkdir()
         snapshotter = None
         requests = list_snapshot_requests(staging_root, slot_name) if table_snapshots else []
         snapshots = dict(checkpoint.snapshots) if checkpoint is not None else {}

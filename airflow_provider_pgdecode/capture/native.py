@@ -86,7 +86,7 @@ from airflow_provider_pgdecode.batch.writer import BatchWriter, no_tuple_data_er
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction, TransactionAssembler
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, Truncate
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import DecodingError
+from airflow_provider_pgdecode.errors import DecodingError, staging_io
 
 log = logging.getLogger(__name__)
 
@@ -343,8 +343,9 @@ class NativeWriter:
                     values[child.name] = pa.nulls(n, child.type)
         columns.update(values)
         table = pa.table(columns)
-        state.directory.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, state.directory / file_name, **PARQUET_OPTIONS)
+        with staging_io(state.directory / file_name, "write Parquet part"):
+            state.directory.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table, state.directory / file_name, **PARQUET_OPTIONS)
 
     @staticmethod
     def _old_struct(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO
 
 from airflow_provider_pgdecode.decoding.events import TransactionItem, item_from_json, item_to_json
+from airflow_provider_pgdecode.errors import staging_io
 
 DEFAULT_MEMORY_ITEMS = 20_000
 
@@ -55,14 +56,16 @@ class ItemSpool:
             self._spill()
 
     def _spill(self) -> None:
-        if self._spill_file is None:
-            fd, name = tempfile.mkstemp(prefix="pgdecode-spool-", suffix=".jsonl", dir=self.spill_dir)
-            self._spill_path = Path(name)
-            self._spill_file = os.fdopen(fd, "w", encoding="utf-8")
-        write = self._spill_file.write
-        for item in self._memory:
-            write(json.dumps(item_to_json(item), ensure_ascii=False, separators=(",", ":")))
-            write("\n")
+        where = self._spill_path or self.spill_dir or tempfile.gettempdir()
+        with staging_io(where, "spill a large transaction to"):
+            if self._spill_file is None:
+                fd, name = tempfile.mkstemp(prefix="pgdecode-spool-", suffix=".jsonl", dir=self.spill_dir)
+                self._spill_path = Path(name)
+                self._spill_file = os.fdopen(fd, "w", encoding="utf-8")
+            write = self._spill_file.write
+            for item in self._memory:
+                write(json.dumps(item_to_json(item), ensure_ascii=False, separators=(",", ":")))
+                write("\n")
         self._spilled += len(self._memory)
         self._memory.clear()
 
@@ -72,7 +75,8 @@ class ItemSpool:
                 for line in f:
                     yield item_from_json(json.loads(line))
         if self._spill_file is not None:
-            self._spill_file.flush()
+            with staging_io(self._spill_path or "", "spill a large transaction to"):
+                self._spill_file.flush()
             with open(self._spill_path, encoding="utf-8") as f:  # type: ignore[arg-type]
                 for line in f:
                     yield item_from_json(json.loads(line))
@@ -104,7 +108,11 @@ class ItemSpool:
         """Write every item to ``path`` (gzip JSON lines); return how many were written."""
         count = 0
         # mtime=0: the same items give the same bytes (batches are reproducible).
-        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=3, mtime=0) as gz:
+        with (
+            staging_io(path, "write prepared transaction"),
+            open(path, "wb") as raw,
+            gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=3, mtime=0) as gz,
+        ):
             out = io.TextIOWrapper(gz, encoding="utf-8")
             for item in self:
                 out.write(json.dumps(item_to_json(item), ensure_ascii=False, separators=(",", ":")))

@@ -412,6 +412,44 @@ def plan_merge(
 # --------------------------------------------------------------------------------------------
 
 
+def unreadable_part(batch: BatchManifest, table: str, file: str, cause: BaseException) -> BatchError:
+    """The error for a staged Parquet part that is missing or cannot be read: names the batch,
+    the table and the file, and how to get past it."""
+    detail = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    return BatchError(
+        f"batch {batch.directory} ({batch.label}): staged part {file} of table {table} cannot be read "
+        f"({detail[:500]}); it was damaged or removed after the batch was staged. Nothing was written to Delta. "
+        "Restore the file from a copy, or move the batch directory away and run the extract again, which "
+        "stages the same LSN range anew (the slot was not advanced past a batch that was never merged)"
+    )
+
+
+def check_staged_parts(plans: Sequence[TablePlan]) -> None:
+    """Read the footer of every local Parquet part the merge will read: a truncated, empty or
+    missing part fails here, before any Delta table is created or written."""
+    import pyarrow.parquet as pq
+
+    for plan in plans:
+        for segment in plan.segments:
+            for file in segment.staged.file_paths:
+                if not is_local_path(file):
+                    continue  # object storage: Spark's read names the file (see staged_part_error)
+                try:
+                    pq.read_metadata(local_path(file))
+                except Exception as exc:  # OSError, pyarrow's ArrowInvalid: what reading it would raise
+                    raise unreadable_part(segment.batch, plan.name, file, exc) from exc
+
+
+def staged_part_error(plan: TablePlan, exc: BaseException) -> BatchError | None:
+    """The :func:`unreadable_part` error when Spark failed reading one of the plan's staged parts."""
+    text = str(exc)
+    for segment in plan.segments:
+        for file in segment.staged.file_paths:
+            if local_path(file) in text or file in text:
+                return unreadable_part(segment.batch, plan.name, file, exc)
+    return None
+
+
 def _staged_columns(spark: SparkSession, file: str) -> list[str]:
     if is_local_path(file):
         import pyarrow.parquet as pq
@@ -882,14 +920,23 @@ def merge_batches(
     slot = batches[0].slot
     chunked = any(batch.snapshot_chunks for batch in batches)
     plans = plan_merge(spark, batches, delta_root, options)
+    check_staged_parts(plans)
 
     prepared: list[tuple[TablePlan, DataFrame | None, Profile | None]] = []
     for plan in plans:
         if not plan.segments:
             prepared.append((plan, None, None))
             continue
-        table_events = staged_events(spark, plan)
-        table_profile = profile_events(table_events, plan, staged_key_bounds(plan))
+        try:
+            table_events = staged_events(spark, plan)
+            table_profile = profile_events(table_events, plan, staged_key_bounds(plan))
+        except (BatchError, MergeInputError):
+            raise
+        except Exception as exc:  # Spark's read of a damaged part: name the batch and the file
+            error = staged_part_error(plan, exc)
+            if error is None:
+                raise
+            raise error from exc
         check_profile(plan, table_profile, options)
         prepared.append((plan, table_events, table_profile))
 
