@@ -190,7 +190,8 @@ class PgDecodeMergeOperator(BaseOperator):
         for path in parse_batch_paths(self.batch_paths):
             with fail_fast():
                 manifest = BatchManifest.read(path)
-            (to_merge if any(t.rows for t in manifest.tables) else empty).append(manifest)
+            has_rows = any(t.rows for t in manifest.tables) or bool(manifest.quarantine)
+            (to_merge if has_rows else empty).append(manifest)
         order = lambda m: (Lsn.parse(m.start_lsn), Lsn.parse(m.end_lsn))  # noqa: E731
         return sorted(to_merge, key=order), sorted(empty, key=order)
 
