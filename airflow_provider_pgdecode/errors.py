@@ -130,6 +130,12 @@ class MergeInputError(PgDecodeError):
     """A batch's contents cannot be merged into its Delta table as they are (the message says why)."""
 
 
+class MergeOutOfMemoryError(PgDecodeError):
+    """The merge job ran out of memory (the JVM's heap): the message names the memory settings to change.
+
+    Deterministic: the same batch with the same memory fails the same way."""
+
+
 def is_deterministic(exc: BaseException) -> bool:
     """True when retrying cannot help: a pgdecode error not marked ``retryable``.
 

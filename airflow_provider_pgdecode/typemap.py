@@ -271,12 +271,19 @@ def find(name: str) -> PgType | None:
     return None
 
 
-def staged_arrow_type(pg_type: str) -> str:
+ARRAYS_AS_LIST = "list"
+ARRAYS_AS_JSON = "json"
+"""How a table's array columns are staged (the per-table option ``arrays``): as lists of the
+element's type (default; one dimension only), or as JSON text (nested arrays, any dimensions)."""
+
+
+def staged_arrow_type(pg_type: str, arrays: str = ARRAYS_AS_LIST) -> str:
     """The Arrow type (pyarrow's name) a column of ``pg_type`` is staged as. Never fails:
-    a type without an entry (an enum, a domain, an extension's type) is staged as text."""
+    a type without an entry (an enum, a domain, an extension's type) is staged as text.
+    ``arrays="json"``: an array is staged as its JSON text."""
     element = array_element(pg_type)
     if element is not None:
-        if not array_staged_as_list(element):
+        if not array_staged_as_list(element) or arrays == ARRAYS_AS_JSON:
             return TEXT
         return f"list<item: {staged_arrow_type(element)}>"
     entry = find(pg_type)
@@ -346,6 +353,7 @@ def resolve(
     unbounded_numeric: str = DEFAULT_UNBOUNDED_NUMERIC,
     type_overrides: Mapping[str, str] | None = None,
     user_type: str | None = None,
+    arrays: str = ARRAYS_AS_LIST,
 ) -> ColumnMapping:
     """What a catalog type name (as ``format_type`` prints it, typmod included) becomes in
     Delta, or :class:`~airflow_provider_pgdecode.errors.UnmappedTypeError`.
@@ -356,10 +364,13 @@ def resolve(
     enums and domains are mapped (``{"mood": "string"}``); only ``string`` is allowed, since
     such values are staged as the text PostgreSQL printed. ``user_type`` (the manifest's
     ``user_type``: ``enum``, ``domain`` ...) maps the type (or its element) to ``string``
-    unless ``type_overrides`` names it.
+    unless ``type_overrides`` names it. ``arrays="json"`` (the table was staged with the option
+    ``arrays: json``; the manifest's ``arrow`` is ``string``): an array maps to ``string``.
     """
     text = catalog_type.strip()
     element_name = array_element(text)
+    if element_name is not None and arrays == ARRAYS_AS_JSON:
+        return ColumnMapping(catalog_type, TEXT, TEXT)
     if element_name is not None:
         element = resolve(
             element_name, unbounded_numeric=unbounded_numeric, type_overrides=type_overrides, user_type=user_type
@@ -460,8 +471,17 @@ _RULES: tuple[_Rule, ...] = (
         "`list<item: A>` (A: T's Arrow type)",
         "`array<D>` (D: T's Delta type)",
         "as T",
-        "elements converted as T; NULL elements kept; multi-dimensional arrays refused",
+        "elements converted as T; NULL elements kept; a multi-dimensional value is a bad value "
+        "(see below) unless the table's arrays are staged as JSON",
         "numeric(6,2)[]",
+    ),
+    _Rule(
+        "`T[]` of a table with the option `arrays: json` (any dimensions)",
+        TEXT,
+        "`string`",
+        "JSON",
+        "nested JSON arrays: integers and booleans as JSON numbers and booleans, finite floats as numbers, "
+        "other elements as the text PostgreSQL printed; NULL as `null`; explicit lower bounds dropped",
     ),
     _Rule(
         "`box[]` (element separator not `,`)", TEXT, "`string`", _PLAIN_LABEL, "the array literal as printed", "box[]"
@@ -563,6 +583,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = [
+    "ARRAYS_AS_JSON",
+    "ARRAYS_AS_LIST",
     "DEFAULT_UNBOUNDED_NUMERIC",
     "NUMERIC_SPECIAL_VALUES",
     "SPARK_MAX_DECIMAL_PRECISION",

@@ -57,6 +57,44 @@ DELTA_COLUMNS: tuple[str, ...] = (COMMIT_LSN, COMMIT_TIME, XID)
 """The metadata columns every Delta table keeps beside the source columns."""
 
 
+QUARANTINE_DIR = "quarantine"
+"""The batch directory holding quarantine parts: ``quarantine/<schema>/<table>/part-NNNNN.parquet``."""
+QUARANTINE_TABLE = "_pgdecode_quarantine"
+"""The quarantine Delta table's directory under the Delta root (one table for every source table)."""
+QUARANTINE_PREVIEW_CHARS = 1024
+"""Characters kept of a value quarantined for its size (and of each other value in ``row``/``old_row``)."""
+QUARANTINE_SLOT = "slot"
+"""The column the merge adds to the quarantine Delta table: the slot the change came from."""
+
+QUARANTINE_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
+    (COMMIT_LSN, pa.int64()),
+    (SEQ, pa.int32()),
+    (OP, pa.string()),
+    (XID, pa.int64()),
+    (COMMIT_TIME, pa.timestamp("us", tz="UTC")),
+    (CHANGE_LSN, pa.int64()),
+    ("source_schema", pa.string()),
+    ("source_table", pa.string()),
+    ("source_column", pa.string()),  # the column holding the bad value (``_pg_old.<c>``: the old image's)
+    ("source_type", pa.string()),  # its PostgreSQL type
+    ("reason", pa.string()),  # why it cannot be staged, with the setting that would change that
+    ("value", pa.string()),  # the text PostgreSQL printed (its first QUARANTINE_PREVIEW_CHARS if too large)
+    ("value_bytes", pa.int64()),  # the size of that text in bytes (UTF-8)
+    ("value_truncated", pa.bool_()),  # True when ``value`` holds only the start of it
+    ("row", pa.string()),  # the new tuple as a JSON object of texts (each cut to the preview), or null
+    ("old_row", pa.string()),  # the old key/row image likewise, or null
+)
+"""The columns of a quarantine part, in file order: one row per quarantined change (its first bad
+value in column order), in the order the changes were staged (docs/staging-format.md)."""
+
+QUARANTINE_SCHEMA = pa.schema(list(QUARANTINE_COLUMNS))
+
+
+def quarantine_path(schema: str, table: str) -> str:
+    """Relative directory of a table's quarantine parts."""
+    return f"{QUARANTINE_DIR}/{_path_part(schema)}/{_path_part(table)}"
+
+
 def metadata_columns(
     commit_lsn: Any, seq: Any, op: Any, xid: Any, commit_time: Any, change_lsn: Any, unchanged_toast: Any
 ) -> dict[str, pa.Array]:

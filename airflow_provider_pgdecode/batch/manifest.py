@@ -124,6 +124,9 @@ class BatchManifest:
     snapshot_chunks: list[dict[str, Any]] = field(default_factory=list)
     #: Progress of every table snapshot request once this batch is merged (for the checkpoint).
     snapshots: dict[str, Any] = field(default_factory=dict)
+    #: Quarantine parts per table (``schema``, ``table``, ``path``, ``files``, ``rows``): changes
+    #: holding a value the table's ``on_bad_value: quarantine`` kept out of its table part.
+    quarantine: list[dict[str, Any]] = field(default_factory=list)
     format: str = FORMAT
     complete: bool = True
     #: Where the batch lives (not stored in the file).
@@ -175,6 +178,7 @@ class BatchManifest:
             "changes": self.changes,
             "tables": {t.qualified_name: t.rows for t in self.tables},
             "prepared_pending": [{"gid": p["gid"], "xid": p["xid"]} for p in self.prepared_pending],
+            "quarantined": {f"{q['schema']}.{q['table']}": q["rows"] for q in self.quarantine},
         }
 
     def write(self, directory: str | os.PathLike[str]) -> Path:
@@ -248,6 +252,13 @@ def _check(manifest: BatchManifest, target: Path) -> None:
             if not (directory / manifest.messages["path"] / n).is_file()
         ]
     missing += [p["path"] for p in manifest.prepared_pending if not (directory / p["path"]).is_file()]
+    for entry in manifest.quarantine:
+        relative = str(entry.get("path", ""))
+        if relative.startswith("/") or ".." in relative.split("/"):
+            raise BatchError(f"{target}: quarantine path {relative!r} leaves the batch directory")
+        missing += [
+            f"{relative}/{name}" for name in entry.get("files", []) if not (directory / relative / name).is_file()
+        ]
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise BatchError(

@@ -15,12 +15,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from airflow_provider_pgdecode.errors import ConfigurationError
 
 LoadMode = Literal["merge", "append_only"]
 BadValuePolicy = Literal["fail", "quarantine"]
+ArrayStaging = Literal["list", "json"]
+
+DEFAULT_MAX_VALUE_BYTES = 64 * 1024 * 1024
+"""The largest value (bytes of the text PostgreSQL printed) staged by default: 64 MiB."""
 
 
 class TableOptions(BaseModel):
@@ -33,12 +37,21 @@ class TableOptions(BaseModel):
     :param on_bad_value: ``fail`` (default): a value the pipeline cannot carry stops the run
         with the table, column and LSN named. ``quarantine``: that change goes to the quarantine
         Delta table with the raw value, the reason and its LSN; the rest of the batch flows.
+    :param max_value_bytes: the largest value staged (bytes of the text PostgreSQL printed;
+        default 64 MiB). A larger value is a bad value (``on_bad_value`` decides), caught at
+        staging, before the merge's Spark has to hold it in memory.
+    :param arrays: ``list`` (default): an array column is staged as a list of its element type
+        (Delta ``array<...>``); a multi-dimensional value is a bad value. ``json``: every array
+        column of the table is staged as JSON text (nested arrays for any number of
+        dimensions; Delta ``string``). See docs/merge.md, "Values the pipeline cannot carry".
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     mode: LoadMode = "merge"
     on_bad_value: BadValuePolicy = "fail"
+    max_value_bytes: int = Field(default=DEFAULT_MAX_VALUE_BYTES, gt=0)
+    arrays: ArrayStaging = "list"
 
 
 DEFAULT_OPTIONS = TableOptions()
@@ -69,7 +82,7 @@ def parse_table_options(value: Mapping[str, Any] | None) -> dict[tuple[str, str]
             )
             raise ConfigurationError(
                 f"table_options[{name!r}] is invalid ({problems}); allowed: mode in ('merge', 'append_only'), "
-                "on_bad_value in ('fail', 'quarantine')"
+                "on_bad_value in ('fail', 'quarantine'), max_value_bytes > 0, arrays in ('list', 'json')"
             ) from None
     return out
 

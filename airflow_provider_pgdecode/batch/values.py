@@ -10,6 +10,9 @@ only turns its names into pyarrow types and picks the converter by the Arrow typ
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
@@ -60,21 +63,44 @@ def resolve_arrow_type(name: str) -> pa.DataType:
 
 
 @lru_cache(maxsize=1024)
-def arrow_type(pg_type: str) -> pa.DataType:
-    """The Arrow type a column of PostgreSQL type ``pg_type`` (format_type's name) is staged as."""
-    return resolve_arrow_type(typemap.staged_arrow_type(pg_type))
+def arrow_type(pg_type: str, arrays: str = typemap.ARRAYS_AS_LIST) -> pa.DataType:
+    """The Arrow type a column of PostgreSQL type ``pg_type`` (format_type's name) is staged as
+    (``arrays``: the table's option, see :func:`typemap.staged_arrow_type`)."""
+    return resolve_arrow_type(typemap.staged_arrow_type(pg_type, arrays))
 
 
-def convert_column(pg_type: str, values: Sequence[Any], column: str = "?") -> pa.Array:
+def convert_column(
+    pg_type: str, values: Sequence[Any], column: str = "?", arrays: str = typemap.ARRAYS_AS_LIST
+) -> pa.Array:
     """Convert one column's text values (``None`` = NULL) to an Arrow array of :func:`arrow_type`."""
     try:
-        return _convert(pg_type, values)
+        return _convert(pg_type, values, arrays)
     except ValueConversionError as exc:
         raise ValueConversionError(f"column {column!r} ({pg_type}): {exc}") from None
 
 
-def _convert(pg_type: str, values: Sequence[Any]) -> pa.Array:
-    return _convert_to(arrow_type(pg_type), values)
+def _convert(pg_type: str, values: Sequence[Any], arrays: str = typemap.ARRAYS_AS_LIST) -> pa.Array:
+    if arrays == typemap.ARRAYS_AS_JSON and typemap.array_element(pg_type) is not None:
+        element = typemap.array_element(pg_type) or ""
+        if typemap.array_staged_as_list(element):
+            return _convert_arrays_to_json(arrow_type(element), values)
+    return _convert_to(arrow_type(pg_type, arrays), values)
+
+
+def bad_values(pg_type: str, values: pa.Array, arrays: str = typemap.ARRAYS_AS_LIST) -> list[tuple[int, str]]:
+    """The rows of a text column that cannot be converted, each with the reason (the slow path,
+    taken only after :func:`convert_column` of the whole column failed)."""
+    bad: list[tuple[int, str]] = []
+    for index, value in enumerate(_as_text(values).to_pylist()):
+        if value is None:
+            continue
+        try:
+            _convert(pg_type, [value], arrays)
+        except ValueConversionError as exc:
+            bad.append((index, str(exc)))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+            bad.append((index, f"cannot convert {value[:80]!r} ({exc})"))
+    return bad
 
 
 def _convert_to(target: pa.DataType, values: Sequence[Any]) -> pa.Array:
@@ -152,12 +178,23 @@ def _convert_temporal(values: Sequence[Any], target: pa.DataType) -> pa.Array:
                 fixed.append((_TIMESTAMP_MAX if bound == "max" else _TIMESTAMP_MIN) + zone)
             continue
         if value.endswith(" BC"):
-            raise ValueConversionError(f"cannot stage {value!r}: dates before year 1 have no Arrow or Spark form")
+            raise ValueConversionError(
+                f"cannot stage {value!r}: dates before year 1 (BC) have no Spark form (Spark holds 0001-01-01 "
+                "to 9999-12-31)"
+            )
+        if _YEAR_BEYOND_9999.match(value):
+            raise ValueConversionError(
+                f"cannot stage {value!r}: dates after year 9999 have no Spark form (Spark holds 0001-01-01 "
+                "to 9999-12-31)"
+            )
         fixed.append(value)
     try:
         return pc.cast(pa.array(fixed, pa.string()), target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         raise ValueConversionError(_first_bad(fixed, lambda v: pc.cast(pa.array([v]), target))) from None
+
+
+_YEAR_BEYOND_9999 = re.compile(r"^\d{5,}-")
 
 
 def _convert_array(element_type: pa.DataType, values: Sequence[Any]) -> pa.Array:
@@ -220,9 +257,7 @@ def parse_array_literal(text: str) -> list[str | None]:
         # space around them, so unquoted ones are taken as they are, never stripped.
         return [None if t == "NULL" else t for t in text[1:-1].split(",")]
     if text.startswith("{{"):
-        raise ValueConversionError(
-            f"multi-dimensional array {text[:80]!r} cannot be staged; only one-dimensional arrays are supported"
-        )
+        raise ValueConversionError(MULTI_DIMENSIONAL.format(text=text[:80]))
     out: list[str | None] = []
     pos = 1
     end = len(text) - 1
@@ -249,7 +284,7 @@ def parse_array_literal(text: str) -> list[str | None]:
             stop = end if comma < 0 else comma
             token = text[pos:stop]
             if token == "{" or "{" in token:
-                raise ValueConversionError(f"multi-dimensional array {text[:80]!r} cannot be staged")
+                raise ValueConversionError(MULTI_DIMENSIONAL.format(text=text[:80]))
             out.append(None if token == "NULL" else token)
             pos = stop
         if pos < end and text[pos] == ",":
@@ -261,9 +296,104 @@ def parse_array_literal(text: str) -> list[str | None]:
     return out
 
 
+MULTI_DIMENSIONAL = (
+    "multi-dimensional array {text!r} does not fit the column's one-dimensional list; stage the table's "
+    "arrays as JSON text (table option arrays: json)"
+)
+
+
+def parse_array_nested(text: str) -> list[Any]:
+    """Parse a PostgreSQL array literal of any number of dimensions into nested lists of element
+    texts (``None`` = NULL). Explicit bounds (``[0:1][1:2]={...}``) are dropped."""
+    if text.startswith("["):
+        eq = text.find("=")
+        if eq < 0:
+            raise ValueConversionError(f"malformed array literal {text[:80]!r}")
+        text = text[eq + 1 :]
+    if not text.startswith("{"):
+        raise ValueConversionError(f"malformed array literal {text[:80]!r}")
+    value, pos = _parse_level(text, 0)
+    if pos != len(text):
+        raise ValueConversionError(f"malformed array literal {text[:80]!r}")
+    return value
+
+
+def _parse_level(text: str, pos: int) -> tuple[list[Any], int]:
+    """One ``{...}`` starting at ``pos``; returns its items and the position after its ``}``."""
+    out: list[Any] = []
+    pos += 1
+    end = len(text)
+    if pos < end and text[pos] == "}":
+        return out, pos + 1
+    while pos < end:
+        char = text[pos]
+        if char == "{":
+            item, pos = _parse_level(text, pos)
+            out.append(item)
+        elif char == '"':
+            pos += 1
+            chunks = []
+            while pos < end and text[pos] != '"':
+                if text[pos] == "\\" and pos + 1 < end:
+                    pos += 1
+                chunks.append(text[pos])
+                pos += 1
+            if pos >= end:
+                raise ValueConversionError(f"unterminated quoted element in {text[:80]!r}")
+            pos += 1
+            out.append("".join(chunks))
+        else:
+            stop = pos
+            while stop < end and text[stop] not in ",}":
+                stop += 1
+            token = text[pos:stop]
+            out.append(None if token == "NULL" else token)
+            pos = stop
+        if pos < end and text[pos] == ",":
+            pos += 1
+            continue
+        if pos < end and text[pos] == "}":
+            return out, pos + 1
+        break
+    raise ValueConversionError(f"malformed array literal {text[:80]!r}")
+
+
+def _json_element(element_type: pa.DataType) -> Callable[[str], Any]:
+    if pa.types.is_integer(element_type):
+        return int
+    if pa.types.is_boolean(element_type):
+        return lambda v: _BOOLS[v]
+    if pa.types.is_floating(element_type):
+        return lambda v: number if math.isfinite(number := float(v)) else v
+    return lambda v: v
+
+
+def _convert_arrays_to_json(element_type: pa.DataType, values: Sequence[Any]) -> pa.Array:
+    """Arrays of any dimensions as JSON text (the table option ``arrays: json``; docs/merge.md)."""
+    element = _json_element(element_type)
+
+    def typed(item: Any) -> Any:
+        if isinstance(item, list):
+            return [typed(i) for i in item]
+        return None if item is None else element(item)
+
+    out: list[str | None] = []
+    for value in _as_text(values).to_pylist():
+        if value is None:
+            out.append(None)
+            continue
+        try:
+            out.append(json.dumps(typed(parse_array_nested(value)), ensure_ascii=False, separators=(",", ":")))
+        except (KeyError, ValueError) as exc:
+            if isinstance(exc, ValueConversionError):
+                raise
+            raise ValueConversionError(f"cannot convert {value[:80]!r} ({exc})") from None
+    return pa.array(out, pa.string())
+
+
 def python_value(pg_type: str, value: Any) -> Any:
     """One value converted as staging would (for tests and tools; staging itself works column-wise)."""
     return convert_column(pg_type, [value])[0].as_py()
 
 
-__all__ = ["arrow_type", "convert_column", "parse_array_literal", "python_value"]
+__all__ = ["arrow_type", "bad_values", "convert_column", "parse_array_literal", "parse_array_nested", "python_value"]

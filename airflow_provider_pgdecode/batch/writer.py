@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from airflow_provider_pgdecode.batch.badvalues import StagedValues, stage_values
 from airflow_provider_pgdecode.batch.format import (
     COMMIT_LSN,
     MESSAGE_LSN,
@@ -31,11 +33,12 @@ from airflow_provider_pgdecode.batch.format import (
     XID,
     check_column_names,
     metadata_columns,
+    quarantine_path,
     table_path,
 )
 from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary
-from airflow_provider_pgdecode.batch.options import TableOptions
-from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
+from airflow_provider_pgdecode.batch.options import DEFAULT_OPTIONS, TableOptions, options_for
+from airflow_provider_pgdecode.batch.values import arrow_type
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, RowImage, Truncate
 from airflow_provider_pgdecode.decoding.lsn import Lsn
@@ -47,11 +50,18 @@ DEFAULT_PART_ROWS = 100_000
 class _TableBuffer:
     """The rows of one table waiting to be written, plus the table's running totals."""
 
-    def __init__(self, schema: str, table: str, directory: Path, part_rows: int) -> None:
+    def __init__(
+        self, schema: str, table: str, directory: Path, part_rows: int, options: TableOptions = DEFAULT_OPTIONS
+    ) -> None:
         self.schema = schema
         self.table = table
+        self.options = options
         self.relpath = table_path(schema, table)
         self.directory = directory / self.relpath
+        self.quarantine_relpath = quarantine_path(schema, table)
+        self.quarantine_directory = directory / self.quarantine_relpath
+        self.quarantine_files: list[str] = []
+        self.quarantined = 0
         self.part_rows = part_rows
         self.files: list[str] = []
         # current part
@@ -99,33 +109,53 @@ class _TableBuffer:
             return
         commit, seq, ops, xids, times, change_lsn, toast, olds = zip(*self.meta)
         columns = metadata_columns(commit, seq, ops, xids, times, change_lsn, toast)
-        values: dict[str, pa.Array] = {}
+        new: list[tuple[str, str, pa.Array]] = []
         names = self.names or ()
         types = self.types or ()
         if names:
             nulls = (None,) * len(names)
             rows = [v if v is not None else nulls for v in self.values]
             for name, pg_type, column in zip(names, types, zip(*rows)):
-                values[name] = convert_column(pg_type, column, f"{self.schema}.{self.table}.{name}")
+                new.append((name, pg_type, pa.array(column, pa.string())))
                 self.all_columns[name] = pg_type
-        old = self._old_struct(olds)  # after the values: new-tuple columns come first in all_columns
+        old_fields, has_old = self._old_fields(olds)  # after the values: new-tuple columns come first
+        staged = stage_values(self.schema, self.table, self.options, columns, new, old_fields, has_old)
+        if staged.keep is not None:
+            columns = {name: pc.filter(array, staged.keep) for name, array in columns.items()}
+            has_old = [h for h, k in zip(has_old, staged.keep.to_pylist()) if k]
+            self._quarantine(staged)
+        n = len(columns[COMMIT_LSN])
+        values = dict(staged.values)
+        old = self._old_struct(n, old_fields, staged.old, has_old)
         if old is not None:
             columns[OLD] = old
             # A part of only DELETEs has no new tuple: its columns are null, but present.
             for child in old.type:
                 if child.name not in values:
-                    values[child.name] = pa.nulls(len(olds), child.type)
+                    values[child.name] = pa.nulls(n, child.type)
         columns.update(values)
+        self.values.clear()
+        self.meta.clear()
+        if n == 0:
+            return  # every change of the part was quarantined
         table = pa.table(columns)
         file_name = f"part-{len(self.files):05d}.parquet"
         with staging_io(self.directory / file_name, "write Parquet part"):
             self.directory.mkdir(parents=True, exist_ok=True)
             pq.write_table(table, self.directory / file_name, **PARQUET_OPTIONS)
         self.files.append(file_name)
-        self.values.clear()
-        self.meta.clear()
 
-    def _old_struct(self, images: tuple[RowImage | None, ...]) -> pa.Array | None:
+    def _quarantine(self, staged: StagedValues) -> None:
+        """Write the part's quarantined changes; they leave the table's counts."""
+        assert staged.quarantine is not None
+        self.quarantine_files.append(write_quarantine_part(self.quarantine_directory, self.quarantine_files, staged))
+        self.quarantined += staged.quarantine.num_rows
+        for op, count in staged.quarantined_ops.items():
+            self.counts[op] -= count
+
+    def _old_fields(self, images: tuple[RowImage | None, ...]) -> tuple[list[tuple[str, str, pa.Array]], list[bool]]:
+        """The old image's fields as text columns (sorted as the native path sorts them), and
+        which rows have an old image."""
         field_types: dict[str, str] = {}
         for image in images:
             if image is not None:
@@ -134,24 +164,33 @@ class _TableBuffer:
         for name, pg_type in field_types.items():
             # A table with only DELETEs in this batch still lists its key columns.
             self.all_columns.setdefault(name, pg_type)
+        has_old = [image is not None for image in images]
         if not field_types:
-            if not self.names:
-                return None  # a part of TRUNCATE rows only: Parquet cannot hold an empty struct
-            # No old images in this part: a null struct shaped like the row keeps the schema stable.
-            names, types = self.names, self.types or ()
-            return pa.nulls(len(images), pa.struct([(n, arrow_type(t)) for n, t in zip(names, types)]))
+            return [], has_old
         order = {name: i for i, name in enumerate(self.names or ())}
         field_names = sorted(field_types, key=lambda n: (order.get(n, len(order)), n))
         dicts = [None if image is None else image.as_dict() for image in images]
-        children = []
+        fields = []
         for name in field_names:
             column = [None if d is None else d.get(name) for d in dicts]
             # The old image never carries unchanged-TOAST marks in practice; if it did, the
             # value is unknown: stage NULL rather than a placeholder.
             column = [None if v is UNCHANGED_TOAST else v for v in column]
-            children.append(convert_column(field_types[name], column, f"{self.schema}.{self.table}.{OLD}.{name}"))
-        mask = pa.array([d is None for d in dicts], pa.bool_())
-        return pa.StructArray.from_arrays(children, names=field_names, mask=mask)
+            fields.append((name, field_types[name], pa.array(column, pa.string())))
+        return fields, has_old
+
+    def _old_struct(
+        self, n: int, fields: list[tuple[str, str, pa.Array]], children: list[pa.Array], has_old: list[bool]
+    ) -> pa.Array | None:
+        if not fields:
+            if not self.names:
+                return None  # a part of TRUNCATE rows only: Parquet cannot hold an empty struct
+            # No old images in this part: a null struct shaped like the row keeps the schema stable.
+            names, types = self.names, self.types or ()
+            arrays = self.options.arrays
+            return pa.nulls(n, pa.struct([(nm, arrow_type(t, arrays)) for nm, t in zip(names, types)]))
+        mask = pa.array([not h for h in has_old], pa.bool_())
+        return pa.StructArray.from_arrays(children, names=[name for name, _, _ in fields], mask=mask)
 
     def summary(self) -> TableSummary:
         return TableSummary(
@@ -166,8 +205,34 @@ class _TableBuffer:
             truncates=self.counts["T"],
             min_commit_lsn=str(Lsn(self.min_commit or 0)),
             max_commit_lsn=str(Lsn(self.max_commit)),
-            columns=[ColumnSummary(n, t, str(arrow_type(t))) for n, t in self.all_columns.items()],
+            columns=[ColumnSummary(n, t, str(arrow_type(t, self.options.arrays))) for n, t in self.all_columns.items()],
         )
+
+    def quarantine_entry(self) -> dict[str, Any] | None:
+        """The manifest's entry of this table's quarantine parts (``None``: none)."""
+        return quarantine_entry(self.schema, self.table, self.quarantine_files, self.quarantined)
+
+
+def write_quarantine_part(directory: Path, files: list[str], staged: StagedValues) -> str:
+    """Write a part's quarantined changes as the next quarantine part; returns its file name."""
+    assert staged.quarantine is not None
+    directory.mkdir(parents=True, exist_ok=True)
+    file_name = f"part-{len(files):05d}.parquet"
+    pq.write_table(staged.quarantine, directory / file_name, **PARQUET_OPTIONS)
+    return file_name
+
+
+def quarantine_entry(schema: str, table: str, files: list[str], rows: int) -> dict[str, Any] | None:
+    """A table's entry in the manifest's ``quarantine`` list (docs/staging-format.md)."""
+    if not files:
+        return None
+    return {
+        "schema": schema,
+        "table": table,
+        "path": quarantine_path(schema, table),
+        "files": list(files),
+        "rows": rows,
+    }
 
 
 def no_tuple_data_error(change: Change) -> CatalogError:
@@ -211,6 +276,8 @@ class BatchWriter:
         self._message_files: list[str] = []
         self._message_rows = 0
         self._buffered = 0  # rows in all table buffers
+        #: The manifest's ``quarantine`` entries, set by :meth:`close`.
+        self.quarantine: list[dict[str, Any]] = []
 
     def _flush_largest(self) -> None:
         largest = max(self._tables.values(), key=lambda b: len(b.meta))
@@ -226,7 +293,9 @@ class BatchWriter:
             if self.include is not None and not self.include(schema, table):
                 self._excluded.add(key)
                 return None
-            buffer = self._tables[key] = _TableBuffer(schema, table, self.directory, self.part_rows)
+            buffer = self._tables[key] = _TableBuffer(
+                schema, table, self.directory, self.part_rows, options_for(self.table_options, schema, table)
+            )
         return buffer
 
     def add_transaction(self, txn: Transaction) -> None:
@@ -329,6 +398,7 @@ class BatchWriter:
             buffer.flush()
         self._flush_messages()
         tables = [b.summary() for _, b in sorted(self._tables.items()) if b.files]
+        self.quarantine = [e for _, b in sorted(self._tables.items()) if (e := b.quarantine_entry()) is not None]
         messages = (
             {"path": "messages", "files": self._message_files, "rows": self._message_rows}
             if self._message_files

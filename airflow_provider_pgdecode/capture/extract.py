@@ -247,6 +247,7 @@ def extract_batch(
             },
             snapshot_chunks=chunk_records,
             snapshots=snapshots,
+            quarantine=writer.quarantine,
         )
         manifest.write(tmp)
         final = base / batch_dir_name(start_lsn, end_lsn)

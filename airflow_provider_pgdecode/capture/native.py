@@ -72,17 +72,26 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from airflow_provider_pgdecode.batch.badvalues import stage_values
 from airflow_provider_pgdecode.batch.format import (
+    COMMIT_LSN,
     METADATA_PREFIX,
     OLD,
     PARQUET_OPTIONS,
     check_column_names,
     metadata_columns,
+    quarantine_path,
     table_path,
 )
 from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary
-from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
-from airflow_provider_pgdecode.batch.writer import BatchWriter, no_tuple_data_error
+from airflow_provider_pgdecode.batch.options import TableOptions, options_for
+from airflow_provider_pgdecode.batch.values import arrow_type
+from airflow_provider_pgdecode.batch.writer import (
+    BatchWriter,
+    no_tuple_data_error,
+    quarantine_entry,
+    write_quarantine_part,
+)
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction, TransactionAssembler
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, Truncate
 from airflow_provider_pgdecode.decoding.lsn import Lsn
@@ -145,15 +154,32 @@ def _fixed(kind: pa.DataType, n: int, data: bytes, valid: tuple[bytes, int] | No
 class _Table:
     """Python-side state of one table: its part files and the columns it has staged."""
 
-    __slots__ = ("schema", "table", "relpath", "directory", "files", "all_columns")
+    __slots__ = (
+        "schema",
+        "table",
+        "options",
+        "relpath",
+        "directory",
+        "files",
+        "all_columns",
+        "quarantine_directory",
+        "quarantine_files",
+        "quarantined",
+        "quarantined_ops",
+    )
 
-    def __init__(self, schema: str, table: str, root: Path) -> None:
+    def __init__(self, schema: str, table: str, root: Path, options: TableOptions) -> None:
         self.schema = schema
         self.table = table
+        self.options = options
         self.relpath = table_path(schema, table)
         self.directory = root / self.relpath
         self.files: list[str] = []
         self.all_columns: dict[str, str] = {}
+        self.quarantine_directory = root / quarantine_path(schema, table)
+        self.quarantine_files: list[str] = []
+        self.quarantined = 0
+        self.quarantined_ops = {"I": 0, "U": 0, "D": 0, "T": 0}
 
 
 class NativeWriter:
@@ -174,6 +200,8 @@ class NativeWriter:
         self._in_flight = _IN_FLIGHT
         self._executor = ThreadPoolExecutor(max_workers=self._in_flight, thread_name_prefix="pgdecode-parquet")
         self._futures: deque[Future[None]] = deque()
+        #: The manifest's ``quarantine`` entries, set by :meth:`close` (as BatchWriter's).
+        self.quarantine: list[dict[str, Any]] = []
 
     # -- totals as BatchWriter has them -------------------------------------------------------
 
@@ -264,7 +292,12 @@ class NativeWriter:
         table = self._tables.get(tid)
         if table is None:
             info = self.reader.table_info(tid)
-            table = self._tables[tid] = _Table(info["schema"], info["table"], self.directory)
+            table = self._tables[tid] = _Table(
+                info["schema"],
+                info["table"],
+                self.directory,
+                options_for(self.writer.table_options, info["schema"], info["table"]),
+            )
         return table
 
     def flush_all(self, flushes: Iterable[tuple[int, int]]) -> None:
@@ -290,11 +323,12 @@ class NativeWriter:
                 state.all_columns[name] = pg_type
         for name, pg_type, _ in buffers["old"]:
             state.all_columns.setdefault(name, pg_type)
-        file_name = f"part-{len(state.files):05d}.parquet"
-        state.files.append(file_name)
         while len(self._futures) >= self._in_flight:
             self._futures.popleft().result()
-        self._futures.append(self._executor.submit(self._write_part, state, layout, buffers, file_name))
+        # The part's file name is taken when it is written (a part whose every change is
+        # quarantined is not written, as in the Python writer); parts are written one at a
+        # time, in order.
+        self._futures.append(self._executor.submit(self._write_part, state, layout, buffers))
 
     def wait(self) -> None:
         """Wait for the parts being written; raise the first error."""
@@ -308,7 +342,7 @@ class NativeWriter:
         self._executor.shutdown(wait=True)
         self._futures.clear()
 
-    def _write_part(self, state: _Table, layout: Any, b: dict[str, Any], file_name: str) -> None:
+    def _write_part(self, state: _Table, layout: Any, b: dict[str, Any]) -> None:
         n = b["n"]
         toast_child = _text(b["toast_n"], b["toast_names"])
         bits, nulls = b["toast_valid"]
@@ -328,39 +362,60 @@ class NativeWriter:
             _fixed(pa.int64(), n, b["change_lsn"]),
             toast,
         )
-        label = f"{state.schema}.{state.table}"
-        values: dict[str, pa.Array] = {}
+        new: list[tuple[str, str, pa.Array]] = []
         names: tuple[str, ...] = ()
         if layout is not None:
             names, types = layout
-            for name, pg_type, parts in zip(names, types, b["values"]):
-                values[name] = convert_column(pg_type, _text(n, parts), f"{label}.{name}")
-        old = self._old_struct(n, names, layout, b["old"], b["has_old"], label)
+            new = [(name, pg_type, _text(n, parts)) for name, pg_type, parts in zip(names, types, b["values"])]
+        order = {name: i for i, name in enumerate(names)}
+        fields = sorted(b["old"], key=lambda f: (order.get(f[0], len(order)), f[0]))
+        old_fields = [(name, pg_type, _text(n, parts)) for name, pg_type, parts in fields]
+        has_old = pc.not_equal(pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(b["has_old"])]), 0)
+        staged = stage_values(state.schema, state.table, state.options, columns, new, old_fields, has_old)
+        if staged.keep is not None:
+            columns = {name: pc.filter(array, staged.keep) for name, array in columns.items()}
+            has_old = pc.filter(has_old, staged.keep)
+            state.quarantine_files.append(
+                write_quarantine_part(state.quarantine_directory, state.quarantine_files, staged)
+            )
+            assert staged.quarantine is not None
+            state.quarantined += staged.quarantine.num_rows
+            for op, count in staged.quarantined_ops.items():
+                state.quarantined_ops[op] += count
+        n = len(columns[COMMIT_LSN])
+        values = dict(staged.values)
+        old = self._old_struct(n, names, layout, old_fields, staged.old, has_old, state.options)
         if old is not None:
             columns[OLD] = old
             for child in old.type:
                 if child.name not in values:
                     values[child.name] = pa.nulls(n, child.type)
         columns.update(values)
+        if n == 0:
+            return  # every change of the part was quarantined
         table = pa.table(columns)
+        file_name = f"part-{len(state.files):05d}.parquet"
         with staging_io(state.directory / file_name, "write Parquet part"):
             state.directory.mkdir(parents=True, exist_ok=True)
             pq.write_table(table, state.directory / file_name, **PARQUET_OPTIONS)
+        state.files.append(file_name)
 
     @staticmethod
     def _old_struct(
-        n: int, names: tuple[str, ...], layout: Any, old: list[Any], has_old: bytes, label: str
+        n: int,
+        names: tuple[str, ...],
+        layout: Any,
+        fields: list[tuple[str, str, pa.Array]],
+        children: list[pa.Array],
+        has_old: pa.Array,
+        options: TableOptions,
     ) -> pa.Array | None:
-        if not old:
+        if not fields:
             if not names:
                 return None
             types = layout[1]
-            return pa.nulls(n, pa.struct([(nm, arrow_type(t)) for nm, t in zip(names, types)]))
-        order = {name: i for i, name in enumerate(names)}
-        fields = sorted(old, key=lambda f: (order.get(f[0], len(order)), f[0]))
-        children = [convert_column(t, _text(n, parts), f"{label}.{OLD}.{name}") for name, t, parts in fields]
-        mask = pc.equal(pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(has_old)]), 0)
-        return pa.StructArray.from_arrays(children, names=[f[0] for f in fields], mask=mask)
+            return pa.nulls(n, pa.struct([(nm, arrow_type(t, options.arrays)) for nm, t in zip(names, types)]))
+        return pa.StructArray.from_arrays(children, names=[f[0] for f in fields], mask=pc.invert(has_old))
 
     # -- the end ---------------------------------------------------------------------------------
 
@@ -380,23 +435,34 @@ class NativeWriter:
             if state is None or not state.files:
                 continue
             info = self.reader.table_info(tid)
+            counts = {op: info[op] - state.quarantined_ops[op] for op in ("I", "U", "D", "T")}
             summaries.append(
                 TableSummary(
                     schema=state.schema,
                     table=state.table,
                     path=state.relpath,
                     files=list(state.files),
-                    rows=info["I"] + info["U"] + info["D"] + info["T"],
-                    inserts=info["I"],
-                    updates=info["U"],
-                    deletes=info["D"],
-                    truncates=info["T"],
+                    rows=sum(counts.values()),
+                    inserts=counts["I"],
+                    updates=counts["U"],
+                    deletes=counts["D"],
+                    truncates=counts["T"],
                     min_commit_lsn=str(Lsn(info["min_commit"] or 0)),
                     max_commit_lsn=str(Lsn(info["max_commit"])),
-                    columns=[ColumnSummary(nm, t, str(arrow_type(t))) for nm, t in state.all_columns.items()],
+                    columns=[
+                        ColumnSummary(nm, t, str(arrow_type(t, state.options.arrays)))
+                        for nm, t in state.all_columns.items()
+                    ],
                 )
             )
         summaries.sort(key=lambda s: (s.schema, s.table))
+        quarantined = [state for state in self._tables.values() if state.quarantine_files]
+        self.quarantine = [
+            entry
+            for state in sorted(quarantined, key=lambda s: (s.schema, s.table))
+            if (entry := quarantine_entry(state.schema, state.table, state.quarantine_files, state.quarantined))
+            is not None
+        ]
         return summaries, messages
 
     def save_prepared(self, prepared: list[PreparedTransaction]) -> list[dict[str, Any]]:

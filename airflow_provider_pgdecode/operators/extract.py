@@ -259,12 +259,20 @@ class PgDecodeExtractOperator(BaseOperator):
             elapsed = time.monotonic() - started
         self._hook = None
         log_manifest(self.log, manifest, elapsed)
+        for entry in manifest.quarantine:
+            self.log.warning(
+                "%s.%s: %d change(s) quarantined (a value the pipeline cannot carry); the merge appends them to "
+                "the quarantine Delta table",
+                entry["schema"],
+                entry["table"],
+                entry["rows"],
+            )
         return {
             **manifest.summary(),
             "plugin": manifest.plugin,
             "database": manifest.database,
             "ceiling_lsn": manifest.ceiling_lsn,
-            "has_changes": any(table.rows for table in manifest.tables),
+            "has_changes": any(table.rows for table in manifest.tables) or bool(manifest.quarantine),
             "checkpoint": decision.action,
         }
 

@@ -18,7 +18,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import ConfigurationError, MergeInputError
+from airflow_provider_pgdecode.errors import ConfigurationError, MergeInputError, MergeOutOfMemoryError
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 MERGE_JOB_MODULE = "airflow_provider_pgdecode.spark.merge_job"
@@ -190,7 +190,8 @@ class PgDecodeMergeOperator(BaseOperator):
         for path in parse_batch_paths(self.batch_paths):
             with fail_fast():
                 manifest = BatchManifest.read(path)
-            (to_merge if any(t.rows for t in manifest.tables) else empty).append(manifest)
+            has_rows = any(t.rows for t in manifest.tables) or bool(manifest.quarantine)
+            (to_merge if has_rows else empty).append(manifest)
         order = lambda m: (Lsn.parse(m.start_lsn), Lsn.parse(m.end_lsn))  # noqa: E731
         return sorted(to_merge, key=order), sorted(empty, key=order)
 
@@ -277,9 +278,15 @@ class PgDecodeMergeOperator(BaseOperator):
                 self._hook.submit(merge_job_path())
             except AirflowException:
                 refusal = _read_refusal(summary_path)
+                if refusal is not None and refusal[0] == MergeOutOfMemoryError.__name__:
+                    # Retrying with the same memory fails the same way.
+                    raise MergeOutOfMemoryError(
+                        f"{refusal[1]} (this task: driver_memory={self.driver_memory!r}, "
+                        f"executor_memory={self.executor_memory!r}, conf={self._memory_conf()})"
+                    ) from None
                 if refusal is not None:
                     # The job refused the input and left Delta unchanged: retrying cannot help.
-                    raise MergeInputError(f"the merge job refused the batch: {refusal}") from None
+                    raise MergeInputError(f"the merge job refused the batch: {refusal[0]}: {refusal[1]}") from None
                 raise
             summary = self._read_summary(summary_path)
         finally:
@@ -327,7 +334,22 @@ class PgDecodeMergeOperator(BaseOperator):
                         info.get("deleted"),
                         ", truncated" if info.get("truncated") else "",
                     )
+        quarantine = summary.get("quarantine") if isinstance(summary, dict) else None
+        if isinstance(quarantine, dict):
+            for name, count in sorted((quarantine.get("tables") or {}).items()):
+                self.log.warning(
+                    "  %s: %s change(s) quarantined (%s) in %s: each holds a value the pipeline cannot carry; "
+                    "the Delta row of its key may be stale until the source value is fixed and the table "
+                    "resnapshotted (docs/merge.md)",
+                    name,
+                    count,
+                    quarantine.get("status"),
+                    quarantine.get("path"),
+                )
         return summary if isinstance(summary, dict) else None
+
+    def _memory_conf(self) -> dict[str, str]:
+        return {k: str(v) for k, v in self.conf.items() if k in ("spark.driver.memory", "spark.executor.memory")}
 
     def on_kill(self) -> None:
         """Stop the spark-submit process (and the driver or application in cluster modes)."""
@@ -341,13 +363,14 @@ def delta_table_asset(delta_root: str | Path, schema: str, table: str) -> Asset:
     return Asset(name=f"delta:{schema}.{table}", uri=path.as_uri(), group="delta", extra={"format": "delta"})
 
 
-def _read_refusal(path: str) -> str | None:
-    """The error the merge job wrote when it refused its input, if it did."""
+def _read_refusal(path: str) -> tuple[str, str] | None:
+    """The error (class name, message) the merge job wrote when it refused its input or ran out of
+    memory, if it did."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError):
         return None
     if isinstance(data, dict) and "error" in data:
-        return f"{data['error']}: {data.get('message')}"
+        return str(data["error"]), str(data.get("message"))
     return None

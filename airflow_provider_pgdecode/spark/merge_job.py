@@ -54,7 +54,13 @@ from airflow_provider_pgdecode.batch import format as staged
 from airflow_provider_pgdecode.batch.format import COMMIT_LSN, COMMIT_TIME, XID, is_local_path, join_path, local_path
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, read_batches
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import BatchError, ConfigurationError, MergeInputError, UnmappedTypeError
+from airflow_provider_pgdecode.errors import (
+    BatchError,
+    ConfigurationError,
+    MergeInputError,
+    MergeOutOfMemoryError,
+    UnmappedTypeError,
+)
 from airflow_provider_pgdecode.spark import collapse
 from airflow_provider_pgdecode.spark.collapse import KEEP, KIND, LSN, OP, SEQ, CollapseInput, col, old_key_name
 from airflow_provider_pgdecode.spark.types import (
@@ -65,6 +71,7 @@ from airflow_provider_pgdecode.spark.types import (
     parse_unbounded_numeric_rule,
     staged_type_matches,
 )
+from airflow_provider_pgdecode.typemap import ARRAYS_AS_JSON, ARRAYS_AS_LIST, TEXT
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -198,6 +205,8 @@ class TableResult:
     created: bool = False
     columns_added: list[str] = field(default_factory=list)
     columns_not_written: list[str] = field(default_factory=list)
+    quarantined: int = 0
+    """Changes of this table the batches' quarantine parts hold (appended to the quarantine table)."""
     numeric_specials_nulled: dict[str, int] = field(default_factory=dict)
     batches_skipped: list[str] = field(default_factory=list)
     delta_version: int = -1
@@ -301,6 +310,8 @@ def plan_table(
                     unbounded_numeric=unbounded,
                     type_overrides=options.type_overrides,
                     user_type=column.user_type,
+                    # A table staged with the option arrays: json has its arrays staged as text.
+                    arrays=ARRAYS_AS_JSON if column.arrow == TEXT else ARRAYS_AS_LIST,
                 )
             except UnmappedTypeError as error:
                 raise MergeInputError(f"table {name} column {column.name!r}: {error}") from None
@@ -989,16 +1000,21 @@ def merge_batches(
             )
         result.created = ensure_table(spark, plan, options)
         result.columns_added = list(plan.new_columns)
-        if result.created or plan.new_columns:
-            version_before, _ = _last_commit(spark, plan.path)
-        else:
-            version_before = plan.state.version
-        # Table snapshot chunks (capture/table_snapshot.py) are upserts: a key may come both as a
-        # chunk row and as a logged INSERT, so those batches always MERGE.
-        if result.created and inserts_only(profile) and not chunked:
-            append_inserts(spark, plan, events, profile, slot)
-        else:
-            run_merge(spark, plan, merge_source(spark, events, plan, profile), profile, slot, options)
+        try:
+            if result.created or plan.new_columns:
+                version_before, _ = _last_commit(spark, plan.path)
+            else:
+                version_before = plan.state.version
+            # Table snapshot chunks (capture/table_snapshot.py) are upserts: a key may come both as a
+            # chunk row and as a logged INSERT, so those batches always MERGE.
+            if result.created and inserts_only(profile) and not chunked:
+                append_inserts(spark, plan, events, profile, slot)
+            else:
+                run_merge(spark, plan, merge_source(spark, events, plan, profile), profile, slot, options)
+        except BaseException:
+            if result.created:
+                drop_created_table(spark, plan.path)
+            raise
         version_after, metrics = _last_commit(spark, plan.path)
         result.delta_version = version_after
         if version_after == version_before:
@@ -1023,12 +1039,120 @@ def merge_batches(
             version_after,
         )
 
+    quarantine = append_quarantine(spark, batches, delta_root)
+    if quarantine is not None:
+        for name, count in quarantine["tables"].items():
+            if name in results:
+                results[name].quarantined = count
     return {
         "slot": slot,
         "batches": [{"directory": b.directory, "start_lsn": b.start_lsn, "end_lsn": b.end_lsn} for b in batches],
         "end_lsn": str(max(b.end for b in batches)),
         "tables": {name: asdict(result) for name, result in results.items()},
+        "quarantine": quarantine,
     }
+
+
+# --------------------------------------------------------------------------------------------
+# The quarantine table, a failed first write, running out of memory
+# --------------------------------------------------------------------------------------------
+
+
+def quarantine_table_path(delta_root: str) -> str:
+    """``<delta_root>/_pgdecode_quarantine``: the one quarantine Delta table of every source table."""
+    return join_path(delta_root, staged.QUARANTINE_TABLE)
+
+
+def append_quarantine(spark: SparkSession, batches: Sequence[BatchManifest], delta_root: str) -> dict[str, Any] | None:
+    """Append the batches' quarantine parts to the quarantine Delta table, exactly once.
+
+    The table keeps its own watermark under the slot's app id (as every merged table does): the
+    batches at or below it are already appended. Returns ``{"path", "status", "rows", "tables",
+    "delta_version"}`` (``tables``: quarantined changes per source table in these batches), or
+    ``None`` when no batch has a quarantine part.
+    """
+    entries = [(batch, entry) for batch in batches for entry in batch.quarantine if entry.get("files")]
+    if not entries:
+        return None
+    slot = batches[0].slot
+    path = quarantine_table_path(delta_root)
+    state = read_delta_state(spark, path, app_id(slot))
+    applied = state.watermark if state.watermark is not None else -1
+    tables: dict[str, int] = {}
+    for _, entry in entries:
+        name = f"{entry['schema']}.{entry['table']}"
+        tables[name] = tables.get(name, 0) + int(entry["rows"])
+    result: dict[str, Any] = {"path": path, "status": "already applied", "rows": 0, "tables": tables}
+    todo = [(batch, entry) for batch, entry in entries if int(batch.end) > applied]
+    for name, count in sorted(tables.items()):
+        log.warning(
+            "table %s: %d change(s) held a value the pipeline cannot carry and are quarantined in %s",
+            name,
+            count,
+            path,
+        )
+    if not todo:
+        result["delta_version"] = state.version
+        return result
+    files = [join_path(batch.directory, entry["path"], name) for batch, entry in todo for name in entry["files"]]
+    rows = spark.read.parquet(*files).withColumn(staged.QUARANTINE_SLOT, F.lit(slot))
+    spark.conf.set(TXN_APP_ID_CONF, app_id(slot))
+    spark.conf.set(TXN_VERSION_CONF, str(max(int(batch.end) for batch, _ in todo)))
+    try:
+        rows.write.format("delta").mode("append").save(path)
+    finally:
+        spark.conf.unset(TXN_APP_ID_CONF)
+        spark.conf.unset(TXN_VERSION_CONF)
+    version, metrics = _last_commit(spark, path)
+    result.update(status="appended", rows=metrics.get("inserted", 0), delta_version=version)
+    return result
+
+
+def drop_created_table(spark: SparkSession, path: str) -> None:
+    """Remove a Delta table this run created when its first write failed: a failed merge leaves
+    no table behind. Only a table still at its creation commit (version 0) is removed."""
+    try:
+        if is_local_path(path):
+            import shutil
+            from pathlib import Path
+
+            directory = Path(local_path(path))
+            commits = sorted(p.name for p in (directory / "_delta_log").glob("*.json"))
+            if commits == [f"{0:020d}.json"]:
+                shutil.rmtree(directory, ignore_errors=True)
+                log.info("removed %s: created by this run, whose first write failed", path)
+            return
+        jvm: Any = spark._jvm
+        hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+        filesystem = hadoop_path.getFileSystem(spark._jsc.hadoopConfiguration())
+        log_dir = jvm.org.apache.hadoop.fs.Path(path.rstrip("/") + "/_delta_log/" + f"{1:020d}.json")
+        if not filesystem.exists(log_dir):
+            filesystem.delete(hadoop_path, True)
+            log.info("removed %s: created by this run, whose first write failed", path)
+    except Exception as error:  # the write's own error matters more
+        log.warning("could not remove %s after its first write failed (%s); it is an empty Delta table", path, error)
+
+
+_OUT_OF_MEMORY_SIGNS = ("java.lang.OutOfMemoryError", "Java heap space", "GC overhead limit exceeded")
+
+
+def out_of_memory_error(error: BaseException, spark_conf: Mapping[str, str]) -> MergeOutOfMemoryError | None:
+    """A :class:`MergeOutOfMemoryError` naming the memory settings when ``error`` (Spark's, often an
+    ``INTERNAL_ERROR`` that calls itself a bug in Spark) was caused by a JVM out of memory; else ``None``."""
+    text = f"{error}\n{getattr(error, 'java_exception', '')}"
+    sign = next((s for s in _OUT_OF_MEMORY_SIGNS if s in text), None)
+    if sign is None:
+        return None
+    driver = spark_conf.get("spark.driver.memory", "1g (Spark's default)")
+    executor = spark_conf.get("spark.executor.memory", "1g (Spark's default)")
+    return MergeOutOfMemoryError(
+        f"the merge ran out of memory ({sign}): Spark's heap could not hold the batch's data. This is not a bug in "
+        f"Spark or pgdecode, and nothing was confirmed to the slot. Give Spark more memory: spark.driver.memory "
+        f"(now {driver}; in local mode the driver runs the tasks too) and spark.executor.memory (now {executor}), "
+        "through the merge operator's driver_memory / executor_memory or the conf of the Spark connection; or "
+        "stage smaller batches (max changes per batch) and lower the tables' max_value_bytes (table_options) so "
+        "that no single value needs this much memory. Then run the merge again."
+    )
 
 
 def _parse_type_map(pairs: Sequence[str]) -> dict[str, str]:
@@ -1082,6 +1206,25 @@ def build_argument_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _write_refusal(error: Exception, summary_json: str | None) -> None:
+    """Log and print the job's refusal; with ``--summary-json`` also write it there, which lets the
+    caller tell a final error (bad input, out of memory) from a crash worth a retry."""
+    log.error("%s", error)
+    refusal = json.dumps({"error": type(error).__name__, "message": str(error)})
+    print(refusal, file=sys.stderr)
+    if summary_json:
+        with open(summary_json, "w", encoding="utf-8") as handle:
+            handle.write(refusal)
+
+
+def _spark_alive(spark: SparkSession) -> bool:
+    try:
+        spark.sparkContext.getConf()
+        return True
+    except Exception:
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_argument_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -1104,13 +1247,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         summary = merge_batches(spark, args.batch, args.delta_root, options)
     except (BatchError, MergeInputError) as error:
-        log.error("%s", error)
-        refusal = json.dumps({"error": type(error).__name__, "message": str(error)})
-        print(refusal, file=sys.stderr)
-        if args.summary_json:  # lets the caller tell bad input (final) from a crash (worth a retry)
-            with open(args.summary_json, "w", encoding="utf-8") as handle:
-                handle.write(refusal)
+        _write_refusal(error, args.summary_json)
         return 2
+    except Exception as error:
+        conf = {k: v for k, v in spark.sparkContext.getConf().getAll()} if _spark_alive(spark) else {}
+        memory = out_of_memory_error(error, conf)
+        if memory is None:
+            raise
+        _write_refusal(memory, args.summary_json)
+        return 3
     finally:
         spark.stop()
     text = json.dumps(summary, sort_keys=True)

@@ -169,6 +169,7 @@ def map_catalog_type(
     unbounded_numeric: DataType | None = None,
     type_overrides: Mapping[str, str] | None = None,
     user_type: str | None = None,
+    arrays: str = typemap.ARRAYS_AS_LIST,
 ) -> ColumnType:
     """Map one catalog type name to its :class:`ColumnType`, or raise :class:`UnmappedTypeError`.
 
@@ -180,7 +181,9 @@ def map_catalog_type(
     """
     rule = delta_type_sql(unbounded_numeric) if unbounded_numeric is not None else DEFAULT_UNBOUNDED_NUMERIC
     return _column_type(
-        typemap.resolve(catalog_type, unbounded_numeric=rule, type_overrides=type_overrides, user_type=user_type)
+        typemap.resolve(
+            catalog_type, unbounded_numeric=rule, type_overrides=type_overrides, user_type=user_type, arrays=arrays
+        )
     )
 
 

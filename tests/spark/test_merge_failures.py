@@ -1,0 +1,105 @@
+"""A merge that fails: no Delta table is left behind by a failed first write, and running out of
+memory is reported as such, with the memory settings to change (not as a bug in Spark)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from airflow_provider_pgdecode.errors import MergeOutOfMemoryError
+from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
+from airflow_provider_pgdecode.spark import merge_job
+from airflow_provider_pgdecode.spark.merge_job import merge_batches, out_of_memory_error
+from tests.spark.staged import TableChanges, write_batch
+
+SLOT = "pgdecode_failures"
+COLUMNS = [("id", "integer", pa.int32()), ("note", "text", pa.string())]
+
+SPARK_OOM = (
+    "An error occurred while calling o123.execute.\n: org.apache.spark.SparkException: [INTERNAL_ERROR] The "
+    "Spark SQL phase execution failed with an internal error. You hit a bug in Spark or the Spark plugins you "
+    "use. Please, report this bug to the corresponding communities or vendors, and provide the full stack trace."
+    "\n\tat org.apache.spark.SparkException$.internalError(SparkException.scala:107)\n"
+    "Caused by: java.lang.OutOfMemoryError: Java heap space\n\tat java.base/java.util.Arrays.copyOf(Arrays.java:3537)"
+)
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def _fail(*args, **kwargs):
+    raise Boom("the first write failed")
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("first_write", ["append_inserts", "run_merge"])
+def test_a_failed_first_merge_leaves_no_delta_table(spark, tmp_path: Path, monkeypatch, first_write: str) -> None:
+    orders = TableChanges("public", "orders", COLUMNS).insert(100, id=1, note="a")
+    if first_write == "run_merge":
+        orders.update(110, id=1, note="b")  # not inserts only: the first write is a MERGE
+    batch = write_batch(tmp_path / "staging", SLOT, 10, 200, [orders])
+    monkeypatch.setattr(merge_job, first_write, _fail)
+    delta_root = tmp_path / "delta"
+    with pytest.raises(Boom):
+        merge_batches(spark, [batch], str(delta_root))
+    assert not (delta_root / "public" / "orders").exists()
+
+    monkeypatch.undo()  # the same batch merges once the cause is gone
+    summary = merge_batches(spark, [batch], str(delta_root))
+    assert summary["tables"]["public.orders"]["status"] == "merged"
+    rows = spark.read.format("delta").load(str(delta_root / "public" / "orders")).collect()
+    assert [(r["id"], r["note"]) for r in rows] == [(1, "a" if first_write == "append_inserts" else "b")]
+
+
+@pytest.mark.spark
+def test_a_failed_merge_into_an_existing_table_keeps_it(spark, tmp_path: Path, monkeypatch) -> None:
+    delta_root = tmp_path / "delta"
+    first = write_batch(
+        tmp_path / "staging", SLOT, 10, 200, [TableChanges("public", "kept", COLUMNS).insert(100, id=1)]
+    )
+    merge_batches(spark, [first], str(delta_root))
+    second = write_batch(
+        tmp_path / "staging", SLOT, 200, 300, [TableChanges("public", "kept", COLUMNS).update(250, id=1, note="x")]
+    )
+    monkeypatch.setattr(merge_job, "run_merge", _fail)
+    with pytest.raises(Boom):
+        merge_batches(spark, [second], str(delta_root))
+    assert [r["id"] for r in spark.read.format("delta").load(str(delta_root / "public" / "kept")).collect()] == [1]
+
+
+def test_out_of_memory_is_named_with_the_memory_settings() -> None:
+    error = out_of_memory_error(Exception(SPARK_OOM), {"spark.driver.memory": "1g"})
+    assert isinstance(error, MergeOutOfMemoryError)
+    message = str(error)
+    assert "ran out of memory (java.lang.OutOfMemoryError)" in message
+    assert "spark.driver.memory (now 1g" in message and "spark.executor.memory" in message
+    assert "driver_memory" in message and "max_value_bytes" in message and "not a bug" in message
+    assert out_of_memory_error(Exception("[INTERNAL_ERROR] a real bug"), {}) is None
+
+
+def test_the_merge_operator_reports_out_of_memory_without_retry(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[1]"}))
+    batch = write_batch(tmp_path / "staging", SLOT, 10, 200, [TableChanges("public", "t", COLUMNS).insert(100, id=1)])
+
+    class OutOfMemoryHook:
+        def __init__(self, summary_path: str) -> None:
+            self.summary_path = summary_path
+
+        def submit(self, application: str) -> None:  # what merge_job.main writes, then a failed exit
+            refusal = {"error": "MergeOutOfMemoryError", "message": str(out_of_memory_error(Exception(SPARK_OOM), {}))}
+            Path(self.summary_path).write_text(json.dumps(refusal), encoding="utf-8")
+            raise AirflowException("Cannot execute: spark-submit ... Error code is: 3.")
+
+    monkeypatch.setattr(PgDecodeMergeOperator, "get_hook", lambda self, batches, path=None: OutOfMemoryHook(path))
+    operator = PgDecodeMergeOperator(
+        task_id="merge", batch_paths=batch, delta_root=str(tmp_path / "delta"), driver_memory="2g", asset_alias=None
+    )
+    with pytest.raises(AirflowFailException) as err:
+        operator.execute({})
+    assert "ran out of memory" in str(err.value) and "driver_memory='2g'" in str(err.value)
+    assert "bug in Spark" not in str(err.value).replace("not a bug in Spark", "")
