@@ -97,6 +97,7 @@ def _text(
 
 _INFINITIES = "`infinity` / `-infinity` become 9999-12-31 / 0001-01-01"
 _TS_INFINITIES = "`infinity` / `-infinity` become 9999-12-31 23:59:59.999999 / 0001-01-01 00:00:00"
+_OUT_OF_RANGE = "BC and past year 9999: a bad value (see below)"
 
 TYPES: tuple[PgType, ...] = (
     PgType("smallint", "int16", "smallint", aliases=("int2",)),
@@ -117,7 +118,7 @@ TYPES: tuple[PgType, ...] = (
     PgType(
         "boolean", "bool", "boolean", aliases=("bool",), note="`true`/`false` (test_decoding) or `t`/`f` (pgoutput)"
     ),
-    PgType("date", "date32[day]", "date", note=f"{_INFINITIES}; BC dates refused"),
+    PgType("date", "date32[day]", "date", note=f"{_INFINITIES}; {_OUT_OF_RANGE}"),
     PgType(
         "timestamp without time zone",
         "timestamp[us]",
@@ -125,7 +126,7 @@ TYPES: tuple[PgType, ...] = (
         Kind.TIMESTAMP_AS_UTC,
         aliases=("timestamp",),
         modifiers=True,
-        note=f"the wall-clock time, read as UTC; {_TS_INFINITIES}",
+        note=f"the wall-clock time, read as UTC; {_TS_INFINITIES}; {_OUT_OF_RANGE}",
     ),
     PgType(
         "timestamp with time zone",
@@ -133,7 +134,7 @@ TYPES: tuple[PgType, ...] = (
         "timestamp",
         aliases=("timestamptz",),
         modifiers=True,
-        note=f"the UTC instant; {_TS_INFINITIES}",
+        note=f"the UTC instant; {_TS_INFINITIES}; {_OUT_OF_RANGE}",
     ),
     PgType("bytea", "binary", "binary", note="the bytes (`bytea_output=hex`)"),
     *_text(

@@ -75,6 +75,11 @@ with DAG(
         "start_lsn": Param("", type="string", description="replay: X/Y; empty: from the first retained batch"),
         "end_lsn": Param("", type="string", description="replay: X/Y; empty: up to the last retained batch"),
         "chunk_rows": Param(50_000, type="integer", minimum=1),
+        "table_options": Param(
+            {},
+            type="object",
+            description='initial: per table, as the incremental DAG\'s: {"schema.table": {"arrays": "json"}}',
+        ),
         "workers": Param(
             0, type="integer", minimum=0, description="initial: parallel copy connections; 0 picks min(4, cores)"
         ),
@@ -106,6 +111,7 @@ with DAG(
         postgres_conn_id="{{ params.postgres_conn_id }}",
         chunk_rows="{{ params.chunk_rows }}",
         workers="{{ params.workers }}",
+        table_options="{{ params.table_options }}",
     )
     replay = PgDecodeReplayOperator(
         task_id="replay",

@@ -73,7 +73,10 @@ with DAG(
         "publication": Param("pgdecode", type="string"),
         "tables": Param([], type="array"),
         "table_options": Param(
-            {}, type="object", description='per table: {"schema.table": {"mode": "append_only"}} (docs/merge.md)'
+            {},
+            type="object",
+            description='per table: {"schema.table": {"mode": "append_only", "on_bad_value": "quarantine", '
+            '"max_value_bytes": 67108864, "arrays": "json"}} (docs/merge.md)',
         ),
         "staging_uri": Param(f"{DATA_DIR}/staging", type="string"),
         "delta_root": Param(f"{DATA_DIR}/delta", type="string"),

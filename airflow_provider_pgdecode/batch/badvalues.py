@@ -103,8 +103,9 @@ def stage_values(
     for label, (_, pg_type, values) in zip(labels, [*new, *old]):
         text = values if isinstance(values, pa.Array) else pa.array(values, pa.string())
         texts.append(text)
-        over = pc.greater(pc.binary_length(text), limit)
-        if pc.any(over).as_py():
+        # No value can be larger than the whole column: most parts skip the per-value check.
+        over = pc.greater(pc.binary_length(text), limit) if text.nbytes > limit else None
+        if over is not None and pc.any(over).as_py():
             sizes = pc.binary_length(text)
             for index in pc.indices_nonzero(over).to_pylist():
                 bad.setdefault(index, BadValue(label, pg_type, _size_reason(sizes[index].as_py(), options), _TOO_LARGE))
@@ -218,33 +219,80 @@ def _json_row(names: Sequence[str], values: Sequence[str | None]) -> str:
     )
 
 
+def _fix_for(name: str, bad: BadValue) -> str:
+    """The setting or change that lets this kind of value through."""
+    if bad.kind == _TOO_LARGE:
+        return (
+            f"raise the limit for this table (table_options {json.dumps({name: {'max_value_bytes': 2 * 1024**3}})}, "
+            "any size in bytes) if the merge's Spark memory (spark.driver.memory / spark.executor.memory) can "
+            "hold values this large"
+        )
+    if bad.kind == "multi-dimensional":
+        return f"stage this table's arrays as JSON text (table_options {json.dumps({name: {'arrays': 'json'}})})"
+    return (
+        "change the column in PostgreSQL to a type or value range pgdecode can stage (docs/merge.md, "
+        "'Values the pipeline cannot carry') and resnapshot the table"
+    )
+
+
 def bad_value_error(
     schema: str, table: str, bad: BadValue, *, change_lsn: int, commit_lsn: int, xid: int | None
 ) -> ValueConversionError:
     """The one wording of a bad value under ``on_bad_value: fail``, with every way forward."""
     name = f"{schema}.{table}"
     option = json.dumps({name: {"on_bad_value": "quarantine"}})
-    if bad.kind == _TOO_LARGE:
-        specific = (
-            f"raise the limit for this table (table_options {json.dumps({name: {'max_value_bytes': 2 * 1024**3}})}, "
-            "any size in bytes) if the merge's Spark memory (spark.driver.memory / spark.executor.memory) can "
-            "hold values this large"
-        )
-    elif bad.kind == "multi-dimensional":
-        specific = f"stage this table's arrays as JSON text (table_options {json.dumps({name: {'arrays': 'json'}})})"
-    else:
-        specific = (
-            "change the column in PostgreSQL to a type or value range pgdecode can stage (docs/merge.md, "
-            "'Values the pipeline cannot carry') and resnapshot the table"
-        )
     transaction = f"transaction {xid}, " if xid is not None else ""
     return ValueConversionError(
         f"cannot stage table {name} column {bad.column!r} ({bad.pg_type}) of the change at LSN {Lsn(change_lsn)} "
         f"({transaction}commit LSN {Lsn(commit_lsn)}): {bad.reason}. Ways forward: quarantine such changes "
         f"(table_options {option}): they go to the Delta table <delta_root>/{QUARANTINE_TABLE} with the raw value "
-        f"and the rest of the batch flows; or {specific}; or leave the table out of the pipeline's tables. "
-        "Nothing was staged and the slot was not advanced."
+        f"and the rest of the batch flows; or {_fix_for(name, bad)}; or leave the table out of the pipeline's "
+        "tables. Nothing was staged and the slot was not advanced."
     )
 
 
-__all__ = ["BadValue", "StagedValues", "bad_value_error", "stage_values"]
+def snapshot_value_error(name: str, bad: BadValue, value: str, lsn: int) -> ValueConversionError:
+    """The one wording of a bad value met by a snapshot (initial load or table snapshot), which
+    stages the rows as they are now: fixing the row in PostgreSQL is a way forward."""
+    shown = value if len(value) <= 80 else value[:80] + "..."
+    return ValueConversionError(
+        f"cannot stage table {name} column {bad.column!r} ({bad.pg_type}) in the snapshot at LSN {Lsn(lsn)}: "
+        f"{bad.reason} (the value starts {shown!r}). Ways forward: fix the row in PostgreSQL (a snapshot stages "
+        f"rows as they are now) and run the snapshot again; or {_fix_for(name, bad)}; or leave the table out of "
+        "the snapshot. Snapshots do not quarantine: nothing was staged."
+    )
+
+
+def convert_snapshot_column(
+    name: str, column: str, pg_type: str, values: pa.Array, options: TableOptions, lsn: int
+) -> pa.Array:
+    """Convert one column of a snapshot part (the table's ``arrays`` and ``max_value_bytes`` apply);
+    a bad value is a :func:`snapshot_value_error`."""
+    text = values if isinstance(values, pa.Array) else pa.array(values, pa.string())
+    if pa.types.is_large_string(text.type) or not pa.types.is_string(text.type):
+        text = text.cast(pa.string())
+    sizes = pc.binary_length(text)
+    over = pc.greater(sizes, options.max_value_bytes)
+    if text.nbytes > options.max_value_bytes and pc.any(over).as_py():
+        index = pc.indices_nonzero(over)[0].as_py()
+        bad = BadValue(column, pg_type, _size_reason(sizes[index].as_py(), options), _TOO_LARGE)
+        raise snapshot_value_error(name, bad, text[index].as_py(), lsn)
+    try:
+        return convert_column(pg_type, text, f"{name}.{column}", options.arrays)
+    except ValueConversionError as exc:
+        failed = bad_values(pg_type, text, options.arrays)
+        if not failed:
+            raise
+        index, reason = failed[0]
+        kind = "multi-dimensional" if reason.startswith("multi-dimensional") else "conversion"
+        raise snapshot_value_error(name, BadValue(column, pg_type, reason, kind), text[index].as_py(), lsn) from exc
+
+
+__all__ = [
+    "BadValue",
+    "StagedValues",
+    "bad_value_error",
+    "convert_snapshot_column",
+    "snapshot_value_error",
+    "stage_values",
+]

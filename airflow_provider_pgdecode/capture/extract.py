@@ -145,7 +145,13 @@ def extract_batch(
         snapshots = dict(checkpoint.snapshots) if checkpoint is not None else {}
         if requests:
             snapshotter = TableSnapshotter(
-                conn, tmp, requests, snapshots, rows_per_batch=snapshot_rows, publication=publication
+                conn,
+                tmp,
+                requests,
+                snapshots,
+                rows_per_batch=snapshot_rows,
+                publication=publication,
+                table_options=options_by_table,
             )
             if snapshotter.active and upto_lsn is None:
                 snapshotter.copy_chunks()

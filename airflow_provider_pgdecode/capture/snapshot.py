@@ -89,7 +89,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +100,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from airflow_provider_pgdecode.batch.badvalues import convert_snapshot_column
 from airflow_provider_pgdecode.batch.format import (
     OLD,
     PARQUET_OPTIONS,
@@ -115,8 +116,9 @@ from airflow_provider_pgdecode.batch.manifest import (
     batch_dir_name,
     table_path,
 )
+from airflow_provider_pgdecode.batch.options import DEFAULT_OPTIONS, TableOptions, options_for, parse_table_options
 from airflow_provider_pgdecode.batch.publish import publish_batch
-from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
+from airflow_provider_pgdecode.batch.values import arrow_type
 from airflow_provider_pgdecode.capture.tables import parse_table_names
 from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
 from airflow_provider_pgdecode.decoding.lsn import Lsn
@@ -138,6 +140,7 @@ from airflow_provider_pgdecode.postgres.snapshot_queries import (
     import_snapshot,
     lock_and_measure,
 )
+from airflow_provider_pgdecode.typemap import ARRAYS_AS_LIST
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +222,8 @@ class _TablePlan:
     identity: str
     state: dict[str, Any]
     started: float = field(default_factory=time.monotonic)
+    options: TableOptions = DEFAULT_OPTIONS
+    """The table's options (``arrays``, ``max_value_bytes`` apply to a snapshot)."""
 
     @property
     def name(self) -> str:
@@ -264,6 +269,7 @@ def stage_snapshot(
     workers: int | None = None,
     chunk_pages: int | None = None,
     log_interval: float = 10.0,
+    table_options: Mapping[str, TableOptions | Mapping[str, Any]] | None = None,
 ) -> BatchManifest:
     """Copy ``tables`` inside an exported snapshot and stage them as one snapshot batch.
 
@@ -290,6 +296,10 @@ def stage_snapshot(
         :data:`DEFAULT_SNAPSHOT_WORKERS` (``min(4, cores)``). The staged contents do not depend on it.
     :param chunk_pages: pages per chunk, instead of the estimate from ``chunk_rows``.
     :param log_interval: seconds between progress lines (a finished table is always logged).
+    :param table_options: per-table options (:mod:`airflow_provider_pgdecode.batch.options`), as
+        the extract takes them: ``arrays`` and ``max_value_bytes`` apply (a snapshot stages arrays
+        as the incremental batches do); a bad value fails the snapshot naming the table and column
+        (snapshots do not quarantine; fixing the row in PostgreSQL is the way forward).
     :returns: the manifest of the published batch ``<staging_root>/<slot>/<0>-<consistent_lsn>``.
     """
     lsn = Lsn.coerce(consistent_lsn)
@@ -308,6 +318,7 @@ def stage_snapshot(
     base = Path(staging_root) / slot_name
     base.mkdir(parents=True, exist_ok=True)
     tmp = base / f".tmp-snapshot-{snapshot_name}"
+    options_by_table = parse_table_options(table_options)
     settings = {
         "format": SNAPSHOT_FORMAT,
         "slot": slot_name,
@@ -319,6 +330,8 @@ def stage_snapshot(
         "replace": replace,
         "tables": [list(n) for n in names],
     }
+    if options_by_table:  # staged contents depend on them: a resume must use the same
+        settings["table_options"] = {f"{s}.{t}": o.model_dump() for (s, t), o in sorted(options_by_table.items())}
 
     def opener() -> Connection:
         return connect() if callable(connect) else _connect(connect)
@@ -333,6 +346,8 @@ def stage_snapshot(
                 _plan_table(planner, catalog, progress, schema, table, chunk_rows, chunk_pages)
                 for schema, table in names
             ]
+            for plan in plans:
+                plan.options = options_for(options_by_table, plan.schema, plan.table)
             database = database_name(planner)
         except DatabaseError as exc:
             raise StagingError(f"planning the snapshot copy for slot {slot_name!r} failed: {str(exc).strip()}") from exc
@@ -469,7 +484,9 @@ def _summary(plan: _TablePlan, lsn: Lsn, replace: bool) -> TableSummary:
         min_commit_lsn=str(lsn),
         max_commit_lsn=str(lsn),
         columns=[
-            ColumnSummary(c.name, c.type_name, str(arrow_type(c.type_name)), c.catalog_type, c.user_type)
+            ColumnSummary(
+                c.name, c.type_name, str(arrow_type(c.type_name, plan.options.arrays)), c.catalog_type, c.user_type
+            )
             for c in plan.columns
         ],
         key=list(plan.key),
@@ -717,7 +734,7 @@ def _copy_chunk(
     part = path.with_name(name + ".part")
     leading_truncate = replace and index == 0
     seq_start = (1 if replace else 0) + index * int(plan.state["seq_stride"])
-    schema = _part_schema(plan.columns)
+    schema = _part_schema(plan.columns, plan.options.arrays)
     writer: pq.ParquetWriter | None = None
     rows = 0
     try:
@@ -726,7 +743,15 @@ def _copy_chunk(
         with copy_pages_csv(conn, plan.schema, plan.table, names, *pages) as copy:
             for texts, count in _read_csv(copy, names, chunk_rows):
                 table = _part_table(
-                    plan.columns, texts, count, lsn, seq_start + rows, leading_truncate and rows == 0, plan.name, schema
+                    plan.columns,
+                    texts,
+                    count,
+                    lsn,
+                    seq_start + rows,
+                    leading_truncate and rows == 0,
+                    plan.name,
+                    schema,
+                    plan.options,
                 )
                 if writer is None:
                     writer = pq.ParquetWriter(part, schema, **PARQUET_OPTIONS)
@@ -746,6 +771,7 @@ def _copy_chunk(
                     True,
                     plan.name,
                     schema,
+                    plan.options,
                 )
             )
         writer.close()
@@ -797,8 +823,8 @@ def _read_csv(copy: Iterable[Any], names: list[str], chunk_rows: int) -> Iterato
         yield parse(data), count
 
 
-def _part_schema(columns: list[ColumnInfo]) -> pa.Schema:
-    values = [(c.name, arrow_type(c.type_name)) for c in columns]
+def _part_schema(columns: list[ColumnInfo], arrays: str = ARRAYS_AS_LIST) -> pa.Schema:
+    values = [(c.name, arrow_type(c.type_name, arrays)) for c in columns]
     return part_schema(pa.struct(values), values)
 
 
@@ -811,13 +837,14 @@ def _part_table(
     leading_truncate: bool,
     where: str,
     schema: pa.Schema | None = None,
+    options: TableOptions = DEFAULT_OPTIONS,
 ) -> pa.Table:
     """Rows of one part in the layout of batch/writer.py: op I rows (after an op T row).
 
     ``_pg_seq`` is 0 for the TRUNCATE, then ``seq_start``, ``seq_start + 1``, ... (capped at
     int32: each key occurs once in a snapshot, so only the order against the TRUNCATE matters).
     """
-    schema = schema or _part_schema(columns)
+    schema = schema or _part_schema(columns, options.arrays)
     count = rows + (1 if leading_truncate else 0)
     seqs = (
         pc.min_element_wise(
@@ -840,7 +867,7 @@ def _part_table(
     for column, text in zip(columns, texts):
         if leading_truncate:
             text = pa.concat_arrays([pa.nulls(1, pa.string()), text.cast(pa.string())])
-        data.append(convert_column(column.type_name, text, f"{where}.{column.name}"))
+        data.append(convert_snapshot_column(where, column.name, column.type_name, text, options, int(lsn)))
     return pa.Table.from_arrays(data, schema=schema)
 
 

@@ -68,6 +68,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from airflow_provider_pgdecode.batch.badvalues import convert_snapshot_column
 from airflow_provider_pgdecode.batch.format import (
     CHANGE_LSN,
     COMMIT_LSN,
@@ -78,7 +79,8 @@ from airflow_provider_pgdecode.batch.format import (
     table_path,
 )
 from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary
-from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
+from airflow_provider_pgdecode.batch.options import DEFAULT_OPTIONS, TableOptions, options_for
+from airflow_provider_pgdecode.batch.values import arrow_type
 from airflow_provider_pgdecode.capture.tables import parse_table_names
 from airflow_provider_pgdecode.decoding.assembler import Transaction
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, RowImage, Truncate
@@ -384,8 +386,11 @@ class TableSnapshotter:
         *,
         rows_per_batch: int = DEFAULT_ROWS_PER_BATCH,
         publication: str | None = None,
+        table_options: Mapping[tuple[str, str], TableOptions] | None = None,
     ) -> None:
         self.conn = conn
+        #: Per-table options: ``arrays`` and ``max_value_bytes`` apply to the chunks.
+        self.table_options = dict(table_options or {})
         self.batch_dir = batch_dir
         self.requests = requests
         self.progress: dict[str, Any] = copy.deepcopy(dict(snapshots or {}))
@@ -465,6 +470,9 @@ class TableSnapshotter:
         """A transactional logical message, synchronously committed: its LSN orders the chunk."""
         return emit_watermark(self.conn, WATERMARK_PREFIX, json.dumps(content, sort_keys=True))
 
+    def _options(self, schema: str, table: str) -> tuple[str, TableOptions]:
+        return f"{schema}.{table}", options_for(self.table_options, schema, table)
+
     def _next_part(self, schema: str, table: str) -> Path:
         number = self._part_numbers.get((schema, table), 0)
         self._part_numbers[(schema, table)] = number + 1
@@ -515,7 +523,7 @@ class TableSnapshotter:
             # after the low watermark, so the copy does not chase a growing table.
             tstate["upper_key"] = largest_key(conn, schema, table, key)
             path = self._next_part(schema, table)
-            _write_chunk(path, columns, [], low, truncate=True)
+            _write_chunk(path, columns, [], low, truncate=True, options=self._options(schema, table))
             tstate["truncated"] = True
             tstate["truncate_lsn"] = str(low)
             self._add(
@@ -554,7 +562,7 @@ class TableSnapshotter:
             {"request": request.id, "table": f"{schema}.{table}", "chunk": tstate["chunks"], "mark": "high"}
         )
         path = self._next_part(schema, table)
-        _write_chunk(path, columns, rows, high)
+        _write_chunk(path, columns, rows, high, options=self._options(schema, table))
         keys: dict[tuple[str | None, ...], list[int]] = {}
         for n, r in enumerate(rows):
             keys.setdefault(tuple(r[i] for i in key_index), []).append(n)
@@ -756,7 +764,7 @@ class TableSnapshotter:
                         ColumnSummary(
                             column.name,
                             column.type_name,
-                            str(arrow_type(column.type_name)),
+                            str(arrow_type(column.type_name, options_for(self.table_options, *name).arrays)),
                             column.catalog_type,
                             column.user_type,
                         )
@@ -766,7 +774,12 @@ class TableSnapshotter:
 
 
 def _write_chunk(
-    path: Path, columns: list[ColumnInfo], rows: list[tuple[Any, ...]], lsn: Lsn, truncate: bool = False
+    path: Path,
+    columns: list[ColumnInfo],
+    rows: list[tuple[Any, ...]],
+    lsn: Lsn,
+    truncate: bool = False,
+    options: tuple[str, TableOptions] | None = None,
 ) -> None:
     """A part in the layout of batch/writer.py: op I rows at ``lsn`` (or one op T row)."""
     count = 1 if truncate else len(rows)
@@ -775,7 +788,10 @@ def _write_chunk(
     data = metadata_columns(lsns, range(count), ["T" if truncate else "I"] * count, nulls, nulls, lsns, nulls)
     for index, column in enumerate(columns):
         values = [None] if truncate else [row[index] for row in rows]
-        data[column.name] = convert_column(column.type_name, values, f"{path.parent.name}.{column.name}")
+        where, table_options = options if options is not None else (path.parent.name, DEFAULT_OPTIONS)
+        data[column.name] = convert_snapshot_column(
+            where, column.name, column.type_name, pa.array(values, pa.string()), table_options, int(lsn)
+        )
     _write_table(path, pa.table(data))
 
 

@@ -126,7 +126,9 @@ class PgDecodeExtractOperator(BaseOperator):
     :param publication: the publication of a pgoutput slot. (templated)
     :param table_options: per-table options, ``{"schema.table": {"mode": "append_only"}}``
         (:class:`~airflow_provider_pgdecode.batch.options.TableOptions`; validated before the
-        slot is read). (templated)
+        slot is read): ``mode``, ``on_bad_value`` (``fail`` / ``quarantine``),
+        ``max_value_bytes``, ``arrays`` (``list`` / ``json``). Quarantined changes are logged
+        per table. (templated)
     :param extract_options: more keyword arguments of
         :func:`~airflow_provider_pgdecode.capture.extract.extract_batch` (``chunk_rows``,
         ``part_rows``, ``memory_items``, ``progress_every``, ...).

@@ -32,7 +32,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
@@ -90,6 +90,10 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         the rows a worker holds in memory. (templated)
     :param workers: chunks copied at once, each on its own connection; ``None`` or 0 picks
         ``min(4, cores)``. The staged batch does not depend on it. (templated)
+    :param table_options: per-table options as the extract takes them,
+        ``{"schema.table": {"arrays": "json", "max_value_bytes": ...}}``: ``arrays`` and
+        ``max_value_bytes`` apply to the copy (docs/merge.md, "Values the pipeline cannot carry");
+        give the same mapping as the pipeline's extract. (templated)
     """
 
     template_fields: Sequence[str] = (
@@ -100,6 +104,7 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         "postgres_conn_id",
         "chunk_rows",
         "workers",
+        "table_options",
     )
     ui_color = "#e8f0d9"
 
@@ -114,6 +119,7 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         two_phase: bool = True,
         chunk_rows: int | str = DEFAULT_SNAPSHOT_CHUNK_ROWS,
         workers: int | str | None = None,
+        table_options: Mapping[str, Mapping[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -125,6 +131,7 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         self.two_phase = two_phase
         self.chunk_rows = chunk_rows
         self.workers = workers
+        self.table_options = table_options
 
     def execute(self, context: Context) -> list[str]:
         with fail_fast():
@@ -183,5 +190,6 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
                 plugin=str(self.plugin),
                 chunk_rows=chunk_rows,
                 workers=workers,
+                table_options=self.table_options or None,
             )
         return [str(manifest.path)]

@@ -90,7 +90,11 @@ class PgDecodeMergeOperator(BaseOperator):
 
     Batches whose tables hold no rows (only empty transactions, heartbeats, or prepared
     transactions still pending) are not submitted; when no batch has rows the job is not run
-    at all, and the confirm step can still advance the slot. Returns (to XCom) ``batches``
+    at all, and the confirm step can still advance the slot. Quarantined changes (a table's
+    ``on_bad_value: quarantine``) are appended to ``<delta_root>/_pgdecode_quarantine`` and logged
+    per table. A refused batch fails the task without retry (``MergeInputError``), and so does a
+    Spark out-of-memory (``MergeOutOfMemoryError``, naming ``driver_memory`` / ``executor_memory``
+    and ``spark.driver.memory`` / ``spark.executor.memory``). Returns (to XCom) ``batches``
     (the merged ones), ``skipped``, ``end_lsn`` and the job's ``summary``. ``on_kill`` stops
     the spark-submit process (and the driver in cluster modes) through the hook.
 

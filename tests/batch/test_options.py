@@ -24,3 +24,15 @@ def test_bad_options_name_table_and_field(value, named):
     with pytest.raises(ConfigurationError) as err:
         parse_table_options(value)
     assert "public.t" in str(err.value) and named in str(err.value)
+
+
+def test_value_limits_and_array_staging_are_validated():
+    options = parse_table_options({"t": {"max_value_bytes": 1024, "arrays": "json"}})
+    assert (options_for(options, "public", "t").max_value_bytes, options_for(options, "public", "t").arrays) == (
+        1024,
+        "json",
+    )
+    assert DEFAULT_OPTIONS.max_value_bytes == 64 * 1024 * 1024 and DEFAULT_OPTIONS.arrays == "list"
+    for bad, named in (({"max_value_bytes": 0}, "max_value_bytes"), ({"arrays": "nested"}, "arrays")):
+        with pytest.raises(ConfigurationError, match=f"public.t.*{named}"):
+            parse_table_options({"public.t": bad})

@@ -13,8 +13,10 @@ import pytest
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.capture.native import load_native
+from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot, stage_snapshot
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ValueConversionError
+from tests.capture.test_native import assert_same_batches
 
 pytestmark = pytest.mark.postgres
 
@@ -107,3 +109,50 @@ def test_a_100_mb_value_is_caught_at_staging_with_the_setting_named(pg_conn, sou
     (row,) = pq.read_table(Path(manifest.path) / entry["path"] / entry["files"][0]).to_pylist()
     assert (row["value_bytes"], row["value_truncated"], len(row["value"])) == (100 * 1024 * 1024, True, 1024)
     assert "max_value_bytes=1048576" in row["reason"]
+
+
+def test_snapshots_stage_arrays_as_the_table_options_say_and_name_bad_values(
+    pg_conn, pg_dsn, source, slot_name, tmp_path
+) -> None:
+    workload(pg_conn)
+    pg_conn.execute("update bv_readings set day = '0001-01-01 BC' where id = 6")
+    snap = f"{slot_name}_snap"
+    try:
+        with create_slot_with_snapshot(pg_dsn, snap) as (lsn, name):
+            manifest = stage_snapshot(
+                pg_dsn, name, lsn, snap, tmp_path / "grid", ["public.bv_grid"], table_options=OPTIONS
+            )
+            with pytest.raises(ValueConversionError) as err:
+                stage_snapshot(pg_dsn, name, lsn, snap, tmp_path / "readings", ["public.bv_readings"])
+    finally:
+        pg_conn.execute(
+            "select pg_drop_replication_slot(slot_name) from pg_replication_slots where slot_name = %s", (snap,)
+        )
+    (grid,) = manifest.tables
+    assert [c.arrow for c in grid.columns] == ["int32", "string", "string"]
+    staged = pq.read_table(Path(manifest.path) / grid.path / grid.files[0]).to_pylist()
+    assert [r["m"] for r in staged if r["_pg_op"] == "I"] == ["[[1,2],[3,null]]", "[5]"]
+    message = str(err.value)
+    assert "public.bv_readings" in message and "'day'" in message and "in the snapshot at LSN" in message
+    assert "10000-01-01" in message and "fix the row in PostgreSQL" in message
+
+
+@pytest.mark.skipif(load_native() is None, reason="the native extension is not built")
+@pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])
+def test_both_paths_quarantine_alike_with_small_parts(pg_conn, source, tmp_path, plugin) -> None:
+    slot = source if plugin == "test_decoding" else source + "_po"
+    workload(pg_conn)
+    pg_conn.execute("insert into bv_readings select g, '0001-01-01 BC', '{}', 'all bad' from generate_series(10, 12) g")
+    upto = Lsn.parse(str(pg_conn.execute("select pg_current_wal_flush_lsn()").fetchone()[0]))
+    both = [
+        extract(
+            pg_conn, plugin, slot, tmp_path / str(native), native, upto_lsn=upto, table_options=OPTIONS, part_rows=3
+        )
+        for native in (False, True)
+    ]
+    assert_same_batches(*both)
+    assert_same_quarantine(*both)
+    (entry,) = both[0].quarantine
+    assert entry["rows"] == 6 and len(entry["files"]) > 1
+    readings = next(t for t in both[0].tables if t.table == "bv_readings")
+    assert readings.rows == 6 and readings.inserts == 5 and readings.updates == 1

@@ -103,3 +103,34 @@ def test_the_merge_operator_reports_out_of_memory_without_retry(tmp_path: Path, 
         operator.execute({})
     assert "ran out of memory" in str(err.value) and "driver_memory='2g'" in str(err.value)
     assert "bug in Spark" not in str(err.value).replace("not a bug in Spark", "")
+
+
+def test_the_job_exits_3_with_the_out_of_memory_refusal(tmp_path: Path, monkeypatch, capsys) -> None:
+    from airflow_provider_pgdecode.spark import session
+
+    class Conf:
+        def getAll(self):  # noqa: N802 - SparkConf's name
+            return [("spark.driver.memory", "512m"), ("spark.master", "local[1]")]
+
+    class FakeSpark:
+        class sparkContext:  # noqa: N801 - SparkSession's attribute
+            @staticmethod
+            def getConf():  # noqa: N802
+                return Conf()
+
+        stopped = False
+
+        def stop(self) -> None:
+            FakeSpark.stopped = True
+
+    def out_of_memory(*args, **kwargs):
+        raise Exception(SPARK_OOM)
+
+    monkeypatch.setattr(session, "build_spark_session", lambda master=None: FakeSpark())
+    monkeypatch.setattr(merge_job, "merge_batches", out_of_memory)
+    summary = tmp_path / "summary.json"
+    code = merge_job.main(["--delta-root", str(tmp_path), "--batch", str(tmp_path), "--summary-json", str(summary)])
+    refusal = json.loads(summary.read_text(encoding="utf-8"))
+    assert code == 3 and FakeSpark.stopped
+    assert refusal["error"] == "MergeOutOfMemoryError" and "spark.driver.memory (now 512m" in refusal["message"]
+    assert "MergeOutOfMemoryError" in capsys.readouterr().err
