@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,12 +80,14 @@ def extract_under_fault(
 
 
 @pytest.fixture
-def source(pg_dsn: str, slot_name: str, tmp_path: Path) -> dict[str, Any]:
+def source(pg_dsn: str, slot_name: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("drop table if exists sf_items; create table sf_items (id int primary key, label text)")
         conn.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (slot_name,))
         conn.execute("insert into sf_items select g, 'first' from generate_series(1, 100) g")
-    return {"staging": tmp_path / "staging", "delta": str(tmp_path / "delta")}
+    yield {"staging": tmp_path / "staging", "delta": str(tmp_path / "delta")}
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("drop table sf_items")
 
 
 def backlog(dsn: str) -> None:
