@@ -58,6 +58,13 @@ class SlotInUseError(SlotError):
     retryable = True
 
 
+class SlotConnectionLostError(SlotError):
+    """The server connection broke while a slot was read or advanced (a terminated backend, a
+    server restart or crash): retrying on a new connection helps."""
+
+    retryable = True
+
+
 class CatalogError(PgDecodeError):
     """A source table cannot be staged as asked (no usable key, a reserved column name, ...)."""
 

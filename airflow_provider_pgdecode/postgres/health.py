@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from airflow_provider_pgdecode.errors import SlotError, SlotInUseError
+from airflow_provider_pgdecode.errors import SlotConnectionLostError, SlotError, SlotInUseError
 
 if TYPE_CHECKING:
     from airflow_provider_pgdecode.postgres.slot import SlotInfo
@@ -50,6 +50,23 @@ def slot_in_use(name: str, detail: str | None = None) -> SlotInUseError:
     return SlotInUseError(
         f"replication slot {name!r} is in use by another process{cause}; wait for it to finish, or stop the other "
         "consumer (pg_stat_replication / pg_replication_slots.active_pid names it)"
+    )
+
+
+def connection_lost(name: str, action: str, detail: str) -> SlotConnectionLostError:
+    """The server connection broke mid-call (transient: retried). ``action``: ``peeking changes``,
+    ``advancing``, ..."""
+    if action == "advancing":
+        state = (
+            "The slot may or may not have been advanced; advancing again to the same LSN is safe, and a slot "
+            "ahead of the checkpoint is reconciled from the staged batches"
+        )
+    else:
+        state = "Nothing was consumed (the slot is only peeked) and nothing was staged or confirmed"
+    return SlotConnectionLostError(
+        f"{action} of replication slot {name!r} failed: the connection to the server was lost ({detail}), "
+        f"e.g. its backend was terminated or the server restarted. {state}. The task is retried; if the server "
+        "stays unreachable, check that it is up and accepts connections"
     )
 
 
@@ -91,6 +108,7 @@ def check_readable(info: SlotInfo, plugin: str | None = None) -> None:
 
 __all__ = [
     "check_readable",
+    "connection_lost",
     "not_logical",
     "publication_missing",
     "slot_in_use",

@@ -27,6 +27,7 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import PgDecodeError, SlotError
 from airflow_provider_pgdecode.postgres.health import (
     check_readable,
+    connection_lost,
     not_logical,
     publication_missing,
     slot_in_use,
@@ -202,6 +203,10 @@ class SlotClient:
             return slot_in_use(name, text)
         if "invalidated" in text or "can no longer get changes" in text:
             return slot_lost(name, text)
+        if isinstance(exc, (pg_errors.AdminShutdown, pg_errors.CrashShutdown, pg_errors.CannotConnectNow)) or (
+            isinstance(exc, psycopg.OperationalError) and (exc.sqlstate is None or self.conn.closed)
+        ):
+            return connection_lost(name, action, text)
         return SlotError(f"{action} of replication slot {name!r} failed: {text}")
 
     # -- server facts --------------------------------------------------------------------------

@@ -35,8 +35,9 @@ def dag_process(
     logs.mkdir()
     yield DagProcess(env, conf, logs)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        for (gid,) in conn.execute("select gid from pg_prepared_xacts where database = current_database()"):
+        for (gid,) in conn.execute("select gid from pg_prepared_xacts where database = current_database()").fetchall():
             conn.execute(f"rollback prepared '{gid}'")
+        conn.execute("drop table if exists fk_accounts, fk_events")
 
 
 def assert_caught_up(conn: psycopg.Connection[Any], spark: Any, delta_root: str, tables: tuple[str, ...]) -> None:
