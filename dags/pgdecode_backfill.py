@@ -3,7 +3,9 @@
 Four modes (the ``mode`` param):
 
 - ``initial``: create the slot with an exported snapshot and copy ``tables`` (default: every
-  table with a primary key) inside it, staged as one batch at the slot's consistent point, then
+  table outside the system schemas, for pgoutput in ``publication``, minus ``exclude_tables``;
+  a table without a usable key that is not ``append_only`` in ``table_options`` fails the run,
+  named, before the slot is created) inside it, staged as one batch at the slot's consistent point, then
   merge it into ``delta_root``. pgdecode_incremental continues from the slot. Re-running it
   once the slot exists re-merges the staged initial load (a no-op for Delta).
 - ``add-table``: bring ``tables`` into a running pipeline; ``resnapshot``: copy ``tables``
@@ -67,7 +69,14 @@ with DAG(
         "postgres_conn_id": Param("pgdecode_source", type="string"),
         "slot_name": Param("pgdecode", type="string", pattern="^[a-z0-9_]{1,63}$"),
         "plugin": Param("test_decoding", enum=["test_decoding", "pgoutput"]),
-        "tables": Param([], type="array", description="schema.table names; initial: empty means all with a key"),
+        "tables": Param([], type="array", description="schema.table names; initial: empty means every table"),
+        "exclude_tables": Param([], type="array", description="schema.table names never to load"),
+        "table_options": Param(
+            {},
+            type="object",
+            description='per table, as the incremental DAG\'s: {"schema.table": {"mode": "append_only"}} (docs/merge.md)',
+        ),
+        "publication": Param("pgdecode", type="string", description="initial, pgoutput: the tables to copy"),
         "staging_uri": Param(f"{DATA_DIR}/staging", type="string"),
         "delta_root": Param(
             "", type="string", description=f"empty: {DATA_DIR}/delta (replay: {DATA_DIR}/delta_backfill)"
@@ -75,11 +84,6 @@ with DAG(
         "start_lsn": Param("", type="string", description="replay: X/Y; empty: from the first retained batch"),
         "end_lsn": Param("", type="string", description="replay: X/Y; empty: up to the last retained batch"),
         "chunk_rows": Param(50_000, type="integer", minimum=1),
-        "table_options": Param(
-            {},
-            type="object",
-            description='initial: per table, as the incremental DAG\'s: {"schema.table": {"arrays": "json"}}',
-        ),
         "workers": Param(
             0, type="integer", minimum=0, description="initial: parallel copy connections; 0 picks min(4, cores)"
         ),
@@ -108,10 +112,12 @@ with DAG(
         staging_root="{{ params.staging_uri }}",
         plugin="{{ params.plugin }}",
         tables="{{ params.tables }}",
+        exclude_tables="{{ params.exclude_tables }}",
+        table_options="{{ params.table_options }}",
+        publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
         postgres_conn_id="{{ params.postgres_conn_id }}",
         chunk_rows="{{ params.chunk_rows }}",
         workers="{{ params.workers }}",
-        table_options="{{ params.table_options }}",
     )
     replay = PgDecodeReplayOperator(
         task_id="replay",
@@ -132,6 +138,8 @@ with DAG(
         slot_name="{{ params.slot_name }}",
         staging_root="{{ params.staging_uri }}",
         tables="{{ params.tables }}",
+        exclude_tables="{{ params.exclude_tables }}",
+        table_options="{{ params.table_options }}",
         mode="{{ params.mode }}",
         request_id="{{ params.request_id }}",  # empty: one per DAG run
         chunk_rows="{{ params.chunk_rows }}",

@@ -17,8 +17,14 @@ Parameters (DAG params, all overridable per run):
 - ``slot_name``: the logical replication slot (created, two-phase, when missing).
 - ``plugin``: ``test_decoding`` or ``pgoutput``.
 - ``publication``: the publication a ``pgoutput`` slot reads (ignored for test_decoding).
-- ``tables``: ``schema.table`` names to load; empty means every table with a primary key
-  outside the system schemas.
+- ``tables``: ``schema.table`` names to load; empty means every table outside the system
+  schemas (for pgoutput: in the publication), minus ``exclude_tables``. Nothing is skipped
+  silently: a table without a usable key that is not ``append_only`` fails the extract before
+  the slot is read, in one error naming every such table and the ways forward.
+- ``exclude_tables``: ``schema.table`` names never to load (their changes are counted and the
+  tables named in the extract's log and the batch manifest).
+- ``table_options``: per table, ``{"schema.table": {"mode": "append_only"}}`` for insert-only
+  tables without a key (logs, histories); see docs/merge.md.
 - ``staging_uri``: where batches are staged (a local or mounted directory).
 - ``delta_root``: where the Delta tables live, ``<delta_root>/<schema>/<table>``.
 - ``spark_conn_id``: the Spark connection (master ``local[*]`` or ``spark://host:7077`` ...).
@@ -72,6 +78,7 @@ with DAG(
         "plugin": Param("test_decoding", enum=["test_decoding", "pgoutput"]),
         "publication": Param("pgdecode", type="string"),
         "tables": Param([], type="array"),
+        "exclude_tables": Param([], type="array", description="schema.table names never to load"),
         "table_options": Param(
             {},
             type="object",
@@ -117,6 +124,7 @@ with DAG(
         plugin="{{ params.plugin }}",
         postgres_conn_id="{{ params.postgres_conn_id }}",
         tables="{{ params.tables }}",
+        exclude_tables="{{ params.exclude_tables }}",
         publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
         table_options="{{ params.table_options }}",
         checkpoint_task_id="confirm",

@@ -65,6 +65,12 @@ class TableSummary:
     columns: list[ColumnSummary]
     key: list[str] = field(default_factory=list)
     replica_identity: str | None = None
+    #: Where the key comes from (``Catalog.table_key``): ``primary key``, ``replica identity index``
+    #: or ``all columns`` (no key: merged as a multiset); None when unknown (older manifests, or
+    #: an ``append_only`` table without a key).
+    key_source: str | None = None
+    #: ``merge`` or ``append_only`` (``table_options`` mode); older manifests are ``merge``.
+    mode: str = "merge"
     #: The table's directory once read from a batch (not stored in the file).
     location: str | None = field(default=None, compare=False)
 
@@ -127,6 +133,9 @@ class BatchManifest:
     #: Quarantine parts per table (``schema``, ``table``, ``path``, ``files``, ``rows``): changes
     #: holding a value the table's ``on_bad_value: quarantine`` kept out of its table part.
     quarantine: list[dict[str, Any]] = field(default_factory=list)
+    #: ``schema.table`` of tables outside the extract's table list that had changes in the range
+    #: (their changes are counted in ``skipped["excluded_table_changes"]``, not staged).
+    excluded_tables: list[str] = field(default_factory=list)
     format: str = FORMAT
     complete: bool = True
     #: Where the batch lives (not stored in the file).

@@ -90,3 +90,16 @@ def parse_table_options(value: Mapping[str, Any] | None) -> dict[tuple[str, str]
 def options_for(options: Mapping[tuple[str, str], TableOptions], schema: str, table: str) -> TableOptions:
     """The options of ``schema.table``, or the defaults."""
     return options.get((schema, table), DEFAULT_OPTIONS)
+
+
+def as_table_options(value: object) -> Mapping[str, Any]:
+    """A templated ``table_options`` value as the mapping it must be (``{}`` for empty), or a
+    :class:`ConfigurationError` that says what was given instead."""
+    if value is None or value == "":
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(
+            f"table_options must be a mapping of 'schema.table' names to options, not {value!r} "
+            "(a DAG passing it through a template needs render_template_as_native_obj=True)"
+        )
+    return value

@@ -25,9 +25,11 @@ import pyarrow.parquet as pq
 
 from airflow_provider_pgdecode.batch.badvalues import StagedValues, stage_values
 from airflow_provider_pgdecode.batch.format import (
+    CHANGE_LSN,
     COMMIT_LSN,
     MESSAGE_LSN,
     OLD,
+    OP,
     PARQUET_OPTIONS,
     SEQ,
     XID,
@@ -75,6 +77,7 @@ class _TableBuffer:
         self.min_commit: int | None = None
         self.max_commit = 0
         self.all_columns: dict[str, str] = {}
+        self.append_only = False
 
     def add(
         self, txn: Transaction, seq: int, op: str, change_lsn: int, old: RowImage | None, new: RowImage | None
@@ -235,14 +238,49 @@ def quarantine_entry(schema: str, table: str, files: list[str], rows: int) -> di
     }
 
 
-def no_tuple_data_error(change: Change) -> CatalogError:
-    """The error for ``(no-tuple-data)``: PostgreSQL logged no key for the changed row."""
+def no_tuple_data_error(change: Change, identity: str | None = None) -> CatalogError:
+    """The error for ``(no-tuple-data)``: PostgreSQL logged no key for the changed row.
+
+    ``identity`` is the table's replica identity as the catalog states it now
+    (:meth:`SourceTable.describe_identity`), e.g. ``REPLICA IDENTITY DEFAULT and no primary key``.
+    """
+    now = (
+        f"The table has {identity} now"
+        if identity is not None
+        else "The table's replica identity is unknown (it was not found in the catalog)"
+    )
     return CatalogError(
         f"{change.operation.name} on {change.schema}.{change.table} at LSN {change.lsn} carries no row "
-        "data: the table has no primary key and REPLICA IDENTITY DEFAULT (or NOTHING), so "
-        "PostgreSQL does not log which row changed. Add a primary key, or run ALTER TABLE "
-        "... REPLICA IDENTITY FULL, or exclude the table from the pipeline"
+        f"data: PostgreSQL logged no key for the changed row, so it cannot be matched in Delta. {now}. "
+        "Give the table a key for later changes (a primary key under REPLICA IDENTITY DEFAULT, or ALTER TABLE "
+        "... REPLICA IDENTITY FULL); a change logged without one stays so: leave the table out (exclude_tables, "
+        "or the tables option) past this LSN and resnapshot it afterwards (the backfill DAG's mode 'resnapshot')"
     )
+
+
+def append_only_error(schema: str, table: str, operation: str, lsn: object) -> CatalogError:
+    """An UPDATE or DELETE of a table loaded ``append_only``: an append cannot apply it."""
+    return CatalogError(
+        f"{operation} on {schema}.{table} at LSN {lsn}: the table is loaded append_only (table_options), which "
+        "only appends inserts, so this change cannot reach Delta. Nothing was staged and the slot did not move. "
+        "Ways forward: if the table is not insert-only, load it with mode 'merge' (give it a primary key, or "
+        "ALTER TABLE ... REPLICA IDENTITY FULL) and resnapshot it (the backfill DAG's mode 'resnapshot'); or "
+        "leave it out of the pipeline with exclude_tables"
+    )
+
+
+def check_append_only(directory: str | os.PathLike[str], tables: list[TableSummary]) -> None:
+    """Refuse a staged batch in which an ``append_only`` table has UPDATEs or DELETEs (the native
+    reader stages them without asking), naming the first one's LSN."""
+    for summary in tables:
+        if summary.mode != "append_only" or not (summary.updates or summary.deletes):
+            continue
+        for name in summary.files:
+            part = pq.read_table(Path(directory) / summary.path / name, columns=[OP, CHANGE_LSN])
+            for op, lsn in zip(part.column(OP).to_pylist(), part.column(CHANGE_LSN).to_pylist()):
+                if op in ("U", "D"):
+                    operation = "UPDATE" if op == "U" else "DELETE"
+                    raise append_only_error(summary.schema, summary.table, operation, Lsn(lsn))
 
 
 class BatchWriter:
@@ -253,6 +291,8 @@ class BatchWriter:
     :param part_rows: rows buffered in memory (all tables together) before the largest
         table's rows are written as a Parquet part.
     :param table_options: per-table options by ``(schema, table)``; others take the defaults.
+    :param identities: each table's replica identity as the catalog states it, by
+        ``(schema, table)``, for the error about a change without row data.
     """
 
     def __init__(
@@ -262,8 +302,10 @@ class BatchWriter:
         part_rows: int = DEFAULT_PART_ROWS,
         *,
         table_options: Mapping[tuple[str, str], TableOptions] | None = None,
+        identities: Mapping[tuple[str, str], str] | None = None,
     ) -> None:
         self.directory = Path(directory)
+        self.identities = dict(identities or {})
         self.include = include
         self.part_rows = part_rows
         self.table_options = dict(table_options or {})
@@ -296,6 +338,7 @@ class BatchWriter:
             buffer = self._tables[key] = _TableBuffer(
                 schema, table, self.directory, self.part_rows, options_for(self.table_options, schema, table)
             )
+            buffer.append_only = buffer.options.mode == "append_only"
         return buffer
 
     def add_transaction(self, txn: Transaction) -> None:
@@ -312,8 +355,10 @@ class BatchWriter:
                 if buffer is None:
                     self.skipped_changes += 1
                     continue
+                if buffer.append_only and item.operation.value != "I":  # type: ignore[union-attr]
+                    raise append_only_error(item.schema, item.table, item.operation.name, item.lsn)  # type: ignore[union-attr]
                 if not item.has_tuple_data:  # type: ignore[union-attr]
-                    raise no_tuple_data_error(item)  # type: ignore[arg-type]
+                    raise no_tuple_data_error(item, self.identities.get(name))  # type: ignore[arg-type]
                 buffer.add(txn, seq, item.operation.value, int(item.lsn), item.old, item.new)  # type: ignore[union-attr]
                 staged += 1
                 self._buffered += 1

@@ -21,15 +21,15 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, batch_dir_name
-from airflow_provider_pgdecode.batch.options import TableOptions, parse_table_options
+from airflow_provider_pgdecode.batch.options import TableOptions, options_for, parse_table_options
 from airflow_provider_pgdecode.batch.publish import publish_batch
-from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter
+from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter, check_append_only
 from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
 from airflow_provider_pgdecode.capture.reconcile import reconcile
 from airflow_provider_pgdecode.capture.table_snapshot import (
@@ -46,8 +46,8 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.pgoutput import PgOutputParser, max_proto_version, pgoutput_options
 from airflow_provider_pgdecode.decoding.spool import DEFAULT_MEMORY_ITEMS
 from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS, TestDecodingParser
-from airflow_provider_pgdecode.errors import ConfigurationError, SlotError, StagingError, staging_io
-from airflow_provider_pgdecode.postgres.catalog import Catalog
+from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError, StagingError, staging_io
+from airflow_provider_pgdecode.postgres.catalog import Catalog, source_tables
 from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.postgres.slot import SlotClient
 
@@ -166,12 +166,10 @@ def extract_batch(
         parser, options = _reader(plugin, slots, info.two_phase, publication, origin, proto_version)
         parse = parser.parse
         assembler = TransactionAssembler(pending, memory_items, spill_dir, resume_after=resume_after)
-        writer = BatchWriter(
-            tmp,
-            None if include_pairs is None else (lambda s, t: (s, t) in include_pairs),
-            part_rows,
-            table_options=options_by_table,
-        )
+        excluded_names: set[tuple[str, str]] = set()
+        include = None if include_pairs is None else _recording_include(include_pairs, excluded_names)
+        identities = {(t.schema, t.table): t.describe_identity() for t in source_tables(Catalog(conn))}
+        writer = BatchWriter(tmp, include, part_rows, table_options=options_by_table, identities=identities)
         rows = 0
         started = time.monotonic()
         log.info("Extracting slot %s from %s up to %s", slot_name, start_lsn, ceiling)
@@ -179,7 +177,6 @@ def extract_batch(
         # Chunk placement needs to see each transaction: the Python path while chunks are staged.
         fast = _native_module(native, parser) if snapshotter is None or not snapshotter.chunks else None
         if ceiling > confirmed and fast is not None:
-            include = None if include_pairs is None else (lambda s, t: (s, t) in include_pairs)
             with slots.peek_copy(slot_name, ceiling, options) as copy:
                 writer, rows = extract_native(  # type: ignore[assignment]
                     fast,
@@ -219,7 +216,8 @@ def extract_batch(
             chunk_records, snapshots = snapshotter.finish(end_lsn)
             tables_staged = snapshotter.table_summaries(tables_staged)
             snapshot_rows_staged = sum(r["rows"] + (r["kind"] == "truncate") for r in chunk_records)
-        _describe_tables(Catalog(conn), tables_staged)
+        _describe_tables(Catalog(conn), tables_staged, options_by_table)
+        check_append_only(tmp, tables_staged)
         still_pending = assembler.pending()
         prepared_entries = writer.save_prepared(still_pending)
         shutil.rmtree(spill_dir, ignore_errors=True)
@@ -254,6 +252,7 @@ def extract_batch(
             snapshot_chunks=chunk_records,
             snapshots=snapshots,
             quarantine=writer.quarantine,
+            excluded_tables=sorted(f"{schema}.{table}" for schema, table in excluded_names),
         )
         manifest.write(tmp)
         final = base / batch_dir_name(start_lsn, end_lsn)
@@ -313,13 +312,39 @@ def _native_module(native: bool | None, parser: TestDecodingParser | PgOutputPar
     return load_native()
 
 
-def _describe_tables(catalog: Catalog, tables: list[TableSummary]) -> None:
-    """Add each table's key (:meth:`Catalog.table_key`, the one rule the snapshots follow too) and
-    catalog types; a table the merge cannot key is a :class:`CatalogError` saying what to do."""
+def _recording_include(
+    include_pairs: Collection[tuple[str, str]], excluded: set[tuple[str, str]]
+) -> Callable[[str, str], bool]:
+    """``include`` for the writers (asked once per table): tables outside ``include_pairs`` are
+    added to ``excluded``, so the manifest names the tables whose changes were not staged."""
+
+    def include(schema: str, table: str) -> bool:
+        if (schema, table) in include_pairs:
+            return True
+        excluded.add((schema, table))
+        return False
+
+    return include
+
+
+def _describe_tables(
+    catalog: Catalog, tables: list[TableSummary], options: Mapping[tuple[str, str], TableOptions]
+) -> None:
+    """Add each table's key (:meth:`Catalog.table_key`, the one rule the snapshots follow too),
+    load mode and catalog types; a table the merge cannot key is a :class:`CatalogError` saying
+    what to do, unless it is loaded ``append_only`` (appended, never matched: no key needed)."""
     for summary in tables:
-        key = catalog.table_key(summary.schema, summary.table)
-        summary.key = list(key.columns)
-        summary.replica_identity = key.replica_identity
+        summary.mode = options_for(options, summary.schema, summary.table).mode
+        try:
+            key = catalog.table_key(summary.schema, summary.table)
+        except CatalogError:
+            if summary.mode != "append_only":
+                raise
+            summary.replica_identity = catalog.replica_identity(summary.schema, summary.table).kind
+        else:
+            summary.key = list(key.columns)
+            summary.replica_identity = key.replica_identity
+            summary.key_source = key.source
         live = {c.name: c for c in catalog.columns(summary.schema, summary.table)}
         for column in summary.columns:
             info = live.get(column.name)

@@ -88,6 +88,7 @@ from airflow_provider_pgdecode.batch.options import TableOptions, options_for
 from airflow_provider_pgdecode.batch.values import arrow_type
 from airflow_provider_pgdecode.batch.writer import (
     BatchWriter,
+    append_only_error,
     no_tuple_data_error,
     quarantine_entry,
     write_quarantine_part,
@@ -233,8 +234,10 @@ class NativeWriter:
                 if tid < 0:
                     self._py_skipped += 1
                     continue
+                if change.operation.value != "I" and self._append_only(change.schema, change.table):
+                    raise append_only_error(change.schema, change.table, change.operation.name, change.lsn)
                 if not change.has_tuple_data:
-                    raise no_tuple_data_error(change)
+                    raise no_tuple_data_error(change, self.writer.identities.get((change.schema, change.table)))
                 new = change.new
                 values = None
                 if new is not None:
@@ -276,6 +279,9 @@ class NativeWriter:
         if staged:
             self._py_transactions += 1
             self._py_changes += staged
+
+    def _append_only(self, schema: str, table: str) -> bool:
+        return options_for(self.writer.table_options, schema, table).mode == "append_only"
 
     def add_message(self, message: Message) -> None:
         self.writer.add_message(message)

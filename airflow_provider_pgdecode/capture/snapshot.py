@@ -122,8 +122,8 @@ from airflow_provider_pgdecode.batch.values import arrow_type
 from airflow_provider_pgdecode.capture.tables import parse_table_names
 from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import ConfigurationError, SlotError, StagingError
-from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo
+from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError, StagingError
+from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, TableKey
 from airflow_provider_pgdecode.postgres.replication import ExportedSnapshot, replication_connection
 from airflow_provider_pgdecode.postgres.session import (
     SCAN_GUCS,
@@ -224,6 +224,8 @@ class _TablePlan:
     started: float = field(default_factory=time.monotonic)
     options: TableOptions = DEFAULT_OPTIONS
     """The table's options (``arrays``, ``max_value_bytes`` apply to a snapshot)."""
+    key_source: str | None = None
+    mode: str = "merge"
 
     @property
     def name(self) -> str:
@@ -299,10 +301,12 @@ def stage_snapshot(
     :param table_options: per-table options (:mod:`airflow_provider_pgdecode.batch.options`), as
         the extract takes them: ``arrays`` and ``max_value_bytes`` apply (a snapshot stages arrays
         as the incremental batches do); a bad value fails the snapshot naming the table and column
-        (snapshots do not quarantine; fixing the row in PostgreSQL is the way forward).
+        (snapshots do not quarantine; fixing the row in PostgreSQL is the way forward); a table
+        loaded ``append_only`` needs no key (its rows are appended).
     :returns: the manifest of the published batch ``<staging_root>/<slot>/<0>-<consistent_lsn>``.
     """
     lsn = Lsn.coerce(consistent_lsn)
+    options_by_table = parse_table_options(table_options)
     if not _SNAPSHOT_NAME.match(snapshot_name):
         raise StagingError(f"{snapshot_name!r} is not an exported snapshot name")
     if chunk_rows < 1:
@@ -343,7 +347,7 @@ def stage_snapshot(
             import_snapshot(planner, snapshot_name, slot_name)
             catalog = Catalog(planner)
             plans = [
-                _plan_table(planner, catalog, progress, schema, table, chunk_rows, chunk_pages)
+                _plan_table(planner, catalog, progress, schema, table, chunk_rows, chunk_pages, options_by_table)
                 for schema, table in names
             ]
             for plan in plans:
@@ -408,10 +412,28 @@ def _plan_table(
     table: str,
     chunk_rows: int,
     chunk_pages: int | None,
+    table_options: Mapping[tuple[str, str], TableOptions] | None = None,
 ) -> _TablePlan:
     """Columns, key and chunk plan of one table, read inside the snapshot; an earlier plan is kept."""
     columns = catalog.columns(schema, table)  # inside the snapshot: the columns as of the consistent point
-    key = catalog.table_key(schema, table)
+    mode = options_for(table_options or {}, schema, table).mode
+    try:
+        key = catalog.table_key(schema, table)
+    except CatalogError:
+        if mode != "append_only":
+            raise
+        # append_only: appended, never matched, so no key is needed.
+        identity = catalog.replica_identity(schema, table).kind
+        key = TableKey((), identity, "primary key")
+        key_source = None
+    else:
+        key_source = key.source
+
+    def table_plan(state: dict[str, Any]) -> _TablePlan:
+        return _TablePlan(
+            schema, table, columns, list(key.columns), key.replica_identity, state, key_source=key_source, mode=mode
+        )
+
     check_column_names(schema, table, [c.name for c in columns])
     # Held by the planning transaction until the copy ends: no rewrite (VACUUM FULL, CLUSTER,
     # ALTER TABLE) can move the snapshot's tuples meanwhile.
@@ -423,7 +445,7 @@ def _plan_table(
         log.info(
             "Snapshot copy of %s: resuming, %d of %d chunk(s) already staged", name, len(state["done"]), state["chunks"]
         )
-        return _TablePlan(schema, table, columns, list(key.columns), key.replica_identity, state)
+        return table_plan(state)
     if state is not None:
         log.warning(
             "Snapshot copy of %s: the table was rewritten since its chunks were planned; copying it again", name
@@ -454,7 +476,7 @@ def _plan_table(
     }
     progress["tables"][name] = state
     log.info("Snapshot copy of %s: %d page(s) in %d chunk(s) of %d page(s)", name, pages, chunks, per)
-    return _TablePlan(schema, table, columns, list(key.columns), key.replica_identity, state)
+    return table_plan(state)
 
 
 def _discard_unrecorded(tmp: Path, plans: Sequence[_TablePlan]) -> None:
@@ -491,6 +513,8 @@ def _summary(plan: _TablePlan, lsn: Lsn, replace: bool) -> TableSummary:
         ],
         key=list(plan.key),
         replica_identity=plan.identity,
+        key_source=plan.key_source,
+        mode=plan.mode,
     )
 
 

@@ -9,11 +9,20 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
+from airflow_provider_pgdecode.batch.options import as_table_options
 from airflow_provider_pgdecode.capture.reconcile import reconcile
+from airflow_provider_pgdecode.capture.tables import parse_table_names, select_tables
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
+
+
+def _names(value: str | Sequence[str] | None) -> list[str]:
+    """A templated list of table names: one name (a string) or a list of them."""
+    if not value:
+        return []
+    return [value] if isinstance(value, str) else [str(name) for name in value]
 
 
 def checkpoint_xcom_key(slot_name: str) -> str:
@@ -121,8 +130,14 @@ class PgDecodeExtractOperator(BaseOperator):
         the XCom one, e.g. after a backfill. (templated)
     :param upto_lsn: the ceiling LSN as ``X/Y``; default the server's WAL flush position when
         the task starts. (templated)
-    :param tables: ``schema.table`` names to stage; default (empty) every table with a primary
-        key outside the system schemas. (templated)
+    :param tables: ``schema.table`` names to stage; default (empty) every ordinary and
+        partitioned table outside the system schemas (for pgoutput: in the publication). With the
+        default, a table without a usable key (no primary key, replica identity index or REPLICA
+        IDENTITY FULL) that is not loaded ``append_only`` fails the task before the slot is read,
+        in one error naming every such table and the ways forward: nothing is skipped silently.
+        (templated)
+    :param exclude_tables: ``schema.table`` names never to stage (their changes are counted and
+        named in the manifest, and the log warns). (templated)
     :param publication: the publication of a pgoutput slot. (templated)
     :param table_options: per-table options, ``{"schema.table": {"mode": "append_only"}}``
         (:class:`~airflow_provider_pgdecode.batch.options.TableOptions`; validated before the
@@ -143,6 +158,7 @@ class PgDecodeExtractOperator(BaseOperator):
         "checkpoint",
         "upto_lsn",
         "tables",
+        "exclude_tables",
         "publication",
         "table_options",
     )
@@ -159,8 +175,9 @@ class PgDecodeExtractOperator(BaseOperator):
         checkpoint: Mapping[str, Any] | None = None,
         upto_lsn: str | None = None,
         tables: Sequence[str] | None = None,
+        exclude_tables: Sequence[str] | None = None,
         publication: str | None = None,
-        table_options: Mapping[str, Mapping[str, Any]] | None = None,
+        table_options: Mapping[str, Mapping[str, Any]] | str | None = None,
         extract_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -173,6 +190,7 @@ class PgDecodeExtractOperator(BaseOperator):
         self.checkpoint = checkpoint
         self.upto_lsn = upto_lsn
         self.tables = tables
+        self.exclude_tables = exclude_tables
         self.publication = publication
         self.table_options = table_options
         self.extract_options = dict(extract_options or {})
@@ -221,7 +239,7 @@ class PgDecodeExtractOperator(BaseOperator):
         if self.publication is not None:
             options["publication"] = self.publication
         if self.table_options:
-            options["table_options"] = self.table_options
+            options["table_options"] = as_table_options(self.table_options)
         with fail_fast(), PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
             self._hook = hook
             info = hook.describe_slot(self.slot_name)
@@ -237,14 +255,22 @@ class PgDecodeExtractOperator(BaseOperator):
                 decision.start_lsn,
                 ceiling if ceiling is not None else "the server's WAL flush position",
             )
+            excluded = parse_table_names(_names(self.exclude_tables))
             tables: list[str | tuple[str, str]]
             if self.tables:
-                tables = list(self.tables)
+                tables = [name for name in parse_table_names(_names(self.tables)) if name not in excluded]
             else:
-                # Every table with a primary key outside the system schemas; changes to other
-                # tables are counted in the manifest (skipped.excluded_table_changes) and logged.
-                tables = list(hook.get_catalog().tables_with_primary_key())
-                self.log.info("No tables given: staging the %d tables with a primary key", len(tables))
+                # Every table outside the system schemas (and in the publication), minus
+                # exclude_tables; one that cannot be loaded fails here, before the slot is read.
+                tables = list(
+                    select_tables(
+                        hook.get_catalog(),
+                        publication=self.publication if self.plugin == "pgoutput" else None,
+                        exclude_tables=excluded,
+                        table_options=as_table_options(self.table_options),
+                    )
+                )
+                self.log.info("No tables given: staging all %d table(s) of the database", len(tables))
             started = time.monotonic()
             manifest = hook.extract_batch(
                 self.slot_name,
@@ -255,9 +281,13 @@ class PgDecodeExtractOperator(BaseOperator):
                 tables=tables,
                 **options,
             )
-            excluded = manifest.skipped.get("excluded_table_changes", 0)
-            if excluded:
-                self.log.warning("%d changes to tables outside the list were not staged", excluded)
+            not_staged = manifest.skipped.get("excluded_table_changes", 0)
+            if not_staged:
+                self.log.warning(
+                    "%d change(s) to tables outside the list were not staged: %s",
+                    not_staged,
+                    ", ".join(manifest.excluded_tables) or "(tables not recorded)",
+                )
             elapsed = time.monotonic() - started
         self._hook = None
         log_manifest(self.log, manifest, elapsed)

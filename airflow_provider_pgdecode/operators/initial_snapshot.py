@@ -38,11 +38,13 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_pgdecode.batch.chains import find_initial_load
+from airflow_provider_pgdecode.batch.options import as_table_options, parse_table_options
 from airflow_provider_pgdecode.capture.snapshot import (
     DEFAULT_SNAPSHOT_CHUNK_ROWS,
     create_slot_with_snapshot,
     stage_snapshot,
 )
+from airflow_provider_pgdecode.capture.tables import parse_table_names, select_tables
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
@@ -81,8 +83,18 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
     :param slot_name: the new slot (``[a-z0-9_]``, up to 63 characters). (templated)
     :param staging_root: the root directory of staged batches. (templated)
     :param plugin: the slot's output plugin, ``test_decoding`` or ``pgoutput``. (templated)
-    :param tables: ``schema.table`` names to copy; default (empty) every table with a primary
-        key outside the system schemas. (templated)
+    :param tables: ``schema.table`` names to copy; default (empty) every ordinary and
+        partitioned table outside the system schemas (for pgoutput with ``publication``: in the
+        publication), minus ``exclude_tables``. With the default, a table without a usable key
+        that is not loaded ``append_only`` fails the task before the slot is created, in one
+        error naming every such table and the ways forward. (templated)
+    :param exclude_tables: ``schema.table`` names never to copy. (templated)
+    :param table_options: per-table options, ``{"schema.table": {"mode": "append_only"}}``
+        (:class:`~airflow_provider_pgdecode.batch.options.TableOptions`): an ``append_only``
+        table needs no key; ``arrays`` and ``max_value_bytes`` apply to the copy (docs/merge.md,
+        "Values the pipeline cannot carry"). Give the incremental extract the same. (templated)
+    :param publication: for a pgoutput slot, the publication the pipeline reads: with the default
+        ``tables`` only its tables are copied. (templated)
     :param postgres_conn_id: the Airflow connection of the source database. (templated)
     :param two_phase: create the slot with two-phase decoding (PostgreSQL 15+ with an exported
         snapshot, and ``max_prepared_transactions > 0``); fixed when the slot is created.
@@ -90,10 +102,6 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         the rows a worker holds in memory. (templated)
     :param workers: chunks copied at once, each on its own connection; ``None`` or 0 picks
         ``min(4, cores)``. The staged batch does not depend on it. (templated)
-    :param table_options: per-table options as the extract takes them,
-        ``{"schema.table": {"arrays": "json", "max_value_bytes": ...}}``: ``arrays`` and
-        ``max_value_bytes`` apply to the copy (docs/merge.md, "Values the pipeline cannot carry");
-        give the same mapping as the pipeline's extract. (templated)
     """
 
     template_fields: Sequence[str] = (
@@ -101,10 +109,12 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         "staging_root",
         "plugin",
         "tables",
+        "exclude_tables",
+        "table_options",
+        "publication",
         "postgres_conn_id",
         "chunk_rows",
         "workers",
-        "table_options",
     )
     ui_color = "#e8f0d9"
 
@@ -119,10 +129,15 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         two_phase: bool = True,
         chunk_rows: int | str = DEFAULT_SNAPSHOT_CHUNK_ROWS,
         workers: int | str | None = None,
-        table_options: Mapping[str, Mapping[str, Any]] | None = None,
+        exclude_tables: Sequence[str] | None = None,
+        table_options: Mapping[str, Mapping[str, Any]] | str | None = None,
+        publication: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.exclude_tables = exclude_tables
+        self.table_options = table_options
+        self.publication = publication
         self.slot_name = slot_name
         self.staging_root = staging_root
         self.plugin = plugin
@@ -131,7 +146,6 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         self.two_phase = two_phase
         self.chunk_rows = chunk_rows
         self.workers = workers
-        self.table_options = table_options
 
     def execute(self, context: Context) -> list[str]:
         with fail_fast():
@@ -156,9 +170,22 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         slot, staging = str(self.slot_name), str(self.staging_root)
         chunk_rows, workers = self._settings()
         named = [self.tables] if isinstance(self.tables, str) else list(self.tables or [])
+        excluded = parse_table_names(
+            [self.exclude_tables] if isinstance(self.exclude_tables, str) else list(self.exclude_tables or [])
+        )
+        options = as_table_options(self.table_options)
+        parse_table_options(options)  # refused before anything is done
         with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
             exists = hook.get_slot_client().exists(slot)
-            tables = named or [f"{s}.{t}" for s, t in hook.get_catalog().tables_with_primary_key()]
+            if named:
+                tables = [pair for pair in parse_table_names(named) if pair not in excluded]
+            elif not exists:
+                publication = str(self.publication) if self.publication and self.plugin == "pgoutput" else None
+                tables = select_tables(
+                    hook.get_catalog(), publication=publication, exclude_tables=excluded, table_options=options
+                )
+            else:
+                tables = []
             dsn = hook.dsn()
         if exists:
             staged = find_initial_load(staging, slot)
@@ -175,8 +202,8 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
             return [str(staged.path)]
         if not tables:
             raise CatalogError(
-                "no table to load: the database has no table with a primary key outside the system schemas. Name "
-                "the tables to copy (each needs a primary key or a replica identity index)"
+                "no table to load: the database has no table outside the system schemas (and exclude_tables, and "
+                "the publication for pgoutput). Create the tables first, or name the tables to copy"
             )
         self.log.info("initial load: creating slot %s and copying %d table(s)", slot, len(tables))
         with create_slot_with_snapshot(dsn, slot, str(self.plugin), two_phase=bool(self.two_phase)) as snapshot:
@@ -190,6 +217,6 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
                 plugin=str(self.plugin),
                 chunk_rows=chunk_rows,
                 workers=workers,
-                table_options=self.table_options or None,
+                table_options=options,
             )
         return [str(manifest.path)]

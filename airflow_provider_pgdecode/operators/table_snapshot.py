@@ -34,14 +34,17 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_provider_pgdecode.batch.options import as_table_options, options_for, parse_table_options, qualified_name
 from airflow_provider_pgdecode.capture.table_snapshot import DEFAULT_CHUNK_ROWS, MODES, request_table_snapshot
-from airflow_provider_pgdecode.errors import ConfigurationError, SlotError
+from airflow_provider_pgdecode.capture.tables import parse_table_names
+from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.postgres.catalog import Catalog
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
@@ -82,12 +85,20 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
         one request per DAG run. (templated)
     :param chunk_rows: rows per chunk (one query, one Parquet part). (templated)
     :param postgres_conn_id: the Airflow connection of the slot's database. (templated)
+    :param exclude_tables: ``schema.table`` names left out of ``tables`` (the pipeline's own
+        exclusions, so that one list serves every mode). (templated)
+    :param table_options: the pipeline's per-table options; a table loaded ``append_only``
+        without a key cannot be copied chunk by chunk into a running pipeline (a chunk's rows
+        cannot be told from the inserts logged while it was read) and is refused by name.
+        (templated)
     """
 
     template_fields: Sequence[str] = (
         "slot_name",
         "staging_root",
         "tables",
+        "exclude_tables",
+        "table_options",
         "mode",
         "request_id",
         "chunk_rows",
@@ -105,9 +116,13 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
         request_id: str | None = None,
         chunk_rows: int | str = DEFAULT_CHUNK_ROWS,
         postgres_conn_id: str = PgDecodeHook.default_conn_name,
+        exclude_tables: Sequence[str] | None = None,
+        table_options: Mapping[str, Mapping[str, Any]] | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.exclude_tables = exclude_tables
+        self.table_options = table_options
         self.slot_name = slot_name
         self.staging_root = staging_root
         self.tables = tables
@@ -125,8 +140,21 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
         if mode not in MODES:
             raise ConfigurationError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         tables = [self.tables] if isinstance(self.tables, str) else [str(t) for t in self.tables or [] if t]
+        excluded = parse_table_names(
+            [self.exclude_tables]
+            if isinstance(self.exclude_tables, str)
+            else [str(t) for t in self.exclude_tables or []]
+        )
+        left_out = [t for t in tables if qualified_name(t) in excluded]
+        if left_out:
+            self.log.warning("left out of the request (in exclude_tables): %s", ", ".join(left_out))
+            tables = [t for t in tables if qualified_name(t) not in excluded]
         if not tables:
-            raise ConfigurationError(f"mode {mode!r} needs the tables to copy (param 'tables')")
+            raise ConfigurationError(
+                f"mode {mode!r} needs the tables to copy (param 'tables')"
+                + (f"; exclude_tables left out every one named: {', '.join(left_out)}" if left_out else "")
+            )
+        parse_table_options(as_table_options(self.table_options))  # refused before anything is filed
         try:
             chunk_rows = int(self.chunk_rows)
         except (TypeError, ValueError):
@@ -134,6 +162,23 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
         if chunk_rows < 1:
             raise ConfigurationError(f"chunk_rows must be a whole number of at least 1, not {self.chunk_rows!r}")
         return tables, chunk_rows
+
+    def _check_append_only(self, catalog: Catalog, tables: list[str], mode: str) -> None:
+        """Refuse keyless ``append_only`` tables: chunks need a key to be placed among logged inserts."""
+        options = parse_table_options(as_table_options(self.table_options))
+        for name in tables:
+            schema, table = qualified_name(name)
+            if options_for(options, schema, table).mode != "append_only":
+                continue
+            try:
+                catalog.table_key(schema, table)
+            except CatalogError:
+                raise CatalogError(
+                    f"table {schema}.{table} is loaded append_only and has no key, so mode {mode!r} cannot copy it "
+                    "into the running pipeline: a chunk's rows cannot be told apart from the inserts logged while it "
+                    "was read. Give the table a primary key (or REPLICA IDENTITY FULL and mode 'merge'), or load it "
+                    "with a new pipeline (pgdecode_backfill mode 'initial'), or leave it out of the request"
+                ) from None
 
     def _file(self, context: Context) -> str:
         slot, mode = str(self.slot_name), str(self.mode)
@@ -144,6 +189,7 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
                     f"slot {slot!r} does not exist: mode {mode!r} loads tables into a running pipeline. Run "
                     "pgdecode_incremental (it creates the slot) or pgdecode_backfill with mode 'initial' first"
                 )
+            self._check_append_only(hook.get_catalog(), tables, mode)
         request_id = self.request_id or f"{mode}-{context['run_id']}"
         try:
             request = request_table_snapshot(

@@ -175,6 +175,16 @@ class Catalog:
             raise CatalogError(f"table {schema!r}.{table!r} has unknown relreplident {replident!r}")
         primary = self._index_columns(oid, "i.indisprimary")[1]
         if primary:
+            if kind == "index" and self._index_columns(oid, "i.indisreplident")[0] is None:
+                kind = "nothing"  # the index was dropped: PostgreSQL then behaves as NOTHING
+            if kind == "nothing":
+                raise CatalogError(
+                    f"table {schema}.{table} has a primary key ({', '.join(primary)}) but REPLICA IDENTITY NOTHING: "
+                    "PostgreSQL logs no key for its UPDATEs and DELETEs, so they cannot be matched in Delta. Run "
+                    f"ALTER TABLE {sql.Identifier(schema, table).as_string(self.conn)} REPLICA IDENTITY DEFAULT "
+                    "(changes logged before stay keyless: resnapshot the table afterwards), or leave the table out "
+                    "with exclude_tables."
+                )
             return TableKey(tuple(primary), kind, "primary key")
         if kind == "index":
             index_name, columns = self._index_columns(oid, "i.indisreplident")
@@ -186,7 +196,9 @@ class Catalog:
         raise CatalogError(
             f"table {schema}.{table} has no primary key and REPLICA IDENTITY {kind.upper()}: its rows cannot be "
             "matched in Delta. Add a primary key (or a unique index with REPLICA IDENTITY USING INDEX), or set "
-            "REPLICA IDENTITY FULL (every column then identifies a row), or exclude the table with the tables option."
+            "REPLICA IDENTITY FULL (every column then identifies a row; identical rows stay distinct), or load "
+            "an insert-only table (a log, a history) with table_options mode 'append_only', or exclude the table "
+            "with the tables option or exclude_tables."
         )
 
     def unorderable_columns(self, schema: str, table: str, columns: Sequence[ColumnInfo]) -> list[ColumnInfo]:
@@ -247,3 +259,58 @@ class Catalog:
             (list(exclude_schemas),),
         )
         return [(row[0], row[1]) for row in rows]
+
+
+@dataclass(frozen=True)
+class SourceTable:
+    """An ordinary or partitioned table a pipeline may load, with what decides its key."""
+
+    schema: str
+    table: str
+    replica_identity: ReplicaIdentityKind
+    """As PostgreSQL applies it: a REPLICA IDENTITY USING INDEX whose index was dropped is ``nothing``."""
+    has_primary_key: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    def describe_identity(self) -> str:
+        """``REPLICA IDENTITY DEFAULT and no primary key``, as messages state it."""
+        key = "a primary key" if self.has_primary_key else "no primary key"
+        return f"REPLICA IDENTITY {self.replica_identity.upper()} and {key}"
+
+
+def source_tables(
+    catalog: Catalog,
+    publication: str | None = None,
+    exclude_schemas: Sequence[str] = ("pg_catalog", "information_schema", "pg_toast"),
+) -> list[SourceTable]:
+    """Ordinary and partitioned tables outside ``exclude_schemas`` and temporary schemas (and, for
+    a pgoutput pipeline, in ``publication``), sorted by ``(schema, table)``: what a pipeline
+    loads when no tables are named. Partitions are listed as well as their parents
+    (test_decoding reports changes under the partition's name)."""
+    in_publication = (
+        " AND EXISTS (SELECT 1 FROM pg_publication_tables p"
+        " WHERE p.pubname = %s AND p.schemaname = n.nspname AND p.tablename = c.relname)"
+        if publication is not None
+        else ""
+    )
+    rows = catalog._all(
+        "SELECT n.nspname::text, c.relname::text, c.relreplident::text,"
+        " EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),"
+        " EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident)"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE c.relkind IN ('r', 'p') AND c.relpersistence <> 't'"
+        " AND n.nspname <> ALL(%s::text[])"
+        " AND n.nspname NOT LIKE 'pg\\_temp\\_%%' AND n.nspname NOT LIKE 'pg\\_toast\\_temp\\_%%'"
+        f"{in_publication} ORDER BY 1, 2",
+        (list(exclude_schemas), publication) if publication is not None else (list(exclude_schemas),),
+    )
+    tables = []
+    for schema, table, replident, has_primary_key, has_identity_index in rows:
+        kind = _RELREPLIDENT.get(replident, "nothing")
+        if kind == "index" and not has_identity_index:
+            kind = "nothing"
+        tables.append(SourceTable(schema, table, kind, bool(has_primary_key)))
+    return tables

@@ -61,7 +61,7 @@ from airflow_provider_pgdecode.errors import (
     MergeOutOfMemoryError,
     UnmappedTypeError,
 )
-from airflow_provider_pgdecode.spark import collapse
+from airflow_provider_pgdecode.spark import collapse, multiset
 from airflow_provider_pgdecode.spark.collapse import KEEP, KIND, LSN, OP, SEQ, CollapseInput, col, old_key_name
 from airflow_provider_pgdecode.spark.types import (
     DEFAULT_UNBOUNDED_NUMERIC,
@@ -98,6 +98,7 @@ DEFAULT_TABLE_PROPERTIES: Mapping[str, str] = {
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 MAX_KEY_RANGES = 16
+HAS_OLD = "__has_old"  # staged events: the change carries an old image (_pg_old)
 KEY_BUCKETS = 4096
 
 
@@ -159,6 +160,11 @@ class TablePlan:
     """Delta columns no longer in the source (dropped there): kept in Delta, no longer written."""
     skipped: list[str] = field(default_factory=list)
     watermark_after: int = -1
+    multiset: bool = False
+    """No key: REPLICA IDENTITY FULL, all columns identify a row and identical rows stay distinct
+    (:mod:`.multiset`)."""
+    append_only: bool = False
+    """``table_options`` mode ``append_only``: inserts are appended, nothing is matched."""
 
     @property
     def name(self) -> str:
@@ -187,6 +193,8 @@ class Profile:
     key_min: Any = None
     key_max: Any = None
     key_ranges: list[tuple[Any, Any]] | None = None
+    missing_old: int = 0
+    """UPDATEs and DELETEs staged without an old image."""
 
 
 @dataclass
@@ -267,6 +275,15 @@ def _same_type(a: DataType, b: DataType) -> bool:
     return a.simpleString() == b.simpleString()
 
 
+def keyed_by_all_columns(entry: TableSummary) -> bool:
+    """Whether the table has no key of its own: every column identifies a row (REPLICA IDENTITY
+    FULL without a primary key or replica identity index), so it is merged as a multiset. Manifests
+    written before ``key_source`` existed: a FULL table whose key is all its columns."""
+    if entry.key_source is not None:
+        return entry.key_source == "all columns"
+    return entry.replica_identity == "full" and bool(entry.key) and set(entry.key) == {c.name for c in entry.columns}
+
+
 def plan_table(
     schema: str,
     table: str,
@@ -282,15 +299,25 @@ def plan_table(
         (batch, entry) for batch in batches for entry in batch.tables if (entry.schema, entry.table) == (schema, table)
     ]
     latest = entries[-1][1]
-    key = latest.key
-    if not key:
+    modes = sorted({entry.mode for _, entry in entries})
+    if len(modes) > 1:
+        raise MergeInputError(
+            f"table {name} is staged with modes {modes} in these batches (table_options changed): merge the "
+            "batches before and after the change in separate runs. Nothing was written."
+        )
+    append_only = latest.mode == "append_only"
+    key = [] if append_only else latest.key
+    if not key and not append_only:
         raise MergeInputError(
             f"table {name} has no primary key the merge can use (the manifest's key is empty, replica "
             f"identity {latest.replica_identity or 'unknown'}): add a primary key, or set REPLICA IDENTITY "
-            f"USING INDEX on a unique index of NOT NULL columns, then re-extract. Nothing was written."
+            f"USING INDEX on a unique index of NOT NULL columns, or REPLICA IDENTITY FULL (rows are then "
+            f"matched as a multiset), or load an insert-only table with table_options mode 'append_only', "
+            f"then re-extract. Nothing was written."
         )
+    is_multiset = not append_only and keyed_by_all_columns(latest)
     for batch, entry in entries:
-        if entry.key and tuple(entry.key) != tuple(key):
+        if not append_only and entry.key and tuple(entry.key) != tuple(key):
             raise MergeInputError(
                 f"table {name}: the key changed from {list(entry.key)} (batch {batch.label}) to {list(key)}; "
                 f"merge these batches in separate runs or rebuild the Delta table"
@@ -339,7 +366,7 @@ def plan_table(
     if state.exists and state.schema is not None:
         delta_fields = {f.name: f for f in state.schema.fields}
         recorded_key = state.properties.get(KEY_PROPERTY)
-        if recorded_key is not None and json.loads(recorded_key) != list(key):
+        if not append_only and recorded_key is not None and json.loads(recorded_key) != list(key):
             raise MergeInputError(
                 f"table {name}: the Delta table at {path} is keyed on {json.loads(recorded_key)}, the source now on "
                 f"{list(key)}; a key change needs the Delta table rebuilt"
@@ -364,6 +391,10 @@ def plan_table(
             f.name for f in state.schema.fields if f.name not in types and f.name not in METADATA_COLUMNS
         )
 
+    if is_multiset:
+        uncomparable = multiset.uncomparable_columns({c: types[c].delta_type for c in columns})
+        if uncomparable:
+            raise multiset.uncomparable_error(name, uncomparable, {c: types[c].delta_type for c in columns})
     plan = TablePlan(
         schema=schema,
         table=table,
@@ -375,6 +406,8 @@ def plan_table(
         state=state,
         new_columns=new_columns,
         not_written=not_written,
+        multiset=is_multiset,
+        append_only=append_only,
     )
     applied_through = state.watermark if state.watermark is not None else -1
     entry_of = {id(batch): entry for batch, entry in entries}
@@ -580,6 +613,7 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
                     else F.lit(None).cast(plan.types[key_column].delta_type)
                 )
                 selected.append(old.alias(old_key_name(index)))
+            selected.append((F.col(staged.OLD).isNotNull() if old_fields else F.lit(False)).alias(HAS_OLD))
             for index, column in enumerate(numeric_columns):
                 if column in present:
                     special, lossy = _diagnostics(col(column), plan.types[column])
@@ -624,6 +658,7 @@ def profile_events(events: DataFrame, plan: TablePlan, key_bounds: tuple[int, in
             "null_keys"
         ),
         F.sum(F.when(~F.col(OP).isin("I", "U", "D", "T"), 1).otherwise(0)).alias("unknown_ops"),
+        F.sum(F.when(F.col(OP).isin("U", "D") & ~F.col(HAS_OLD), 1).otherwise(0)).alias("missing_old"),
     ]
     for index in range(len(numeric_columns)):
         aggregates.append(F.sum(F.col(special_name(index)).cast("int")).alias(special_name(index)))
@@ -674,6 +709,7 @@ def profile_events(events: DataFrame, plan: TablePlan, key_bounds: tuple[int, in
         key_min=key_min,
         key_max=key_max,
         key_ranges=ranges,
+        missing_old=total("missing_old"),
     )
 
 
@@ -715,7 +751,19 @@ def staged_key_bounds(plan: TablePlan) -> tuple[int, int] | None:
 
 def check_profile(plan: TablePlan, profile: Profile, options: MergeOptions) -> None:
     """Raise :class:`MergeInputError` for changes the merge must not apply."""
-    if profile.null_keys:
+    if plan.append_only and (profile.updates or profile.deletes):
+        raise MergeInputError(
+            f"table {plan.name} is loaded append_only, but the batch holds {profile.updates} UPDATE(s) and "
+            f"{profile.deletes} DELETE(s) of it, which an append cannot apply. Nothing was written. Load the "
+            "table with mode 'merge' (it needs a primary key or REPLICA IDENTITY FULL) and resnapshot it"
+        )
+    if plan.multiset and profile.missing_old:
+        raise MergeInputError(
+            f"table {plan.name} (no key, merged as a multiset): {profile.missing_old} UPDATE(s)/DELETE(s) carry "
+            "no old row, so which copy they changed is unknown (was the table REPLICA IDENTITY FULL when they "
+            "were logged?). Nothing was written. Resnapshot the table (the backfill DAG's mode 'resnapshot')"
+        )
+    if profile.null_keys and not (plan.multiset or plan.append_only):
         raise MergeInputError(
             f"table {plan.name}: {profile.null_keys} change(s) have a NULL key ({list(plan.key)}), or a DELETE/"
             f"key-changing UPDATE without its old key; the key must identify every row (check the replica identity)"
@@ -799,7 +847,7 @@ def ensure_table(spark: SparkSession, plan: TablePlan, options: MergeOptions) ->
         return StructField(
             column,
             plan.types[column].delta_type,
-            column not in plan.key,
+            column not in plan.key or plan.multiset,
             {"comment": f"PostgreSQL {plan.types[column].catalog_type}"},
         )
 
@@ -888,6 +936,88 @@ def append_inserts(spark: SparkSession, plan: TablePlan, events: DataFrame, prof
     finally:
         spark.conf.unset(TXN_APP_ID_CONF)
         spark.conf.unset(TXN_VERSION_CONF)
+
+
+def _with_watermark(spark: SparkSession, plan: TablePlan, slot: str, write: Any) -> None:
+    """Run ``write()`` (one Delta commit) with the table's new watermark as its transaction id."""
+    spark.conf.set(TXN_APP_ID_CONF, app_id(slot))
+    spark.conf.set(TXN_VERSION_CONF, str(plan.watermark_after))
+    try:
+        write()
+    finally:
+        spark.conf.unset(TXN_APP_ID_CONF)
+        spark.conf.unset(TXN_VERSION_CONF)
+
+
+def append_only_write(spark: SparkSession, plan: TablePlan, events: DataFrame, profile: Profile, slot: str) -> None:
+    """An ``append_only`` table: its inserts after the last TRUNCATE are appended (one commit with
+    the watermark). A TRUNCATE in the batch makes it one MERGE that inserts the rows and deletes
+    what Delta held from before the TRUNCATE, still one commit."""
+    rows = events.where(F.col(OP) == "I")
+    if profile.truncate_at is not None:
+        rows = rows.where(collapse.after(*profile.truncate_at))
+    rows = rows.select(*[col(c) for c in plan.columns], *[F.col(c) for c in METADATA_COLUMNS])
+    if profile.truncate_at is None or not plan.state.exists:
+        _with_watermark(spark, plan, slot, lambda: rows.write.format("delta").mode("append").save(plan.path))
+        return
+    from delta.tables import DeltaTable
+
+    values: dict[str, str | Column] = {quote(c): f"s.{quote(c)}" for c in (*plan.columns, *METADATA_COLUMNS)}
+    builder = (
+        DeltaTable.forPath(spark, plan.path)
+        .alias("t")
+        .merge(rows.alias("s"), "false")
+        .whenNotMatchedInsert(values=values)
+        .whenNotMatchedBySourceDelete(f"t.{COMMIT_LSN} < {profile.truncate_at[0]}")
+    )
+    _with_watermark(spark, plan, slot, builder.execute)
+
+
+def multiset_write(
+    spark: SparkSession, plan: TablePlan, events: DataFrame, profile: Profile, slot: str
+) -> dict[str, int]:
+    """A keyless REPLICA IDENTITY FULL table: one MERGE by copy counts (:mod:`.multiset`), one
+    commit with the watermark. Returns the copies inserted and deleted (an UPDATE counts as both).
+    Raises :class:`MergeInputError` before writing when the batch removes copies Delta lacks."""
+    from delta.tables import DeltaTable
+
+    if profile.truncate_at is not None:
+        events = events.where(collapse.after(*profile.truncate_at))
+    columns = plan.columns
+    old_columns = {name: old_key_name(index) for index, name in enumerate(plan.key)}
+    effects = multiset.row_effects(events, columns, old_columns, METADATA_COLUMNS)
+    net = multiset.net_changes(effects, columns, METADATA_COLUMNS).localCheckpoint()
+    totals = net.agg(
+        F.sum(F.when(F.col(multiset.NET) > 0, F.col(multiset.NET)).otherwise(0)).alias("added"),
+        F.sum(F.when(F.col(multiset.NET) < 0, -F.col(multiset.NET)).otherwise(0)).alias("removed"),
+    ).collect()[0]
+    added, removed = int(totals["added"] or 0), int(totals["removed"] or 0)
+    # After a TRUNCATE the table holds nothing from before it: no copy to count.
+    target = None
+    if plan.state.exists and profile.truncate_at is None and removed:
+        target = spark.read.format("delta").load(plan.path)
+    negatives = net.where(F.col(multiset.NET) < 0)
+    counted = multiset.copies_in_target(negatives, target, columns, METADATA_COLUMNS).localCheckpoint()
+    short = (
+        counted.where(F.col(multiset.COPIES) + F.col(multiset.NET) < 0)
+        .agg(F.count(F.lit(1)).alias("values"), F.sum(-(F.col(multiset.COPIES) + F.col(multiset.NET))).alias("missing"))
+        .collect()[0]
+    )
+    if short["values"]:
+        raise multiset.diverged_error(plan.name, int(short["values"]), int(short["missing"]))
+    source = multiset.merge_rows(net, counted, columns, METADATA_COLUMNS)
+    values: dict[str, str | Column] = {quote(c): f"s.{quote(c)}" for c in (*columns, *METADATA_COLUMNS)}
+    builder = (
+        DeltaTable.forPath(spark, plan.path)
+        .alias("t")
+        .merge(source.alias("s"), multiset.merge_condition(columns))
+        .whenMatchedDelete()
+        .whenNotMatchedInsert(f"s.{multiset.ACTION} = '{multiset.INSERT}'", values)
+    )
+    if profile.truncate_at is not None:
+        builder = builder.whenNotMatchedBySourceDelete(f"t.{COMMIT_LSN} < {profile.truncate_at[0]}")
+    _with_watermark(spark, plan, slot, builder.execute)
+    return {"inserted": added, "updated": 0, "deleted": removed}
 
 
 def _last_commit(spark: SparkSession, path: str) -> tuple[int, dict[str, int]]:
@@ -1000,6 +1130,7 @@ def merge_batches(
             )
         result.created = ensure_table(spark, plan, options)
         result.columns_added = list(plan.new_columns)
+        counts: dict[str, int] | None = None
         try:
             if result.created or plan.new_columns:
                 version_before, _ = _last_commit(spark, plan.path)
@@ -1007,8 +1138,12 @@ def merge_batches(
                 version_before = plan.state.version
             # Table snapshot chunks (capture/table_snapshot.py) are upserts: a key may come both as a
             # chunk row and as a logged INSERT, so those batches always MERGE.
-            if result.created and inserts_only(profile) and not chunked:
+            if plan.append_only:
+                append_only_write(spark, plan, events, profile, slot)
+            elif result.created and inserts_only(profile) and not chunked:
                 append_inserts(spark, plan, events, profile, slot)
+            elif plan.multiset:
+                counts = multiset_write(spark, plan, events, profile, slot)
             else:
                 run_merge(spark, plan, merge_source(spark, events, plan, profile), profile, slot, options)
         except BaseException:
@@ -1016,6 +1151,8 @@ def merge_batches(
                 drop_created_table(spark, plan.path)
             raise
         version_after, metrics = _last_commit(spark, plan.path)
+        if counts is not None:
+            metrics = counts  # Delta's counts include the copies a replace deletes and inserts again
         result.delta_version = version_after
         if version_after == version_before:
             # Delta's own idempotent-write check (same app id, version not newer) skipped it:

@@ -259,6 +259,52 @@ def test_table_without_a_usable_key_fails_and_leaves_nothing(pg_conn, slot_name,
     assert manifest.skipped["excluded_table_changes"] == 2
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
+def test_append_only_table_stages_inserts_and_refuses_updates_and_deletes(pg_conn, slot_name, tmp_path, native) -> None:
+    pg_conn.execute("drop table if exists append_log; create table append_log (at int, what text)")
+    create_slot(pg_conn, slot_name)
+    pg_conn.execute("insert into append_log values (1, 'a'), (1, 'a'), (2, null)")
+    pg_conn.execute("truncate append_log")
+    pg_conn.execute("insert into append_log values (3, 'c')")
+    options = {"public.append_log": {"mode": "append_only"}}
+    manifest = extract_batch(pg_conn, slot_name, tmp_path, table_options=options, native=native)
+    (entry,) = manifest.tables
+    assert (entry.mode, entry.key, entry.key_source, entry.replica_identity) == ("append_only", [], None, "default")
+    assert (entry.inserts, entry.truncates, entry.updates, entry.deletes) == (4, 1, 0, 0)
+    pg_conn.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot_name, manifest.end_lsn))
+
+    # An UPDATE (staged by the native reader without asking) and a DELETE (no row data) of it are
+    # refused by name and LSN, before anything is published.
+    lsn = pg_conn.execute("select pg_current_wal_lsn()::text").fetchall()[0][0]
+    pg_conn.execute("update append_log set what = 'changed'")
+    with pytest.raises(
+        CatalogError, match=r"UPDATE on public\.append_log at LSN [0-9A-F]+/[0-9A-F]+: .*append_only"
+    ) as info:
+        extract_batch(pg_conn, slot_name, tmp_path, table_options=options, native=native)
+    assert Lsn.parse(str(info.value).split("at LSN ")[1].split(":")[0]) >= Lsn.parse(lsn)  # the UPDATE's own
+    for way in ("mode 'merge'", "resnapshot", "exclude_tables"):
+        assert way in str(info.value)
+    pg_conn.execute("select pg_replication_slot_advance(%s, pg_current_wal_lsn())", (slot_name,))
+    pg_conn.execute("delete from append_log")
+    with pytest.raises(CatalogError, match=r"DELETE on public\.append_log at LSN .*append_only"):
+        extract_batch(pg_conn, slot_name, tmp_path, table_options=options, native=native)
+    assert [p.name for p in (tmp_path / slot_name).iterdir()] == [manifest.path.name]
+
+
+def test_a_change_without_row_data_states_the_tables_replica_identity(pg_conn, slot_name, tmp_path) -> None:
+    pg_conn.execute("drop table if exists pk_then_nothing; create table pk_then_nothing (id int primary key)")
+    pg_conn.execute("insert into pk_then_nothing values (1)")
+    pg_conn.execute("alter table pk_then_nothing replica identity nothing")
+    create_slot(pg_conn, slot_name)
+    pg_conn.execute("delete from pk_then_nothing")
+    with pytest.raises(CatalogError) as info:
+        extract_batch(pg_conn, slot_name, tmp_path, tables=["public.pk_then_nothing"])
+    message = str(info.value)
+    assert message.startswith("DELETE on public.pk_then_nothing at LSN ")
+    assert "carries no row data" in message
+    assert "has REPLICA IDENTITY NOTHING and a primary key now" in message
+
+
 def test_replica_identity_full_table_without_pk_is_keyed_by_all_columns(pg_conn, slot_name, tmp_path) -> None:
     pg_conn.execute("create table full_identity (a int, b text)")
     pg_conn.execute("alter table full_identity replica identity full")

@@ -152,22 +152,40 @@ def own_database(pg_cluster: ThrowawayCluster, monkeypatch: pytest.MonkeyPatch) 
         conn.execute(f'DROP DATABASE "{name}"')
 
 
-def test_without_tables_every_table_with_a_primary_key_is_copied(
+def test_without_tables_every_table_is_copied_or_named_in_an_error(
     own_database: str, pg_cluster: ThrowawayCluster, slot_name: str, tmp_path: Path, make_context: Any
 ) -> None:
     with pg_cluster.connect(own_database) as conn:
-        keyed, keyless = new_table(conn, 12), new_table(conn, 7, key=False)
+        keyed, keyless, other = new_table(conn, 12), new_table(conn, 7, key=False), new_table(conn, 3, key=False)
     op = PgDecodeInitialSnapshotOperator(task_id="initial_load", slot_name=slot_name, staging_root=str(tmp_path))
+    with pytest.raises(AirflowFailException, match="2 table\\(s\\) cannot be loaded") as info:
+        op.execute(make_context())
+    assert f"public.{keyless}: REPLICA IDENTITY DEFAULT and no primary key" in str(info.value)
+    assert f"public.{other}: " in str(info.value) and keyed not in str(info.value)
+    with pg_cluster.connect(own_database) as conn:
+        assert slot_row(conn, slot_name) is None  # refused before the slot is created
+
+    # The keyless one loaded append_only (no key needed), the other left out.
+    op = PgDecodeInitialSnapshotOperator(
+        task_id="initial_load",
+        slot_name=slot_name,
+        staging_root=str(tmp_path),
+        table_options={f"public.{keyless}": {"mode": "append_only"}},
+        exclude_tables=[f"public.{other}"],
+    )
     manifest = BatchManifest.read(op.execute(make_context())[0])
-    assert [t.table for t in manifest.tables] == [keyed] and keyless != keyed
+    assert sorted(t.table for t in manifest.tables) == sorted([keyed, keyless])
     assert staged_ids(manifest, keyed) == list(range(1, 13))
+    assert staged_ids(manifest, keyless) == list(range(1, 8))
+    entry = next(t for t in manifest.tables if t.table == keyless)
+    assert (entry.mode, entry.key, entry.key_source) == ("append_only", [], None)
 
 
 def test_a_database_without_a_keyed_table_fails_before_the_slot_is_created(
     own_database: str, pg_cluster: ThrowawayCluster, slot_name: str, tmp_path: Path, make_context: Any
 ) -> None:
     op = PgDecodeInitialSnapshotOperator(task_id="initial_load", slot_name=slot_name, staging_root=str(tmp_path))
-    with pytest.raises(AirflowFailException, match="no table with a primary key"):
+    with pytest.raises(AirflowFailException, match="no table to load"):
         op.execute(make_context())
     with pg_cluster.connect(own_database) as conn:
         assert slot_row(conn, slot_name) is None

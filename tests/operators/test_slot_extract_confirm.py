@@ -335,21 +335,88 @@ def test_on_kill_cancels_a_running_extract_and_stages_nothing(
     assert list((tmp_path / slot_name).iterdir()) == []  # no batch, no temporary directory
 
 
-def test_without_a_table_list_every_table_with_a_primary_key_is_staged(
-    pg_conn: psycopg.Connection[Any], slot_name: str, source_conn: str, tmp_path: Path, make_context: Any
+@pytest.fixture
+def own_database(pg_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A database of its own as ``pgdecode_source``: ``tables=[]`` sees only this test's tables."""
+    name = f"sel_{uuid.uuid4().hex[:10]}"
+    pg_cluster.create_database(name)
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json(name))
+    conn = pg_cluster.connect(name)
+    yield conn
+    conn.execute(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()"
+    )
+    conn.close()
+
+
+def test_without_a_table_list_every_table_is_loaded_or_named_in_an_error(
+    own_database: psycopg.Connection[Any], tmp_path: Path, make_context: Any
+) -> None:
+    conn, slot = own_database, f"sel_{uuid.uuid4().hex[:8]}"
+    keyed = new_table(conn)
+    conn.execute("CREATE TABLE history (at int, what text)")  # no key, REPLICA IDENTITY DEFAULT
+    conn.execute("CREATE TABLE full_rows (a int, b text); ALTER TABLE full_rows REPLICA IDENTITY FULL")
+    conn.execute("CREATE TABLE pk_nothing (id int PRIMARY KEY); ALTER TABLE pk_nothing REPLICA IDENTITY NOTHING")
+    SlotClient(conn).create(slot)
+    insert(conn, keyed, 1, 2)
+    conn.execute("INSERT INTO history VALUES (1, 'a'), (1, 'a')")
+    conn.execute("INSERT INTO full_rows VALUES (1, null)")
+    start = confirmed(conn, slot)
+
+    # One error names every table that cannot be loaded, why, and the ways forward; the slot is not read.
+    extract = PgDecodeExtractOperator(task_id="extract", slot_name=slot, staging_root=str(tmp_path))
+    with pytest.raises(AirflowFailException) as info:
+        extract.execute(make_context())
+    message = str(info.value)
+    assert "2 table(s) cannot be loaded" in message and "before reading or creating the slot" in message
+    assert "public.history: REPLICA IDENTITY DEFAULT and no primary key" in message
+    assert "public.pk_nothing: REPLICA IDENTITY NOTHING and a primary key: ALTER TABLE public.pk_nothing" in message
+    for way in ("add a primary key", "REPLICA IDENTITY FULL", '"mode": "append_only"', "exclude_tables"):
+        assert way in message
+    assert "full_rows" not in message and keyed not in message
+    assert list_batches(tmp_path, slot) == [] and confirmed(conn, slot) == start
+
+    # append_only for the history, exclude_tables for the other: everything else is staged.
+    extract = PgDecodeExtractOperator(
+        task_id="extract",
+        slot_name=slot,
+        staging_root=str(tmp_path),
+        exclude_tables=["public.pk_nothing"],
+        table_options={"public.history": {"mode": "append_only"}},
+    )
+    summary = extract.execute(make_context())
+    assert summary["tables"] == {f"public.{keyed}": 2, "public.full_rows": 1, "public.history": 2}
+    manifest = BatchManifest.read(summary["path"])
+    modes = {t.table: (t.mode, t.key_source) for t in manifest.tables}
+    assert modes == {
+        keyed: ("merge", "primary key"),
+        "full_rows": ("merge", "all columns"),
+        "history": ("append_only", None),
+    }
+
+
+def test_changes_of_tables_outside_the_list_are_counted_and_named(
+    pg_conn: psycopg.Connection[Any],
+    slot_name: str,
+    source_conn: str,
+    tmp_path: Path,
+    make_context: Any,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     keyed = new_table(pg_conn)
-    keyless = f"nk_{uuid.uuid4().hex[:10]}"
-    pg_conn.execute(f"CREATE TABLE {keyless} (v text)")
+    other = new_table(pg_conn)
     SlotClient(pg_conn).create(slot_name)
     insert(pg_conn, keyed, 1, 2)
-    pg_conn.execute(f"INSERT INTO {keyless} VALUES ('not staged')")
-    extract, _ = ops(slot_name, tmp_path)
+    insert(pg_conn, other, 1)
+    extract = PgDecodeExtractOperator(
+        task_id="extract", slot_name=slot_name, staging_root=str(tmp_path), tables=[f"public.{keyed}"]
+    )
     summary = extract.execute(make_context())
     assert staged_ids(summary, keyed) == [1, 2]
-    assert list(summary["tables"]) == [f"public.{keyed}"]
     manifest = BatchManifest.read(summary["path"])
     assert manifest.skipped["excluded_table_changes"] == 1
+    assert manifest.excluded_tables == [f"public.{other}"]
+    assert f"1 change(s) to tables outside the list were not staged: public.{other}" in capsys.readouterr().out
 
 
 def test_a_table_without_a_key_fails_the_extract_without_a_retry(

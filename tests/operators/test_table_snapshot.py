@@ -114,3 +114,26 @@ def test_the_same_id_with_other_tables_is_refused(
     request(["public.refunds"]).execute(make_context())
     with pytest.raises(AirflowFailException, match="already exists with other settings.*choose another id"):
         request(["public.orders"]).execute(make_context())
+
+
+def test_exclude_tables_and_a_keyless_append_only_table(
+    source_conn: str, slot: str, pg_conn: psycopg.Connection[Any], tmp_path: Path, make_context: Any
+) -> None:
+    pg_conn.execute("DROP TABLE IF EXISTS ts_op_log; CREATE TABLE ts_op_log (at int, what text)")
+    common = {"task_id": "prepare", "slot_name": slot, "staging_root": str(tmp_path), "mode": "resnapshot"}
+    # A keyless append_only table cannot be copied chunk by chunk: refused by name, nothing filed.
+    op = PgDecodeTableSnapshotOperator(
+        **common, tables=["public.ts_op_log"], table_options={"public.ts_op_log": {"mode": "append_only"}}
+    )
+    with pytest.raises(AirflowFailException, match=r"table public\.ts_op_log is loaded append_only and has no key"):
+        op.execute({**make_context(), "run_id": "manual__1"})
+    assert list_snapshot_requests(tmp_path, slot) == []
+    # exclude_tables leaves its tables out of the request.
+    op = PgDecodeTableSnapshotOperator(
+        **common, tables=["public.refunds", "public.ts_op_log"], exclude_tables=["public.ts_op_log"], request_id="r1"
+    )
+    assert op.execute(make_context()) == "r1"
+    assert [list(r.tables) for r in list_snapshot_requests(tmp_path, slot)] == [[("public", "refunds")]]
+    op = PgDecodeTableSnapshotOperator(**common, tables=["public.ts_op_log"], exclude_tables=["public.ts_op_log"])
+    with pytest.raises(AirflowFailException, match="exclude_tables left out every one named: public.ts_op_log"):
+        op.execute({**make_context(), "run_id": "manual__2"})

@@ -14,7 +14,7 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.pgoutput import BUILTIN_TYPE_NAMES
 from airflow_provider_pgdecode.decoding.test_decoding import TestDecodingParser
 from airflow_provider_pgdecode.errors import CatalogError
-from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, ReplicaIdentity, TableKey
+from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, ReplicaIdentity, TableKey, source_tables
 
 pytestmark = pytest.mark.postgres
 
@@ -305,7 +305,6 @@ def test_table_key_is_the_primary_key_whatever_the_replica_identity(pg_conn, cat
     )
     assert catalog.table_key(schema, "pk") == TableKey(("c", "a"), "default", "primary key")
     assert catalog.table_key(schema, "pk_full") == TableKey(("a",), "full", "primary key")
-    assert catalog.table_key(schema, "pk_nothing") == TableKey(("a",), "nothing", "primary key")
     assert catalog.table_key(schema, "pk_and_index") == TableKey(("a",), "index", "primary key")
     assert catalog.table_key(schema, "pk").unique
 
@@ -363,6 +362,65 @@ def test_table_key_refuses_a_table_without_one_and_says_what_to_do(pg_conn, cata
     assert "cannot be matched in Delta" in message
     for way in ("Add a primary key", "REPLICA IDENTITY USING INDEX", "REPLICA IDENTITY FULL", "tables option"):
         assert way in message
+
+
+@pytest.mark.parametrize(
+    "ddl",
+    [
+        "CREATE TABLE t (a int PRIMARY KEY, b text); ALTER TABLE t REPLICA IDENTITY NOTHING",
+        # A replica identity index dropped: PostgreSQL behaves as NOTHING, the primary key notwithstanding.
+        "CREATE TABLE t (a int PRIMARY KEY, b int NOT NULL); CREATE UNIQUE INDEX t_b ON t (b);"
+        " ALTER TABLE t REPLICA IDENTITY USING INDEX t_b; DROP INDEX t_b",
+    ],
+    ids=["nothing", "dropped-index"],
+)
+def test_table_key_refuses_a_primary_key_under_replica_identity_nothing_by_name(pg_conn, catalog, schema, ddl) -> None:
+    run(pg_conn, schema, ddl)
+    with pytest.raises(CatalogError) as info:
+        catalog.table_key(schema, "t")
+    message = str(info.value)
+    assert message.startswith(f"table {schema}.t has a primary key (a) but REPLICA IDENTITY NOTHING: ")
+    assert "no primary key" not in message
+    assert f'ALTER TABLE "{schema}"."t" REPLICA IDENTITY DEFAULT' in message
+
+
+def test_source_tables_lists_tables_with_what_decides_their_key(pg_conn, catalog, schema) -> None:
+    run(
+        pg_conn,
+        schema,
+        """
+        CREATE TABLE keyed (id int PRIMARY KEY);
+        CREATE TABLE keyless (id int);
+        CREATE TABLE full_rows (id int); ALTER TABLE full_rows REPLICA IDENTITY FULL;
+        CREATE TABLE pk_nothing (id int PRIMARY KEY); ALTER TABLE pk_nothing REPLICA IDENTITY NOTHING;
+        CREATE TABLE by_index (id int NOT NULL); CREATE UNIQUE INDEX by_index_id ON by_index (id);
+        ALTER TABLE by_index REPLICA IDENTITY USING INDEX by_index_id;
+        CREATE VIEW a_view AS SELECT * FROM keyed;
+        CREATE TABLE parted (id int, region text) PARTITION BY LIST (region);
+        CREATE TABLE parted_eu PARTITION OF parted FOR VALUES IN ('eu')""",
+    )
+    mine = {t.table: (t.replica_identity, t.has_primary_key) for t in source_tables(catalog) if t.schema == schema}
+    assert mine == {
+        "by_index": ("index", False),
+        "full_rows": ("full", False),
+        "keyed": ("default", True),
+        "keyless": ("default", False),
+        "parted": ("default", False),
+        "parted_eu": ("default", False),
+        "pk_nothing": ("nothing", True),
+    }
+    everything = [(t.schema, t.table) for t in source_tables(catalog)]
+    assert everything == sorted(everything)
+    assert not any(s in ("pg_catalog", "information_schema") for s, _ in everything)
+    named = next(t for t in source_tables(catalog) if (t.schema, t.table) == (schema, "keyless"))
+    assert named.describe_identity() == "REPLICA IDENTITY DEFAULT and no primary key"
+    # For pgoutput: only the publication's tables.
+    pg_conn.execute(f"CREATE PUBLICATION pub_{schema} FOR TABLE {schema}.keyed, {schema}.full_rows")
+    try:
+        published = [t.table for t in source_tables(catalog, publication=f"pub_{schema}")]
+    finally:
+        pg_conn.execute(f"DROP PUBLICATION pub_{schema}")
+    assert published == ["full_rows", "keyed"]
 
 
 def test_table_key_of_a_missing_table(catalog, schema) -> None:
