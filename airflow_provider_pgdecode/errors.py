@@ -84,6 +84,14 @@ class MergeInputError(PgDecodeError):
     """A batch's contents cannot be merged into its Delta table as they are (the message says why)."""
 
 
+class VerifyError(PgDecodeError):
+    """A verify run cannot compare Delta with PostgreSQL at its LSN (e.g. Delta moved past it meanwhile)."""
+
+
+class VerifyMismatchError(VerifyError):
+    """A verify run compared Delta with PostgreSQL at one LSN and found tables that differ."""
+
+
 def is_deterministic(exc: BaseException) -> bool:
     """True when retrying cannot help: a pgdecode error not marked ``retryable``.
 
