@@ -7,8 +7,8 @@ concurrent writer verifies equal, and rows changed in Delta by hand are named by
 from __future__ import annotations
 
 import datetime
-import json
 import decimal
+import json
 import random
 import threading
 from pathlib import Path
