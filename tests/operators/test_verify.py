@@ -69,3 +69,32 @@ def test_the_result_asset_is_the_slots_verify_area() -> None:
     operator = PgDecodeVerifyOperator(task_id="verify", delta_root="/data/delta")
     assert operator.snapshot == "{{ ti.xcom_pull(task_ids='verify_snapshot') }}"
     assert [o.name for o in operator.outlets] == ["pgdecode_verify"]
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_refusal_of_the_job_fails_without_retry_and_drops_the_copy(tmp_path, monkeypatch, spark) -> None:
+    import json
+
+    import pyarrow as pa
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_provider_pgdecode.spark.merge_job import merge_batches
+    from tests.spark.staged import TableChanges, write_batch
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[1]"}))
+    staging, delta = tmp_path / "staging", str(tmp_path / "delta")
+
+    def items(lsn: int) -> TableChanges:
+        table = TableChanges("public", "items", [("id", "integer", pa.int32()), ("v", "text", pa.string())])
+        table.insert(lsn, id=1, v="a")
+        return table
+
+    # Delta holds changes through LSN 200; the copy is as of LSN 100.
+    merge_batches(spark, [write_batch(staging, "slot_a", 10, 200, [items(150)])], delta)
+    copy = write_batch(staging / "slot_a" / "verify", "pgdecode_verify_0123", 0, 100, [items(100)])
+    snapshot = VerifySnapshot("slot_a", Lsn(100), copy, ("public.items",))
+    operator = PgDecodeVerifyOperator(task_id="verify", snapshot=snapshot.to_dict(), delta_root=delta)
+    with pytest.raises(AirflowFailException, match=r"refused: VerifyError: .*public\.items .*Run the verify again"):
+        operator.execute({})
+    assert not (staging / "slot_a" / "verify" / "pgdecode_verify_0123").exists()
