@@ -174,8 +174,7 @@ def test_equal_under_a_concurrent_writer_then_a_changed_row_is_named(
         "equal": True,
         "delta_rows": 0,
     }
-    # ...while PostgreSQL itself has moved on past X.
-    assert pg_conn.execute("select count(*) from vj_items").fetchone()[0] != items["source_rows"] or writer.ops > 0
+    assert writer.ops >= ops_at_copy + 50  # ...while the writer went on past X
 
     # One Delta row changed by hand, one deleted, and a keyless row duplicated.
     path = f"{delta}/public/vj_items"
