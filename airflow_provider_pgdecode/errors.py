@@ -143,6 +143,14 @@ class MergeOutOfMemoryError(PgDecodeError):
     Deterministic: the same batch with the same memory fails the same way."""
 
 
+class VerifyError(PgDecodeError):
+    """A verify run cannot compare Delta with PostgreSQL at its LSN (e.g. Delta moved past it meanwhile)."""
+
+
+class VerifyMismatchError(VerifyError):
+    """A verify run compared Delta with PostgreSQL at one LSN and found tables that differ."""
+
+
 def is_deterministic(exc: BaseException) -> bool:
     """True when retrying cannot help: a pgdecode error not marked ``retryable``.
 

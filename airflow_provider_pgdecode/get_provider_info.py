@@ -41,6 +41,8 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_pgdecode.operators.initial_snapshot",
                     "airflow_provider_pgdecode.operators.table_snapshot",
                     "airflow_provider_pgdecode.operators.replay",
+                    "airflow_provider_pgdecode.operators.verify_snapshot",
+                    "airflow_provider_pgdecode.operators.verify",
                 ],
             }
         ],

@@ -54,27 +54,32 @@ class ReplicationConnection:
     def server_version(self) -> int:
         return int(self.conn.server_version)
 
-    def create_slot_exporting_snapshot(self, slot_name: str, plugin: str, two_phase: bool) -> ExportedSnapshot:
+    def create_slot_exporting_snapshot(
+        self, slot_name: str, plugin: str, two_phase: bool, *, temporary: bool = False
+    ) -> ExportedSnapshot:
         """``CREATE_REPLICATION_SLOT`` with an exported snapshot; its consistent point and snapshot name.
 
         Waits until every transaction running at that moment has ended (prepared ones too):
         PostgreSQL needs that to reach a consistent point. A two-phase slot with an exported
         snapshot needs PostgreSQL 15 (the option syntax); older servers get the old syntax.
+        ``temporary``: the slot vanishes with this connection (a verify run only needs the
+        snapshot and its LSN, never the slot's changes).
         """
         import psycopg2
 
         check_slot_name(slot_name)
         cur = self.conn.cursor()
+        kind = "TEMPORARY LOGICAL" if temporary else "LOGICAL"
         if self.server_version >= 150000:
             options = "SNAPSHOT 'export'" + (", TWO_PHASE" if two_phase else "")
-            command = f"CREATE_REPLICATION_SLOT {slot_name} LOGICAL {plugin} ({options})"
+            command = f"CREATE_REPLICATION_SLOT {slot_name} {kind} {plugin} ({options})"
         elif two_phase:
             raise SlotError(
                 f"creating a two-phase slot with an exported snapshot needs PostgreSQL 15 or later (server "
                 f"{self.server_version}); pass two_phase=False"
             )
         else:
-            command = f"CREATE_REPLICATION_SLOT {slot_name} LOGICAL {plugin} EXPORT_SNAPSHOT"
+            command = f"CREATE_REPLICATION_SLOT {slot_name} {kind} {plugin} EXPORT_SNAPSHOT"
         try:
             cur.execute(command)
         except psycopg2.errors.DuplicateObject:
@@ -84,7 +89,7 @@ class ReplicationConnection:
             ) from None
         except psycopg2.Error as exc:
             raise SlotError(f"cannot create slot {slot_name!r}: {str(exc).strip()}") from None
-        self.created = slot_name
+        self.created = None if temporary else slot_name
         names = [d.name for d in cur.description]
         row = dict(zip(names, cur.fetchone()))
         for column in ("slot_name", "consistent_point", "snapshot_name", "output_plugin"):

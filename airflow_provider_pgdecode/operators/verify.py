@@ -1,0 +1,328 @@
+"""Compare the pipeline's Delta tables with the verify copy of their source, both as of LSN X.
+
+The last step of a verify run (``dags/pgdecode_verify.py``): after
+:class:`~airflow_provider_pgdecode.operators.verify_snapshot.PgDecodeVerifySnapshotOperator`
+copied the tables as of X and the slot's changes up to X were merged, the verify job
+(``spark/verify_job.py``, through spark-submit as the merge job) compares per table the row
+counts and a hash per key bucket, narrowing differing buckets to the differing keys.
+
+Example::
+
+    from airflow_provider_pgdecode.operators.verify import PgDecodeVerifyOperator
+
+    verify = PgDecodeVerifyOperator(
+        task_id="verify",
+        snapshot="{{ ti.xcom_pull(task_ids='verify_snapshot') }}",
+        delta_root="/data/delta",
+    )
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.sdk import Asset, AssetAlias, BaseHook, BaseOperator, Context
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_provider_pgdecode.capture.verify import VerifySnapshot, remove_verify_snapshot
+from airflow_provider_pgdecode.errors import ConfigurationError, VerifyError, VerifyMismatchError
+from airflow_provider_pgdecode.operators.merge import default_env_vars, default_spark_binary, default_spark_conf
+from airflow_provider_pgdecode.utils.fail_fast import fail_fast
+
+VERIFY_JOB_MODULE = "airflow_provider_pgdecode.spark.verify_job"
+DEFAULT_VERIFY_ALIAS = "pgdecode_verify"
+DEFAULT_SNAPSHOT = "{{ ti.xcom_pull(task_ids='verify_snapshot') }}"
+#: Differing keys named in the task's failure message per table (the report lists more).
+KEYS_IN_MESSAGE = 5
+
+
+def verify_job_path() -> str:
+    """The file of the verify job inside the installed package (what spark-submit runs)."""
+    spec = importlib.util.find_spec(VERIFY_JOB_MODULE)
+    if spec is None or not spec.origin:
+        raise ConfigurationError(f"cannot find {VERIFY_JOB_MODULE} in the installed airflow-provider-pgdecode")
+    return spec.origin
+
+
+def verify_asset(snapshot: VerifySnapshot) -> Asset:
+    """The Asset of a slot's verify results: its verify area (``file://<staging>/<slot>/verify``)."""
+    area = Path(snapshot.path).parent.parent.resolve()
+    return Asset(name=f"pgdecode_verify:{snapshot.slot}", uri=area.as_uri(), group="pgdecode", extra={"kind": "verify"})
+
+
+def parse_snapshot(value: Any) -> VerifySnapshot:
+    """The verify snapshot from its XCom value: a dict, or a rendered template of one."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = json.loads(text)
+        except ValueError:
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                pass
+    return VerifySnapshot.from_dict(value)
+
+
+def mismatch_message(report: Mapping[str, Any], report_path: str) -> str:
+    """What differs, table by table with the first keys, and what to do (the task's failure message)."""
+    parts = []
+    for name in report.get("differing_tables") or []:
+        table = report["tables"][name]
+        if table.get("error"):
+            parts.append(f"{name}: cannot be compared ({table['error']})")
+            continue
+        keys = [
+            f"{json.dumps(k['key'], sort_keys=True)} ({k['difference']}"
+            + (f": {', '.join(k['columns'])}" if k.get("columns") else "")
+            + ")"
+            for k in table.get("keys", [])[:KEYS_IN_MESSAGE]
+        ]
+        more = table.get("differing_keys", 0) - len(keys)
+        parts.append(
+            f"{name}: {table.get('source_rows')} rows in PostgreSQL, {table.get('delta_rows')} in Delta, "
+            f"{table.get('differing_keys')} differing key(s): {', '.join(keys)}"
+            + (f" and {more} more" if more > 0 else "")
+        )
+    names = json.dumps(list(report.get("differing_tables") or []))
+    return (
+        f"Delta differs from PostgreSQL as of LSN {report.get('lsn')} (slot {report.get('slot')!r}): "
+        + "; ".join(parts)
+        + f". Full report: {report_path}. To rebuild the differing tables from the source, run pgdecode_backfill "
+        f'with {{"mode": "resnapshot", "tables": {names}}}'
+    )
+
+
+class PgDecodeVerifyOperator(BaseOperator):
+    """Submit the verify job for a verify snapshot and the Delta tables; report, emit, fail on a difference.
+
+    Delta must be at the snapshot's LSN X: the slot's changes up to X merged (extract with
+    ``upto_lsn`` X, then merge) and no table past X. A table merged past X meanwhile (another
+    run of the pipeline) fails the task without a retry: run the verify again.
+
+    The report (JSON, also kept as ``<staging_root>/<slot>/verify/report-<X>.json``) has per
+    table ``equal``, ``source_rows``, ``delta_rows``, ``differing_keys`` and the first
+    ``max_keys`` differing ``keys`` (key values, rows on each side, what differs, and the
+    differing columns). It is logged and returned (XCom). An Asset event
+    (``file://<staging_root>/<slot>/verify``, through the ``asset_alias`` alias) carries its
+    summary as extra when the task succeeds. When tables differ and ``fail_on_difference`` is
+    true, the report is pushed to XCom under the key ``report`` and the task fails without a
+    retry, naming the tables and the first keys.
+
+    The staged copy is removed after the comparison unless ``keep_snapshot``; it is kept when the
+    job crashed, so that a retry compares the same copy.
+
+    Example::
+
+        from airflow_provider_pgdecode.operators.verify import PgDecodeVerifyOperator
+
+        verify = PgDecodeVerifyOperator(
+            task_id="verify",
+            snapshot="{{ ti.xcom_pull(task_ids='verify_snapshot') }}",
+            delta_root="/data/delta",
+            conn_id="spark_default",
+        )
+        # on a difference: ti.xcom_pull(task_ids='verify', key='report')
+
+    :param snapshot: the verify snapshot task's return value (a dict or its rendering); default
+        the XCom of the task ``verify_snapshot``. (templated)
+    :param delta_root: the root of the pipeline's Delta tables. (templated)
+    :param conn_id: the Spark connection. (templated)
+    :param buckets: hash buckets per table. (templated)
+    :param max_keys: differing keys listed per table. (templated)
+    :param verify_args: more arguments of the verify job: the merge's type options, e.g.
+        ``["--type-map", "mood=string", "--unbounded-numeric", "string"]``. (templated)
+    :param fail_on_difference: fail the task when a table differs (else succeed and report).
+    :param keep_snapshot: keep the staged copy after the comparison.
+    :param asset_alias: the :class:`~airflow.sdk.AssetAlias` the result is emitted through;
+        ``None`` emits nothing.
+    :param spark_binary: the ``spark-submit`` to run; default the one beside ``sys.executable``.
+    :param packages: Maven coordinates for ``--packages``; default Delta's. (templated)
+    :param conf: Spark configuration, merged over pgdecode's defaults. (templated)
+    :param env_vars: environment of spark-submit, merged over the defaults. (templated)
+    :param driver_memory: ``--driver-memory``.
+    :param executor_memory: ``--executor-memory``.
+    """
+
+    template_fields: Sequence[str] = (
+        "snapshot",
+        "delta_root",
+        "conn_id",
+        "buckets",
+        "max_keys",
+        "verify_args",
+        "packages",
+        "conf",
+        "env_vars",
+    )
+    template_fields_renderers = {"conf": "json", "env_vars": "json"}
+    ui_color = "#d9f0df"
+
+    def __init__(
+        self,
+        *,
+        delta_root: str,
+        snapshot: str | Mapping[str, Any] = DEFAULT_SNAPSHOT,
+        conn_id: str = "spark_default",
+        buckets: int | str = 1024,
+        max_keys: int | str = 100,
+        verify_args: Sequence[str] | None = None,
+        fail_on_difference: bool = True,
+        keep_snapshot: bool = False,
+        asset_alias: str | None = DEFAULT_VERIFY_ALIAS,
+        spark_binary: str | None = None,
+        packages: str | None = None,
+        conf: Mapping[str, Any] | None = None,
+        env_vars: Mapping[str, str] | None = None,
+        driver_memory: str | None = "1g",
+        executor_memory: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if asset_alias is not None:
+            kwargs["outlets"] = [*(kwargs.get("outlets") or []), AssetAlias(asset_alias)]
+        super().__init__(**kwargs)
+        self.snapshot = snapshot
+        self.delta_root = delta_root
+        self.conn_id = conn_id
+        self.buckets = buckets
+        self.max_keys = max_keys
+        self.verify_args = list(verify_args or [])
+        self.fail_on_difference = fail_on_difference
+        self.keep_snapshot = keep_snapshot
+        self.asset_alias = asset_alias
+        self.spark_binary = spark_binary
+        self.packages = packages
+        self.conf = dict(conf or {})
+        self.env_vars = dict(env_vars or {})
+        self.driver_memory = driver_memory
+        self.executor_memory = executor_memory
+        self._hook: SparkSubmitHook | None = None
+
+    def get_hook(self, snapshot: VerifySnapshot, report_path: str) -> SparkSubmitHook:
+        """The SparkSubmitHook that runs the verify job (settings as the merge operator's)."""
+        try:
+            BaseHook.get_connection(self.conn_id)
+        except AirflowException as exc:
+            raise ConfigurationError(
+                f"Spark connection {self.conn_id!r} not found ({exc}). Without it spark-submit would silently "
+                "use master 'yarn'. Create it, e.g. for local mode "
+                f'AIRFLOW_CONN_{self.conn_id.upper()}=\'{{"conn_type": "spark", "host": "local[*]"}}\''
+            ) from exc
+        conf = {**default_spark_conf(), **{k: str(v) for k, v in self.conf.items()}}
+        packages = self.packages or conf.pop("spark.jars.packages", None)
+        conf.pop("spark.jars.packages", None)
+        args = [
+            *("--snapshot", snapshot.path, "--delta-root", str(self.delta_root)),
+            *("--slot", snapshot.slot, "--lsn", str(snapshot.lsn), "--report-json", report_path),
+            *("--buckets", str(int(self.buckets)), "--max-keys", str(int(self.max_keys))),
+        ]
+        for table in snapshot.tables:
+            args += ["--table", table]
+        args += [str(a) for a in self.verify_args]
+        return SparkSubmitHook(
+            conf=conf,
+            conn_id=self.conn_id,
+            packages=packages or None,
+            driver_memory=self.driver_memory,
+            executor_memory=self.executor_memory,
+            name="pgdecode-verify",
+            application_args=args,
+            env_vars={**default_env_vars(), **self.env_vars},
+            spark_binary=self.spark_binary or default_spark_binary(),
+        )
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        with fail_fast():
+            return self._verify(context)
+
+    def _verify(self, context: Context) -> dict[str, Any]:
+        snapshot = parse_snapshot(self.snapshot)
+        workdir = tempfile.mkdtemp(prefix="pgdecode-verify-")
+        try:
+            job_report = str(Path(workdir) / "report.json")
+            self._hook = self.get_hook(snapshot, job_report)
+            self.log.info(
+                "Comparing %d table(s) of slot %s with Delta at %s as of LSN %s",
+                len(snapshot.tables),
+                snapshot.slot,
+                self.delta_root,
+                snapshot.lsn,
+            )
+            try:
+                self._hook.submit(verify_job_path())
+            except AirflowException:
+                refusal = _read_json(job_report)
+                if refusal is not None and "error" in refusal:
+                    # A refusal is final for this copy: drop it, a new verify run takes another.
+                    self._remove(snapshot)
+                    raise VerifyError(f"the verify job refused: {refusal['error']}: {refusal.get('message')}") from None
+                raise  # a crash: the copy stays for the retry
+            report = _read_json(job_report)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if report is None or "tables" not in report:
+            raise VerifyError(f"the verify job wrote no report for slot {snapshot.slot!r} (its log says why)")
+        kept = Path(snapshot.path).parent.parent / f"report-{int(snapshot.lsn):016X}.json"
+        kept.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        self._remove(snapshot)
+        self._log_report(report, str(kept))
+        if not report["equal"] and self.fail_on_difference:
+            context["ti"].xcom_push(key="report", value=report)
+            raise VerifyMismatchError(mismatch_message(report, str(kept)))
+        self._emit(context, snapshot, report, str(kept))
+        return report
+
+    def _remove(self, snapshot: VerifySnapshot) -> None:
+        if not self.keep_snapshot:
+            remove_verify_snapshot(snapshot)
+
+    def _log_report(self, report: Mapping[str, Any], path: str) -> None:
+        self.log.info(
+            "Verify as of LSN %s: %s (report %s)", report["lsn"], "equal" if report["equal"] else "DIFFERENT", path
+        )
+        for name, table in sorted(report["tables"].items()):
+            self.log.info(
+                "  %s: %s, %s rows in PostgreSQL, %s in Delta%s",
+                name,
+                "equal" if table["equal"] else "DIFFERS",
+                table.get("source_rows"),
+                table.get("delta_rows"),
+                f" ({table['error']})" if table.get("error") else "",
+            )
+            for key in table.get("keys", []):
+                self.log.info(
+                    "    key %s: %s%s",
+                    json.dumps(key["key"], sort_keys=True),
+                    key["difference"],
+                    f" ({', '.join(key['columns'])})" if key.get("columns") else "",
+                )
+
+    def _emit(self, context: Context, snapshot: VerifySnapshot, report: Mapping[str, Any], path: str) -> None:
+        if self.asset_alias is None or "outlet_events" not in context:
+            return
+        from airflow_provider_pgdecode.spark.verify_job import summarize
+
+        events = context["outlet_events"][AssetAlias(self.asset_alias)]
+        events.add(verify_asset(snapshot), extra={**summarize(report), "report": path})
+
+    def on_kill(self) -> None:
+        """Stop the spark-submit process (and the driver in cluster modes)."""
+        if self._hook is not None:
+            self._hook.on_kill()
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
