@@ -299,7 +299,11 @@ class SlotChangesTrigger(BaseTrigger):
             try:
                 done, report = await check()
             except SlotError as exc:
-                yield TriggerEvent({"status": "error", "fatal": True, "slot_name": self.slot_name, "message": str(exc)})
+                # A slot in use or a lost connection is worth a retry; a missing or lost slot is not.
+                fatal = not exc.retryable
+                yield TriggerEvent(
+                    {"status": "error", "fatal": fatal, "slot_name": self.slot_name, "message": str(exc)}
+                )
                 return
             except Exception as exc:
                 yield TriggerEvent(

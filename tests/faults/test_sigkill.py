@@ -99,13 +99,13 @@ def test_sigkill_at_random_points_of_random_cycles(dag_process: DagProcess, pg_c
             history.append(line)
             log.warning(line)
             writer.check()
+            learn(timings, result)  # a killed cycle's marks are as good as a clean one's
             if result.killed:
                 kills += 1
                 schedule.pop(0)
                 continue
             # A cycle that ran to its end must have succeeded, killed before or not.
             assert result.succeeded, f"{report(history)}\n--- {result.log}:\n{result.tail()}"
-            learn(timings, result)
             if plan is None:
                 schedule.pop(0)
             # else the cycle ended before the kill landed (no changes yet, a fast phase): try again

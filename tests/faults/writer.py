@@ -26,7 +26,7 @@ create table fk_events (id bigint primary key, kind text, payload text, at times
 class Writer(threading.Thread):
     """Changes ``fk_accounts`` and ``fk_events`` until :meth:`stop`; re-raises its error on stop."""
 
-    def __init__(self, dsn: str, seed: int, events: int = 3_000, pause: tuple[float, float] = (0.02, 0.2)) -> None:
+    def __init__(self, dsn: str, seed: int, events: int = 3_000, pause: tuple[float, float] = (0.05, 0.4)) -> None:
         super().__init__(name="faults-writer", daemon=True)
         self.dsn = dsn
         self.rng = random.Random(seed)
