@@ -202,6 +202,10 @@ class TableResult:
     batches_skipped: list[str] = field(default_factory=list)
     delta_version: int = -1
     watermark_lsn: str | None = None
+    schema: str = ""
+    """The Delta table's schema and table names (the summary's key joins them with a dot,
+    which a name may hold too)."""
+    table: str = ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,14 +219,9 @@ def quote(name: str) -> str:
 
 
 def delta_table_path(delta_root: str, schema: str, table: str) -> str:
-    """``<delta_root>/<schema>/<table>`` with the names as PostgreSQL stores them."""
-    for part in (schema, table):
-        if not part or part in (".", "..") or "/" in part or "\0" in part:
-            raise MergeInputError(
-                f"cannot place table {schema}.{table} under {delta_root}: the name {part!r} cannot be a "
-                f"directory name (it is empty, '.', '..', or has '/')"
-            )
-    return join_path(delta_root, schema, table)
+    """``<delta_root>/<schema>/<table>`` with the names as PostgreSQL stores them, but for the
+    few characters no directory name can hold (:func:`~airflow_provider_pgdecode.batch.format.delta_path_part`)."""
+    return join_path(delta_root, staged.delta_path_part(schema), staged.delta_path_part(table))
 
 
 def app_id(slot: str) -> str:
@@ -904,6 +903,8 @@ def merge_batches(
         )
         result = TableResult(
             delta_path=plan.path,
+            schema=plan.schema,
+            table=plan.table,
             status="skipped",
             batches_skipped=list(plan.skipped),
             delta_version=plan.state.version,

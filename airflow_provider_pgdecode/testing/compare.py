@@ -18,6 +18,7 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 
 from airflow_provider_pgdecode import typemap
+from airflow_provider_pgdecode.batch.format import delta_path_part, join_path
 
 if TYPE_CHECKING:
     import psycopg
@@ -111,7 +112,7 @@ def compare_table(
 ) -> TableComparison:
     """Compare ``schema.table`` in PostgreSQL with its Delta table under ``delta_root``."""
     names, rows = source_rows(conn, schema, table)
-    path = f"{delta_root.rstrip('/')}/{schema}/{table}"
+    path = join_path(delta_root, delta_path_part(schema), delta_path_part(table))
     frame = spark.read.format("delta").load(path).select(*[f"`{n}`" for n in names])
     delta = [tuple(r) for r in frame.collect()]
     left = Counter(tuple(canonical(v) for v in row) for row in rows)

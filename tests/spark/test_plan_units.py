@@ -84,8 +84,12 @@ def test_merge_ranges_closes_smallest_gaps_and_covers_every_key() -> None:
 
 def test_paths_and_conditions_quote_awkward_names() -> None:
     assert delta_table_path("/d", "My Schema", "Order$") == "/d/My Schema/Order$"
-    with pytest.raises(MergeInputError, match="cannot be a directory name"):
-        delta_table_path("/d", "public", "a/b")
+    # Every name is one path part, and no two names share one.
+    assert delta_table_path("/d", "public", "a/b") == "/d/public/a%2Fb"
+    assert delta_table_path("/d", "public", "a%2Fb") == "/d/public/a%252Fb"
+    assert delta_table_path("/d", "..", ".") == "/d/%2E%2E/%2E"
+    assert delta_table_path("/d", "public", "q`") == "/d/public/q%60"
+    assert delta_table_path("/d", "public", "a.b") == "/d/public/a.b"
 
     class Plan:
         key = ("we`ird id",)
