@@ -65,12 +65,25 @@ class TableSummary:
     columns: list[ColumnSummary]
     key: list[str] = field(default_factory=list)
     replica_identity: str | None = None
+    #: The source table's OID (``pg_class.oid``); ``None`` in batches staged before it was recorded.
+    oid: int | None = None
+    #: ``[schema, table]`` of the Delta table these changes flow into when it is not the staged
+    #: name (a renamed source table keeps its Delta table, docs/merge.md); ``None``: the staged name.
+    delta_table: list[str] | None = None
     #: The table's directory once read from a batch (not stored in the file).
     location: str | None = field(default=None, compare=False)
 
     @property
     def qualified_name(self) -> str:
         return f"{self.schema}.{self.table}"
+
+    @property
+    def target(self) -> tuple[str, str]:
+        """``(schema, table)`` of the Delta table the changes flow into."""
+        if self.delta_table:
+            schema, table = self.delta_table
+            return schema, table
+        return self.schema, self.table
 
     @property
     def file_paths(self) -> list[str]:
@@ -124,6 +137,10 @@ class BatchManifest:
     snapshot_chunks: list[dict[str, Any]] = field(default_factory=list)
     #: Progress of every table snapshot request once this batch is merged (for the checkpoint).
     snapshots: dict[str, Any] = field(default_factory=dict)
+    #: The tables this slot's batches have staged, by OID (as a string): ``names`` (every
+    #: ``[schema, table]`` the table was seen under, oldest first) and ``delta_table`` (where its
+    #: changes flow). Carried from batch to batch so that a renamed table is followed.
+    table_oids: dict[str, Any] = field(default_factory=dict)
     format: str = FORMAT
     complete: bool = True
     #: Where the batch lives (not stored in the file).

@@ -31,6 +31,7 @@ from airflow_provider_pgdecode.batch.publish import publish_batch
 from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter
 from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
 from airflow_provider_pgdecode.capture.reconcile import reconcile
+from airflow_provider_pgdecode.capture.renames import KnownTables, follow_selection, follow_staged
 from airflow_provider_pgdecode.capture.table_snapshot import (
     DEFAULT_ROWS_PER_BATCH,
     TableSnapshotter,
@@ -125,6 +126,8 @@ def extract_batch(
     start_lsn = max(confirmed, resume_after) if resume_after is not None else confirmed
     pending: list[PreparedTransaction] = checkpoint.pending_prepared() if checkpoint is not None else []
     include_pairs = parse_table_names(tables) if tables else None
+    known = KnownTables.from_checkpoint(checkpoint)
+    include_pairs = follow_selection(Catalog(conn), include_pairs, known)
 
     base = Path(staging_root) / slot_name
     base.mkdir(parents=True, exist_ok=True)
@@ -201,7 +204,16 @@ def extract_batch(
             chunk_records, snapshots = snapshotter.finish(end_lsn)
             tables_staged = snapshotter.table_summaries(tables_staged)
             snapshot_rows_staged = sum(r["rows"] + (r["kind"] == "truncate") for r in chunk_records)
-        _describe_tables(Catalog(conn), tables_staged)
+        followed = follow_staged(
+            Catalog(conn),
+            tables_staged,
+            known,
+            parser.relation_oids if isinstance(parser, PgOutputParser) else {},
+            include_pairs,
+            (record["table"] for record in chunk_records if record["kind"] == "truncate"),
+        )
+        tables_staged = followed.tables
+        _describe_tables(Catalog(conn), tables_staged, followed.current)
         still_pending = assembler.pending()
         prepared_entries = writer.save_prepared(still_pending)
         shutil.rmtree(spill_dir, ignore_errors=True)
@@ -235,7 +247,10 @@ def extract_batch(
             },
             snapshot_chunks=chunk_records,
             snapshots=snapshots,
+            table_oids=followed.known.record(),
         )
+        if followed.dropped_changes:
+            manifest.skipped["dropped_table_changes"] = followed.dropped_changes
         manifest.write(tmp)
         final = base / batch_dir_name(start_lsn, end_lsn)
         manifest.path = publish_batch(tmp, final, manifest)
@@ -294,14 +309,18 @@ def _native_module(native: bool | None, parser: TestDecodingParser | PgOutputPar
     return load_native()
 
 
-def _describe_tables(catalog: Catalog, tables: list[TableSummary]) -> None:
+def _describe_tables(
+    catalog: Catalog, tables: list[TableSummary], current: dict[tuple[str, str], tuple[str, str]] | None = None
+) -> None:
     """Add each table's key (:meth:`Catalog.table_key`, the one rule the snapshots follow too) and
-    catalog types; a table the merge cannot key is a :class:`CatalogError` saying what to do."""
+    catalog types; a table the merge cannot key is a :class:`CatalogError` saying what to do.
+    ``current``: staged name -> the table's name now, for renamed tables."""
     for summary in tables:
-        key = catalog.table_key(summary.schema, summary.table)
+        schema, table = (current or {}).get((summary.schema, summary.table), (summary.schema, summary.table))
+        key = catalog.table_key(schema, table)
         summary.key = list(key.columns)
         summary.replica_identity = key.replica_identity
-        live = {c.name: c for c in catalog.columns(summary.schema, summary.table)}
+        live = {c.name: c for c in catalog.columns(schema, table)}
         for column in summary.columns:
             info = live.get(column.name)
             if info is not None:  # a column dropped since keeps what the slot said of it
