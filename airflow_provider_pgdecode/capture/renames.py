@@ -276,3 +276,15 @@ def recreated_message(name: Name, earlier: int, oid: int, delta: Name) -> str:
         f"still holds the rows of the dropped table; resnapshot it (pgdecode_backfill mode=resnapshot) to make it "
         f"equal the new one"
     )
+
+
+def record_tables(catalog: Catalog, names: Iterable[Name]) -> KnownTables:
+    """The OIDs of tables loaded under their names (an initial snapshot): each flows into the
+    Delta table of that name, and later batches follow it from there."""
+    known = KnownTables()
+    for name in names:
+        oid = catalog.relation_oid(*name)
+        if oid is not None:
+            known.add(oid, name)
+            known.delta[oid] = name
+    return known

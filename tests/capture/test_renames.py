@@ -201,3 +201,23 @@ def test_a_table_dropped_and_created_again_flows_as_a_new_table_with_a_warning(
     )
     assert [(t.table, t.oid, t.target, t.rows) for t in second.tables] == [("rn_gone", new, ("public", "rn_gone"), 1)]
     assert f"public.rn_gone was dropped and re-created (OID {old}, now {new})" in " ".join(caplog.messages)
+
+
+def test_a_table_renamed_after_its_initial_snapshot_keeps_the_snapshot_delta_table(
+    pg_conn, pg_dsn, slot_name, tables, tmp_path
+) -> None:
+    from airflow_provider_pgdecode.batch.manifest import BatchManifest
+    from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot, stage_snapshot
+
+    oid = oid_of(pg_conn, "rn_orders")
+    pg_conn.execute("insert into rn_orders values (1, 'a')")
+    with create_slot_with_snapshot(pg_dsn, slot_name, "test_decoding", two_phase=True) as (lsn, name):
+        snapshot = stage_snapshot(pg_dsn, name, lsn, slot_name, tmp_path, [("public", "rn_orders")])
+    assert [(t.table, t.oid) for t in snapshot.tables] == [("rn_orders", oid)]
+    assert snapshot.table_oids[str(oid)]["delta_table"] == ["public", "rn_orders"]
+
+    pg_conn.execute("alter table rn_orders rename to rn_orders_v2")
+    pg_conn.execute("insert into rn_orders_v2 values (2, 'b')")
+    checkpoint = Checkpoint.from_manifest(BatchManifest.read(snapshot.path))
+    follow = extract_batch(pg_conn, slot_name, tmp_path, checkpoint=checkpoint, tables=["public.rn_orders"])
+    assert [(t.table, t.target, t.rows) for t in follow.tables] == [("rn_orders_v2", ("public", "rn_orders"), 1)]
