@@ -221,3 +221,33 @@ def test_a_table_renamed_after_its_initial_snapshot_keeps_the_snapshot_delta_tab
     checkpoint = Checkpoint.from_manifest(BatchManifest.read(snapshot.path))
     follow = extract_batch(pg_conn, slot_name, tmp_path, checkpoint=checkpoint, tables=["public.rn_orders"])
     assert [(t.table, t.target, t.rows) for t in follow.tables] == [("rn_orders_v2", ("public", "rn_orders"), 1)]
+
+
+def test_a_resnapshot_under_the_new_name_moves_the_table_to_that_names_delta_table(
+    pg_conn, slot_name, tables, tmp_path
+) -> None:
+    from airflow_provider_pgdecode.capture.table_snapshot import request_table_snapshot
+
+    c = pg_conn
+    c.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (slot_name,))
+    c.execute("insert into rn_orders select g, 'v' from generate_series(1, 5) g")
+    first = extract_batch(c, slot_name, tmp_path, tables=["public.rn_orders"])
+    c.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot_name, first.end_lsn))
+    c.execute("alter table rn_orders rename to rn_orders_v2")
+    c.execute("update rn_orders_v2 set v = 'w' where id = 1")
+
+    request_table_snapshot(tmp_path, slot_name, [("public", "rn_orders_v2")], "resnapshot")
+    moved = extract_batch(
+        c, slot_name, tmp_path, tables=["public.rn_orders"], checkpoint=Checkpoint.from_manifest(first)
+    )
+    assert any(chunk["kind"] == "truncate" for chunk in moved.snapshot_chunks)
+    assert {(t.table, t.target) for t in moved.tables} == {("rn_orders_v2", ("public", "rn_orders_v2"))}
+    oid = oid_of(c, "rn_orders_v2")
+    assert moved.table_oids[str(oid)]["delta_table"] == ["public", "rn_orders_v2"]
+    # Later batches follow the move.
+    c.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot_name, moved.end_lsn))
+    c.execute("delete from rn_orders_v2 where id = 2")
+    later = extract_batch(
+        c, slot_name, tmp_path, tables=["public.rn_orders"], checkpoint=Checkpoint.from_manifest(moved)
+    )
+    assert [(t.table, t.target, t.deletes) for t in later.tables] == [("rn_orders_v2", ("public", "rn_orders_v2"), 1)]
