@@ -224,11 +224,12 @@ def delta_table_path(delta_root: str, schema: str, table: str) -> str:
     return join_path(delta_root, staged.delta_path_part(schema), staged.delta_path_part(table))
 
 
-def type_change_way_forward(name: str, path: str) -> str:
-    """What to do when a source column changed type (the one wording; docs/merge.md, "DDL on a source table")."""
+def type_change_way_forward(source: str, path: str) -> str:
+    """What to do when a source column changed type (the one wording; docs/merge.md, "DDL on a source
+    table"); ``source`` is the source table's newest staged name (a renamed table's new one)."""
     return (
         f"a Delta column cannot change type in place, so nothing was written. To continue: move the Delta table "
-        f"at {path} aside, then resnapshot {name} (pgdecode_backfill mode=resnapshot), which re-creates it with "
+        f"at {path} aside, then resnapshot {source} (pgdecode_backfill mode=resnapshot), which re-creates it with "
         f"the new type; or change the column back to its former type in PostgreSQL"
     )
 
@@ -280,6 +281,7 @@ def plan_table(
     # A renamed source table's changes staged under each of its names (docs/merge.md) flow here.
     entries = [(batch, entry) for batch in batches for entry in batch.tables if entry.target == (schema, table)]
     latest = entries[-1][1]
+    source = max(entries, key=lambda e: (e[0].end, e[1].max_commit or Lsn(0)))[1].qualified_name
     key = latest.key
     if not key:
         raise MergeInputError(
@@ -314,7 +316,7 @@ def plan_table(
             if column.name in types and not _same_type(types[column.name].delta_type, mapped.delta_type):
                 raise MergeInputError(
                     f"table {name} column {column.name!r} changed type from {types[column.name].catalog_type!r} "
-                    f"to {column.source_type!r} between batches; {type_change_way_forward(name, path)}"
+                    f"to {column.source_type!r} between batches; {type_change_way_forward(source, path)}"
                 )
             if column.name not in types:
                 columns.append(column.name)
@@ -348,7 +350,7 @@ def plan_table(
                 raise MergeInputError(
                     f"table {name} column {column_name!r}: Delta has {delta_fields[column_name].dataType.simpleString()}, "
                     f"the source's {mapped_type.catalog_type!r} maps to {mapped_type.delta_type.simpleString()}; "
-                    f"{type_change_way_forward(name, path)}"
+                    f"{type_change_way_forward(source, path)}"
                 )
         new_columns = tuple(c for c in columns if c not in delta_fields)
         missing_in_delta = [k for k in key if k in new_columns]
