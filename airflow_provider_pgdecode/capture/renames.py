@@ -197,14 +197,15 @@ def follow_staged(
         current = now.get(oid) if oid is not None else None
         if oid is None or current is None:
             continue
-        if f"{current[0]}.{current[1]}" in fresh and result.known.delta.get(oid) != current:
+        moved_from = result.known.delta.get(oid)
+        if f"{current[0]}.{current[1]}" in fresh and moved_from is not None and moved_from != current:
             log.info(
                 "%s (OID %d) is snapshotted under its current name: it flows into Delta table %s from now on, "
                 "and Delta table %s is no longer written",
                 _dotted(current),
                 oid,
                 _dotted(current),
-                _dotted(known.delta.get(oid, current)),
+                _dotted(moved_from),
             )
             result.known.delta[oid] = first_name[oid] = current
     told: set[int] = set()
