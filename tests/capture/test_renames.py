@@ -251,3 +251,37 @@ def test_a_resnapshot_under_the_new_name_moves_the_table_to_that_names_delta_tab
         c, slot_name, tmp_path, tables=["public.rn_orders"], checkpoint=Checkpoint.from_manifest(moved)
     )
     assert [(t.table, t.target, t.deletes) for t in later.tables] == [("rn_orders_v2", ("public", "rn_orders_v2"), 1)]
+
+
+@pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])
+def test_a_table_moved_to_another_schema_is_followed_like_a_rename(
+    pg_conn, slot_name, tables, tmp_path, plugin
+) -> None:
+    c = pg_conn
+    c.execute("drop schema if exists rn_other cascade; create schema rn_other")
+    try:
+        c.execute("select pg_create_logical_replication_slot(%s, %s, false, true)", (slot_name, plugin))
+        publication = PUBLICATION if plugin == "pgoutput" else None
+        c.execute("insert into rn_orders values (1, 'a')")
+        first = extract_batch(
+            c, slot_name, tmp_path, plugin=plugin, publication=publication, tables=["public.rn_orders"]
+        )
+        c.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot_name, first.end_lsn))
+        c.execute("update rn_orders set v = 'before' where id = 1")
+        c.execute("alter table rn_orders set schema rn_other")
+        c.execute("insert into rn_other.rn_orders values (2, 'after')")
+        second = extract_batch(
+            c,
+            slot_name,
+            tmp_path,
+            plugin=plugin,
+            publication=publication,
+            tables=["public.rn_orders"],
+            checkpoint=Checkpoint.from_manifest(first),
+        )
+        assert sorted((t.schema, t.target, t.rows) for t in second.tables) == [
+            ("public", ("public", "rn_orders"), 1),
+            ("rn_other", ("public", "rn_orders"), 1),
+        ]
+    finally:
+        c.execute("drop schema if exists rn_other cascade")
