@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, read_batches
-from airflow_provider_pgdecode.errors import BatchError, MergeInputError, UnmappedTypeError
+from airflow_provider_pgdecode.errors import BatchError, UnmappedTypeError
 from airflow_provider_pgdecode.spark.merge_job import delta_table_path, merge_condition, merge_ranges
 from airflow_provider_pgdecode.spark.session import delta_maven_coordinates, delta_spark_conf, ivy_dir
 from airflow_provider_pgdecode.spark.types import map_catalog_type, parse_unbounded_numeric_rule
