@@ -24,6 +24,8 @@ class Checkpoint:
         absolute ``path`` of its spooled items.
     :param snapshots: progress of table snapshot requests, by request id
         (:mod:`airflow_provider_pgdecode.capture.table_snapshot`).
+    :param table_oids: the staged tables by OID, their names and Delta tables
+        (:attr:`BatchManifest.table_oids`): how a renamed table is followed.
     """
 
     slot: str
@@ -31,13 +33,21 @@ class Checkpoint:
     prepared_pending: list[dict[str, Any]] = field(default_factory=list)
     batch_path: str | None = None
     snapshots: dict[str, Any] = field(default_factory=dict)
+    table_oids: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_manifest(cls, manifest: BatchManifest) -> Checkpoint:
         if manifest.path is None:
             raise StagingError("a checkpoint needs a manifest read from its batch directory")
         pending = [{**p, "path": str(Path(manifest.path) / p["path"])} for p in manifest.prepared_pending]
-        return cls(manifest.slot, Lsn.parse(manifest.end_lsn), pending, str(manifest.path), dict(manifest.snapshots))
+        return cls(
+            manifest.slot,
+            Lsn.parse(manifest.end_lsn),
+            pending,
+            str(manifest.path),
+            dict(manifest.snapshots),
+            dict(manifest.table_oids),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -46,6 +56,7 @@ class Checkpoint:
             "prepared_pending": self.prepared_pending,
             "batch_path": self.batch_path,
             "snapshots": self.snapshots,
+            "table_oids": self.table_oids,
         }
 
     @classmethod
@@ -57,6 +68,7 @@ class Checkpoint:
                 list(data.get("prepared_pending") or []),
                 data.get("batch_path"),
                 dict(data.get("snapshots") or {}),
+                dict(data.get("table_oids") or {}),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StagingError(f"malformed checkpoint {data!r}: {exc}") from None

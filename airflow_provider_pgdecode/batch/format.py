@@ -148,6 +148,17 @@ def _path_part(name: str) -> str:
     return encoded.replace(".", "%2E") if set(encoded) == {"."} else encoded
 
 
+def delta_path_part(name: str) -> str:
+    """A schema or table name as one directory name of its Delta table's path
+    (``<delta_root>/<schema>/<table>``): the name as PostgreSQL stores it, except ``%`` as
+    ``%25``, ``/`` as ``%2F``, a backquote as ``%60`` (Delta's table builder puts the path between
+    backquotes unescaped), and a name of only dots (``.``, ``..``) as ``%2E`` each. So every name
+    is one path part, and two names never share a path (docs/merge.md)."""
+    if name and set(name) == {"."}:
+        return "%2E" * len(name)
+    return name.replace("%", "%25").replace("/", "%2F").replace("`", "%60")
+
+
 def is_local_path(path: str) -> bool:
     """True for a plain filesystem path or a ``file:`` URI."""
     scheme = urlparse(path).scheme

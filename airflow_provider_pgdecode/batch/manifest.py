@@ -71,12 +71,25 @@ class TableSummary:
     key_source: str | None = None
     #: ``merge`` or ``append_only`` (``table_options`` mode); older manifests are ``merge``.
     mode: str = "merge"
+    #: The source table's OID (``pg_class.oid``); ``None`` in batches staged before it was recorded.
+    oid: int | None = None
+    #: ``[schema, table]`` of the Delta table these changes flow into when it is not the staged
+    #: name (a renamed source table keeps its Delta table, docs/merge.md); ``None``: the staged name.
+    delta_table: list[str] | None = None
     #: The table's directory once read from a batch (not stored in the file).
     location: str | None = field(default=None, compare=False)
 
     @property
     def qualified_name(self) -> str:
         return f"{self.schema}.{self.table}"
+
+    @property
+    def target(self) -> tuple[str, str]:
+        """``(schema, table)`` of the Delta table the changes flow into."""
+        if self.delta_table:
+            schema, table = self.delta_table
+            return schema, table
+        return self.schema, self.table
 
     @property
     def file_paths(self) -> list[str]:
@@ -136,6 +149,10 @@ class BatchManifest:
     #: ``schema.table`` of tables outside the extract's table list that had changes in the range
     #: (their changes are counted in ``skipped["excluded_table_changes"]``, not staged).
     excluded_tables: list[str] = field(default_factory=list)
+    #: The tables this slot's batches have staged, by OID (as a string): ``names`` (every
+    #: ``[schema, table]`` the table was seen under, oldest first) and ``delta_table`` (where its
+    #: changes flow). Carried from batch to batch so that a renamed table is followed.
+    table_oids: dict[str, Any] = field(default_factory=dict)
     format: str = FORMAT
     complete: bool = True
     #: Where the batch lives (not stored in the file).

@@ -32,6 +32,7 @@ from airflow_provider_pgdecode.batch.publish import publish_batch
 from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter, check_append_only
 from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
 from airflow_provider_pgdecode.capture.reconcile import reconcile
+from airflow_provider_pgdecode.capture.renames import KnownTables, follow_selection, follow_staged
 from airflow_provider_pgdecode.capture.table_snapshot import (
     DEFAULT_ROWS_PER_BATCH,
     TableSnapshotter,
@@ -130,6 +131,8 @@ def extract_batch(
     pending: list[PreparedTransaction] = checkpoint.pending_prepared() if checkpoint is not None else []
     include_pairs = parse_table_names(tables) if tables else None
     options_by_table = parse_table_options(table_options)
+    known = KnownTables.from_checkpoint(checkpoint)
+    include_pairs = follow_selection(Catalog(conn), include_pairs, known)
 
     base = Path(staging_root) / slot_name
     tmp = base / f".tmp-{int(start_lsn):016X}-{uuid.uuid4().hex[:12]}"
@@ -216,7 +219,16 @@ def extract_batch(
             chunk_records, snapshots = snapshotter.finish(end_lsn)
             tables_staged = snapshotter.table_summaries(tables_staged)
             snapshot_rows_staged = sum(r["rows"] + (r["kind"] == "truncate") for r in chunk_records)
-        _describe_tables(Catalog(conn), tables_staged, options_by_table)
+        followed = follow_staged(
+            Catalog(conn),
+            tables_staged,
+            known,
+            parser.relation_oids if isinstance(parser, PgOutputParser) else {},
+            include_pairs,
+            (record["table"] for record in chunk_records if record["kind"] == "truncate"),
+        )
+        tables_staged = followed.tables
+        _describe_tables(Catalog(conn), tables_staged, options_by_table, followed.current)
         check_append_only(tmp, tables_staged)
         still_pending = assembler.pending()
         prepared_entries = writer.save_prepared(still_pending)
@@ -253,7 +265,10 @@ def extract_batch(
             snapshots=snapshots,
             quarantine=writer.quarantine,
             excluded_tables=sorted(f"{schema}.{table}" for schema, table in excluded_names),
+            table_oids=followed.known.record(),
         )
+        if followed.dropped_changes:
+            manifest.skipped["dropped_table_changes"] = followed.dropped_changes
         manifest.write(tmp)
         final = base / batch_dir_name(start_lsn, end_lsn)
         manifest.path = publish_batch(tmp, final, manifest)
@@ -328,24 +343,29 @@ def _recording_include(
 
 
 def _describe_tables(
-    catalog: Catalog, tables: list[TableSummary], options: Mapping[tuple[str, str], TableOptions]
+    catalog: Catalog,
+    tables: list[TableSummary],
+    options: Mapping[tuple[str, str], TableOptions],
+    current: dict[tuple[str, str], tuple[str, str]] | None = None,
 ) -> None:
     """Add each table's key (:meth:`Catalog.table_key`, the one rule the snapshots follow too),
     load mode and catalog types; a table the merge cannot key is a :class:`CatalogError` saying
-    what to do, unless it is loaded ``append_only`` (appended, never matched: no key needed)."""
+    what to do, unless it is loaded ``append_only`` (appended, never matched: no key needed).
+    ``current``: staged name -> the table's name now, for renamed tables."""
     for summary in tables:
-        summary.mode = options_for(options, summary.schema, summary.table).mode
+        schema, table = (current or {}).get((summary.schema, summary.table), (summary.schema, summary.table))
+        summary.mode = options_for(options, schema, table).mode
         try:
-            key = catalog.table_key(summary.schema, summary.table)
+            key = catalog.table_key(schema, table)
         except CatalogError:
             if summary.mode != "append_only":
                 raise
-            summary.replica_identity = catalog.replica_identity(summary.schema, summary.table).kind
+            summary.replica_identity = catalog.replica_identity(schema, table).kind
         else:
             summary.key = list(key.columns)
             summary.replica_identity = key.replica_identity
             summary.key_source = key.source
-        live = {c.name: c for c in catalog.columns(summary.schema, summary.table)}
+        live = {c.name: c for c in catalog.columns(schema, table)}
         for column in summary.columns:
             info = live.get(column.name)
             if info is not None:  # a column dropped since keeps what the slot said of it

@@ -119,6 +119,7 @@ from airflow_provider_pgdecode.batch.manifest import (
 from airflow_provider_pgdecode.batch.options import DEFAULT_OPTIONS, TableOptions, options_for, parse_table_options
 from airflow_provider_pgdecode.batch.publish import publish_batch
 from airflow_provider_pgdecode.batch.values import arrow_type
+from airflow_provider_pgdecode.capture.renames import record_tables
 from airflow_provider_pgdecode.capture.tables import parse_table_names
 from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
 from airflow_provider_pgdecode.decoding.lsn import Lsn
@@ -352,6 +353,7 @@ def stage_snapshot(
             ]
             for plan in plans:
                 plan.options = options_for(options_by_table, plan.schema, plan.table)
+            loaded = record_tables(catalog, names)
             database = database_name(planner)
         except DatabaseError as exc:
             raise StagingError(f"planning the snapshot copy for slot {slot_name!r} failed: {str(exc).strip()}") from exc
@@ -380,7 +382,11 @@ def stage_snapshot(
         transactions=1 if summaries else 0,
         changes=sum(s.rows for s in summaries),
         tables=summaries,
+        table_oids=loaded.record(),
     )
+    oid_of = {names[0]: oid for oid, names in loaded.names.items()}
+    for summary in summaries:
+        summary.oid = oid_of.get((summary.schema, summary.table))
     info = {
         **settings,
         "kind": "snapshot",

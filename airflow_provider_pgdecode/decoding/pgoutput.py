@@ -206,6 +206,9 @@ class PgOutputParser:
         self.encoding = encoding
         self.type_names = type_names or {}
         self.relations: dict[int, Relation] = {}
+        #: Every ``(schema, table)`` a Relation message named, with the OIDs it named that way
+        #: (in order): how a batch knows which table each staged name is, across renames.
+        self.relation_oids: dict[tuple[str, str], list[int]] = {}
         self._types: dict[int, str] = {}
         self._streaming = False
         self._stream_xid: int | None = None
@@ -435,6 +438,9 @@ class PgOutputParser:
         self.relations[relid] = Relation(
             relid, schema or "pg_catalog", table, replica_identity, tuple(names), tuple(types), tuple(flags)
         )
+        seen = self.relation_oids.setdefault((schema or "pg_catalog", table), [])
+        if relid not in seen:
+            seen.append(relid)
 
 
 def _qualified_type_name(schema: str, name: str) -> str:

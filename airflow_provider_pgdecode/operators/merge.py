@@ -16,6 +16,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import Asset, AssetAlias, BaseHook, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_provider_pgdecode.batch.format import delta_path_part
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError, MergeInputError, MergeOutOfMemoryError
@@ -308,7 +309,9 @@ class PgDecodeMergeOperator(BaseOperator):
         for name, info in sorted((summary.get("tables") or {}).items()):
             if not isinstance(info, dict) or info.get("status") != "merged":
                 continue
-            schema, _, table = name.partition(".")
+            schema, table = info.get("schema"), info.get("table")
+            if not schema or not table:  # a summary of a job before the names were in it
+                schema, _, table = name.partition(".")
             events.add(
                 delta_table_asset(root, schema, table),
                 extra={k: info.get(k) for k in ("inserted", "updated", "deleted", "delta_version", "watermark_lsn")},
@@ -362,8 +365,9 @@ class PgDecodeMergeOperator(BaseOperator):
 
 
 def delta_table_asset(delta_root: str | Path, schema: str, table: str) -> Asset:
-    """The Airflow Asset of one Delta table (a ``file://`` URI; other schemes normalise badly)."""
-    path = Path(delta_root) / schema / table
+    """The Airflow Asset of one Delta table (a ``file://`` URI; other schemes normalise badly)
+    at the merge job's path for it (:func:`~airflow_provider_pgdecode.batch.format.delta_path_part`)."""
+    path = Path(delta_root) / delta_path_part(schema) / delta_path_part(table)
     return Asset(name=f"delta:{schema}.{table}", uri=path.as_uri(), group="delta", extra={"format": "delta"})
 
 

@@ -260,6 +260,28 @@ class Catalog:
         )
         return [(row[0], row[1]) for row in rows]
 
+    def relation_oid(self, schema: str, table: str) -> int | None:
+        """The OID of the table ``schema.table`` as named now, ``None`` when no table has that name."""
+        rows = self._all(
+            "SELECT c.oid::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p', 'v', 'm', 'f')",
+            (schema, table),
+        )
+        return int(rows[0][0]) if rows else None
+
+    def relation_names(self, oids: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """``(schema, table)`` of each of ``oids`` that is a table now (a renamed table's new
+        name); dropped ones are left out."""
+        if not oids:
+            return {}
+        rows = self._all(
+            "SELECT c.oid::int8, n.nspname::text, c.relname::text FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE c.oid = ANY(%s::oid[]) AND c.relkind IN ('r', 'p', 'v', 'm', 'f')",
+            ([int(oid) for oid in oids],),
+        )
+        return {int(oid): (schema, table) for oid, schema, table in rows}
+
 
 @dataclass(frozen=True)
 class SourceTable:

@@ -219,6 +219,10 @@ class TableResult:
     batches_skipped: list[str] = field(default_factory=list)
     delta_version: int = -1
     watermark_lsn: str | None = None
+    schema: str = ""
+    """The Delta table's schema and table names (the summary's key joins them with a dot,
+    which a name may hold too)."""
+    table: str = ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,14 +236,19 @@ def quote(name: str) -> str:
 
 
 def delta_table_path(delta_root: str, schema: str, table: str) -> str:
-    """``<delta_root>/<schema>/<table>`` with the names as PostgreSQL stores them."""
-    for part in (schema, table):
-        if not part or part in (".", "..") or "/" in part or "\0" in part:
-            raise MergeInputError(
-                f"cannot place table {schema}.{table} under {delta_root}: the name {part!r} cannot be a "
-                f"directory name (it is empty, '.', '..', or has '/')"
-            )
-    return join_path(delta_root, schema, table)
+    """``<delta_root>/<schema>/<table>`` with the names as PostgreSQL stores them, but for the
+    few characters no directory name can hold (:func:`~airflow_provider_pgdecode.batch.format.delta_path_part`)."""
+    return join_path(delta_root, staged.delta_path_part(schema), staged.delta_path_part(table))
+
+
+def type_change_way_forward(source: str, path: str) -> str:
+    """What to do when a source column changed type (the one wording; docs/merge.md, "DDL on a source
+    table"); ``source`` is the source table's newest staged name (a renamed table's new one)."""
+    return (
+        f"a Delta column cannot change type in place, so nothing was written. To continue: move the Delta table "
+        f"at {path} aside, then resnapshot {source} (pgdecode_backfill mode=resnapshot), which re-creates it with "
+        f"the new type; or change the column back to its former type in PostgreSQL"
+    )
 
 
 def app_id(slot: str) -> str:
@@ -295,10 +304,10 @@ def plan_table(
     """Decide how one table is merged, or raise :class:`MergeInputError` saying why it cannot be."""
     path = delta_table_path(delta_root, schema, table)
     name = f"{schema}.{table}"
-    entries = [
-        (batch, entry) for batch in batches for entry in batch.tables if (entry.schema, entry.table) == (schema, table)
-    ]
+    # A renamed source table's changes staged under each of its names (docs/merge.md) flow here.
+    entries = [(batch, entry) for batch in batches for entry in batch.tables if entry.target == (schema, table)]
     latest = entries[-1][1]
+    source = max(entries, key=lambda e: (e[0].end, e[1].max_commit or Lsn(0)))[1].qualified_name
     modes = sorted({entry.mode for _, entry in entries})
     if len(modes) > 1:
         raise MergeInputError(
@@ -345,7 +354,7 @@ def plan_table(
             if column.name in types and not _same_type(types[column.name].delta_type, mapped.delta_type):
                 raise MergeInputError(
                     f"table {name} column {column.name!r} changed type from {types[column.name].catalog_type!r} "
-                    f"to {column.source_type!r} between batches; type changes are not supported"
+                    f"to {column.source_type!r} between batches; {type_change_way_forward(source, path)}"
                 )
             if column.name not in types:
                 columns.append(column.name)
@@ -379,7 +388,7 @@ def plan_table(
                 raise MergeInputError(
                     f"table {name} column {column_name!r}: Delta has {delta_fields[column_name].dataType.simpleString()}, "
                     f"the source's {mapped_type.catalog_type!r} maps to {mapped_type.delta_type.simpleString()}; "
-                    f"type changes are not supported"
+                    f"{type_change_way_forward(source, path)}"
                 )
         new_columns = tuple(c for c in columns if c not in delta_fields)
         missing_in_delta = [k for k in key if k in new_columns]
@@ -410,13 +419,13 @@ def plan_table(
         append_only=append_only,
     )
     applied_through = state.watermark if state.watermark is not None else -1
-    entry_of = {id(batch): entry for batch, entry in entries}
     for batch in batches:
-        staged_entry = entry_of.get(id(batch))
-        if staged_entry is not None:
+        for staged_entry in (entry for entry_batch, entry in entries if entry_batch is batch):
             if batch.end <= applied_through or (
                 staged_entry.max_commit is not None and staged_entry.max_commit <= applied_through
             ):
+                if batch.label in plan.skipped:
+                    continue
                 plan.skipped.append(batch.label)
                 log.warning(
                     "table %s: batch %s (%s) is already applied: the table holds changes through LSN %s; skipped",
@@ -439,8 +448,8 @@ def plan_merge(
     names: list[tuple[str, str]] = []
     for batch in batches:
         for entry in batch.tables:
-            if (entry.schema, entry.table) not in names:
-                names.append((entry.schema, entry.table))
+            if entry.target not in names:
+                names.append(entry.target)
     slot_app_id = app_id(batches[0].slot)
     plans = []
     for schema, table in names:
@@ -1088,10 +1097,12 @@ def merge_batches(
             entry.rows
             for batch in batches
             for entry in batch.tables
-            if (entry.schema, entry.table) == (plan.schema, plan.table) and batch.label in plan.skipped
+            if entry.target == (plan.schema, plan.table) and batch.label in plan.skipped
         )
         result = TableResult(
             delta_path=plan.path,
+            schema=plan.schema,
+            table=plan.table,
             status="skipped",
             batches_skipped=list(plan.skipped),
             delta_version=plan.state.version,

@@ -18,6 +18,7 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 
 from airflow_provider_pgdecode import typemap
+from airflow_provider_pgdecode.batch.format import delta_path_part, join_path
 
 if TYPE_CHECKING:
     import psycopg
@@ -107,11 +108,18 @@ def source_rows(conn: psycopg.Connection[Any], schema: str, table: str) -> tuple
 
 
 def compare_table(
-    conn: psycopg.Connection[Any], spark: SparkSession, delta_root: str, schema: str, table: str
+    conn: psycopg.Connection[Any],
+    spark: SparkSession,
+    delta_root: str,
+    schema: str,
+    table: str,
+    delta_table: tuple[str, str] | None = None,
 ) -> TableComparison:
-    """Compare ``schema.table`` in PostgreSQL with its Delta table under ``delta_root``."""
+    """Compare ``schema.table`` in PostgreSQL with its Delta table under ``delta_root``
+    (``delta_table``: another Delta table's ``(schema, table)``, e.g. the one a renamed table flows into)."""
     names, rows = source_rows(conn, schema, table)
-    path = f"{delta_root.rstrip('/')}/{schema}/{table}"
+    delta_schema, delta_name = delta_table or (schema, table)
+    path = join_path(delta_root, delta_path_part(delta_schema), delta_path_part(delta_name))
     frame = spark.read.format("delta").load(path).select(*[f"`{n}`" for n in names])
     delta = [tuple(r) for r in frame.collect()]
     left = Counter(tuple(canonical(v) for v in row) for row in rows)

@@ -77,6 +77,7 @@ def test_to_dict_from_dict_round_trip_through_json() -> None:
         [{"gid": "g'1", "xid": 7, "path": "/staging/x/prepared/7-a.jsonl.gz", "items": 3}],
         "/staging/x",
         {"req": {"done": True}},
+        {"16385": {"names": [["public", "orders"]], "delta_table": ["public", "orders"]}},
     )
     data = checkpoint.to_dict()
     assert data["end_lsn"] == "1A/2B3C4D5E"  # LSNs travel as PostgreSQL's text form
@@ -88,7 +89,7 @@ def test_to_dict_from_dict_round_trip_through_json() -> None:
 
 def test_from_dict_fills_optional_fields() -> None:
     back = Checkpoint.from_dict({"slot": SLOT, "end_lsn": "0/10"})
-    assert back == Checkpoint(SLOT, Lsn(0x10), [], None, {})
+    assert back == Checkpoint(SLOT, Lsn(0x10), [], None, {}, {})
     # null means empty as well
     assert Checkpoint.from_dict({"slot": SLOT, "end_lsn": "0/10", "prepared_pending": None, "snapshots": None}) == back
 

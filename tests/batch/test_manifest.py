@@ -373,3 +373,26 @@ def test_table_path_stays_inside_its_own_directory(schema: str, table: str) -> N
     path = table_path(schema, table)
     parts = normpath(path).split("/")
     assert parts[0] == "tables" and len(parts) == 3
+
+
+def test_oids_and_delta_tables_round_trip_and_older_manifests_stay_readable(tmp_path: Path) -> None:
+    renamed = replace(table_summary("public", "orders_v2"), oid=16385, delta_table=["public", "orders"])
+    record = {"16385": {"names": [["public", "orders"], ["public", "orders_v2"]], "delta_table": ["public", "orders"]}}
+    original = manifest(tables=[table_summary(), renamed], table_oids=record)
+    back = BatchManifest.read(stage(tmp_path / "new", original))
+    assert back == original
+    assert [t.target for t in back.tables] == [("public", "orders"), ("public", "orders")]
+    assert back.tables[1].oid == 16385 and back.table_oids == record
+
+    # A batch staged before OIDs were recorded: no oid, no delta_table, no table_oids.
+    directory = stage(tmp_path / "old", manifest())
+
+    def strip(data: dict) -> None:
+        data.pop("table_oids")
+        for table in data["tables"]:
+            table.pop("oid")
+            table.pop("delta_table")
+
+    rewrite(directory, strip)
+    old = BatchManifest.read(directory)
+    assert old.tables[0].oid is None and old.tables[0].target == ("public", "orders") and old.table_oids == {}

@@ -231,3 +231,29 @@ def test_parse_batch_paths() -> None:
     assert parse_batch_paths("['/a', '/b']") == ["/a", "/b"]  # a list rendered with str()
     assert parse_batch_paths(["/a", "", "/b"]) == ["/a", "/b"]
     assert parse_batch_paths(None) == [] and parse_batch_paths("") == []
+
+
+def test_assets_name_each_delta_table_by_its_schema_and_table_even_with_dots_and_slashes(tmp_path: Path) -> None:
+    from airflow.sdk import AssetAlias
+
+    added: list[tuple[str, str]] = []
+
+    class Events:
+        def add(self, asset: Any, extra: dict[str, Any]) -> None:
+            added.append((asset.name, asset.uri))
+
+    operator = PgDecodeMergeOperator(task_id="merge", batch_paths=[], delta_root=str(tmp_path))
+    merged = {"status": "merged", "inserted": 1, "updated": 0, "deleted": 0}
+    summary = {
+        "tables": {
+            "my.schema.c/d": {**merged, "schema": "my.schema", "table": "c/d"},
+            "public.orders": dict(merged),  # a summary of a merge job before the names were in it
+            "public.skipped": {"status": "skipped"},
+        }
+    }
+    operator._emit_assets({"outlet_events": {AssetAlias("pgdecode_delta_tables"): Events()}}, summary)  # type: ignore[arg-type]
+    root = tmp_path.resolve()
+    assert sorted(added) == [
+        ("delta:my.schema.c/d", (root / "my.schema" / "c%2Fd").as_uri()),
+        ("delta:public.orders", (root / "public" / "orders").as_uri()),
+    ]

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, read_batches
-from airflow_provider_pgdecode.errors import BatchError, MergeInputError, UnmappedTypeError
+from airflow_provider_pgdecode.errors import BatchError, UnmappedTypeError
 from airflow_provider_pgdecode.spark.merge_job import delta_table_path, merge_condition, merge_ranges
 from airflow_provider_pgdecode.spark.session import delta_maven_coordinates, delta_spark_conf, ivy_dir
 from airflow_provider_pgdecode.spark.types import map_catalog_type, parse_unbounded_numeric_rule
@@ -84,8 +84,12 @@ def test_merge_ranges_closes_smallest_gaps_and_covers_every_key() -> None:
 
 def test_paths_and_conditions_quote_awkward_names() -> None:
     assert delta_table_path("/d", "My Schema", "Order$") == "/d/My Schema/Order$"
-    with pytest.raises(MergeInputError, match="cannot be a directory name"):
-        delta_table_path("/d", "public", "a/b")
+    # Every name is one path part, and no two names share one.
+    assert delta_table_path("/d", "public", "a/b") == "/d/public/a%2Fb"
+    assert delta_table_path("/d", "public", "a%2Fb") == "/d/public/a%252Fb"
+    assert delta_table_path("/d", "..", ".") == "/d/%2E%2E/%2E"
+    assert delta_table_path("/d", "public", "q`") == "/d/public/q%60"
+    assert delta_table_path("/d", "public", "a.b") == "/d/public/a.b"
 
     class Plan:
         key = ("we`ird id",)
