@@ -5,10 +5,12 @@ PostgreSQL is the oracle (testing/compare.py compares as multisets: duplicates c
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 from pyspark.sql.types import ArrayType, IntegerType, MapType, StringType, StructField, StructType
 
@@ -18,6 +20,7 @@ from airflow_provider_pgdecode.errors import MergeInputError
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
 from airflow_provider_pgdecode.spark.multiset import uncomparable_columns
 from airflow_provider_pgdecode.testing.compare import compare_table
+from tests.spark.staged import TableChanges, write_batch
 
 TABLE = "ms_full"
 PUBLICATION = "ms_pub"
@@ -52,6 +55,7 @@ def full_table(pg_conn: psycopg.Connection, slot_name: str) -> Any:
 
 @pytest.mark.postgres
 @pytest.mark.spark
+@pytest.mark.slow  # five extract+merge cycles per plugin: 70-90 s each on a loaded 2-core machine
 @pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])
 def test_keyless_full_table_is_a_multiset_across_batches(
     full_table: psycopg.Connection, slot_name: str, spark: Any, tmp_path: Path, plugin: str
@@ -136,3 +140,34 @@ def test_keyless_full_table_is_a_multiset_across_batches(
     with pytest.raises(MergeInputError, match=rf"table public\.{TABLE} .*diverged.*resnapshot"):
         merge_batches(spark, [str(manifest.path)], delta_root)
     assert DeltaTable.forPath(spark, path).history(1).collect()[0]["version"] == before
+
+
+def _with_manifest_fields(batch: str, **fields: Any) -> str:
+    """Set ``fields`` on every table entry of a synthetic batch's manifest (as a newer extract writes them)."""
+    manifest = Path(batch) / "manifest.json"
+    document = json.loads(manifest.read_text(encoding="utf-8"))
+    for entry in document["tables"]:
+        entry.update(fields)
+    manifest.write_text(json.dumps(document, sort_keys=True), encoding="utf-8")
+    return batch
+
+
+@pytest.mark.spark
+def test_changes_a_keyless_or_append_only_merge_cannot_apply_are_refused_before_writing(
+    spark: Any, tmp_path: Path
+) -> None:
+    columns = [("a", "integer", pa.int32()), ("b", "text", pa.string())]
+    # An UPDATE without an old row (the table was not REPLICA IDENTITY FULL when it was logged).
+    keyless = TableChanges("public", "no_old", columns, key=("a", "b"))
+    keyless.insert(100, a=1, b="x").update(200, a=1, b="y")
+    batch = write_batch(tmp_path / "s", "slot", 90, 210, [keyless])
+    _with_manifest_fields(batch, key_source="all columns", replica_identity="full")
+    with pytest.raises(MergeInputError, match=r"table public\.no_old .*1 UPDATE\(s\)/DELETE\(s\) carry no old row"):
+        merge_batches(spark, [batch], str(tmp_path / "d"))
+    # A DELETE of an append_only table (the extract refuses it; the merge does not trust that).
+    log = TableChanges("public", "log", columns, key=()).insert(300, a=1, b="x").delete(300, a=1, b="x")
+    batch = write_batch(tmp_path / "s", "slot", 210, 310, [log])
+    _with_manifest_fields(batch, mode="append_only")
+    with pytest.raises(MergeInputError, match=r"table public\.log is loaded append_only, .*1 DELETE\(s\)"):
+        merge_batches(spark, [batch], str(tmp_path / "d"))
+    assert not (tmp_path / "d").exists()
