@@ -57,6 +57,8 @@ with DAG(
         "plugin": Param("test_decoding", enum=["test_decoding", "pgoutput"]),
         "publication": Param("pgdecode", type="string"),
         "tables": Param([], type="array"),
+        "exclude_tables": Param([], type="array", description="schema.table names the pipeline leaves out"),
+        "table_options": Param({}, type="object", description="the pipeline's per-table options (docs/merge.md)"),
         "staging_uri": Param(f"{DATA_DIR}/staging", type="string"),
         "delta_root": Param(f"{DATA_DIR}/delta", type="string"),
         "spark_conn_id": Param("spark_default", type="string"),
@@ -69,6 +71,9 @@ with DAG(
         staging_root="{{ params.staging_uri }}",
         plugin="{{ params.plugin }}",
         tables="{{ params.tables }}",
+        exclude_tables="{{ params.exclude_tables }}",
+        table_options="{{ params.table_options }}",
+        publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
         postgres_conn_id="{{ params.postgres_conn_id }}",
     )
     extract = PgDecodeExtractOperator(
@@ -80,6 +85,7 @@ with DAG(
         tables="{{ ti.xcom_pull(task_ids='verify_snapshot')['tables'] }}",
         publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
         upto_lsn="{{ ti.xcom_pull(task_ids='verify_snapshot')['lsn'] }}",
+        table_options="{{ params.table_options }}",
         checkpoint_task_id=None,  # from the slot's position (and the staged batch ending there)
     )
     merge = PgDecodeMergeOperator(

@@ -16,6 +16,13 @@ def parse_table_names(tables: Collection[str | tuple[str, str]]) -> set[tuple[st
     return {name if isinstance(name, tuple) else qualified_name(name) for name in tables}
 
 
+def as_table_names(value: str | Collection[str] | None) -> list[str]:
+    """A templated list of table names as a list: one name (a string), a list of them, or empty."""
+    if not value:
+        return []
+    return [value] if isinstance(value, str) else [str(name) for name in value if name]
+
+
 def select_tables(
     catalog: Catalog,
     *,

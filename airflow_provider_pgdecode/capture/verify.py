@@ -28,11 +28,12 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_pgdecode.batch.options import TableOptions
 from airflow_provider_pgdecode.capture.snapshot import DEFAULT_SNAPSHOT_CHUNK_ROWS, stage_snapshot
 from airflow_provider_pgdecode.capture.tables import parse_table_names
 from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
@@ -91,6 +92,7 @@ def stage_verify_snapshot(
     plugin: str = "test_decoding",
     chunk_rows: int = DEFAULT_SNAPSHOT_CHUNK_ROWS,
     workers: int | None = None,
+    table_options: Mapping[str, TableOptions | Mapping[str, Any]] | None = None,
 ) -> VerifySnapshot:
     """Copy ``tables`` as of a fresh consistent LSN X into the verify area of ``slot_name``.
 
@@ -102,6 +104,8 @@ def stage_verify_snapshot(
     :param staging_root: the pipeline's staging root.
     :param tables: ``schema.table`` names or pairs; each needs a key as for an initial load.
     :param plugin: the output plugin of the temporary slot (the pipeline's: it is installed).
+    :param table_options: the pipeline's per-table options (an ``append_only`` table needs no key;
+        ``arrays`` and ``max_value_bytes`` stage values as the pipeline does).
     """
     if plugin not in SUPPORTED_PLUGINS:
         raise SlotError(f"output plugin {plugin!r} is not supported; use one of {', '.join(SUPPORTED_PLUGINS)}")
@@ -133,6 +137,7 @@ def stage_verify_snapshot(
                 chunk_rows=chunk_rows,
                 replace=False,  # rows only: this copy is compared, never merged
                 workers=workers,
+                table_options=table_options,
             )
     except BaseException:
         shutil.rmtree(area / temporary, ignore_errors=True)

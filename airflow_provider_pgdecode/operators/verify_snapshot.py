@@ -21,12 +21,14 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_provider_pgdecode.batch.options import as_table_options
 from airflow_provider_pgdecode.capture.snapshot import DEFAULT_SNAPSHOT_CHUNK_ROWS
+from airflow_provider_pgdecode.capture.tables import as_table_names, parse_table_names, select_tables
 from airflow_provider_pgdecode.capture.verify import stage_verify_snapshot
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
@@ -60,8 +62,13 @@ class PgDecodeVerifySnapshotOperator(BaseOperator):
     :param slot_name: the pipeline's slot (must exist; it is not read or moved). (templated)
     :param staging_root: the pipeline's staging root. (templated)
     :param plugin: the pipeline's output plugin, used for the temporary slot. (templated)
-    :param tables: ``schema.table`` names to verify; default (empty) every table with a primary
-        key outside the system schemas, as the extract's default. (templated)
+    :param tables: ``schema.table`` names to verify; default (empty) the tables the extract
+        loads by default (:func:`~airflow_provider_pgdecode.capture.tables.select_tables`: every
+        table outside the system schemas, in ``publication`` for pgoutput, minus
+        ``exclude_tables``). (templated)
+    :param exclude_tables: ``schema.table`` names the pipeline leaves out. (templated)
+    :param table_options: the pipeline's per-table options (give the extract's). (templated)
+    :param publication: the pipeline's publication (pgoutput). (templated)
     :param postgres_conn_id: the Airflow connection of the source database. (templated)
     :param chunk_rows: the target rows per copied chunk. (templated)
     :param workers: chunks copied at once; ``None`` or 0 picks ``min(4, cores)``. (templated)
@@ -72,6 +79,9 @@ class PgDecodeVerifySnapshotOperator(BaseOperator):
         "staging_root",
         "plugin",
         "tables",
+        "exclude_tables",
+        "table_options",
+        "publication",
         "postgres_conn_id",
         "chunk_rows",
         "workers",
@@ -88,9 +98,15 @@ class PgDecodeVerifySnapshotOperator(BaseOperator):
         postgres_conn_id: str = PgDecodeHook.default_conn_name,
         chunk_rows: int | str = DEFAULT_SNAPSHOT_CHUNK_ROWS,
         workers: int | str | None = None,
+        exclude_tables: Sequence[str] | None = None,
+        table_options: Mapping[str, Mapping[str, Any]] | None = None,
+        publication: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.exclude_tables = exclude_tables
+        self.table_options = table_options
+        self.publication = publication
         self.slot_name = slot_name
         self.staging_root = staging_root
         self.plugin = plugin
@@ -111,7 +127,7 @@ class PgDecodeVerifySnapshotOperator(BaseOperator):
             raise ConfigurationError(
                 f"chunk_rows and workers must be whole numbers, not {self.chunk_rows!r} and {self.workers!r}"
             ) from None
-        named = [self.tables] if isinstance(self.tables, str) else list(self.tables or [])
+        named = as_table_names(self.tables)
         with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
             if not hook.get_slot_client().exists(slot):
                 raise SlotError(
@@ -119,12 +135,31 @@ class PgDecodeVerifySnapshotOperator(BaseOperator):
                     "pipeline against its source. Check slot_name, or start the pipeline (pgdecode_incremental, or "
                     "pgdecode_backfill mode 'initial')"
                 )
-            tables = named or [f"{s}.{t}" for s, t in hook.get_catalog().tables_with_primary_key()]
+            options = as_table_options(self.table_options)
+            excluded = parse_table_names(as_table_names(self.exclude_tables))
+            if named:
+                tables: list[str | tuple[str, str]] = [p for p in parse_table_names(named) if p not in excluded]
+            else:
+                tables = list(
+                    select_tables(
+                        hook.get_catalog(),
+                        publication=str(self.publication) if self.publication and self.plugin == "pgoutput" else None,
+                        exclude_tables=excluded,
+                        table_options=options,
+                    )
+                )
             dsn = hook.dsn()
         if not tables:
-            raise CatalogError("no table to verify: the database has no table with a primary key; name the tables")
+            raise CatalogError("no table to verify: the database has no table the pipeline loads; name the tables")
         snapshot = stage_verify_snapshot(
-            dsn, slot, str(self.staging_root), tables, plugin=str(self.plugin), chunk_rows=chunk_rows, workers=workers
+            dsn,
+            slot,
+            str(self.staging_root),
+            tables,
+            plugin=str(self.plugin),
+            chunk_rows=chunk_rows,
+            workers=workers,
+            table_options=options,
         )
         self.log.info(
             "Verify of slot %s: %d table(s) copied as of LSN %s into %s; Delta must now be brought to that LSN",
