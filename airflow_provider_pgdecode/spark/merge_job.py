@@ -758,21 +758,27 @@ def staged_key_bounds(plan: TablePlan) -> tuple[int, int] | None:
     return int(low), int(high)
 
 
+def snapshot_chunks_of(plan: TablePlan) -> bool:
+    """Whether the table's batches in this run carry table snapshot chunks of it."""
+    return any(chunk.get("table") == plan.name for s in plan.segments for chunk in s.batch.snapshot_chunks)
+
+
 def check_profile(plan: TablePlan, profile: Profile, options: MergeOptions) -> None:
     """Raise :class:`MergeInputError` for changes the merge must not apply."""
+    matched_by_value = plan.multiset and snapshot_chunks_of(plan)  # see merge_batches
     if plan.append_only and (profile.updates or profile.deletes):
         raise MergeInputError(
             f"table {plan.name} is loaded append_only, but the batch holds {profile.updates} UPDATE(s) and "
             f"{profile.deletes} DELETE(s) of it, which an append cannot apply. Nothing was written. Load the "
             "table with mode 'merge' (it needs a primary key or REPLICA IDENTITY FULL) and resnapshot it"
         )
-    if plan.multiset and profile.missing_old:
+    if plan.multiset and profile.missing_old and not matched_by_value:
         raise MergeInputError(
             f"table {plan.name} (no key, merged as a multiset): {profile.missing_old} UPDATE(s)/DELETE(s) carry "
             "no old row, so which copy they changed is unknown (was the table REPLICA IDENTITY FULL when they "
             "were logged?). Nothing was written. Resnapshot the table (the backfill DAG's mode 'resnapshot')"
         )
-    if profile.null_keys and not (plan.multiset or plan.append_only):
+    if profile.null_keys and (matched_by_value or not (plan.multiset or plan.append_only)):
         raise MergeInputError(
             f"table {plan.name}: {profile.null_keys} change(s) have a NULL key ({list(plan.key)}), or a DELETE/"
             f"key-changing UPDATE without its old key; the key must identify every row (check the replica identity)"
@@ -1142,6 +1148,14 @@ def merge_batches(
         result.created = ensure_table(spark, plan, options)
         result.columns_added = list(plan.new_columns)
         counts: dict[str, int] | None = None
+        if plan.multiset and snapshot_chunks_of(plan):
+            # Table snapshot chunks are upserts (a row may come both as a chunk row and as a logged
+            # INSERT): counted as copies they would double rows, so these batches match by value.
+            log.warning(
+                "table %s: table snapshot chunks in this run: merged by matching all columns, not as a multiset "
+                "(identical rows collapse into one until the snapshot is done)",
+                plan.name,
+            )
         try:
             if result.created or plan.new_columns:
                 version_before, _ = _last_commit(spark, plan.path)
@@ -1153,7 +1167,7 @@ def merge_batches(
                 append_only_write(spark, plan, events, profile, slot)
             elif result.created and inserts_only(profile) and not chunked:
                 append_inserts(spark, plan, events, profile, slot)
-            elif plan.multiset:
+            elif plan.multiset and not snapshot_chunks_of(plan):
                 counts = multiset_write(spark, plan, events, profile, slot)
             else:
                 run_merge(spark, plan, merge_source(spark, events, plan, profile), profile, slot, options)
