@@ -11,18 +11,11 @@ from airflow.sdk import BaseOperator, Context
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.batch.options import as_table_options
 from airflow_provider_pgdecode.capture.reconcile import reconcile
-from airflow_provider_pgdecode.capture.tables import parse_table_names, select_tables
+from airflow_provider_pgdecode.capture.tables import as_table_names, parse_table_names, select_tables
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
-
-
-def _names(value: str | Sequence[str] | None) -> list[str]:
-    """A templated list of table names: one name (a string) or a list of them."""
-    if not value:
-        return []
-    return [value] if isinstance(value, str) else [str(name) for name in value]
 
 
 def checkpoint_xcom_key(slot_name: str) -> str:
@@ -255,10 +248,10 @@ class PgDecodeExtractOperator(BaseOperator):
                 decision.start_lsn,
                 ceiling if ceiling is not None else "the server's WAL flush position",
             )
-            excluded = parse_table_names(_names(self.exclude_tables))
+            excluded = parse_table_names(as_table_names(self.exclude_tables))
             tables: list[str | tuple[str, str]]
             if self.tables:
-                tables = [name for name in parse_table_names(_names(self.tables)) if name not in excluded]
+                tables = [name for name in parse_table_names(as_table_names(self.tables)) if name not in excluded]
             else:
                 # Every table outside the system schemas (and in the publication), minus
                 # exclude_tables; one that cannot be loaded fails here, before the slot is read.

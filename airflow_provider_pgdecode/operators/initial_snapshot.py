@@ -44,7 +44,7 @@ from airflow_provider_pgdecode.capture.snapshot import (
     create_slot_with_snapshot,
     stage_snapshot,
 )
-from airflow_provider_pgdecode.capture.tables import parse_table_names, select_tables
+from airflow_provider_pgdecode.capture.tables import as_table_names, parse_table_names, select_tables
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
@@ -169,10 +169,8 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
     def _load(self) -> list[str]:
         slot, staging = str(self.slot_name), str(self.staging_root)
         chunk_rows, workers = self._settings()
-        named = [self.tables] if isinstance(self.tables, str) else list(self.tables or [])
-        excluded = parse_table_names(
-            [self.exclude_tables] if isinstance(self.exclude_tables, str) else list(self.exclude_tables or [])
-        )
+        named = as_table_names(self.tables)
+        excluded = parse_table_names(as_table_names(self.exclude_tables))
         options = as_table_options(self.table_options)
         parse_table_options(options)  # refused before anything is done
         with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:

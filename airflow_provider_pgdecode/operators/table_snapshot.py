@@ -41,7 +41,7 @@ from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_pgdecode.batch.options import as_table_options, options_for, parse_table_options, qualified_name
 from airflow_provider_pgdecode.capture.table_snapshot import DEFAULT_CHUNK_ROWS, MODES, request_table_snapshot
-from airflow_provider_pgdecode.capture.tables import parse_table_names
+from airflow_provider_pgdecode.capture.tables import as_table_names, parse_table_names
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.postgres.catalog import Catalog
@@ -139,12 +139,8 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
         mode = self.mode
         if mode not in MODES:
             raise ConfigurationError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
-        tables = [self.tables] if isinstance(self.tables, str) else [str(t) for t in self.tables or [] if t]
-        excluded = parse_table_names(
-            [self.exclude_tables]
-            if isinstance(self.exclude_tables, str)
-            else [str(t) for t in self.exclude_tables or []]
-        )
+        tables = as_table_names(self.tables)
+        excluded = parse_table_names(as_table_names(self.exclude_tables))
         left_out = [t for t in tables if qualified_name(t) in excluded]
         if left_out:
             self.log.warning("left out of the request (in exclude_tables): %s", ", ".join(left_out))

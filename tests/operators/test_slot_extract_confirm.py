@@ -27,6 +27,26 @@ from airflow_provider_pgdecode.postgres.slot import SlotClient
 pytestmark = pytest.mark.postgres
 
 
+@pytest.fixture(scope="module")
+def module_database(pg_cluster: Any) -> str:
+    """A database of this module's own: the extract's default selection (every table) sees only
+    the tables these tests create, not the keyless tables other modules leave in pgdecode_test."""
+    name = f"ops_{uuid.uuid4().hex[:10]}"
+    pg_cluster.create_database(name)
+    return name
+
+
+@pytest.fixture(scope="module")
+def pg_dsn(pg_cluster: Any, module_database: str) -> str:
+    return str(pg_cluster.dsn(module_database))
+
+
+@pytest.fixture
+def source_conn(pg_cluster: Any, module_database: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json(module_database))
+    return "pgdecode_source"
+
+
 def new_table(conn: psycopg.Connection[Any]) -> str:
     name = f"op_{uuid.uuid4().hex[:10]}"
     conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v text)")
@@ -431,6 +451,9 @@ def test_a_table_without_a_key_fails_the_extract_without_a_retry(
         task_id="extract", slot_name=slot_name, staging_root=str(tmp_path), tables=[f"public.{name}"]
     )
     # AirflowFailException, not a plain error: Airflow does not retry it.
-    with pytest.raises(AirflowFailException, match=rf"table public\.{name} has no primary key.*Add a primary key"):
-        extract.execute(make_context())
-    assert list_batches(tmp_path, slot_name) == []  # nothing half-staged
+    try:
+        with pytest.raises(AirflowFailException, match=rf"table public\.{name} has no primary key.*Add a primary key"):
+            extract.execute(make_context())
+        assert list_batches(tmp_path, slot_name) == []  # nothing half-staged
+    finally:
+        pg_conn.execute(f"DROP TABLE {name}")  # the module's other tests load every table
