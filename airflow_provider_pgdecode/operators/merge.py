@@ -60,6 +60,27 @@ def default_spark_conf() -> dict[str, str]:
     return delta_spark_conf()
 
 
+def spark_submit_settings(
+    conn_id: str, conf: Mapping[str, Any], packages: str | None
+) -> tuple[dict[str, str], str | None]:
+    """The ``conf`` and ``packages`` of a pgdecode spark-submit (the merge and verify jobs): Delta's
+    defaults under the operator's ``conf``, with ``spark.jars.packages`` moved to ``packages``.
+
+    Checks first that the Spark connection exists: without it spark-submit would run on YARN.
+    """
+    try:
+        BaseHook.get_connection(conn_id)
+    except AirflowException as exc:
+        raise ConfigurationError(
+            f"Spark connection {conn_id!r} not found ({exc}). Without it spark-submit would silently "
+            "use master 'yarn'. Create it, e.g. for local mode "
+            f'AIRFLOW_CONN_{conn_id.upper()}=\'{{"conn_type": "spark", "host": "local[*]"}}\''
+        ) from exc
+    merged = {**default_spark_conf(), **{k: str(v) for k, v in conf.items()}}
+    jars = merged.pop("spark.jars.packages", None)
+    return merged, packages or jars
+
+
 def parse_batch_paths(value: str | Sequence[str] | None) -> list[str]:
     """Batch directories from a path, a list of paths, or a rendered template of either (a JSON list)."""
     if value is None:
@@ -202,18 +223,7 @@ class PgDecodeMergeOperator(BaseOperator):
 
     def get_hook(self, batches: Sequence[str], summary_path: str | None = None) -> SparkSubmitHook:
         """The SparkSubmitHook that runs the merge job over ``batches``."""
-        try:
-            BaseHook.get_connection(self.conn_id)
-        except AirflowException as exc:
-            raise ConfigurationError(
-                f"Spark connection {self.conn_id!r} not found ({exc}). Without it spark-submit would silently "
-                "use master 'yarn'. Create it, e.g. for local mode "
-                f'AIRFLOW_CONN_{self.conn_id.upper()}=\'{{"conn_type": "spark", "host": "local[*]"}}\''
-            ) from exc
-        conf = {**default_spark_conf(), **{k: str(v) for k, v in self.conf.items()}}
-        packages = self.packages or conf.get("spark.jars.packages")
-        if packages:
-            conf.pop("spark.jars.packages", None)
+        conf, packages = spark_submit_settings(self.conn_id, self.conf, self.packages)
         args = ["--delta-root", str(self.delta_root)]
         for batch in batches:
             args += ["--batch", str(batch)]

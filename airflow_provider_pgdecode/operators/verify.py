@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-from airflow.sdk import Asset, AssetAlias, BaseHook, BaseOperator, Context
+from airflow.sdk import Asset, AssetAlias, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_pgdecode.capture.verify import VerifySnapshot, remove_verify_snapshot
 from airflow_provider_pgdecode.errors import ConfigurationError, VerifyError, VerifyMismatchError
-from airflow_provider_pgdecode.operators.merge import default_env_vars, default_spark_binary, default_spark_conf
+from airflow_provider_pgdecode.operators.merge import default_env_vars, default_spark_binary, spark_submit_settings
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 VERIFY_JOB_MODULE = "airflow_provider_pgdecode.spark.verify_job"
@@ -208,17 +208,7 @@ class PgDecodeVerifyOperator(BaseOperator):
 
     def get_hook(self, snapshot: VerifySnapshot, report_path: str) -> SparkSubmitHook:
         """The SparkSubmitHook that runs the verify job (settings as the merge operator's)."""
-        try:
-            BaseHook.get_connection(self.conn_id)
-        except AirflowException as exc:
-            raise ConfigurationError(
-                f"Spark connection {self.conn_id!r} not found ({exc}). Without it spark-submit would silently "
-                "use master 'yarn'. Create it, e.g. for local mode "
-                f'AIRFLOW_CONN_{self.conn_id.upper()}=\'{{"conn_type": "spark", "host": "local[*]"}}\''
-            ) from exc
-        conf = {**default_spark_conf(), **{k: str(v) for k, v in self.conf.items()}}
-        packages = self.packages or conf.pop("spark.jars.packages", None)
-        conf.pop("spark.jars.packages", None)
+        conf, packages = spark_submit_settings(self.conn_id, self.conf, self.packages)
         args = [
             *("--snapshot", snapshot.path, "--delta-root", str(self.delta_root)),
             *("--slot", snapshot.slot, "--lsn", str(snapshot.lsn), "--report-json", report_path),

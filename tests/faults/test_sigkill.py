@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 # Most kills are cheap (the sensors, the extract: ~10 s into a cycle); a kill after a Delta commit
 # or in the confirm costs a whole merge, so there are few of those.
-KILLS = {"sensors": 3, "extract": 8, "merge": 5, "commit": 2, "confirm": 2}
+KILLS = {"sensors": 4, "extract": 9, "merge": 3, "commit": 2, "confirm": 2}  # 20; merge-time kills cost a merge each
 CLEAN_RUNS = 0  # full cycles between the kills, besides the first and the last ones
 
 
