@@ -53,8 +53,8 @@ def test_transient_errors_pass_through_so_retries_apply(error: Exception) -> Non
     assert not isinstance(raised.value, AirflowFailException)
 
 
-def test_in_use_is_the_only_retryable_slot_error() -> None:
+def test_only_a_busy_slot_and_a_lost_connection_are_retryable() -> None:
     assert SlotInUseError.retryable and is_deterministic(CatalogError("x"))
-    assert [
+    assert sorted(
         cls.__name__ for cls in vars(errors).values() if isinstance(cls, type) and getattr(cls, "retryable", False)
-    ] == ["SlotInUseError"]
+    ) == ["SlotConnectionLostError", "SlotInUseError"]
