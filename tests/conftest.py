@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster  # noqa: E402
+from airflow_provider_pgdecode.testing.s3_server import LocalS3Server  # noqa: E402
 
 TEST_DATABASE = "pgdecode_test"
 
@@ -67,6 +68,22 @@ def slot_name(pg_dsn: str) -> Iterator[str]:
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s AND NOT active",
             (name,),
         )
+
+
+# --- a local S3-compatible server (moto's server mode, a child process on 127.0.0.1) --------
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[LocalS3Server]:
+    """One S3-compatible server for the whole session; tests take buckets of their own."""
+    with LocalS3Server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_bucket(s3_server: LocalS3Server) -> str:
+    """A fresh bucket on the session's S3 server: ``s3://<name>``."""
+    return s3_server.create_bucket(f"pgdecode-{uuid.uuid4().hex[:12]}")
 
 
 # --- one local SparkSession with Delta, shared by the merge, oracle and DAG tests ----------
