@@ -15,32 +15,33 @@ Example::
 from __future__ import annotations
 
 import os
+import posixpath
 from collections.abc import Sequence
-from pathlib import Path
 
 from airflow_provider_pgdecode.batch.format import SNAPSHOT_START_LSN, parse_batch_dir_name
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
+from airflow_provider_pgdecode.batch.storage import Storage
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import StagingError
 
 
-def staged_ranges(staging_root: str | os.PathLike[str], slot_name: str) -> list[tuple[Lsn, Lsn, Path]]:
-    """``(start, end, path)`` of the slot's complete batch directories, from their names, in LSN order."""
+def staged_ranges(staging_root: str | os.PathLike[str] | Storage, slot_name: str) -> list[tuple[Lsn, Lsn, str]]:
+    """``(start, end, location)`` of the slot's committed batches, from their names, in LSN order."""
     ranges = []
     for path in list_batches(staging_root, slot_name):
-        bounds = parse_batch_dir_name(path.name)
+        bounds = parse_batch_dir_name(posixpath.basename(path))
         if bounds is not None:
             ranges.append((*bounds, path))
     return ranges
 
 
-def find_chain(ranges: Sequence[tuple[Lsn, Lsn, Path]], start: Lsn, target: Lsn) -> list[Path] | None:
+def find_chain(ranges: Sequence[tuple[Lsn, Lsn, str]], start: Lsn, target: Lsn) -> list[str] | None:
     """Batches that lead from ``start`` to exactly ``target``, each starting where the last ended.
 
     Prefers the longest steps (a batch re-extracted with a higher ceiling covers a shorter one);
     empty batches (start = end) are never steps. ``None`` when no chain reaches ``target``.
     """
-    by_start: dict[int, list[tuple[Lsn, Path]]] = {}
+    by_start: dict[int, list[tuple[Lsn, str]]] = {}
     for s, e, path in ranges:
         if e > s:
             by_start.setdefault(int(s), []).append((e, path))
@@ -48,7 +49,7 @@ def find_chain(ranges: Sequence[tuple[Lsn, Lsn, Path]], start: Lsn, target: Lsn)
         steps.sort(key=lambda step: (-int(step[0]), str(step[1])))
     seen: set[int] = set()
 
-    def walk(position: Lsn) -> list[Path] | None:
+    def walk(position: Lsn) -> list[str] | None:
         if position == target:
             return []
         if position > target or int(position) in seen:
@@ -64,7 +65,7 @@ def find_chain(ranges: Sequence[tuple[Lsn, Lsn, Path]], start: Lsn, target: Lsn)
 
 
 def select_batch_chain(
-    staging_root: str | os.PathLike[str], slot: str, start_lsn: Lsn | None = None, end_lsn: Lsn | None = None
+    staging_root: str | os.PathLike[str] | Storage, slot: str, start_lsn: Lsn | None = None, end_lsn: Lsn | None = None
 ) -> list[BatchManifest]:
     """The chain of retained batches from ``start_lsn`` up to ``end_lsn``, in LSN order.
 
@@ -74,7 +75,7 @@ def select_batch_chain(
     initial load when it is still retained); ``end_lsn`` None: to the last. A gap, or a range
     retention already removed, is an error that says so.
     """
-    manifests = [BatchManifest.read(path) for path in list_batches(staging_root, slot)]
+    manifests = [BatchManifest.read(_at(staging_root, path)) for path in list_batches(staging_root, slot)]
     if not manifests:
         raise StagingError(f"no retained batch of slot {slot!r} under {staging_root}")
     by_start: dict[Lsn, BatchManifest] = {}
@@ -112,13 +113,18 @@ def select_batch_chain(
     return chain
 
 
-def find_initial_load(staging_root: str | os.PathLike[str], slot: str) -> BatchManifest | None:
+def find_initial_load(staging_root: str | os.PathLike[str] | Storage, slot: str) -> BatchManifest | None:
     """The slot's staged initial load (the snapshot batch starting at 0/0), if retained."""
     for path in list_batches(staging_root, slot):
-        manifest = BatchManifest.read(path)
+        manifest = BatchManifest.read(_at(staging_root, path))
         if Lsn.parse(manifest.start_lsn) == SNAPSHOT_START_LSN:
             return manifest
     return None
+
+
+def _at(staging_root: str | os.PathLike[str] | Storage, location: str) -> str | Storage:
+    """A batch location with the staging root's settings (credentials), when it has some."""
+    return staging_root.at(location) if isinstance(staging_root, Storage) else location
 
 
 __all__ = ["find_chain", "find_initial_load", "select_batch_chain", "staged_ranges"]

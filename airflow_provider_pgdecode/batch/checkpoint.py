@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import posixpath
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
+from airflow_provider_pgdecode.batch.storage import Storage, is_object_store, spool_dir
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.spool import ItemSpool
@@ -39,7 +41,7 @@ class Checkpoint:
     def from_manifest(cls, manifest: BatchManifest) -> Checkpoint:
         if manifest.path is None:
             raise StagingError("a checkpoint needs a manifest read from its batch directory")
-        pending = [{**p, "path": str(Path(manifest.path) / p["path"])} for p in manifest.prepared_pending]
+        pending = [{**p, "path": posixpath.join(manifest.path, p["path"])} for p in manifest.prepared_pending]
         return cls(
             manifest.slot,
             Lsn.parse(manifest.end_lsn),
@@ -73,16 +75,33 @@ class Checkpoint:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StagingError(f"malformed checkpoint {data!r}: {exc}") from None
 
-    def pending_prepared(self) -> list[PreparedTransaction]:
-        """The pending prepared transactions, their items read lazily from the staged files."""
+    def pending_prepared(self, staging: Storage | None = None) -> list[PreparedTransaction]:
+        """The pending prepared transactions, their items read lazily from the staged files (a
+        file on object storage is first copied to the local spool directory; ``staging`` gives
+        the store's settings, else they come from the ``AWS_*`` environment)."""
         out = []
         for header in self.prepared_pending:
             path = header["path"]
-            if not os.path.isfile(path):
+            local = _local_copy(path, staging) if is_object_store(path) else path
+            if local is None or not os.path.isfile(local):
                 raise StagingError(
                     f"the checkpoint's prepared transaction {header['gid']!r} (xid {header['xid']}) is stored at "
                     f"{path}, which no longer exists. Keep staged batches until their pending prepared "
                     "transactions resolve (the retention setting), or re-snapshot the affected tables."
                 )
-            out.append(PreparedTransaction.from_header(header, ItemSpool.load(path, header["items"])))
+            out.append(PreparedTransaction.from_header(header, ItemSpool.load(local, header["items"])))
         return out
+
+
+def _local_copy(location: str, staging: Storage | None) -> str | None:
+    """A local copy of a staged file on object storage (``None`` when it is gone)."""
+    directory, name = posixpath.split(location)
+    store = staging.at(directory) if staging is not None else Storage(directory)
+    try:
+        data = store.read_bytes(name)
+    except FileNotFoundError:
+        return None
+    target = spool_dir() / "prepared" / (hashlib.sha1(location.encode("utf-8")).hexdigest()[:16] + "-" + name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    return str(target)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,9 @@ from airflow_provider_pgdecode.batch.format import (
     FORMAT,
     MANIFEST_NAME,
     batch_dir_name,
-    local_path,
     table_path,
 )
+from airflow_provider_pgdecode.batch.storage import Storage, as_storage
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import BatchError, StagingError, staging_io
 
@@ -96,7 +97,7 @@ class TableSummary:
         """Full paths of the table's Parquet parts (the table must have been read from a batch)."""
         if self.location is None:
             raise StagingError(f"table {self.qualified_name} was not read from a batch directory")
-        return [os.path.join(self.location, name) for name in self.files]
+        return [posixpath.join(self.location, name) for name in self.files]
 
     @property
     def min_commit(self) -> Lsn | None:
@@ -155,8 +156,8 @@ class BatchManifest:
     table_oids: dict[str, Any] = field(default_factory=dict)
     format: str = FORMAT
     complete: bool = True
-    #: Where the batch lives (not stored in the file).
-    path: Path | None = field(default=None, compare=False)
+    #: Where the batch lives, an absolute local path or an ``s3://`` URI (not stored in the file).
+    path: str | None = field(default=None, compare=False)
 
     @property
     def name(self) -> str:
@@ -217,20 +218,25 @@ class BatchManifest:
         return target
 
     @classmethod
-    def read(cls, directory: str | os.PathLike[str]) -> BatchManifest:
-        """Read and check a batch's manifest; a missing, partial or inconsistent batch is a
-        :class:`~airflow_provider_pgdecode.errors.BatchError` that names the batch and what is wrong."""
-        directory = Path(local_path(os.fspath(directory)))
-        target = directory / MANIFEST_NAME
-        if not target.is_file():
+    def read(cls, location: str | os.PathLike[str] | Storage) -> BatchManifest:
+        """Read and check a batch's manifest (a local directory or an ``s3://`` location); a
+        missing, partial or inconsistent batch is a :class:`~airflow_provider_pgdecode.errors.BatchError`
+        that names the batch and what is wrong."""
+        store = as_storage(location)
+        target = store.uri(MANIFEST_NAME)
+        try:
+            raw = store.read_bytes(MANIFEST_NAME)
+        except FileNotFoundError:
             raise BatchError(
-                f"{directory} is not a complete batch: {MANIFEST_NAME} is missing. The manifest is written last, "
+                f"{store.root} is not a complete batch: {MANIFEST_NAME} is missing. The manifest is written last, "
                 "so this directory was not written by pgdecode's extract, was interrupted, or was damaged: "
                 "extract the range again."
-            )
+            ) from None
+        except StagingError as exc:
+            raise BatchError(f"unreadable manifest {target}: {exc}") from None
         try:
-            data = json.loads(target.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+            data = json.loads(raw.decode("utf-8"))
+        except ValueError as exc:
             raise BatchError(f"unreadable manifest {target}: {exc}") from None
         if not isinstance(data, dict):
             raise BatchError(f"malformed manifest {target}: a JSON {type(data).__name__}, not an object")
@@ -239,12 +245,12 @@ class BatchManifest:
         if data.get("complete") is not True:
             raise BatchError(f"{target}: the batch is marked incomplete; extract the range again")
         manifest = _from_dict(data, target)
-        manifest.path = directory
-        _check(manifest, target)
+        manifest.path = store.root
+        _check(manifest, store)
         return manifest
 
 
-def _from_dict(data: dict[str, Any], target: Path) -> BatchManifest:
+def _from_dict(data: dict[str, Any], target: str) -> BatchManifest:
     try:
         tables = data["tables"]
         if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
@@ -258,9 +264,11 @@ def _from_dict(data: dict[str, Any], target: Path) -> BatchManifest:
     return manifest
 
 
-def _check(manifest: BatchManifest, target: Path) -> None:
-    """Table paths stay inside the batch, file lists are names, and every listed file exists."""
-    directory = target.parent
+def _check(manifest: BatchManifest, store: Storage) -> None:
+    """Table paths stay inside the batch, file lists are names, and every listed file exists
+    (one listing of the batch, so a batch on object storage costs one request, not one per file)."""
+    target = store.uri(MANIFEST_NAME)
+    present = set(store.walk_files())
     missing: list[str] = []
     for table in manifest.tables:
         where = f"{target} table {table.qualified_name}"
@@ -269,26 +277,24 @@ def _check(manifest: BatchManifest, target: Path) -> None:
             raise BatchError(f"{where}: table path {relative!r} leaves the batch directory")
         if not all(isinstance(n, str) and n and "/" not in n for n in table.files):
             raise BatchError(f"{where}: 'files' must be a list of file names, got {table.files!r}")
-        table.location = str(directory / relative)
-        missing += [f"{relative}/{name}" for name in table.files if not (directory / relative / name).is_file()]
+        table.location = store.uri(relative)
+        missing += [f"{relative}/{name}" for name in table.files if f"{relative}/{name}" not in present]
     if manifest.messages:
         missing += [
             f"{manifest.messages['path']}/{n}"
             for n in manifest.messages["files"]
-            if not (directory / manifest.messages["path"] / n).is_file()
+            if f"{manifest.messages['path']}/{n}" not in present
         ]
-    missing += [p["path"] for p in manifest.prepared_pending if not (directory / p["path"]).is_file()]
+    missing += [p["path"] for p in manifest.prepared_pending if p["path"] not in present]
     for entry in manifest.quarantine:
         relative = str(entry.get("path", ""))
         if relative.startswith("/") or ".." in relative.split("/"):
             raise BatchError(f"{target}: quarantine path {relative!r} leaves the batch directory")
-        missing += [
-            f"{relative}/{name}" for name in entry.get("files", []) if not (directory / relative / name).is_file()
-        ]
+        missing += [f"{relative}/{name}" for name in entry.get("files", []) if f"{relative}/{name}" not in present]
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise BatchError(
-            f"batch {directory} is incomplete: missing {', '.join(missing[:5])}{more} (listed in its manifest, so "
+            f"batch {store.root} is incomplete: missing {', '.join(missing[:5])}{more} (listed in its manifest, so "
             "removed or lost after the batch was staged). Restore the file(s) from a copy, or move the batch "
             "directory away and run the extract again, which stages the same LSN range anew as long as the slot "
             "was not advanced past it"
@@ -306,9 +312,17 @@ def read_batches(directories: list[str] | tuple[str, ...]) -> list[BatchManifest
     return sorted(batches, key=lambda batch: (batch.start, batch.end, batch.directory))
 
 
-def list_batches(staging_root: str | os.PathLike[str], slot: str) -> list[Path]:
-    """Complete batch directories of a slot, in LSN order (temporary directories are ignored)."""
-    base = Path(staging_root) / slot
-    if not base.is_dir():
-        return []
-    return sorted(p for p in base.iterdir() if p.is_dir() and BATCH_NAME.match(p.name))
+def list_batches(staging_root: str | os.PathLike[str] | Storage, slot: str) -> list[str]:
+    """Locations of a slot's batches, in LSN order (temporary directories are ignored).
+
+    On object storage only batches whose manifest is there count: the manifest is uploaded last,
+    so a prefix without one is an upload cut short and does not exist for any reader. On a local
+    disk a batch appears whole by a rename, so a directory with a batch's name and no manifest
+    is a damaged batch, listed so that reading it reports the damage instead of skipping it.
+    """
+    store = as_storage(staging_root)
+    return [
+        store.uri(slot, name)
+        for name, is_dir in store.list_dir(slot)
+        if is_dir and BATCH_NAME.match(name) and (store.is_local or store.is_file(f"{slot}/{name}/{MANIFEST_NAME}"))
+    ]

@@ -13,7 +13,8 @@ A batch is removed only when all of these hold:
 
 Unfinished temporary directories (``.tmp-*``) older than ``keep_days`` go too: the extract that
 wrote them failed long ago, and a snapshot copy they belong to cannot resume once its slot's
-snapshot is gone.
+snapshot is gone. On object storage so do batch prefixes without a manifest (an upload cut
+short), once nothing under them was written for ``keep_days``.
 
 Example::
 
@@ -26,12 +27,14 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
+import posixpath
 import time
-from pathlib import Path
 
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.batch.format import BATCH_NAME
 from airflow_provider_pgdecode.batch.manifest import MANIFEST_NAME, BatchManifest, list_batches
+from airflow_provider_pgdecode.batch.publish import TMP_PREFIX
+from airflow_provider_pgdecode.batch.storage import Storage, as_storage
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError, StagingError
 
@@ -42,14 +45,14 @@ DEFAULT_KEEP_BATCHES = 1
 
 
 def prune_batches(
-    staging_root: str | os.PathLike[str],
+    staging_root: str | os.PathLike[str] | Storage,
     checkpoint: Checkpoint,
     *,
     keep_days: float = DEFAULT_KEEP_DAYS,
     keep_batches: int = DEFAULT_KEEP_BATCHES,
     now: float | None = None,
     dry_run: bool = False,
-) -> list[Path]:
+) -> list[str]:
     """Remove the slot's staged batches that retention no longer needs; return what went.
 
     :param staging_root: the staging root (batches are under ``<staging_root>/<slot>/``).
@@ -63,14 +66,15 @@ def prune_batches(
         raise ConfigurationError("keep_days and keep_batches must not be negative")
     now = time.time() if now is None else now
     cutoff = now - keep_days * 86400
-    base = Path(staging_root) / checkpoint.slot
-    protected = {Path(p["path"]).resolve().parent.parent for p in checkpoint.prepared_pending if p.get("path")}
+    store = as_storage(staging_root)
+    slot = checkpoint.slot
+    protected = {_normal(posixpath.dirname(posixpath.dirname(p["path"]))) for p in checkpoint.prepared_pending}
     if checkpoint.batch_path:
-        protected.add(Path(checkpoint.batch_path).resolve())
-    confirmed: list[tuple[Lsn, Path]] = []
-    for path in list_batches(staging_root, checkpoint.slot):
+        protected.add(_normal(checkpoint.batch_path))
+    confirmed: list[tuple[Lsn, str]] = []
+    for path in list_batches(store, slot):
         try:
-            manifest = BatchManifest.read(path)
+            manifest = BatchManifest.read(store.at(path))
         except StagingError as exc:
             log.warning("Retention leaves %s alone: %s", path, exc)
             continue
@@ -80,20 +84,38 @@ def prune_batches(
     newest = {path for _, path in confirmed[len(confirmed) - keep_batches :]} if keep_batches else set()
     removed = []
     for _, path in confirmed:
-        if path.resolve() in protected or path in newest:
+        if _normal(path) in protected or path in newest:
             continue
-        if (path / MANIFEST_NAME).stat().st_mtime > cutoff:
+        if store.at(path).mtime(MANIFEST_NAME) > cutoff:
             continue
         removed.append(path)
-    if base.is_dir():
-        removed += [
-            p for p in base.iterdir() if p.is_dir() and p.name.startswith(".tmp-") and p.stat().st_mtime <= cutoff
-        ]
+    # Left by extracts that failed long ago: local work directories, and on object storage
+    # batch prefixes whose upload stopped before the manifest (invisible to every reader).
+    committed = set(list_batches(store, slot))
+    for name, is_dir in store.list_dir(slot):
+        location = store.uri(slot, name)
+        if not is_dir or location in committed:
+            continue
+        unfinished = name.startswith(TMP_PREFIX) or (not store.is_local and BATCH_NAME.match(name) is not None)
+        if unfinished and _newest_write(store.at(location)) <= cutoff:
+            removed.append(location)
     for path in removed:
         log.info("Retention: %s %s", "would remove" if dry_run else "removing", path)
         if not dry_run:
-            shutil.rmtree(path)
+            store.at(path).delete_tree()
     return removed
+
+
+def _normal(location: str) -> str:
+    """A location compared as retention compares them (local paths resolved, URIs as they are)."""
+    return location.rstrip("/") if "://" in location else os.path.realpath(location)
+
+
+def _newest_write(store: Storage) -> float:
+    """When anything under ``store`` was last written (its own time when it holds no file)."""
+    if store.is_local:
+        return os.stat(store.root).st_mtime
+    return max((store.mtime(name) for name in store.walk_files()), default=0.0)
 
 
 __all__ = ["DEFAULT_KEEP_BATCHES", "DEFAULT_KEEP_DAYS", "prune_batches"]

@@ -181,6 +181,12 @@ class Storage:
     def __repr__(self) -> str:
         return f"Storage({self.root!r})"
 
+    def __fspath__(self) -> str:
+        """A local storage is path-like (``Path(store)``); an object store is not."""
+        if not self.is_local:
+            raise TypeError(f"{self.root} is on object storage, not a local path")
+        return self.root
+
     def __str__(self) -> str:
         return self.root
 

@@ -20,15 +20,14 @@ import logging
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Callable, Collection, Mapping
-from pathlib import Path
 from typing import Any
 
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, batch_dir_name
 from airflow_provider_pgdecode.batch.options import TableOptions, options_for, parse_table_options
-from airflow_provider_pgdecode.batch.publish import publish_batch
+from airflow_provider_pgdecode.batch.publish import batch_workdir, publish_batch
+from airflow_provider_pgdecode.batch.storage import Storage, as_storage
 from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter, check_append_only
 from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
 from airflow_provider_pgdecode.capture.reconcile import reconcile
@@ -60,7 +59,7 @@ DEFAULT_CHUNK_ROWS = 10_000
 def extract_batch(
     conn: Any,
     slot_name: str,
-    staging_root: str | os.PathLike[str],
+    staging_root: str | os.PathLike[str] | Storage,
     *,
     plugin: str = "test_decoding",
     checkpoint: Checkpoint | None = None,
@@ -82,7 +81,9 @@ def extract_batch(
 
     :param conn: a psycopg 3 connection in autocommit mode to the slot's database.
     :param slot_name: the logical replication slot to peek.
-    :param staging_root: where batches go: ``<staging_root>/<slot_name>/<start>-<end>/``.
+    :param staging_root: where batches go: ``<staging_root>/<slot_name>/<start>-<end>/``, a local
+        directory or an ``s3://bucket/prefix`` location (a :class:`~airflow_provider_pgdecode.batch.storage.Storage`
+        carries the store's credentials; a plain ``s3://`` string takes them from the ``AWS_*`` environment).
     :param plugin: the output plugin the slot must have been created with.
     :param checkpoint: the previous batch's checkpoint: its prepared transactions still
         pending, and its end LSN (rows at or before it are not staged again even when the
@@ -118,33 +119,30 @@ def extract_batch(
     slots = SlotClient(conn)
     info = slots.describe(slot_name)
     check_readable(info, plugin)
+    staging = as_storage(staging_root)
     if checkpoint is not None and checkpoint.slot != slot_name:
         raise StagingError(f"the checkpoint belongs to slot {checkpoint.slot!r}, not {slot_name!r}")
     if checkpoint is not None:
         # The same reconciliation as the DAG's extract task: a slot ahead of the checkpoint with no
         # staged batches leading there was consumed by another reader, and starting from the slot
         # would skip those changes for good (CheckpointError says how to recover).
-        checkpoint = reconcile(checkpoint, info, staging_root).checkpoint
+        checkpoint = reconcile(checkpoint, info, staging).checkpoint
     confirmed = info.confirmed_flush_lsn or Lsn(0)
     resume_after = checkpoint.end_lsn if checkpoint is not None else None
     start_lsn = max(confirmed, resume_after) if resume_after is not None else confirmed
-    pending: list[PreparedTransaction] = checkpoint.pending_prepared() if checkpoint is not None else []
+    pending: list[PreparedTransaction] = checkpoint.pending_prepared(staging) if checkpoint is not None else []
     include_pairs = parse_table_names(tables) if tables else None
     options_by_table = parse_table_options(table_options)
     known = KnownTables.from_checkpoint(checkpoint)
     include_pairs = follow_selection(Catalog(conn), include_pairs, known)
 
-    base = Path(staging_root) / slot_name
-    tmp = base / f".tmp-{int(start_lsn):016X}-{uuid.uuid4().hex[:12]}"
-    with staging_io(tmp, "create batch directory"):
-        base.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir()
+    tmp = batch_workdir(staging, slot_name, start_lsn)
     try:
         spill_dir = tmp / ".spool"
         with staging_io(spill_dir, "create directory"):
             spill_dir.mkdir()
         snapshotter = None
-        requests = list_snapshot_requests(staging_root, slot_name) if table_snapshots else []
+        requests = list_snapshot_requests(staging, slot_name) if table_snapshots else []
         snapshots = dict(checkpoint.snapshots) if checkpoint is not None else {}
         if requests:
             snapshotter = TableSnapshotter(
@@ -270,8 +268,7 @@ def extract_batch(
         if followed.dropped_changes:
             manifest.skipped["dropped_table_changes"] = followed.dropped_changes
         manifest.write(tmp)
-        final = base / batch_dir_name(start_lsn, end_lsn)
-        manifest.path = publish_batch(tmp, final, manifest)
+        manifest.path = publish_batch(tmp, staging, f"{slot_name}/{batch_dir_name(start_lsn, end_lsn)}", manifest)
         _log_progress(rows, writer, started, end_lsn, done=True)
         return manifest
     except BaseException:

@@ -28,14 +28,15 @@ Example::
 from __future__ import annotations
 
 import os
+import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from airflow_provider_pgdecode.batch.chains import find_chain, staged_ranges
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
+from airflow_provider_pgdecode.batch.storage import Storage, as_storage
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CheckpointError, StagingError
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
@@ -87,14 +88,14 @@ def coerce_checkpoint(value: Checkpoint | Mapping[str, Any] | None) -> Checkpoin
         ) from None
 
 
-def _latest_ending_at(ranges: Sequence[tuple[Lsn, Lsn, Path]], target: Lsn) -> Path | None:
+def _latest_ending_at(ranges: Sequence[tuple[Lsn, Lsn, str]], target: Lsn) -> str | None:
     ending = [path for s, e, path in ranges if e == target]
     return ending[-1] if ending else None
 
 
-def _adopt(path: Path, slot_name: str, target: Lsn) -> Checkpoint:
+def _adopt(path: str, slot_name: str, target: Lsn, staging: Storage | None) -> Checkpoint:
     try:
-        manifest = BatchManifest.read(path)
+        manifest = BatchManifest.read(staging.at(path) if staging is not None else path)
     except StagingError as exc:
         raise CheckpointError(
             f"the staged batch {path} would tell where replication slot {slot_name!r} stands, but it cannot "
@@ -111,7 +112,7 @@ def _adopt(path: Path, slot_name: str, target: Lsn) -> Checkpoint:
 def reconcile(
     checkpoint: Checkpoint | Mapping[str, Any] | None,
     slot: SlotInfo,
-    staging_root: str | os.PathLike[str] | None = None,
+    staging_root: str | os.PathLike[str] | Storage | None = None,
 ) -> Reconciliation:
     """Decide where the next batch of ``slot`` starts (see the module docstring).
 
@@ -126,12 +127,13 @@ def reconcile(
     name = slot.slot_name
     confirmed = slot.confirmed_flush_lsn if slot.confirmed_flush_lsn is not None else Lsn(0)
     previous = coerce_checkpoint(checkpoint)
-    ranges = staged_ranges(staging_root, name) if staging_root is not None else []
+    staging = as_storage(staging_root) if staging_root is not None else None
+    ranges = staged_ranges(staging, name) if staging is not None else []
 
     if previous is None:
         path = _latest_ending_at(ranges, confirmed)
         if path is not None:
-            adopted = _adopt(path, name, confirmed)
+            adopted = _adopt(path, name, confirmed, staging)
             return Reconciliation(
                 adopted,
                 ADOPTED,
@@ -176,17 +178,17 @@ def reconcile(
 
     chain = find_chain(ranges, end, confirmed)
     if chain:
-        adopted = _adopt(chain[-1], name, confirmed)
+        adopted = _adopt(chain[-1], name, confirmed, staging)
         return Reconciliation(
             adopted,
             ADOPTED,
             f"Slot {name} is at {confirmed}, ahead of checkpoint {end}; the staged batches "
-            f"{', '.join(p.name for p in chain)} lead there exactly, so a confirm advanced the slot but its "
+            f"{', '.join(posixpath.basename(p) for p in chain)} lead there exactly, so a confirm advanced the slot but its "
             f"checkpoint never reached XCom: adopting the checkpoint of {chain[-1]}",
             confirmed,
             tuple(str(p) for p in chain),
         )
-    where = f"under {Path(staging_root) / name}" if staging_root is not None else "(no staging_root given)"
+    where = f"under {staging.uri(name)}" if staging is not None else "(no staging_root given)"
     raise CheckpointError(
         f"replication slot {name!r} is at {confirmed}, ahead of the last merged checkpoint {end} "
         f"(batch {previous.batch_path}), and no staged batches {where} lead from {end} to {confirmed}. "

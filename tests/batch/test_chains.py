@@ -52,7 +52,7 @@ def test_whole_chain_in_lsn_order(tmp_path: Path) -> None:
     chain = select_batch_chain(tmp_path, SLOT)
     assert spans(chain) == sorted(ranges)
     assert_contiguous(chain)
-    assert all(m.path is not None and m.path.parent == tmp_path / SLOT for m in chain)
+    assert all(m.path is not None and Path(m.path).parent == tmp_path / SLOT for m in chain)
 
 
 def test_chain_across_the_32_bit_boundary_of_lsns(tmp_path: Path) -> None:
@@ -201,7 +201,7 @@ def test_find_initial_load(tmp_path: Path) -> None:
     assert find_initial_load(tmp_path, SLOT) is None
     snapshot = stage(tmp_path, 0, 0x500)
     found = find_initial_load(tmp_path, SLOT)
-    assert found is not None and found.path == snapshot
+    assert found is not None and found.path == str(snapshot)
     assert (found.start_lsn, found.end_lsn) == ("0/0", "0/500")
     # The initial load heads the whole chain.
     assert spans(select_batch_chain(tmp_path, SLOT)) == [(0, 0x500), (0x500, 0x600)]
@@ -219,14 +219,14 @@ def test_staged_ranges_come_from_directory_names_in_lsn_order(tmp_path: Path) ->
     ranges = staged_ranges(tmp_path, SLOT)
     assert [(int(s), int(e)) for s, e, _ in ranges] == sorted(made)
     assert all(isinstance(s, Lsn) and isinstance(e, Lsn) for s, e, _ in ranges)
-    assert all(path.name == batch_dir_name(s, e) for s, e, path in ranges)
+    assert all(Path(path).name == batch_dir_name(s, e) for s, e, path in ranges)
     assert staged_ranges(tmp_path, "nobody") == []
 
 
-def chain_spans(paths: list[Path] | None) -> list[tuple[int, int]] | None:
+def chain_spans(paths: list[str] | None) -> list[tuple[int, int]] | None:
     if paths is None:
         return None
-    return [tuple(int(part, 16) for part in p.name.split("-")) for p in paths]  # type: ignore[misc]
+    return [tuple(int(part, 16) for part in p.name.split("-")) for p in map(Path, paths)]  # type: ignore[misc]
 
 
 def reference_chains(ranges: list[tuple[int, int]], start: int, target: int) -> list[list[tuple[int, int]]]:

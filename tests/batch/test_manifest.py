@@ -116,7 +116,7 @@ def test_write_read_round_trip(tmp_path: Path) -> None:
     directory = stage(tmp_path, original)
     back = BatchManifest.read(directory)
     assert back == original
-    assert back.path == directory
+    assert back.path == str(directory)
     assert back.tables[0].columns[1].user_type == "enum"
     assert isinstance(back.tables[0], TableSummary) and isinstance(back.tables[0].columns[0], ColumnSummary)
     assert back.name == directory.name == "0000000000000100-0000000000000200"
@@ -321,8 +321,8 @@ def test_list_batches_in_lsn_order_ignoring_other_entries(tmp_path: Path) -> Non
 
     listed = list_batches(tmp_path, SLOT)
     expected = sorted(ranges)
-    assert [p.name for p in listed] == [batch_dir_name(Lsn(s), Lsn(e)) for s, e in expected]
-    assert all(p.parent == base for p in listed)
+    assert [Path(p).name for p in listed] == [batch_dir_name(Lsn(s), Lsn(e)) for s, e in expected]
+    assert all(Path(p).parent == base for p in listed)
     assert [BatchManifest.read(p).end_lsn for p in listed] == [str(Lsn(e)) for _, e in expected]
 
 

@@ -178,7 +178,7 @@ def test_staged_ranges_and_find_chain(tmp_path: Path) -> None:
     ranges = staged_ranges(tmp_path, SLOT)
     assert [(int(s), int(e)) for s, e, _ in ranges] == [(0x100, 0x100), (0x100, 0x200), (0x200, 0x300)]
     chain = find_chain(ranges, Lsn(0x100), Lsn(0x300))
-    assert chain is not None and [p.name for p in chain] == [
+    assert chain is not None and [Path(p).name for p in chain] == [
         batch_dir_name(Lsn(0x100), Lsn(0x200)),
         batch_dir_name(Lsn(0x200), Lsn(0x300)),
     ]
