@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lint test test-fast demo bench bench-extract bench-merge bench-snapshot delta-jars system-deps venv native clean
+.PHONY: lint test test-fast demo demo-s3 bench bench-extract bench-merge bench-snapshot delta-jars system-deps venv native clean
 
 $(STAMP): setup.cfg setup.py pyproject.toml requirements/constraints.txt \
 		$(wildcard airflow_provider_pgdecode/capture/csrc/*.c airflow_provider_pgdecode/capture/csrc/*.h)
@@ -45,6 +45,11 @@ test: $(STAMP) system-deps native delta-jars
 # several times, local Spark merging into Delta, and PostgreSQL against Delta at the end.
 demo: $(STAMP) system-deps native delta-jars
 	$(PY) scripts/demo.py
+
+# The same demo with the staged batches and the Delta tables on a local S3-compatible server
+# (moto's server mode on 127.0.0.1, started and stopped by the script).
+demo-s3: $(STAMP) system-deps native delta-jars
+	$(PY) scripts/demo.py --s3
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"

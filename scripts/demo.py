@@ -11,6 +11,11 @@
    and where the Delta tables are.
 
 Everything lives under ``.demo/`` (removed and made anew on each run).
+
+``make demo-s3`` (``scripts/demo.py --s3``) runs the same demo with the staged batches and the
+Delta tables on a local S3-compatible server (moto's server mode, a process on 127.0.0.1): the
+DAGs get ``staging_uri``/``delta_root`` as ``s3://`` locations and ``storage_conn_id`` naming an
+Airflow ``aws`` connection with the server's ``endpoint_url``.
 """
 
 from __future__ import annotations
@@ -91,16 +96,50 @@ def run_dag(env: dict[str, str], conf: dict[str, object], label: str, dag_id: st
     del states
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
+    from airflow_provider_pgdecode.testing.s3_server import LocalS3Server
 
+    on_s3 = "--s3" in (sys.argv[1:] if argv is None else argv)
     warnings.filterwarnings("ignore", category=FutureWarning)  # pyspark on pandas 3
     shutil.rmtree(DEMO, ignore_errors=True)
     (DEMO / "airflow").mkdir(parents=True)
-    staging, delta_root = DEMO / "staging", DEMO / "delta"
+    staging, delta_root = str(DEMO / "staging"), str(DEMO / "delta")
 
+    with contextlib.ExitStack() as stack:
+        store_env: dict[str, str] = {}
+        if on_s3:
+            banner("S3: starting a local S3-compatible server (moto) with bucket pgdecode-demo")
+            server = stack.enter_context(LocalS3Server(log_path=DEMO / "s3-server.log"))
+            bucket = server.create_bucket("pgdecode-demo")
+            staging, delta_root = f"{bucket}/staging", f"{bucket}/delta"
+            store_env = {"AIRFLOW_CONN_PGDECODE_LAKE": s3_connection_json(server)}
+            print(f"    {server.endpoint_url}: {staging}, {delta_root}")
+        return run_demo(ThrowawayCluster, staging, delta_root, store_env, on_s3)
+
+
+def s3_connection_json(server: object) -> str:
+    """The Airflow ``aws`` connection of the local S3 server (key pair and endpoint_url)."""
+    settings = server.settings  # type: ignore[attr-defined]
+    return json.dumps(
+        {
+            "conn_type": "aws",
+            "login": settings.access_key,
+            "password": settings.secret_key,
+            "extra": {"endpoint_url": settings.endpoint_url, "region_name": settings.region},
+        }
+    )
+
+
+def run_demo(
+    cluster_type: type,
+    staging: str,
+    delta_root: str,
+    store_env: dict[str, str],
+    on_s3: bool,
+) -> int:
     banner("PostgreSQL: starting a throwaway cluster with logical decoding")
-    with ThrowawayCluster() as cluster:
+    with cluster_type() as cluster:
         cluster.create_database("shop")
         print(f"    {cluster.dsn('shop')}")
         import psycopg
@@ -114,12 +153,15 @@ def main() -> int:
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
             "PGDECODE_WAIT_SECONDS": "5",
             "SPARK_LOCAL_IP": "127.0.0.1",
+            **store_env,
         }
         banner("Airflow: creating the SQLite metadata database")
         subprocess.run(
             [str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True
         )
-        conf = {"slot_name": SLOT, "staging_uri": str(staging), "delta_root": str(delta_root)}
+        conf = {"slot_name": SLOT, "staging_uri": staging, "delta_root": delta_root}
+        if on_s3:
+            conf["storage_conn_id"] = "pgdecode_lake"
 
         with psycopg.connect(cluster.dsn("shop"), autocommit=True) as c:
             banner("PostgreSQL: schema, and a first run that creates the slot (two-phase)")
@@ -184,16 +226,28 @@ def main() -> int:
             run_dag(env, conf, "run 5 - suppliers copied in chunks")
 
             banner("Result: PostgreSQL (the oracle) against Delta")
-            from airflow_provider_pgdecode.spark.session import build_spark_session
+            from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings
+            from airflow_provider_pgdecode.spark.session import build_spark_session, configure_object_store
             from airflow_provider_pgdecode.testing.compare import compare_table
 
             with quiet_fds(DEMO / "logs" / "spark-check.log"):  # the JVM's start-up chatter
-                spark = build_spark_session("local[2]", app_name="pgdecode-demo-check")
+                spark = build_spark_session("local[2]", app_name="pgdecode-demo-check", object_store=on_s3)
                 spark.sparkContext.setLogLevel("OFF")
+                if on_s3:
+                    lake = json.loads(store_env["AIRFLOW_CONN_PGDECODE_LAKE"])
+                    configure_object_store(
+                        spark,
+                        ObjectStoreSettings(
+                            endpoint_url=lake["extra"]["endpoint_url"],
+                            region=lake["extra"]["region_name"],
+                            access_key=lake["login"],
+                            secret_key=lake["password"],
+                        ),
+                    )
             all_equal = True
             print(f"    {'table':<22} {'PostgreSQL rows':>16} {'Delta rows':>11}  equal")
             for table in TABLES:
-                result = compare_table(c, spark, str(delta_root), "public", table)
+                result = compare_table(c, spark, delta_root, "public", table)
                 all_equal &= result.equal
                 print(
                     f"    {'public.' + table:<22} {result.source_rows:>16} {result.delta_rows:>11}  {'yes' if result.equal else 'NO'}"

@@ -19,6 +19,7 @@ from psycopg.rows import tuple_row
 
 from airflow_provider_pgdecode import typemap
 from airflow_provider_pgdecode.batch.format import delta_path_part, join_path
+from airflow_provider_pgdecode.batch.storage import spark_uri
 
 if TYPE_CHECKING:
     import psycopg
@@ -119,7 +120,7 @@ def compare_table(
     (``delta_table``: another Delta table's ``(schema, table)``, e.g. the one a renamed table flows into)."""
     names, rows = source_rows(conn, schema, table)
     delta_schema, delta_name = delta_table or (schema, table)
-    path = join_path(delta_root, delta_path_part(delta_schema), delta_path_part(delta_name))
+    path = spark_uri(join_path(delta_root, delta_path_part(delta_schema), delta_path_part(delta_name)))
     frame = spark.read.format("delta").load(path).select(*[f"`{n}`" for n in names])
     delta = [tuple(r) for r in frame.collect()]
     left = Counter(tuple(canonical(v) for v in row) for row in rows)
