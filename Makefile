@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lint test test-fast demo demo-s3 bench bench-extract bench-merge bench-snapshot delta-jars system-deps venv native clean
+.PHONY: lint test test-fast demo demo-s3 bench bench-extract bench-merge bench-snapshot bench-s3 delta-jars system-deps venv native clean
 
 $(STAMP): setup.cfg setup.py pyproject.toml requirements/constraints.txt \
 		$(wildcard airflow_provider_pgdecode/capture/csrc/*.c airflow_provider_pgdecode/capture/csrc/*.h)
@@ -54,7 +54,7 @@ demo-s3: $(STAMP) system-deps native delta-jars
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
 
-bench: bench-extract bench-merge bench-snapshot
+bench: bench-extract bench-merge bench-snapshot bench-s3
 
 bench-extract: $(STAMP) system-deps native
 	$(PY) -m bench.extract_bench
@@ -65,6 +65,10 @@ bench-merge: $(STAMP) system-deps delta-jars
 # Initial load: COPY floor, stage_snapshot (1 and default workers), stage + merge into Delta.
 bench-snapshot: $(STAMP) system-deps delta-jars
 	$(PY) -m bench.snapshot_bench
+
+# Object storage: extract to a local S3 server against local disk, and the merge S3->S3 against local.
+bench-s3: $(STAMP) system-deps native delta-jars
+	$(PY) -m bench.object_store_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,134 @@
+"""pgdecode_incremental run by Airflow with staging and Delta both on a real S3-compatible server.
+
+The oracle is PostgreSQL: after each run every Delta table equals its source as a multiset. The
+workload carries a prepared transaction across runs, a TRUNCATE, an unchanged TOAST value and a
+key change; one run is killed after the merge and before the confirm, and the re-run doubles
+nothing. The staging root and the Delta root are ``s3://`` locations reached through an Airflow
+``aws`` connection (``storage_conn_id``); nothing of either is on the local disk.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
+from airflow_provider_pgdecode.batch.storage import Storage
+from airflow_provider_pgdecode.testing.compare import compare_table
+from airflow_provider_pgdecode.testing.s3_server import SECRET_KEY
+from tests.dags.test_pgdecode_incremental import airflow_db, run  # noqa: F401 - fixture
+
+pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.s3, pytest.mark.slow]
+
+TABLES = ("s3_customers", "s3_orders")
+
+
+@pytest.fixture(params=["test_decoding", "pgoutput"])
+def incremental_s3(request, pg_cluster, pg_conn, slot_name, s3_server, s3_bucket, monkeypatch, airflow_db):  # noqa: F811
+    from airflow.dag_processing.dagbag import DagBag
+
+    pg_conn.execute(f"drop table if exists {', '.join(TABLES)} cascade; drop publication if exists s3_pub")
+    pg_conn.execute(
+        "create table s3_customers (id int primary key, name text, note text);"
+        " alter table s3_customers alter column note set storage external;"
+        " create table s3_orders (id bigint primary key, customer_id int, amount numeric(10,2), status text);"
+        f" create publication s3_pub for table {', '.join(TABLES)}"
+    )
+    settings = s3_server.settings
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json("pgdecode_test"))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_PGDECODE_LAKE",
+        json.dumps(
+            {
+                "conn_type": "aws",
+                "login": settings.access_key,
+                "password": settings.secret_key,
+                "extra": {"endpoint_url": settings.endpoint_url, "region_name": settings.region},
+            }
+        ),
+    )
+    monkeypatch.setenv("PGDECODE_WAIT_SECONDS", "3")
+    bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags"))
+    assert not bag.import_errors, bag.import_errors
+    conf = {
+        "slot_name": slot_name,
+        "staging_uri": f"{s3_bucket}/staging",
+        "delta_root": f"{s3_bucket}/delta",
+        "storage_conn_id": "pgdecode_lake",
+        "tables": [f"public.{t}" for t in TABLES],
+        "plugin": request.param,
+        "publication": "s3_pub",
+    }
+    yield bag.dags["pgdecode_incremental"], conf, Storage(s3_bucket, settings)
+    pg_conn.execute("drop publication if exists s3_pub")
+
+
+@pytest.fixture
+def s3_object_spark(spark, s3_server):
+    """The shared Spark session, reading the S3 server through s3a:// (hadoop-aws is on its classpath)."""
+    from airflow_provider_pgdecode.spark.session import configure_object_store
+
+    configure_object_store(spark, s3_server.settings)
+    return spark
+
+
+def assert_equal(pg_conn, spark, delta_root: str) -> None:
+    for table in TABLES:
+        result = compare_table(pg_conn, spark, delta_root, "public", table)
+        assert result.equal, result.describe()
+
+
+def slot_lsn(pg_conn, slot: str):
+    return pg_conn.execute(
+        "select confirmed_flush_lsn from pg_replication_slots where slot_name = %s", (slot,)
+    ).fetchone()[0]
+
+
+def test_the_oracle_on_s3(pg_conn, incremental_s3, s3_object_spark, tmp_path) -> None:
+    dag, conf, bucket = incremental_s3
+    spark = s3_object_spark
+    c = pg_conn
+    run(dag, conf)  # creates the slot
+    c.execute("insert into s3_customers select g, 'c' || g, repeat('x', 3000) from generate_series(1, 20) g")
+    c.execute("insert into s3_orders select g, g % 20, g * 2.5, 'new' from generate_series(1, 100) g")
+    c.execute("begin; update s3_orders set status = 'paid' where id <= 10; prepare transaction 's3_pay'")
+    run(dag, conf)
+    assert_equal(c, spark, conf["delta_root"])  # the prepared update is not there yet
+
+    c.execute("commit prepared 's3_pay'")
+    c.execute("update s3_customers set name = 'renamed' where id = 3")  # note: unchanged TOAST
+    c.execute("update s3_customers set id = 1003 where id = 4")  # a key change
+    c.execute("begin; truncate s3_orders; insert into s3_orders values (1, 1, 1.00, 'after truncate'); commit")
+    run(dag, conf)
+    assert_equal(c, spark, conf["delta_root"])
+
+    # Killed after the merge, before the confirm: the slot stays, the re-run merges nothing twice.
+    c.execute("insert into s3_orders select g, 1, 9.99, 'late' from generate_series(2, 40) g")
+    c.execute("update s3_orders set amount = amount + 1 where id <= 5")
+    before = slot_lsn(c, conf["slot_name"])
+    run(dag, conf, mark_success_pattern="^confirm$")
+    assert slot_lsn(c, conf["slot_name"]) == before
+    run(dag, conf)
+    assert slot_lsn(c, conf["slot_name"]) > before
+    assert_equal(c, spark, conf["delta_root"])
+    orders = spark.read.format("delta").load(conf["delta_root"].replace("s3://", "s3a://") + "/public/s3_orders")
+    assert orders.count() == orders.select("id").distinct().count() == 40
+
+    # Everything went through the object store: committed batches and Delta logs are there.
+    staging = bucket.child("staging")
+    batches = list_batches(staging, conf["slot_name"])
+    assert batches and all(b.startswith("s3://") for b in batches)
+    assert all(BatchManifest.read(staging.at(b)).slot == conf["slot_name"] for b in batches)
+    assert bucket.is_file("delta/public/s3_orders/_delta_log/00000000000000000000.json")
+    # The store's secret is in no task log of these runs.
+    logs = Path(dag_logs_folder())
+    assert not any(SECRET_KEY in p.read_text(errors="replace") for p in logs.rglob("*.log") if p.is_file())
+
+
+def dag_logs_folder() -> str:
+    from airflow.configuration import conf as airflow_conf
+
+    return airflow_conf.get("logging", "base_log_folder")
