@@ -3,6 +3,7 @@ and no secret of the ``aws`` connection in a rendered field, XCom or a log line.
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import Any
 
@@ -10,7 +11,9 @@ import psycopg
 import pytest
 import structlog
 
-from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage
+from airflow_provider_pgdecode.batch.manifest import BatchManifest
+from airflow_provider_pgdecode.batch.publish import publish_batch
+from airflow_provider_pgdecode.batch.storage import SPOOL_ENV, ObjectStoreSettings, Storage
 from airflow_provider_pgdecode.capture.table_snapshot import (
     list_snapshot_requests,
     request_table_snapshot,
@@ -159,3 +162,45 @@ def test_the_table_snapshot_operator_files_on_s3(
     assert [r.id for r in list_snapshot_requests(staging, slot_name)] == ["add-refunds"]
     assert SECRET_KEY not in repr(returned) and SECRET_KEY not in repr(ti.xcoms)
     assert SECRET_KEY not in repr(logs)
+
+
+STORAGE_PUBLISH = len(inspect.signature(publish_batch).parameters) == 4
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(
+    not STORAGE_PUBLISH, reason="needs the batch layer's publish_batch(workdir, staging, relative, manifest)"
+)
+def test_the_initial_load_stages_on_s3_and_is_found_again(
+    source_conn: str,
+    lake_conn: str,
+    s3_server: LocalS3Server,
+    s3_bucket: str,
+    pg_conn: psycopg.Connection[Any],
+    slot_name: str,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(SPOOL_ENV, str(tmp_path / "spool"))
+    pg_conn.execute("DROP TABLE IF EXISTS s3_init")
+    pg_conn.execute("CREATE TABLE s3_init (id int PRIMARY KEY, v text)")
+    pg_conn.execute("INSERT INTO s3_init SELECT g, 'v' || g FROM generate_series(1, 120) g")
+    op = PgDecodeInitialSnapshotOperator(
+        task_id="initial_load",
+        slot_name=slot_name,
+        staging_root=f"{s3_bucket}/staging",
+        storage_conn_id=lake_conn,
+        tables=["public.s3_init"],
+        chunk_rows=50,
+    )
+    ti = FakeTI()
+    with structlog.testing.capture_logs() as logs:
+        paths = op.execute({"ti": ti})
+        again = op.execute({"ti": ti})  # the slot exists: its staged initial load, found on S3
+    assert paths == again and len(paths) == 1 and paths[0].startswith(f"{s3_bucket}/staging/{slot_name}/")
+    staging = Storage(f"{s3_bucket}/staging", s3_server.settings)
+    manifest = BatchManifest.read(staging.at(paths[0]))
+    assert [(t.table, t.inserts) for t in manifest.tables] == [("s3_init", 120)]
+    # nothing left in the local spool once uploaded
+    assert not [p for p in (tmp_path / "spool").rglob("*") if p.is_file()]
+    assert SECRET_KEY not in json.dumps(paths) and SECRET_KEY not in repr(logs)
