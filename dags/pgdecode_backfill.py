@@ -30,6 +30,13 @@ over a date range, each run with the same conf and the same end state.
 
     airflow dags test pgdecode_backfill -c '{"mode": "add-table", "tables": ["public.refunds"],
         "slot_name": "pgdecode_shop", "staging_uri": "/data/staging"}'
+
+Locations: ``staging_uri`` and ``delta_root`` (and so the replay's target) are local directories
+or ``s3://bucket/prefix`` on S3-compatible object storage; ``storage_conn_id`` names the Airflow
+connection of the Amazon provider's ``aws`` type that reaches them (its key pair,
+``region_name`` and, for a store other than AWS, ``endpoint_url`` in its extra). Empty (the
+default): local paths, as before, or the ``AWS_*`` environment for ``s3://``. Only the
+connection id travels through the DAG: no secret reaches a task's fields, a log or XCom.
 """
 
 from __future__ import annotations
@@ -77,9 +84,20 @@ with DAG(
             description='per table, as the incremental DAG\'s: {"schema.table": {"mode": "append_only"}} (docs/merge.md)',
         ),
         "publication": Param("pgdecode", type="string", description="initial, pgoutput: the tables to copy"),
-        "staging_uri": Param(f"{DATA_DIR}/staging", type="string"),
+        "staging_uri": Param(
+            f"{DATA_DIR}/staging", type="string", description="a local directory or s3://bucket/prefix"
+        ),
         "delta_root": Param(
-            "", type="string", description=f"empty: {DATA_DIR}/delta (replay: {DATA_DIR}/delta_backfill)"
+            "",
+            type="string",
+            description=f"a local directory or s3://bucket/prefix; empty: {DATA_DIR}/delta "
+            f"(replay: {DATA_DIR}/delta_backfill)",
+        ),
+        "storage_conn_id": Param(
+            "",
+            type="string",
+            description="an Airflow aws connection for s3:// locations (endpoint_url in its extra for "
+            "S3-compatible stores); empty: local paths",
         ),
         "start_lsn": Param("", type="string", description="replay: X/Y; empty: from the first retained batch"),
         "end_lsn": Param("", type="string", description="replay: X/Y; empty: up to the last retained batch"),
@@ -118,6 +136,7 @@ with DAG(
         postgres_conn_id="{{ params.postgres_conn_id }}",
         chunk_rows="{{ params.chunk_rows }}",
         workers="{{ params.workers }}",
+        storage_conn_id="{{ params.storage_conn_id }}",
     )
     replay = PgDecodeReplayOperator(
         task_id="replay",
@@ -125,6 +144,7 @@ with DAG(
         staging_root="{{ params.staging_uri }}",
         start_lsn="{{ params.start_lsn }}",
         end_lsn="{{ params.end_lsn }}",
+        storage_conn_id="{{ params.storage_conn_id }}",
     )
     merge = PgDecodeMergeOperator(
         task_id="merge",
@@ -132,6 +152,7 @@ with DAG(
         delta_root=DELTA_ROOT,
         conn_id="{{ params.spark_conn_id }}",
         trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,  # after whichever of the two ran
+        storage_conn_id="{{ params.storage_conn_id }}",
     )
     request = PgDecodeTableSnapshotOperator(
         task_id="prepare",
@@ -144,6 +165,7 @@ with DAG(
         request_id="{{ params.request_id }}",  # empty: one per DAG run
         chunk_rows="{{ params.chunk_rows }}",
         postgres_conn_id="{{ params.postgres_conn_id }}",
+        storage_conn_id="{{ params.storage_conn_id }}",
     )
     wait_for_snapshot = PgDecodeTableSnapshotSensor(
         task_id="wait_for_snapshot",
@@ -152,6 +174,7 @@ with DAG(
         request_id="{{ ti.xcom_pull(task_ids='prepare') }}",
         wait_seconds="{{ params.wait_seconds }}",
         poke_interval=30,  # reschedule mode: no worker is held between pokes
+        storage_conn_id="{{ params.storage_conn_id }}",
     )
 
     choose_mode() >> [initial_load, replay, request]

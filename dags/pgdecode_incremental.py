@@ -25,8 +25,15 @@ Parameters (DAG params, all overridable per run):
   tables named in the extract's log and the batch manifest).
 - ``table_options``: per table, ``{"schema.table": {"mode": "append_only"}}`` for insert-only
   tables without a key (logs, histories); see docs/merge.md.
-- ``staging_uri``: where batches are staged (a local or mounted directory).
-- ``delta_root``: where the Delta tables live, ``<delta_root>/<schema>/<table>``.
+- ``staging_uri``: where batches are staged: a local or mounted directory, or
+  ``s3://bucket/prefix`` on S3-compatible object storage.
+- ``delta_root``: where the Delta tables live, ``<delta_root>/<schema>/<table>``: a local
+  directory or ``s3://bucket/prefix``.
+- ``storage_conn_id``: for ``s3://`` locations, an Airflow connection of the Amazon provider's
+  ``aws`` type (its key pair, ``region_name`` and, for an S3-compatible store, ``endpoint_url`` in
+  its extra); empty (the default): local paths, as before, or the ``AWS_*`` environment for
+  ``s3://``. Only the connection id travels through the DAG; its secrets never reach a task's
+  fields, a log, XCom or a command line.
 - ``spark_conn_id``: the Spark connection (master ``local[*]`` or ``spark://host:7077`` ...).
 
 Deployment settings (environment variables, read when the DAG file is parsed):
@@ -85,8 +92,16 @@ with DAG(
             description='per table: {"schema.table": {"mode": "append_only", "on_bad_value": "quarantine", '
             '"max_value_bytes": 67108864, "arrays": "json"}} (docs/merge.md)',
         ),
-        "staging_uri": Param(f"{DATA_DIR}/staging", type="string"),
-        "delta_root": Param(f"{DATA_DIR}/delta", type="string"),
+        "staging_uri": Param(
+            f"{DATA_DIR}/staging", type="string", description="a local directory or s3://bucket/prefix"
+        ),
+        "delta_root": Param(f"{DATA_DIR}/delta", type="string", description="a local directory or s3://bucket/prefix"),
+        "storage_conn_id": Param(
+            "",
+            type="string",
+            description="an Airflow aws connection for s3:// locations (endpoint_url in its extra for "
+            "S3-compatible stores); empty: local paths",
+        ),
         "spark_conn_id": Param("spark_default", type="string"),
     },
 ) as dag:
@@ -113,6 +128,7 @@ with DAG(
         postgres_conn_id="{{ params.postgres_conn_id }}",
         publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
         staging_root="{{ params.staging_uri }}",  # table snapshot requests count as work
+        storage_conn_id="{{ params.storage_conn_id }}",
         poke_interval=min(15, max(WAIT_SECONDS, 1)),
         timeout=WAIT_SECONDS,
         soft_fail=True,  # no changes: the cycle is skipped, not failed
@@ -128,12 +144,14 @@ with DAG(
         publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
         table_options="{{ params.table_options }}",
         checkpoint_task_id="confirm",
+        storage_conn_id="{{ params.storage_conn_id }}",
     )
     merge = PgDecodeMergeOperator(
         task_id="merge",
         batch_paths=BATCH,
         delta_root="{{ params.delta_root }}",
         conn_id="{{ params.spark_conn_id }}",
+        storage_conn_id="{{ params.storage_conn_id }}",
     )
     confirm = PgDecodeConfirmOperator(
         task_id="confirm",
@@ -142,6 +160,7 @@ with DAG(
         postgres_conn_id="{{ params.postgres_conn_id }}",
         merge_task_id="merge",
         retention_days=RETENTION_DAYS,
+        storage_conn_id="{{ params.storage_conn_id }}",
     )
 
     ensure_slot >> [slot_health, wait_for_changes]

@@ -21,7 +21,9 @@ Wiring only. Run it by hand, with the pipeline's own params::
 
 Params: ``postgres_conn_id``, ``slot_name``, ``plugin``, ``publication``, ``tables`` (``schema.table``
 names; empty: every table with a primary key, as pgdecode_incremental's default),
-``staging_uri``, ``delta_root``, ``spark_conn_id`` (as pgdecode_incremental's), and ``max_keys``
+``staging_uri``, ``delta_root`` (local directories or ``s3://bucket/prefix``), ``storage_conn_id`` (an
+Airflow ``aws`` connection for ``s3://`` locations, ``endpoint_url`` in its extra for an
+S3-compatible store; empty: local paths), ``spark_conn_id`` (as pgdecode_incremental's), and ``max_keys``
 (differing keys listed per table). A pgdecode_incremental run that merges past X while this run
 copies makes the verify fail with "run the verify again"; pause it meanwhile to avoid that.
 docs/verify.md says what is checked and what it costs.
@@ -59,8 +61,16 @@ with DAG(
         "tables": Param([], type="array"),
         "exclude_tables": Param([], type="array", description="schema.table names the pipeline leaves out"),
         "table_options": Param({}, type="object", description="the pipeline's per-table options (docs/merge.md)"),
-        "staging_uri": Param(f"{DATA_DIR}/staging", type="string"),
-        "delta_root": Param(f"{DATA_DIR}/delta", type="string"),
+        "staging_uri": Param(
+            f"{DATA_DIR}/staging", type="string", description="a local directory or s3://bucket/prefix"
+        ),
+        "delta_root": Param(f"{DATA_DIR}/delta", type="string", description="a local directory or s3://bucket/prefix"),
+        "storage_conn_id": Param(
+            "",
+            type="string",
+            description="an Airflow aws connection for s3:// locations (endpoint_url in its extra for "
+            "S3-compatible stores); empty: local paths",
+        ),
         "spark_conn_id": Param("spark_default", type="string"),
         "max_keys": Param(100, type="integer", minimum=0, description="differing keys listed per table"),
     },
@@ -75,6 +85,7 @@ with DAG(
         table_options="{{ params.table_options }}",
         publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
         postgres_conn_id="{{ params.postgres_conn_id }}",
+        storage_conn_id="{{ params.storage_conn_id }}",
     )
     extract = PgDecodeExtractOperator(
         task_id="extract",
@@ -87,12 +98,14 @@ with DAG(
         upto_lsn="{{ ti.xcom_pull(task_ids='verify_snapshot')['lsn'] }}",
         table_options="{{ params.table_options }}",
         checkpoint_task_id=None,  # from the slot's position (and the staged batch ending there)
+        storage_conn_id="{{ params.storage_conn_id }}",
     )
     merge = PgDecodeMergeOperator(
         task_id="merge",
         batch_paths="{{ ti.xcom_pull(task_ids='extract')['path'] }}",
         delta_root="{{ params.delta_root }}",
         conn_id="{{ params.spark_conn_id }}",
+        storage_conn_id="{{ params.storage_conn_id }}",
     )
     verify = PgDecodeVerifyOperator(
         task_id="verify",
@@ -100,6 +113,7 @@ with DAG(
         delta_root="{{ params.delta_root }}",
         conn_id="{{ params.spark_conn_id }}",
         max_keys="{{ params.max_keys }}",
+        storage_conn_id="{{ params.storage_conn_id }}",
     )
 
     verify_snapshot >> extract >> merge >> verify

@@ -66,6 +66,12 @@ can resume: drop the slot and start over (docs/staging-format.md, "Snapshot batc
 survive a kill of the copy, the process holding the block must outlive it: run the copy in a
 child process.
 
+Where. The copy is written in a local work directory (:func:`snapshot_workdir`): beside the
+batch in ``<staging_root>/<slot>/`` when staging is local, so publishing it is a rename; under
+the local spool directory (``$PGDECODE_SPOOL_DIR``) when the staging root is ``s3://...``, so
+publishing uploads its parts, then its manifest last (the batch's commit marker: there is no
+rename on object storage). Progress stays in the work directory either way.
+
 Errors are specific: an unknown table or one without a key (a primary key, a replica identity
 index, or all columns under REPLICA IDENTITY FULL: :meth:`Catalog.table_key`) is refused before
 anything is copied (:class:`CatalogError`), a snapshot that is no longer exported is reported
@@ -81,6 +87,8 @@ table finishes.
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
 import logging
 import math
@@ -118,6 +126,7 @@ from airflow_provider_pgdecode.batch.manifest import (
 )
 from airflow_provider_pgdecode.batch.options import DEFAULT_OPTIONS, TableOptions, options_for, parse_table_options
 from airflow_provider_pgdecode.batch.publish import publish_batch
+from airflow_provider_pgdecode.batch.storage import Storage, as_storage, spool_dir
 from airflow_provider_pgdecode.batch.values import arrow_type
 from airflow_provider_pgdecode.capture.renames import record_tables
 from airflow_provider_pgdecode.capture.tables import parse_table_names
@@ -262,7 +271,7 @@ def stage_snapshot(
     snapshot_name: str,
     consistent_lsn: Lsn | str,
     slot_name: str,
-    staging_root: str | os.PathLike[str],
+    staging_root: str | os.PathLike[str] | Storage,
     tables: Collection[str | tuple[str, str]],
     *,
     plugin: str = "test_decoding",
@@ -285,6 +294,11 @@ def stage_snapshot(
         the batch's end LSN.
     :param slot_name: the slot the snapshot belongs to (the batch goes under its directory, and
         the merge keeps its watermark under it).
+    :param staging_root: the staging root: a local directory or ``s3://bucket/prefix`` (a string
+        on object storage takes its settings from the ``AWS_*`` environment; pass a
+        :class:`~airflow_provider_pgdecode.batch.storage.Storage` to give them). The copy is
+        written in a local work directory (:func:`snapshot_workdir`) and published as one batch:
+        renamed into place on a local disk, uploaded with its manifest last on object storage.
     :param tables: ``schema.table`` names or ``(schema, table)`` pairs; each needs a key (a
         primary key, a replica identity index, or REPLICA IDENTITY FULL): the merge works by key.
     :param chunk_rows: the target rows per chunk (one chunk, one Parquet part); chunks are page
@@ -320,9 +334,9 @@ def stage_snapshot(
     names = sorted(parse_table_names(tables))
     if not names:
         raise ConfigurationError("no table to snapshot")
-    base = Path(staging_root) / slot_name
-    base.mkdir(parents=True, exist_ok=True)
-    tmp = base / f".tmp-snapshot-{snapshot_name}"
+    store = as_storage(staging_root)
+    tmp = snapshot_workdir(store, slot_name, snapshot_name)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
     options_by_table = parse_table_options(table_options)
     settings = {
         "format": SNAPSHOT_FORMAT,
@@ -405,9 +419,36 @@ def stage_snapshot(
     (tmp / SNAPSHOT_INFO_NAME).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (tmp / PROGRESS_NAME).unlink()
     manifest.write(tmp)
-    manifest.path = publish_batch(tmp, base / batch_dir_name(SNAPSHOT_START_LSN, lsn), manifest)
+    manifest.path = _publish(tmp, store, f"{slot_name}/{batch_dir_name(SNAPSHOT_START_LSN, lsn)}", manifest)
+    if not store.is_local:
+        shutil.rmtree(tmp, ignore_errors=True)  # the local copy of an uploaded batch
     log.info("Staged the snapshot of %d table(s), %d rows, at %s: %s", len(names), total_rows, lsn, manifest.path)
     return manifest
+
+
+def snapshot_workdir(store: Storage, slot_name: str, snapshot_name: str) -> Path:
+    """The local directory where the copy of ``snapshot_name`` is written and its progress kept
+    before it is published: ``<staging_root>/<slot>/.tmp-snapshot-<name>`` on a local staging
+    root (publishing is a rename), else under :func:`~airflow_provider_pgdecode.batch.storage.spool_dir`
+    in a folder named after the staging location, so that a resumed copy finds it again."""
+    if store.is_local:
+        return Path(store.uri(slot_name)) / f".tmp-snapshot-{snapshot_name}"
+    digest = hashlib.sha256(store.uri(slot_name).encode("utf-8")).hexdigest()[:16]
+    return spool_dir() / f"{slot_name}-{digest}" / f".tmp-snapshot-{snapshot_name}"
+
+
+def _publish(workdir: Path, store: Storage, relative: str, manifest: BatchManifest) -> Any:
+    """Publish the finished copy as the batch ``relative`` of ``store``; its location."""
+    publish: Any = publish_batch
+    if len(inspect.signature(publish).parameters) == 4:  # publish_batch(workdir, staging, relative, manifest)
+        return publish(workdir, store, relative, manifest)
+    # TODO(s3): the batch layer before object storage: a local rename only (drop once it is merged).
+    if not store.is_local:
+        raise StagingError(
+            f"cannot publish batch {store.uri(relative)}: this installation's batch layer stages to local "
+            "directories only; use a local staging root"
+        )
+    return publish(workdir, Path(store.uri(relative)), manifest)
 
 
 def _plan_table(
@@ -927,5 +968,6 @@ __all__ = [
     "ExportedSnapshot",
     "SNAPSHOT_START_LSN",
     "create_slot_with_snapshot",
+    "snapshot_workdir",
     "stage_snapshot",
 ]

@@ -80,6 +80,7 @@ from airflow_provider_pgdecode.batch.format import (
 )
 from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary
 from airflow_provider_pgdecode.batch.options import DEFAULT_OPTIONS, TableOptions, options_for
+from airflow_provider_pgdecode.batch.storage import Storage, as_storage, iter_names
 from airflow_provider_pgdecode.batch.values import arrow_type
 from airflow_provider_pgdecode.capture.tables import parse_table_names
 from airflow_provider_pgdecode.decoding.assembler import Transaction
@@ -147,12 +148,13 @@ class SnapshotRequest:
             raise StagingError(f"malformed snapshot request {dict(data)!r}: {exc}") from None
 
 
-def requests_dir(staging_root: str | os.PathLike[str], slot: str) -> Path:
-    return Path(staging_root) / slot / REQUESTS_DIR
+def requests_dir(staging_root: str | os.PathLike[str] | Storage, slot: str) -> Storage:
+    """``<staging_root>/<slot>/snapshot-requests``, where the slot's requests and their states are filed."""
+    return as_storage(staging_root).child(slot, REQUESTS_DIR)
 
 
 def request_table_snapshot(
-    staging_root: str | os.PathLike[str],
+    staging_root: str | os.PathLike[str] | Storage,
     slot: str,
     tables: Collection[str | tuple[str, str]],
     mode: str = "resnapshot",
@@ -165,6 +167,9 @@ def request_table_snapshot(
     Filing the same ``request_id`` again with the same tables and mode returns the existing
     request (a re-run does not snapshot twice); with other settings it is an error.
 
+    :param staging_root: the slot's staging root, a local directory or ``s3://bucket/prefix``
+        (a :class:`~airflow_provider_pgdecode.batch.storage.Storage` carries the store's settings;
+        a string takes them from the ``AWS_*`` environment).
     :param mode: ``add-table`` (a table not staged so far joins the pipeline) or ``resnapshot``
         (a staged table is copied again, e.g. after its Delta table was deleted or damaged).
         Both stage a TRUNCATE of the Delta table before the first chunk.
@@ -187,10 +192,10 @@ def request_table_snapshot(
         raise ConfigurationError(f"invalid request id {request_id!r}: use letters, digits and _.+- (at most 128)")
     request = SnapshotRequest(request_id, mode, pairs, chunk_rows, now.isoformat())
     directory = requests_dir(staging_root, slot)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{request_id}.json"
-    if path.is_file():
-        existing = SnapshotRequest.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    name = f"{request_id}.json"
+    existing_data = _read_json(directory, name)
+    if existing_data is not None:
+        existing = SnapshotRequest.from_dict(existing_data)
         if (existing.mode, existing.tables, existing.chunk_rows) != (mode, pairs, chunk_rows):
             raise StagingError(
                 f"snapshot request {request_id!r} of slot {slot!r} already exists with other settings "
@@ -198,48 +203,47 @@ def request_table_snapshot(
             )
         log.info("Snapshot request %s already filed at %s", request_id, existing.created)
         return existing
-    _write_json(path, request.to_dict())
+    _write_json(directory, name, request.to_dict())
     log.info("Filed snapshot request %s: %s of %s", request_id, mode, ", ".join(".".join(t) for t in pairs))
     return request
 
 
-def list_snapshot_requests(staging_root: str | os.PathLike[str], slot: str) -> list[SnapshotRequest]:
+def list_snapshot_requests(staging_root: str | os.PathLike[str] | Storage, slot: str) -> list[SnapshotRequest]:
     """The slot's filed requests, oldest first."""
     directory = requests_dir(staging_root, slot)
-    if not directory.is_dir():
-        return []
     out = []
-    for path in directory.glob("*.json"):
-        if path.name.endswith(".state.json"):
+    for name in iter_names(directory, directories=False):
+        if not name.endswith(".json") or name.endswith(".state.json") or name.startswith("."):
             continue
-        try:
-            out.append(SnapshotRequest.from_dict(json.loads(path.read_text(encoding="utf-8"))))
-        except ValueError as exc:
-            raise StagingError(f"unreadable snapshot request {path}: {exc}") from None
+        data = _read_json(directory, name)
+        if data is not None:  # removed meanwhile
+            out.append(SnapshotRequest.from_dict(data))
     return sorted(out, key=lambda r: (r.created, r.id))
 
 
-def write_snapshot_states(staging_root: str | os.PathLike[str], slot: str, snapshots: Mapping[str, Any]) -> None:
+def write_snapshot_states(
+    staging_root: str | os.PathLike[str] | Storage, slot: str, snapshots: Mapping[str, Any]
+) -> None:
     """Mirror confirmed progress to ``<id>.state.json`` (the confirm step calls this)."""
     directory = requests_dir(staging_root, slot)
-    for request_id, state in snapshots.items():
-        if directory.is_dir():
-            _write_json(directory / f"{request_id}.state.json", state)
+    if snapshots and directory.exists():
+        for request_id, state in snapshots.items():
+            _write_json(directory, f"{request_id}.state.json", state)
 
 
-def read_snapshot_state(staging_root: str | os.PathLike[str], slot: str, request_id: str) -> dict[str, Any] | None:
+def read_snapshot_state(
+    staging_root: str | os.PathLike[str] | Storage, slot: str, request_id: str
+) -> dict[str, Any] | None:
     """The confirmed progress of a request, or None before its first confirmed chunk."""
-    path = requests_dir(staging_root, slot) / f"{request_id}.state.json"
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    return _read_json(requests_dir(staging_root, slot), f"{request_id}.state.json")
 
 
-def pending_snapshot_requests(staging_root: str | os.PathLike[str], slot: str) -> list[str]:
+def pending_snapshot_requests(staging_root: str | os.PathLike[str] | Storage, slot: str) -> list[str]:
     """Ids of filed requests whose confirmed state is not done yet."""
+    store = as_storage(staging_root)
     out = []
-    for request in list_snapshot_requests(staging_root, slot):
-        state = read_snapshot_state(staging_root, slot, request.id)
+    for request in list_snapshot_requests(store, slot):
+        state = read_snapshot_state(store, slot, request.id)
         if state is None or not state.get("done"):
             out.append(request.id)
     return out
@@ -256,13 +260,24 @@ def describe_progress(state: Mapping[str, Any]) -> str:
     return "; ".join(parts) or "no chunk yet"
 
 
-def _write_json(path: Path, data: Any) -> None:
-    part = path.with_name(path.name + ".part")
-    with open(part, "w", encoding="utf-8") as f:
-        f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(part, path)
+def _read_json(directory: Storage, name: str) -> Any:
+    """A request or state file's contents; ``None`` when it does not exist."""
+    try:
+        text = directory.read_text(name)
+    except FileNotFoundError:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise StagingError(
+            f"unreadable snapshot request file {directory.uri(name)}: {exc}. Remove it, and file the request again "
+            "if it was one"
+        ) from None
+
+
+def _write_json(directory: Storage, name: str, data: Any) -> None:
+    """Replace the file whole: a local file is written aside and renamed, an object is one PUT."""
+    directory.write_text(name, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def _new_state(request: SnapshotRequest) -> dict[str, Any]:

@@ -26,19 +26,20 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import shutil
 import uuid
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from airflow_provider_pgdecode.batch.options import TableOptions
-from airflow_provider_pgdecode.capture.snapshot import DEFAULT_SNAPSHOT_CHUNK_ROWS, stage_snapshot
+from airflow_provider_pgdecode.batch.storage import Storage, as_storage
+from airflow_provider_pgdecode.capture.snapshot import DEFAULT_SNAPSHOT_CHUNK_ROWS, snapshot_workdir, stage_snapshot
 from airflow_provider_pgdecode.capture.tables import parse_table_names
 from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import ConfigurationError, SlotError
+from airflow_provider_pgdecode.errors import ConfigurationError, SlotError, StagingError
 from airflow_provider_pgdecode.postgres.replication import check_slot_name, replication_connection
 
 log = logging.getLogger(__name__)
@@ -48,9 +49,10 @@ VERIFY_DIR = "verify"
 TEMPORARY_SLOT_PREFIX = "pgdecode_verify_"
 
 
-def verify_area(staging_root: str | os.PathLike[str], slot_name: str) -> Path:
-    """``<staging_root>/<slot_name>/verify``: verify snapshots and reports of the pipeline ``slot_name``."""
-    return Path(staging_root) / slot_name / VERIFY_DIR
+def verify_area(staging_root: str | os.PathLike[str] | Storage, slot_name: str) -> Storage:
+    """``<staging_root>/<slot_name>/verify``: verify snapshots and reports of the pipeline ``slot_name``
+    (a local directory or an ``s3://`` prefix, as the staging root)."""
+    return as_storage(staging_root).child(slot_name, VERIFY_DIR)
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ class VerifySnapshot:
 def stage_verify_snapshot(
     dsn: str,
     slot_name: str,
-    staging_root: str | os.PathLike[str],
+    staging_root: str | os.PathLike[str] | Storage,
     tables: Collection[str | tuple[str, str]],
     *,
     plugin: str = "test_decoding",
@@ -101,7 +103,8 @@ def stage_verify_snapshot(
 
     :param dsn: libpq connection string of the source database (the user needs REPLICATION).
     :param slot_name: the pipeline's slot (named in the area's path, never read or moved).
-    :param staging_root: the pipeline's staging root.
+    :param staging_root: the pipeline's staging root, a local directory or ``s3://bucket/prefix``
+        (a :class:`~airflow_provider_pgdecode.batch.storage.Storage` carries the store's settings).
     :param tables: ``schema.table`` names or pairs; each needs a key as for an initial load.
     :param plugin: the output plugin of the temporary slot (the pipeline's: it is installed).
     :param table_options: the pipeline's per-table options (an ``append_only`` table needs no key;
@@ -140,17 +143,34 @@ def stage_verify_snapshot(
                 table_options=table_options,
             )
     except BaseException:
-        shutil.rmtree(area / temporary, ignore_errors=True)
+        # The temporary slot's snapshot is gone: nothing can resume this copy.
+        try:
+            area.delete_tree(temporary)
+        except StagingError as exc:  # the copy's own error matters more
+            log.warning("Could not remove the unfinished verify copy %s: %s", area.uri(temporary), exc)
+        shutil.rmtree(snapshot_workdir(area, temporary, "-").parent, ignore_errors=True)
         raise
     return VerifySnapshot(slot_name, exported.consistent_lsn, str(manifest.path), tuple(f"{s}.{t}" for s, t in names))
 
 
-def remove_verify_snapshot(snapshot: VerifySnapshot) -> None:
-    """Delete a verify run's staged copy (its temporary slot's folder in the verify area)."""
-    path = Path(snapshot.path)
-    if path.parent.parent.name != VERIFY_DIR or not path.parent.name.startswith(TEMPORARY_SLOT_PREFIX):
-        raise ConfigurationError(f"{path} is not a verify snapshot: refusing to delete it")
-    shutil.rmtree(path.parent, ignore_errors=True)
+def remove_verify_snapshot(snapshot: VerifySnapshot, storage: Storage | None = None) -> None:
+    """Delete a verify run's staged copy (its temporary slot's folder in the verify area).
+
+    :param storage: any :class:`~airflow_provider_pgdecode.batch.storage.Storage` of the same
+        store (its settings reach the copy on object storage); default: from the location alone
+        (the ``AWS_*`` environment for ``s3://``).
+    """
+    location = str(snapshot.path).rstrip("/")
+    folder = posixpath.dirname(location)
+    if posixpath.basename(posixpath.dirname(folder)) != VERIFY_DIR or not posixpath.basename(folder).startswith(
+        TEMPORARY_SLOT_PREFIX
+    ):
+        raise ConfigurationError(f"{location} is not a verify snapshot: refusing to delete it")
+    try:
+        target = storage.at(folder) if storage is not None else as_storage(folder)
+        target.delete_tree()
+    except StagingError as exc:
+        log.warning("Could not remove the verify snapshot %s: %s", folder, exc)
 
 
 __all__ = ["VERIFY_DIR", "VerifySnapshot", "remove_verify_snapshot", "stage_verify_snapshot", "verify_area"]

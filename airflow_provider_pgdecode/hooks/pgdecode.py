@@ -17,6 +17,7 @@ from airflow_provider_pgdecode.postgres.slot import PeekRows, SlotClient, SlotIn
 if TYPE_CHECKING:
     from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
     from airflow_provider_pgdecode.batch.manifest import BatchManifest
+    from airflow_provider_pgdecode.batch.storage import Storage
 
 
 class PgDecodeHook(PostgresHook):
@@ -162,7 +163,7 @@ class PgDecodeHook(PostgresHook):
     def extract_batch(
         self,
         slot_name: str,
-        staging_root: str | os.PathLike[str],
+        staging_root: str | os.PathLike[str] | Storage,
         *,
         plugin: str = "test_decoding",
         checkpoint: Checkpoint | None = None,

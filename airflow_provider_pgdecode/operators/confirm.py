@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import posixpath
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,16 +13,27 @@ from airflow.sdk import BaseOperator, Context
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.batch.retention import DEFAULT_KEEP_BATCHES, prune_batches
+from airflow_provider_pgdecode.batch.storage import Storage, is_object_store, spark_uri
 from airflow_provider_pgdecode.capture.table_snapshot import describe_progress, write_snapshot_states
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.hooks.staging import staging_location
 from airflow_provider_pgdecode.operators.extract import checkpoint_xcom_key
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
 def _same_path(a: str, b: str) -> bool:
+    if is_object_store(a) or is_object_store(b):
+        return spark_uri(a).rstrip("/") == spark_uri(b).rstrip("/")
     return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _staging_root_of(batch: str | Storage) -> str | Storage:
+    """The staging root a batch lives in: ``<staging_root>/<slot>/<batch>``."""
+    if isinstance(batch, Storage):
+        return batch.at(posixpath.dirname(posixpath.dirname(batch.root)))
+    return str(Path(batch).parent.parent)
 
 
 class PgDecodeConfirmOperator(BaseOperator):
@@ -49,7 +61,8 @@ class PgDecodeConfirmOperator(BaseOperator):
         )
 
     :param slot_name: the replication slot. (templated)
-    :param batch_path: the merged batch's directory. (templated)
+    :param batch_path: the merged batch's location (a local directory or an ``s3://`` URI, as the
+        extract task returned it). (templated)
     :param postgres_conn_id: the Airflow connection of the slot's database. (templated)
     :param merge_task_id: the merge task whose XCom must list the batch; ``None`` skips this
         check (when the merge is done elsewhere). (templated)
@@ -59,9 +72,20 @@ class PgDecodeConfirmOperator(BaseOperator):
         transactions and the newest ``retention_batches`` batches are kept). ``None`` keeps
         every batch. (templated)
     :param retention_batches: the newest confirmed batches always kept.
+    :param storage_conn_id: the Airflow ``aws`` connection of the batch (and its staging root) on object storage
+        (``s3://bucket/prefix``; ``endpoint_url`` in its extra for an S3-compatible store); empty:
+        a local staging root, or the ``AWS_*`` environment for ``s3://``. Resolved when the task
+        runs; no secret enters the task's fields, its log or XCom. (templated)
     """
 
-    template_fields: Sequence[str] = ("slot_name", "batch_path", "postgres_conn_id", "merge_task_id", "retention_days")
+    template_fields: Sequence[str] = (
+        "slot_name",
+        "batch_path",
+        "postgres_conn_id",
+        "merge_task_id",
+        "retention_days",
+        "storage_conn_id",
+    )
     ui_color = "#e3d9f0"
 
     def __init__(
@@ -73,6 +97,7 @@ class PgDecodeConfirmOperator(BaseOperator):
         merge_task_id: str | None = "merge",
         retention_days: float | str | None = None,
         retention_batches: int = DEFAULT_KEEP_BATCHES,
+        storage_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -82,6 +107,7 @@ class PgDecodeConfirmOperator(BaseOperator):
         self.batch_path = batch_path
         self.postgres_conn_id = postgres_conn_id
         self.merge_task_id = merge_task_id
+        self.storage_conn_id = storage_conn_id
 
     def _check_merged(self, context: Context, path: str) -> None:
         if not self.merge_task_id:
@@ -107,7 +133,8 @@ class PgDecodeConfirmOperator(BaseOperator):
 
     def _confirm(self, context: Context) -> dict[str, Any]:
         path = str(self.batch_path)
-        manifest = BatchManifest.read(path)
+        batch = staging_location(path, self.storage_conn_id)
+        manifest = BatchManifest.read(batch)
         if manifest.slot != self.slot_name:
             raise ConfigurationError(
                 f"batch {path} belongs to replication slot {manifest.slot!r}, not {self.slot_name!r}"
@@ -139,14 +166,14 @@ class PgDecodeConfirmOperator(BaseOperator):
         )
         if checkpoint.snapshots:
             # Whoever waits on a table snapshot request (pgdecode_backfill) reads the confirmed state.
-            write_snapshot_states(Path(path).parent.parent, self.slot_name, checkpoint.snapshots)
+            write_snapshot_states(_staging_root_of(batch), self.slot_name, checkpoint.snapshots)
             for request_id, state in checkpoint.snapshots.items():
                 if manifest.snapshot_chunks or not state.get("done"):
                     self.log.info("Snapshot request %s: %s", request_id, describe_progress(state))
         context["ti"].xcom_push(key=checkpoint_xcom_key(self.slot_name), value=checkpoint.to_dict())
         if self.retention_days not in (None, ""):
             removed = prune_batches(
-                Path(path).parent.parent,
+                _staging_root_of(batch),
                 checkpoint,
                 keep_days=float(self.retention_days),
                 keep_batches=self.retention_batches,

@@ -14,6 +14,7 @@ from airflow_provider_pgdecode.capture.reconcile import reconcile
 from airflow_provider_pgdecode.capture.tables import as_table_names, parse_table_names, select_tables
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.hooks.staging import staging_location
 from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
@@ -113,7 +114,8 @@ class PgDecodeExtractOperator(BaseOperator):
         # downstream: batch path "{{ ti.xcom_pull(task_ids='extract')['path'] }}"
 
     :param slot_name: the replication slot. (templated)
-    :param staging_root: the root directory of staged batches. (templated)
+    :param staging_root: the root of staged batches: a local directory or ``s3://bucket/prefix``.
+        (templated)
     :param plugin: the slot's output plugin (``test_decoding`` or ``pgoutput``); another
         plugin fails the task. (templated)
     :param postgres_conn_id: the Airflow connection of the slot's database. (templated)
@@ -137,6 +139,10 @@ class PgDecodeExtractOperator(BaseOperator):
         slot is read): ``mode``, ``on_bad_value`` (``fail`` / ``quarantine``),
         ``max_value_bytes``, ``arrays`` (``list`` / ``json``). Quarantined changes are logged
         per table. (templated)
+    :param storage_conn_id: the Airflow ``aws`` connection of a staging root on object storage
+        (``s3://bucket/prefix``; ``endpoint_url`` in its extra for an S3-compatible store); empty:
+        a local staging root, or the ``AWS_*`` environment for ``s3://``. Resolved when the task
+        runs; no secret enters the task's fields, its log or XCom. (templated)
     :param extract_options: more keyword arguments of
         :func:`~airflow_provider_pgdecode.capture.extract.extract_batch` (``chunk_rows``,
         ``part_rows``, ``memory_items``, ``progress_every``, ...).
@@ -154,6 +160,7 @@ class PgDecodeExtractOperator(BaseOperator):
         "exclude_tables",
         "publication",
         "table_options",
+        "storage_conn_id",
     )
     ui_color = "#d9f0ea"
 
@@ -172,6 +179,7 @@ class PgDecodeExtractOperator(BaseOperator):
         publication: str | None = None,
         table_options: Mapping[str, Mapping[str, Any]] | str | None = None,
         extract_options: Mapping[str, Any] | None = None,
+        storage_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -187,6 +195,7 @@ class PgDecodeExtractOperator(BaseOperator):
         self.publication = publication
         self.table_options = table_options
         self.extract_options = dict(extract_options or {})
+        self.storage_conn_id = storage_conn_id
         self._hook: PgDecodeHook | None = None
 
     def previous_checkpoint(self, context: Context) -> Mapping[str, Any] | None:
@@ -234,10 +243,11 @@ class PgDecodeExtractOperator(BaseOperator):
         if self.table_options:
             options["table_options"] = as_table_options(self.table_options)
         with fail_fast(), PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
+            staging = staging_location(self.staging_root, self.storage_conn_id)
             self._hook = hook
             info = hook.describe_slot(self.slot_name)
             check_readable(info, self.plugin)
-            decision = reconcile(previous, info, self.staging_root)
+            decision = reconcile(previous, info, staging)
             self.log.info("%s", decision.message)
             # Without a fixed ceiling the extract reads the flush position itself, after copying
             # any table snapshot chunks (their watermarks must lie below the ceiling).
@@ -267,7 +277,7 @@ class PgDecodeExtractOperator(BaseOperator):
             started = time.monotonic()
             manifest = hook.extract_batch(
                 self.slot_name,
-                self.staging_root,
+                staging,
                 plugin=self.plugin,
                 checkpoint=decision.checkpoint,
                 upto_lsn=ceiling,

@@ -47,6 +47,7 @@ from airflow_provider_pgdecode.capture.snapshot import (
 from airflow_provider_pgdecode.capture.tables import as_table_names, parse_table_names, select_tables
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.hooks.staging import staging_location
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
@@ -81,7 +82,8 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         # downstream: batch_paths="{{ ti.xcom_pull(task_ids='initial_load') }}"
 
     :param slot_name: the new slot (``[a-z0-9_]``, up to 63 characters). (templated)
-    :param staging_root: the root directory of staged batches. (templated)
+    :param staging_root: the root of staged batches: a local directory or ``s3://bucket/prefix``.
+        (templated)
     :param plugin: the slot's output plugin, ``test_decoding`` or ``pgoutput``. (templated)
     :param tables: ``schema.table`` names to copy; default (empty) every ordinary and
         partitioned table outside the system schemas (for pgoutput with ``publication``: in the
@@ -102,6 +104,10 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         the rows a worker holds in memory. (templated)
     :param workers: chunks copied at once, each on its own connection; ``None`` or 0 picks
         ``min(4, cores)``. The staged batch does not depend on it. (templated)
+    :param storage_conn_id: the Airflow ``aws`` connection of a staging root on object storage
+        (``s3://bucket/prefix``; ``endpoint_url`` in its extra for an S3-compatible store); empty:
+        a local staging root, or the ``AWS_*`` environment for ``s3://``. Resolved when the task
+        runs; no secret enters the task's fields, its log or XCom. (templated)
     """
 
     template_fields: Sequence[str] = (
@@ -115,6 +121,7 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         "postgres_conn_id",
         "chunk_rows",
         "workers",
+        "storage_conn_id",
     )
     ui_color = "#e8f0d9"
 
@@ -132,6 +139,7 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         exclude_tables: Sequence[str] | None = None,
         table_options: Mapping[str, Mapping[str, Any]] | str | None = None,
         publication: str | None = None,
+        storage_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -146,6 +154,7 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         self.two_phase = two_phase
         self.chunk_rows = chunk_rows
         self.workers = workers
+        self.storage_conn_id = storage_conn_id
 
     def execute(self, context: Context) -> list[str]:
         with fail_fast():
@@ -185,8 +194,9 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
             else:
                 tables = []
             dsn = hook.dsn()
+        root = staging_location(staging, self.storage_conn_id)
         if exists:
-            staged = find_initial_load(staging, slot)
+            staged = find_initial_load(root, slot)
             if staged is None:
                 raise SlotError(
                     f"slot {slot!r} already exists and has no staged initial load under {staging}, so its tables "
@@ -210,7 +220,7 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
                 snapshot.snapshot_name,
                 snapshot.consistent_lsn,
                 slot,
-                staging,
+                root,
                 tables,
                 plugin=str(self.plugin),
                 chunk_rows=chunk_rows,

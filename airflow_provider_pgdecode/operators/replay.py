@@ -36,6 +36,7 @@ from airflow.sdk import BaseOperator, Context
 from airflow_provider_pgdecode.batch.chains import select_batch_chain
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError
+from airflow_provider_pgdecode.hooks.staging import staging_location
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
@@ -72,14 +73,19 @@ class PgDecodeReplayOperator(BaseOperator):
         )
 
     :param slot_name: the slot whose batches are replayed. (templated)
-    :param staging_root: the root directory of staged batches. (templated)
+    :param staging_root: the root of staged batches: a local directory or ``s3://bucket/prefix``.
+        (templated)
     :param start_lsn: where the chain starts, ``X/Y`` (a batch must start there); empty or
         ``None``: at the first retained batch. (templated)
     :param end_lsn: where the chain ends, ``X/Y``; empty or ``None``: at the last retained
         batch. (templated)
+    :param storage_conn_id: the Airflow ``aws`` connection of a staging root on object storage
+        (``s3://bucket/prefix``; ``endpoint_url`` in its extra for an S3-compatible store); empty:
+        a local staging root, or the ``AWS_*`` environment for ``s3://``. Resolved when the task
+        runs; no secret enters the task's fields, its log or XCom. (templated)
     """
 
-    template_fields: Sequence[str] = ("slot_name", "staging_root", "start_lsn", "end_lsn")
+    template_fields: Sequence[str] = ("slot_name", "staging_root", "start_lsn", "end_lsn", "storage_conn_id")
     ui_color = "#e3eaf7"
 
     def __init__(
@@ -89,6 +95,7 @@ class PgDecodeReplayOperator(BaseOperator):
         staging_root: str,
         start_lsn: str | None = None,
         end_lsn: str | None = None,
+        storage_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -96,10 +103,12 @@ class PgDecodeReplayOperator(BaseOperator):
         self.staging_root = staging_root
         self.start_lsn = start_lsn
         self.end_lsn = end_lsn
+        self.storage_conn_id = storage_conn_id
 
     def execute(self, context: Context) -> list[str]:
         with fail_fast():
             start, end = _lsn("start_lsn", self.start_lsn), _lsn("end_lsn", self.end_lsn)
-            chain = select_batch_chain(str(self.staging_root), str(self.slot_name), start, end)
+            staging = staging_location(str(self.staging_root), self.storage_conn_id)
+            chain = select_batch_chain(staging, str(self.slot_name), start, end)
         self.log.info("replay: %d batch(es) from %s to %s", len(chain), chain[0].start_lsn, chain[-1].end_lsn)
         return [str(m.path) for m in chain]

@@ -44,6 +44,7 @@ from airflow_provider_pgdecode.capture.table_snapshot import DEFAULT_CHUNK_ROWS,
 from airflow_provider_pgdecode.capture.tables import as_table_names, parse_table_names
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.hooks.staging import staging_location
 from airflow_provider_pgdecode.postgres.catalog import Catalog
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
@@ -77,8 +78,8 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
         )
 
     :param slot_name: the running pipeline's slot. (templated)
-    :param staging_root: the root directory of the slot's staged batches (the request is filed
-        under it). (templated)
+    :param staging_root: the root of the slot's staged batches, a local directory or
+        ``s3://bucket/prefix`` (the request is filed under it). (templated)
     :param tables: ``schema.table`` names to copy (at least one). (templated)
     :param mode: ``add-table`` or ``resnapshot``. (templated)
     :param request_id: the request's id (letters, digits, ``_.+-``); default ``<mode>-<run_id>``,
@@ -91,6 +92,10 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
         without a key cannot be copied chunk by chunk into a running pipeline (a chunk's rows
         cannot be told from the inserts logged while it was read) and is refused by name.
         (templated)
+    :param storage_conn_id: the Airflow ``aws`` connection of a staging root on object storage
+        (``s3://bucket/prefix``; ``endpoint_url`` in its extra for an S3-compatible store); empty:
+        a local staging root, or the ``AWS_*`` environment for ``s3://``. Resolved when the task
+        runs; no secret enters the task's fields, its log or XCom. (templated)
     """
 
     template_fields: Sequence[str] = (
@@ -103,6 +108,7 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
         "request_id",
         "chunk_rows",
         "postgres_conn_id",
+        "storage_conn_id",
     )
     ui_color = "#f0e9d9"
 
@@ -118,6 +124,7 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
         postgres_conn_id: str = PgDecodeHook.default_conn_name,
         exclude_tables: Sequence[str] | None = None,
         table_options: Mapping[str, Mapping[str, Any]] | str | None = None,
+        storage_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -130,6 +137,7 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
         self.request_id = request_id
         self.chunk_rows = chunk_rows
         self.postgres_conn_id = postgres_conn_id
+        self.storage_conn_id = storage_conn_id
 
     def execute(self, context: Context) -> str:
         with fail_fast():
@@ -189,7 +197,12 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
         request_id = self.request_id or f"{mode}-{context['run_id']}"
         try:
             request = request_table_snapshot(
-                str(self.staging_root), slot, tables, mode, request_id=request_id, chunk_rows=chunk_rows
+                staging_location(str(self.staging_root), self.storage_conn_id),
+                slot,
+                tables,
+                mode,
+                request_id=request_id,
+                chunk_rows=chunk_rows,
             )
         except ValueError as exc:  # the request's own argument checks (e.g. an unusable id)
             raise ConfigurationError(f"cannot file the snapshot request: {exc}") from exc

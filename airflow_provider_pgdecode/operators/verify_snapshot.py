@@ -32,6 +32,7 @@ from airflow_provider_pgdecode.capture.tables import as_table_names, parse_table
 from airflow_provider_pgdecode.capture.verify import stage_verify_snapshot
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.hooks.staging import staging_location
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
@@ -60,7 +61,8 @@ class PgDecodeVerifySnapshotOperator(BaseOperator):
         # downstream: upto_lsn="{{ ti.xcom_pull(task_ids='verify_snapshot')['lsn'] }}"
 
     :param slot_name: the pipeline's slot (must exist; it is not read or moved). (templated)
-    :param staging_root: the pipeline's staging root. (templated)
+    :param staging_root: the pipeline's staging root, a local directory or ``s3://bucket/prefix``.
+        (templated)
     :param plugin: the pipeline's output plugin, used for the temporary slot. (templated)
     :param tables: ``schema.table`` names to verify; default (empty) the tables the extract
         loads by default (:func:`~airflow_provider_pgdecode.capture.tables.select_tables`: every
@@ -72,6 +74,10 @@ class PgDecodeVerifySnapshotOperator(BaseOperator):
     :param postgres_conn_id: the Airflow connection of the source database. (templated)
     :param chunk_rows: the target rows per copied chunk. (templated)
     :param workers: chunks copied at once; ``None`` or 0 picks ``min(4, cores)``. (templated)
+    :param storage_conn_id: the Airflow ``aws`` connection of a staging root on object storage
+        (``s3://bucket/prefix``; ``endpoint_url`` in its extra for an S3-compatible store); empty:
+        a local staging root, or the ``AWS_*`` environment for ``s3://``. Resolved when the task
+        runs; no secret enters the task's fields, its log or XCom. (templated)
     """
 
     template_fields: Sequence[str] = (
@@ -85,6 +91,7 @@ class PgDecodeVerifySnapshotOperator(BaseOperator):
         "postgres_conn_id",
         "chunk_rows",
         "workers",
+        "storage_conn_id",
     )
     ui_color = "#d9e8f0"
 
@@ -101,6 +108,7 @@ class PgDecodeVerifySnapshotOperator(BaseOperator):
         exclude_tables: Sequence[str] | None = None,
         table_options: Mapping[str, Mapping[str, Any]] | None = None,
         publication: str | None = None,
+        storage_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -114,6 +122,7 @@ class PgDecodeVerifySnapshotOperator(BaseOperator):
         self.postgres_conn_id = postgres_conn_id
         self.chunk_rows = chunk_rows
         self.workers = workers
+        self.storage_conn_id = storage_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():
@@ -154,7 +163,7 @@ class PgDecodeVerifySnapshotOperator(BaseOperator):
         snapshot = stage_verify_snapshot(
             dsn,
             slot,
-            str(self.staging_root),
+            staging_location(str(self.staging_root), self.storage_conn_id),
             tables,
             plugin=str(self.plugin),
             chunk_rows=chunk_rows,

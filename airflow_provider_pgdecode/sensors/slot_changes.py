@@ -12,6 +12,7 @@ from airflow.sdk.exceptions import AirflowException
 from airflow_provider_pgdecode.capture.table_snapshot import pending_snapshot_requests
 from airflow_provider_pgdecode.errors import SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.hooks.staging import staging_location
 from airflow_provider_pgdecode.triggers.slot_changes import (
     DEFAULT_HEARTBEAT_PREFIX,
     DEFAULT_PROBE_ROWS,
@@ -62,7 +63,13 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
     :param publication: for pgoutput slots, the publication they are read with. (templated)
     :param staging_root: the staging root of the slot's batches; when given, a table snapshot
         request still in progress (``pgdecode_backfill`` modes ``add-table``/``resnapshot``)
-        counts as work, so its chunks get copied even while the database is idle. (templated)
+        counts as work, so its chunks get copied even while the database is idle; a local
+        directory or ``s3://bucket/prefix``. Read by pokes in the task only (the trigger watches
+        the slot alone). (templated)
+    :param storage_conn_id: the Airflow ``aws`` connection of an ``s3://`` staging root
+        (``endpoint_url`` in its extra for an S3-compatible store); empty: a local staging root,
+        or the ``AWS_*`` environment. Resolved in the poke; no secret enters the task's fields,
+        its log or XCom. (templated)
     :param deferrable: wait in the triggerer instead of a worker.
     :param kwargs: :class:`~airflow.sdk.BaseSensorOperator` arguments (``poke_interval``,
         ``timeout``, ``mode``, ``soft_fail`` ...). ``poke_interval`` is also the trigger's
@@ -75,6 +82,7 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
         "heartbeat_prefix",
         "publication",
         "staging_root",
+        "storage_conn_id",
     )
     ui_color = "#d9eaf7"
 
@@ -89,6 +97,7 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
         heartbeat_prefix: str = DEFAULT_HEARTBEAT_PREFIX,
         publication: str | None = None,
         staging_root: str | None = None,
+        storage_conn_id: str | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ) -> None:
@@ -101,6 +110,7 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
         self.heartbeat_prefix = heartbeat_prefix
         self.publication = publication
         self.staging_root = staging_root
+        self.storage_conn_id = storage_conn_id
         self.deferrable = deferrable
 
     def _trigger(self) -> SlotChangesTrigger:
@@ -123,7 +133,9 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
     def poke(self, context: Context) -> PokeReturnValue:
         done, report = self._check()
         if not done and self.staging_root:
-            waiting = pending_snapshot_requests(self.staging_root, self.slot_name)
+            with fail_fast():
+                staging = staging_location(str(self.staging_root), self.storage_conn_id)
+            waiting = pending_snapshot_requests(staging, self.slot_name)
             if waiting:
                 done = True
                 report = {**report, "reason": f"table snapshot request(s) in progress: {', '.join(waiting)}"}

@@ -35,6 +35,7 @@ from airflow_provider_pgdecode.capture.table_snapshot import (
     read_snapshot_state,
 )
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError
+from airflow_provider_pgdecode.hooks.staging import staging_location
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
@@ -64,16 +65,21 @@ class PgDecodeTableSnapshotSensor(BaseSensorOperator):
         )
 
     :param slot_name: the slot whose incremental runs carry out the request. (templated)
-    :param staging_root: the root directory of the slot's staged batches. (templated)
+    :param staging_root: the root of the slot's staged batches, a local directory or
+        ``s3://bucket/prefix``. (templated)
     :param request_id: the request's id, as the request task returned it. (templated)
     :param wait_seconds: how long to wait, counted from the first poke; it replaces
         ``timeout`` when given. 0 does not wait at all: the task succeeds at once (the request
         stays filed and is carried out anyway). (templated)
+    :param storage_conn_id: the Airflow ``aws`` connection of a staging root on object storage
+        (``s3://bucket/prefix``; ``endpoint_url`` in its extra for an S3-compatible store); empty:
+        a local staging root, or the ``AWS_*`` environment for ``s3://``. Resolved when the task
+        runs; no secret enters the task's fields, its log or XCom. (templated)
     :param kwargs: :class:`~airflow.sdk.BaseSensorOperator` arguments (``poke_interval``,
         ``timeout``, ``mode`` ...).
     """
 
-    template_fields: Sequence[str] = ("slot_name", "staging_root", "request_id", "wait_seconds")
+    template_fields: Sequence[str] = ("slot_name", "staging_root", "request_id", "wait_seconds", "storage_conn_id")
     ui_color = "#f0e9d9"
 
     def __init__(
@@ -83,6 +89,7 @@ class PgDecodeTableSnapshotSensor(BaseSensorOperator):
         staging_root: str,
         request_id: str,
         wait_seconds: float | str | None = None,
+        storage_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("mode", "reschedule")
@@ -91,6 +98,7 @@ class PgDecodeTableSnapshotSensor(BaseSensorOperator):
         self.staging_root = staging_root
         self.request_id = request_id
         self.wait_seconds = wait_seconds
+        self.storage_conn_id = storage_conn_id
 
     def _wait_seconds(self) -> float | None:
         if self.wait_seconds is None or self.wait_seconds == "":
@@ -125,13 +133,14 @@ class PgDecodeTableSnapshotSensor(BaseSensorOperator):
 
     def _check(self) -> PokeReturnValue:
         slot, staging, request_id = str(self.slot_name), str(self.staging_root), str(self.request_id or "")
-        if request_id not in {r.id for r in list_snapshot_requests(staging, slot)}:
+        root = staging_location(staging, self.storage_conn_id)
+        if request_id not in {r.id for r in list_snapshot_requests(root, slot)}:
             raise ConfigurationError(
                 f"no snapshot request {request_id!r} of slot {slot!r} is filed under {staging}: file it first "
                 "(PgDecodeTableSnapshotOperator, or pgdecode_backfill in mode 'add-table' or 'resnapshot') and pass "
                 "the id it returns"
             )
-        state = read_snapshot_state(staging, slot, request_id)
+        state = read_snapshot_state(root, slot, request_id)
         self.log.info("request %s: %s", request_id, describe_progress(state) if state else "no chunk confirmed yet")
         if state and state.get("error"):
             raise CatalogError(

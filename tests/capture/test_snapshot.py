@@ -159,11 +159,11 @@ def test_snapshot_then_slot_batches_equal_source_under_concurrent_writes(
     assert writer.error is None, writer.error
 
     assert snapshot.end_lsn == str(lsn)
-    assert snapshot.path.name == f"{0:016X}-{int(lsn):016X}"
-    assert (snapshot.path / "snapshot.json").is_file() and not (snapshot.path / "progress.json").exists()
+    assert Path(snapshot.path).name == f"{0:016X}-{int(lsn):016X}"
+    assert (Path(snapshot.path) / "snapshot.json").is_file() and not (Path(snapshot.path) / "progress.json").exists()
     items = next(t for t in snapshot.tables if t.table == "snap_items")
     assert items.truncates == 1 and items.key == ["id"]
-    staged = pq.read_table(snapshot.path / items.path, columns=["id", "_pg_op", "_pg_commit_lsn"]).to_pydict()
+    staged = pq.read_table(Path(snapshot.path) / items.path, columns=["id", "_pg_op", "_pg_commit_lsn"]).to_pydict()
     assert sorted(i for i, op in zip(staged["id"], staged["_pg_op"]) if op == "I") == in_snapshot != now
     assert set(staged["_pg_commit_lsn"]) == {int(lsn)}
     merge_then_follow(pg_conn, spark, slot_name, snapshot, staging, delta_root)
@@ -200,7 +200,7 @@ def test_chunked_copy_resumes_after_a_failure_and_gives_the_same_result(
     assert writer.error is None, writer.error
 
     assert 0 < before < len(seen)
-    info = json.loads((snapshot.path / "snapshot.json").read_text())
+    info = json.loads((Path(snapshot.path) / "snapshot.json").read_text())
     for entry in info["tables"]:
         chunks = [chunk for table, chunk in seen if table == entry["table"]]
         assert sorted(chunks) == list(range(entry["chunks"])), entry["table"]  # each chunk copied once
@@ -226,8 +226,8 @@ def test_workers_do_not_change_what_is_staged(pg_conn, pg_dsn, source, slot_name
     for table in one.tables:
         assert len(table.files) > 1
         for file in table.files:
-            a = pq.read_table(one.path / table.path / file)
-            b = pq.read_table(three.path / table.path / file)
+            a = pq.read_table(Path(one.path) / table.path / file)
+            b = pq.read_table(Path(three.path) / table.path / file)
             assert a.equals(b), (table.table, file)
 
 
@@ -378,12 +378,12 @@ def test_copy_killed_with_sigkill_resumes_without_redoing_chunks(
     assert before | set(seen) == {(t, i) for t, n in total.items() for i in range(n)}
     assert len(seen) == len(set(seen))
     for (table, file), stamp in stamps.items():
-        st = (snapshot.path / "tables" / "public" / table / file).stat()
+        st = (Path(snapshot.path) / "tables" / "public" / table / file).stat()
         assert (st.st_ino, st.st_mtime_ns) == stamp, f"{table}/{file} was rewritten"
-    assert not list(snapshot.path.rglob("*.part"))
+    assert not list(Path(snapshot.path).rglob("*.part"))
     staged = next(t for t in snapshot.tables if t.table == "snap_big")
     assert staged.inserts == BIG_ROWS
-    ids = pq.read_table(snapshot.path / staged.path, columns=["id"]).column("id").drop_null().to_pylist()
+    ids = pq.read_table(Path(snapshot.path) / staged.path, columns=["id"]).column("id").drop_null().to_pylist()
     assert sorted(ids) == list(range(1, BIG_ROWS + 1))
 
     merge_then_follow(pg_conn, spark, slot_name, snapshot, staging, delta_root, tables)
@@ -411,7 +411,7 @@ def test_awkward_values_survive_the_csv_copy(pg_conn, pg_dsn, slot_name, spark, 
         snapshot = stage_snapshot(
             pg_dsn, name, lsn, slot_name, tmp_path / "staging", ["public.snap_awkward"], workers=2
         )
-    staged = pq.read_table(snapshot.path / snapshot.tables[0].path).to_pydict()
+    staged = pq.read_table(Path(snapshot.path) / snapshot.tables[0].path).to_pydict()
     rows = {i: (t, tags) for i, t, tags in zip(staged["id"], staged["t"], staged["tags"]) if i is not None}
     assert rows[1] == ("", []) and rows[2] == (None, None)
     assert rows[3] == ("a,b \"q\" 's'", ["x,y", 'q"t', None, "", "NULL"])

@@ -338,7 +338,7 @@ def test_full_identity_chunks_keep_repeated_rows_and_nulls_whole(
     assert state["done"] and not state["error"], state
     staged = next(t for t in manifest.tables if t.table == "ts_dups")
     assert staged.key == ["a", "b"] and staged.replica_identity == "full"
-    rows = pq.read_table(manifest.path / staged.path).to_pydict()
+    rows = pq.read_table(Path(manifest.path) / staged.path).to_pydict()
     copied = Counter((a, b) for a, b, op in zip(rows["a"], rows["b"], rows["_pg_op"]) if op == "I")
     source = Counter(pg_conn.execute("select a, b from ts_dups").fetchall())
     assert sum(source.values()) == 300 and len(source) < 60  # rows repeat, and chunks of 4 split runs of them

@@ -79,7 +79,7 @@ def test_the_copy_holds_exactly_what_the_extract_up_to_its_lsn_holds(pg_conn, pg
     slots = [r[0] for r in c.execute("select slot_name from pg_replication_slots").fetchall()]
     assert not [s for s in slots if s.startswith("pgdecode_verify_")]
     # The copy lives in the verify area, which no merge or reconciliation lists as a batch.
-    assert Path(snapshot.path).is_relative_to(verify_area(tmp_path, slot_name))
+    assert Path(snapshot.path).is_relative_to(Path(verify_area(tmp_path, slot_name).root))
     assert [p.name for p in list_batches(tmp_path, slot_name)] == [Path(extracted.path).name]
     assert VerifySnapshot.from_dict(snapshot.to_dict()) == snapshot
 
@@ -100,7 +100,7 @@ def test_a_table_without_a_key_or_no_table_is_refused_and_leaves_nothing(pg_conn
     pg_conn.execute("drop table if exists verify_nokey; create table verify_nokey (a int)")
     with pytest.raises(CatalogError, match="verify_nokey"):
         stage_verify_snapshot(pg_dsn, slot_name, tmp_path, ["public.verify_nokey"])
-    assert list(verify_area(tmp_path, slot_name).iterdir()) == []
+    assert list(Path(verify_area(tmp_path, slot_name).root).iterdir()) == []
     with pytest.raises(ConfigurationError, match="no table to verify"):
         stage_verify_snapshot(pg_dsn, slot_name, tmp_path, [])
     with pytest.raises(ConfigurationError, match="not a verify snapshot"):

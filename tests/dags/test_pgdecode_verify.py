@@ -89,7 +89,7 @@ def pipeline(pg_cluster, pg_conn, pg_dsn, slot_name, tmp_path, monkeypatch, airf
 
 
 def latest_report(conf) -> dict:
-    reports = sorted(verify_area(conf["staging_uri"], conf["slot_name"]).glob("report-*.json"))
+    reports = sorted(Path(verify_area(conf["staging_uri"], conf["slot_name"]).root).glob("report-*.json"))
     assert reports
     return json.loads(reports[-1].read_text())
 
@@ -99,7 +99,7 @@ def verify_events(staging_uri: str, slot: str) -> list[dict]:
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
-    uri = verify_area(staging_uri, slot).resolve().as_uri()
+    uri = Path(verify_area(staging_uri, slot).root).resolve().as_uri()
     with create_session() as session:
         rows = session.scalars(
             select(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id).where(AssetModel.uri == uri)
@@ -142,7 +142,7 @@ def test_equal_under_a_concurrent_writer_then_names_a_row_changed_in_delta(pg_co
         "select confirmed_flush_lsn from pg_replication_slots where slot_name = %s", (conf["slot_name"],)
     ).fetchone()[0]
     assert slot_after == slot_before
-    assert not list(verify_area(conf["staging_uri"], conf["slot_name"]).glob("pgdecode_verify_*"))
+    assert not list(Path(verify_area(conf["staging_uri"], conf["slot_name"]).root).glob("pgdecode_verify_*"))
 
     # One Delta row changed by hand: the next verify fails and names that table and key. (The
     # next verify re-merges what the writer did after the first one's LSN: an account it never

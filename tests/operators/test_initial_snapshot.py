@@ -38,7 +38,7 @@ def slot_row(conn: psycopg.Connection[Any], slot: str) -> tuple[Any, ...] | None
 
 def staged_ids(manifest: BatchManifest, table: str) -> list[int]:
     summary = next(t for t in manifest.tables if t.table == table)
-    data = pq.read_table(manifest.path / summary.path, columns=["id", "_pg_op"]).to_pydict()
+    data = pq.read_table(Path(manifest.path) / summary.path, columns=["id", "_pg_op"]).to_pydict()
     return sorted(i for i, op in zip(data["id"], data["_pg_op"]) if op == "I")
 
 

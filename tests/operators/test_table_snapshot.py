@@ -38,7 +38,7 @@ def test_files_the_request_once_and_returns_its_id(
     with structlog.testing.capture_logs() as logs:
         request_id = op.execute(make_context())
     assert request_id == "rebuild-orders"
-    filed = json.loads((requests_dir(tmp_path, slot) / "rebuild-orders.json").read_text())
+    filed = json.loads(requests_dir(tmp_path, slot).read_text("rebuild-orders.json"))
     assert (filed["mode"], filed["tables"], filed["chunk_rows"]) == (
         "resnapshot",
         [["public", "orders"], ["public", "refunds"]],
@@ -50,7 +50,7 @@ def test_files_the_request_once_and_returns_its_id(
     # a re-run (or every run of `airflow backfill create`) finds the same request
     assert op.execute(make_context()) == "rebuild-orders"
     assert [r.id for r in list_snapshot_requests(tmp_path, slot)] == ["rebuild-orders"]
-    assert json.loads((requests_dir(tmp_path, slot) / "rebuild-orders.json").read_text()) == filed
+    assert json.loads(requests_dir(tmp_path, slot).read_text("rebuild-orders.json")) == filed
 
 
 def test_without_a_request_id_one_request_per_dag_run(

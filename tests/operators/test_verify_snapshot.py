@@ -37,7 +37,7 @@ def test_copies_the_tables_of_a_running_pipeline(pg_conn, source_conn, slot_name
     snapshot = VerifySnapshot.from_dict(result)
     assert snapshot.slot == slot_name and snapshot.tables == ("public.vs_items",)
     assert snapshot.lsn >= flushed
-    assert Path(snapshot.path).is_relative_to(verify_area(tmp_path, slot_name))
+    assert Path(snapshot.path).is_relative_to(Path(verify_area(tmp_path, slot_name).root))
     assert [(t.table, t.inserts) for t in BatchManifest.read(snapshot.path).tables] == [("vs_items", 40)]
 
     with pytest.raises(AirflowFailException, match="chunk_rows and workers must be whole numbers"):
