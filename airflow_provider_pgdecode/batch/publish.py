@@ -16,6 +16,7 @@ contents is kept and a different one is an error.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -34,15 +35,23 @@ TMP_PREFIX = ".tmp-"
 """Names of unfinished local work directories (retention removes old ones)."""
 
 
-def batch_workdir(staging: Storage, slot: str, start_lsn: Lsn, name: str | None = None) -> Path:
-    """A local directory to write a batch in: beside its final place for a local staging root
-    (publishing is a rename), under :func:`~airflow_provider_pgdecode.batch.storage.spool_dir`
-    for object storage. A new one, unless ``name`` names one to resume (``.tmp-<name>``, kept
-    between attempts). The caller removes it if publishing does not happen."""
-    base = Path(staging.uri(slot)) if staging.is_local else spool_dir() / slot
-    path = base / f"{TMP_PREFIX}{name or f'{int(start_lsn):016X}-{uuid.uuid4().hex[:12]}'}"
+def workdir_base(staging: Storage, slot: str) -> Path:
+    """Where a slot's local work directories live: ``<staging_root>/<slot>`` for a local staging
+    root (publishing is a rename); for object storage a folder of
+    :func:`~airflow_provider_pgdecode.batch.storage.spool_dir` named after the slot's location, so
+    that slots of one name in two stores never share one."""
+    if staging.is_local:
+        return Path(staging.uri(slot))
+    digest = hashlib.sha256(staging.uri(slot).encode("utf-8")).hexdigest()[:16]
+    return spool_dir() / f"{slot}-{digest}"
+
+
+def batch_workdir(staging: Storage, slot: str, start_lsn: Lsn) -> Path:
+    """A new local directory (under :func:`workdir_base`) to write a batch in. The caller removes
+    it if publishing does not happen."""
+    path = workdir_base(staging, slot) / f"{TMP_PREFIX}{int(start_lsn):016X}-{uuid.uuid4().hex[:12]}"
     with staging_io(path, "create batch directory"):
-        path.mkdir(parents=True, exist_ok=name is not None)
+        path.mkdir(parents=True)
     return path
 
 
@@ -99,4 +108,4 @@ def _fsync_tree(root: Path) -> None:
         fsync_dir(directory)
 
 
-__all__ = ["TMP_PREFIX", "batch_workdir", "publish_batch"]
+__all__ = ["TMP_PREFIX", "batch_workdir", "publish_batch", "workdir_base"]

@@ -87,8 +87,6 @@ table finishes.
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import json
 import logging
 import math
@@ -125,8 +123,8 @@ from airflow_provider_pgdecode.batch.manifest import (
     table_path,
 )
 from airflow_provider_pgdecode.batch.options import DEFAULT_OPTIONS, TableOptions, options_for, parse_table_options
-from airflow_provider_pgdecode.batch.publish import publish_batch
-from airflow_provider_pgdecode.batch.storage import Storage, as_storage, spool_dir
+from airflow_provider_pgdecode.batch.publish import TMP_PREFIX, publish_batch, workdir_base
+from airflow_provider_pgdecode.batch.storage import Storage, as_storage
 from airflow_provider_pgdecode.batch.values import arrow_type
 from airflow_provider_pgdecode.capture.renames import record_tables
 from airflow_provider_pgdecode.capture.tables import parse_table_names
@@ -419,7 +417,7 @@ def stage_snapshot(
     (tmp / SNAPSHOT_INFO_NAME).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (tmp / PROGRESS_NAME).unlink()
     manifest.write(tmp)
-    manifest.path = _publish(tmp, store, f"{slot_name}/{batch_dir_name(SNAPSHOT_START_LSN, lsn)}", manifest)
+    manifest.path = publish_batch(tmp, store, f"{slot_name}/{batch_dir_name(SNAPSHOT_START_LSN, lsn)}", manifest)
     if not store.is_local:
         shutil.rmtree(tmp, ignore_errors=True)  # the local copy of an uploaded batch
     log.info("Staged the snapshot of %d table(s), %d rows, at %s: %s", len(names), total_rows, lsn, manifest.path)
@@ -431,24 +429,7 @@ def snapshot_workdir(store: Storage, slot_name: str, snapshot_name: str) -> Path
     before it is published: ``<staging_root>/<slot>/.tmp-snapshot-<name>`` on a local staging
     root (publishing is a rename), else under :func:`~airflow_provider_pgdecode.batch.storage.spool_dir`
     in a folder named after the staging location, so that a resumed copy finds it again."""
-    if store.is_local:
-        return Path(store.uri(slot_name)) / f".tmp-snapshot-{snapshot_name}"
-    digest = hashlib.sha256(store.uri(slot_name).encode("utf-8")).hexdigest()[:16]
-    return spool_dir() / f"{slot_name}-{digest}" / f".tmp-snapshot-{snapshot_name}"
-
-
-def _publish(workdir: Path, store: Storage, relative: str, manifest: BatchManifest) -> Any:
-    """Publish the finished copy as the batch ``relative`` of ``store``; its location."""
-    publish: Any = publish_batch
-    if len(inspect.signature(publish).parameters) == 4:  # publish_batch(workdir, staging, relative, manifest)
-        return publish(workdir, store, relative, manifest)
-    # TODO(s3): the batch layer before object storage: a local rename only (drop once it is merged).
-    if not store.is_local:
-        raise StagingError(
-            f"cannot publish batch {store.uri(relative)}: this installation's batch layer stages to local "
-            "directories only; use a local staging root"
-        )
-    return publish(workdir, Path(store.uri(relative)), manifest)
+    return workdir_base(store, slot_name) / f"{TMP_PREFIX}snapshot-{snapshot_name}"
 
 
 def _plan_table(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import posixpath
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
@@ -17,8 +16,8 @@ from airflow_provider_pgdecode.batch.storage import Storage, is_object_store, sp
 from airflow_provider_pgdecode.capture.table_snapshot import describe_progress, write_snapshot_states
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError
+from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-from airflow_provider_pgdecode.hooks.staging import staging_location
 from airflow_provider_pgdecode.operators.extract import checkpoint_xcom_key
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
@@ -29,11 +28,9 @@ def _same_path(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def _staging_root_of(batch: str | Storage) -> str | Storage:
+def _staging_root_of(batch: Storage) -> Storage:
     """The staging root a batch lives in: ``<staging_root>/<slot>/<batch>``."""
-    if isinstance(batch, Storage):
-        return batch.at(posixpath.dirname(posixpath.dirname(batch.root)))
-    return str(Path(batch).parent.parent)
+    return batch.at(posixpath.dirname(posixpath.dirname(batch.root)))
 
 
 class PgDecodeConfirmOperator(BaseOperator):
@@ -133,7 +130,7 @@ class PgDecodeConfirmOperator(BaseOperator):
 
     def _confirm(self, context: Context) -> dict[str, Any]:
         path = str(self.batch_path)
-        batch = staging_location(path, self.storage_conn_id)
+        batch = storage_for(path, self.storage_conn_id)
         manifest = BatchManifest.read(batch)
         if manifest.slot != self.slot_name:
             raise ConfigurationError(

@@ -13,8 +13,8 @@ from airflow_provider_pgdecode.batch.options import as_table_options
 from airflow_provider_pgdecode.capture.reconcile import reconcile
 from airflow_provider_pgdecode.capture.tables import as_table_names, parse_table_names, select_tables
 from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-from airflow_provider_pgdecode.hooks.staging import staging_location
 from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
@@ -243,7 +243,7 @@ class PgDecodeExtractOperator(BaseOperator):
         if self.table_options:
             options["table_options"] = as_table_options(self.table_options)
         with fail_fast(), PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
-            staging = staging_location(self.staging_root, self.storage_conn_id)
+            staging = storage_for(self.staging_root, self.storage_conn_id)
             self._hook = hook
             info = hook.describe_slot(self.slot_name)
             check_readable(info, self.plugin)

@@ -46,8 +46,8 @@ from airflow_provider_pgdecode.capture.snapshot import (
 )
 from airflow_provider_pgdecode.capture.tables import as_table_names, parse_table_names, select_tables
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError
+from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-from airflow_provider_pgdecode.hooks.staging import staging_location
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
@@ -194,7 +194,7 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
             else:
                 tables = []
             dsn = hook.dsn()
-        root = staging_location(staging, self.storage_conn_id)
+        root = storage_for(staging, self.storage_conn_id)
         if exists:
             staged = find_initial_load(root, slot)
             if staged is None:

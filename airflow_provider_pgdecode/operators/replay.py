@@ -36,7 +36,7 @@ from airflow.sdk import BaseOperator, Context
 from airflow_provider_pgdecode.batch.chains import select_batch_chain
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError
-from airflow_provider_pgdecode.hooks.staging import staging_location
+from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
@@ -108,7 +108,7 @@ class PgDecodeReplayOperator(BaseOperator):
     def execute(self, context: Context) -> list[str]:
         with fail_fast():
             start, end = _lsn("start_lsn", self.start_lsn), _lsn("end_lsn", self.end_lsn)
-            staging = staging_location(str(self.staging_root), self.storage_conn_id)
+            staging = storage_for(str(self.staging_root), self.storage_conn_id)
             chain = select_batch_chain(staging, str(self.slot_name), start, end)
         self.log.info("replay: %d batch(es) from %s to %s", len(chain), chain[0].start_lsn, chain[-1].end_lsn)
         return [str(m.path) for m in chain]

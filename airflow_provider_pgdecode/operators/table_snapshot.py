@@ -43,8 +43,8 @@ from airflow_provider_pgdecode.batch.options import as_table_options, options_fo
 from airflow_provider_pgdecode.capture.table_snapshot import DEFAULT_CHUNK_ROWS, MODES, request_table_snapshot
 from airflow_provider_pgdecode.capture.tables import as_table_names, parse_table_names
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError
+from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-from airflow_provider_pgdecode.hooks.staging import staging_location
 from airflow_provider_pgdecode.postgres.catalog import Catalog
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
@@ -197,7 +197,7 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
         request_id = self.request_id or f"{mode}-{context['run_id']}"
         try:
             request = request_table_snapshot(
-                staging_location(str(self.staging_root), self.storage_conn_id),
+                storage_for(str(self.staging_root), self.storage_conn_id),
                 slot,
                 tables,
                 mode,

@@ -31,8 +31,8 @@ from airflow_provider_pgdecode.capture.snapshot import DEFAULT_SNAPSHOT_CHUNK_RO
 from airflow_provider_pgdecode.capture.tables import as_table_names, parse_table_names, select_tables
 from airflow_provider_pgdecode.capture.verify import stage_verify_snapshot
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError
+from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-from airflow_provider_pgdecode.hooks.staging import staging_location
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
@@ -163,7 +163,7 @@ class PgDecodeVerifySnapshotOperator(BaseOperator):
         snapshot = stage_verify_snapshot(
             dsn,
             slot,
-            staging_location(str(self.staging_root), self.storage_conn_id),
+            storage_for(str(self.staging_root), self.storage_conn_id),
             tables,
             plugin=str(self.plugin),
             chunk_rows=chunk_rows,

@@ -11,8 +11,8 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_pgdecode.capture.table_snapshot import pending_snapshot_requests
 from airflow_provider_pgdecode.errors import SlotError
+from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-from airflow_provider_pgdecode.hooks.staging import staging_location
 from airflow_provider_pgdecode.triggers.slot_changes import (
     DEFAULT_HEARTBEAT_PREFIX,
     DEFAULT_PROBE_ROWS,
@@ -134,7 +134,7 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
         done, report = self._check()
         if not done and self.staging_root:
             with fail_fast():
-                staging = staging_location(str(self.staging_root), self.storage_conn_id)
+                staging = storage_for(str(self.staging_root), self.storage_conn_id)
             waiting = pending_snapshot_requests(staging, self.slot_name)
             if waiting:
                 done = True

@@ -35,7 +35,7 @@ from airflow_provider_pgdecode.capture.table_snapshot import (
     read_snapshot_state,
 )
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError
-from airflow_provider_pgdecode.hooks.staging import staging_location
+from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
@@ -133,7 +133,7 @@ class PgDecodeTableSnapshotSensor(BaseSensorOperator):
 
     def _check(self) -> PokeReturnValue:
         slot, staging, request_id = str(self.slot_name), str(self.staging_root), str(self.request_id or "")
-        root = staging_location(staging, self.storage_conn_id)
+        root = storage_for(staging, self.storage_conn_id)
         if request_id not in {r.id for r in list_snapshot_requests(root, slot)}:
             raise ConfigurationError(
                 f"no snapshot request {request_id!r} of slot {slot!r} is filed under {staging}: file it first "

@@ -19,7 +19,7 @@ from airflow_provider_pgdecode.capture.table_snapshot import (
     request_table_snapshot,
     write_snapshot_states,
 )
-from airflow_provider_pgdecode.hooks.staging import staging_location
+from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.operators import (
     PgDecodeConfirmOperator,
     PgDecodeExtractOperator,
@@ -98,9 +98,9 @@ def test_nothing_is_resolved_at_parse_time(monkeypatch: pytest.MonkeyPatch) -> N
     tasks()  # no lookup, not even of a connection that does not exist
 
 
-def test_staging_location_resolves_the_connection(lake_conn: str, s3_bucket: str, tmp_path: Any) -> None:
-    assert staging_location(str(tmp_path), lake_conn) == str(tmp_path)  # a local path stays as given
-    store = staging_location(f"{s3_bucket}/staging", lake_conn)
+def test_storage_for_resolves_the_connection(lake_conn: str, s3_bucket: str, tmp_path: Any) -> None:
+    assert storage_for(str(tmp_path), lake_conn) == Storage(tmp_path)  # a local path ignores the connection
+    store = storage_for(f"{s3_bucket}/staging", lake_conn)
     assert isinstance(store, Storage) and store.root == f"{s3_bucket}/staging"
     assert store.settings is not None and store.settings.endpoint_url is not None
     assert SECRET_KEY not in repr(store) and SECRET_KEY not in repr(store.settings)
