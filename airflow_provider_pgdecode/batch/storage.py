@@ -236,8 +236,10 @@ class Storage:
             raise self._error(exc, relative, "look up") from exc
 
     def read_bytes(self, relative: str) -> bytes:
+        """The object's bytes as stored (``compression=None``: pyarrow would otherwise gunzip a
+        ``.gz`` name on read and gzip it again on write)."""
         try:
-            with self.filesystem.open_input_stream(self._path(relative)) as stream:
+            with self.filesystem.open_input_stream(self._path(relative), compression=None) as stream:
                 return bytes(stream.read())
         except FileNotFoundError:
             raise
@@ -307,7 +309,7 @@ class Storage:
                     raise
                 fsync_dir(target.parent)
             else:
-                with self.filesystem.open_output_stream(self._path(relative)) as stream:
+                with self.filesystem.open_output_stream(self._path(relative), compression=None) as stream:
                     stream.write(data)
         except OSError as exc:
             raise self._error(exc, relative, "write") from exc
@@ -320,7 +322,7 @@ class Storage:
         try:
             if self.is_local:
                 Path(self._path(relative)).parent.mkdir(parents=True, exist_ok=True)
-            return self.filesystem.open_output_stream(self._path(relative))
+            return self.filesystem.open_output_stream(self._path(relative), compression=None)
         except OSError as exc:
             raise self._error(exc, relative, "write") from exc
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -34,6 +36,15 @@ def test_write_read_list_and_delete(store: Storage) -> None:
     with pytest.raises(FileNotFoundError):
         store.read_bytes("slot/a-b/manifest.json")
     store.delete_tree("slot/a-b")  # a missing tree is no error
+
+
+def test_bytes_are_stored_as_given_whatever_the_name(store: Storage) -> None:
+    data = gzip.compress(b"items")
+    store.write_bytes("prepared/1-a.jsonl.gz", data)
+    assert store.read_bytes("prepared/1-a.jsonl.gz") == data
+    with store.open_output("prepared/2-b.jsonl.gz") as out:
+        out.write(data)
+    assert store.read_bytes("prepared/2-b.jsonl.gz") == data
 
 
 def test_parquet_through_streams(store: Storage) -> None:

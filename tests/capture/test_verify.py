@@ -80,7 +80,7 @@ def test_the_copy_holds_exactly_what_the_extract_up_to_its_lsn_holds(pg_conn, pg
     assert not [s for s in slots if s.startswith("pgdecode_verify_")]
     # The copy lives in the verify area, which no merge or reconciliation lists as a batch.
     assert Path(snapshot.path).is_relative_to(Path(verify_area(tmp_path, slot_name).root))
-    assert [p.name for p in list_batches(tmp_path, slot_name)] == [Path(extracted.path).name]
+    assert [Path(p).name for p in list_batches(tmp_path, slot_name)] == [Path(extracted.path).name]
     assert VerifySnapshot.from_dict(snapshot.to_dict()) == snapshot
 
     remove_verify_snapshot(snapshot)
