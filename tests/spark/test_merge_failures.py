@@ -126,7 +126,7 @@ def test_the_job_exits_3_with_the_out_of_memory_refusal(tmp_path: Path, monkeypa
     def out_of_memory(*args, **kwargs):
         raise Exception(SPARK_OOM)
 
-    monkeypatch.setattr(session, "build_spark_session", lambda master=None: FakeSpark())
+    monkeypatch.setattr(session, "build_spark_session", lambda master=None, **kwargs: FakeSpark())
     monkeypatch.setattr(merge_job, "merge_batches", out_of_memory)
     summary = tmp_path / "summary.json"
     code = merge_job.main(["--delta-root", str(tmp_path), "--batch", str(tmp_path), "--summary-json", str(summary)])
