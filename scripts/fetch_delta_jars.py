@@ -1,19 +1,22 @@
 #!/usr/bin/env python
-"""Fetch Delta Lake's jars (and their dependencies) into the project-local Ivy cache.
+"""Fetch Delta Lake's jars and hadoop-aws (with their dependencies) into the project-local Ivy cache.
 
     .venv/bin/python scripts/fetch_delta_jars.py [--force] [--maven]
 
 The merge job resolves ``io.delta:delta-spark_<spark>_2.13:<delta>`` through Spark's packages
 mechanism (``spark.jars.packages``) with ``spark.jars.ivy`` pointing at the project-local Ivy
-directory (``.cache/ivy``, or ``$PGDECODE_IVY_DIR``). This script does that resolution once, so
-that tests and jobs started afterwards find every jar in the cache and never go to the network.
+directory (``.cache/ivy``, or ``$PGDECODE_IVY_DIR``); a run that reads or writes ``s3://`` adds
+``org.apache.hadoop:hadoop-aws`` (the Hadoop of pip's pyspark; its AWS SDK comes with it). This
+script resolves both once, so that tests and jobs started afterwards find every jar in the cache
+and never go to the network; the stamp records both coordinates.
 
 Idempotent and fast: when a previous run recorded the same coordinates and every recorded jar is
 still there, it returns in well under a second without starting a JVM.
 
 ``--maven`` (also the automatic fallback when Ivy cannot resolve) copies the same artifact and
-its transitive dependencies with ``mvn dependency:copy-dependencies`` into ``.cache/delta-jars``;
-point ``$PGDECODE_DELTA_JARS`` at that folder to make the job use ``spark.jars`` instead of Ivy.
+its transitive dependencies with ``mvn dependency:copy-dependencies`` into ``.cache/delta-jars``, and
+hadoop-aws with its AWS SDK into ``.cache/delta-jars/object-store``; point ``$PGDECODE_DELTA_JARS`` at
+that folder to make the job use ``spark.jars`` instead of Ivy (the sub-folder only for s3:// runs).
 """
 
 from __future__ import annotations
@@ -57,22 +60,30 @@ def resolve_with_ivy(ivy: Path, coordinates: str) -> list[Path]:
     spark = session.build_spark_session(
         "local[1]",
         app_name="pgdecode-fetch-delta-jars",
-        extra_conf={"spark.jars.packages": coordinates, "spark.jars.ivy": str(ivy)},
+        extra_conf={
+            "spark.jars.packages": coordinates,
+            "spark.jars.ivy": str(ivy),
+            "spark.jars.excludes": session.HADOOP_EXCLUDES,
+        },
     )
     try:
         # A real Delta write: fails here if the Delta classes did not load.
         with tempfile.TemporaryDirectory() as probe:
             spark.range(1).write.format("delta").save(str(Path(probe) / "probe"))
+        # And the S3A filesystem loads (no store is contacted).
+        jvm = spark._jvm
+        jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass("s3a", spark.sparkContext._jsc.hadoopConfiguration())
     finally:
         spark.stop()
     jars = sorted((ivy / "jars").glob("*.jar"))
-    if not any(jar.name.startswith("io.delta_delta-spark_") for jar in jars):
-        raise RuntimeError(f"Ivy finished but no delta-spark jar is in {ivy / 'jars'}")
+    for prefix in ("io.delta_delta-spark_", "org.apache.hadoop_hadoop-aws-"):
+        if not any(jar.name.startswith(prefix) for jar in jars):
+            raise RuntimeError(f"Ivy finished but no {prefix}*.jar is in {ivy / 'jars'}")
     return jars
 
 
 def resolve_with_maven(target: Path, coordinates: str) -> list[Path]:
-    """Copy ``coordinates`` and its runtime dependencies into ``target`` with Maven."""
+    """Copy ``coordinates`` (one artifact) and its runtime dependencies into ``target`` with Maven."""
     if shutil.which("mvn") is None:
         raise RuntimeError("mvn is not installed (apt-get install maven)")
     group, artifact, version = coordinates.split(":")
@@ -109,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--maven", action="store_true", help="use Maven instead of Ivy")
     args = parser.parse_args(argv)
 
-    coordinates = session.delta_maven_coordinates()
+    delta = session.delta_maven_coordinates()
+    hadoop_aws = session.hadoop_aws_maven_coordinates()
+    coordinates = f"{delta},{hadoop_aws}"
     ivy = session.ivy_dir()
     stamp = ivy / STAMP_NAME
     if not args.force and not args.maven:
@@ -130,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"Ivy could not resolve {coordinates}: {error}; trying Maven", file=sys.stderr)
         method = "maven"
         target = ivy.parent / "delta-jars"
-        jars = resolve_with_maven(target, coordinates)
+        jars = resolve_with_maven(target, delta)
+        jars += resolve_with_maven(target / session.OBJECT_STORE_JARS_DIR, hadoop_aws)
         print(f"{coordinates}: {len(jars)} jars copied to {target}; run jobs with {session.DELTA_JARS_ENV}={target}")
         return 0
 

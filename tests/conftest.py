@@ -107,6 +107,8 @@ def spark() -> Iterator[SparkSession]:
     session = build_spark_session(
         "local[2]",
         app_name="pgdecode-tests",
+        # hadoop-aws (s3a://) for the tests on the local S3 server: one JVM serves every test.
+        object_store=True,
         extra_conf={
             "spark.sql.shuffle.partitions": "2",
             "spark.default.parallelism": "2",

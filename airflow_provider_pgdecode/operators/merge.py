@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import Asset, AssetAlias, BaseHook, BaseOperator, Context
@@ -18,8 +19,10 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_pgdecode.batch.format import delta_path_part
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
+from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage, is_object_store
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError, MergeInputError, MergeOutOfMemoryError
+from airflow_provider_pgdecode.hooks.object_store import object_store_settings
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 MERGE_JOB_MODULE = "airflow_provider_pgdecode.spark.merge_job"
@@ -53,18 +56,20 @@ def default_env_vars() -> dict[str, str]:
     }
 
 
-def default_spark_conf() -> dict[str, str]:
-    """Delta's session settings and where its jars come from (``spark.jars.packages`` + a project Ivy dir)."""
+def default_spark_conf(*, object_store: bool = False) -> dict[str, str]:
+    """Delta's session settings and where its jars come from (``spark.jars.packages`` + a project Ivy
+    dir); with ``object_store``, hadoop-aws for ``s3a://`` too (no secret: those travel as environment)."""
     from airflow_provider_pgdecode.spark.session import delta_spark_conf
 
-    return delta_spark_conf()
+    return delta_spark_conf(object_store=object_store)
 
 
 def spark_submit_settings(
-    conn_id: str, conf: Mapping[str, Any], packages: str | None
+    conn_id: str, conf: Mapping[str, Any], packages: str | None, *, object_store: bool = False
 ) -> tuple[dict[str, str], str | None]:
     """The ``conf`` and ``packages`` of a pgdecode spark-submit (the merge and verify jobs): Delta's
-    defaults under the operator's ``conf``, with ``spark.jars.packages`` moved to ``packages``.
+    defaults (with hadoop-aws when ``object_store``) under the operator's ``conf``, with
+    ``spark.jars.packages`` moved to ``packages``.
 
     Checks first that the Spark connection exists: without it spark-submit would run on YARN.
     """
@@ -76,9 +81,44 @@ def spark_submit_settings(
             "use master 'yarn'. Create it, e.g. for local mode "
             f'AIRFLOW_CONN_{conn_id.upper()}=\'{{"conn_type": "spark", "host": "local[*]"}}\''
         ) from exc
-    merged = {**default_spark_conf(), **{k: str(v) for k, v in conf.items()}}
+    merged = {**default_spark_conf(object_store=object_store), **{k: str(v) for k, v in conf.items()}}
     jars = merged.pop("spark.jars.packages", None)
     return merged, packages or jars
+
+
+def object_store_env(
+    hook: SparkSubmitHook, settings: ObjectStoreSettings | None, storage_conn_id: str | None
+) -> dict[str, str]:
+    """The ``AWS_*`` environment that carries a storage connection's settings to the Spark job.
+
+    spark-submit gets them as its process environment, never as arguments. The Spark provider's
+    hook puts ``env_vars`` on the command line as ``--conf`` for a YARN or Kubernetes master (and
+    refuses them in standalone cluster mode), so a connection holding a secret is refused there.
+    """
+    if settings is None:
+        return {}
+    connection = getattr(hook, "_connection", None) or {}
+    master = str(connection.get("master") or "")
+    if settings.secrets and ("yarn" in master or "k8s" in master or connection.get("deploy_mode") == "cluster"):
+        raise ConfigurationError(
+            f"storage_conn_id={storage_conn_id!r} holds a secret key, and with master {master!r} "
+            f"(deploy mode {connection.get('deploy_mode')!r}) the Spark provider would pass it on the spark-submit "
+            "command line. Give the cluster its own S3 credentials instead (an instance or pod role, or fs.s3a.* in "
+            "its core-site.xml) and use a connection without a key pair (endpoint_url and region_name only), or "
+            "run the job in client mode on a standalone master or local[*]"
+        )
+    return settings.to_env()
+
+
+def uses_object_store(*locations: str) -> bool:
+    """Whether any location is on object storage (``s3://``, ``s3a://``)."""
+    return any(is_object_store(str(location)) for location in locations if location)
+
+
+def read_manifest(path: str, settings: ObjectStoreSettings | None) -> BatchManifest:
+    """A batch's manifest: local, or on object storage with the storage connection's settings."""
+    location: Any = Storage(path, settings) if settings is not None and is_object_store(path) else path
+    return BatchManifest.read(location)
 
 
 def parse_batch_paths(value: str | Sequence[str] | None) -> list[str]:
@@ -136,9 +176,15 @@ class PgDecodeMergeOperator(BaseOperator):
     :param conn_id: the Spark connection (master, deploy mode, queue). (templated)
     :param spark_binary: the ``spark-submit`` to run; default the one beside ``sys.executable``.
     :param packages: Maven coordinates for ``--packages``; default Delta's artifact for the
-        installed pyspark. (templated)
+        installed pyspark, and ``hadoop-aws`` (Hadoop's S3A, with its AWS SDK) when a batch or the
+        Delta root is on object storage. (templated)
     :param conf: Spark configuration, merged over pgdecode's defaults. (templated)
     :param env_vars: environment of the spark-submit process, merged over the defaults. (templated)
+    :param storage_conn_id: an Airflow ``aws`` connection (key pair, ``region_name`` and, for an
+        S3-compatible store, ``endpoint_url`` in the extra) for ``s3://`` batches and Delta root;
+        empty: local paths, or the ``AWS_*`` environment and instance role for ``s3://``. Its
+        settings reach spark-submit as ``AWS_*`` environment at run time, never as arguments,
+        rendered fields, logs or XCom (docs/object-storage.md). (templated)
     :param merge_args: more arguments of the merge job (e.g. ``["--type-map", "mood=string"]``). (templated)
     :param driver_memory: ``--driver-memory``.
     :param executor_memory: ``--executor-memory``.
@@ -158,6 +204,7 @@ class PgDecodeMergeOperator(BaseOperator):
         "batch_paths",
         "delta_root",
         "conn_id",
+        "storage_conn_id",
         "packages",
         "conf",
         "env_vars",
@@ -186,6 +233,7 @@ class PgDecodeMergeOperator(BaseOperator):
         spark_name: str = "pgdecode-merge",
         verbose: bool = False,
         asset_alias: str | None = DEFAULT_ASSET_ALIAS,
+        storage_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         if asset_alias is not None:
@@ -195,6 +243,7 @@ class PgDecodeMergeOperator(BaseOperator):
         self.batch_paths = batch_paths
         self.delta_root = delta_root
         self.conn_id = conn_id
+        self.storage_conn_id = storage_conn_id
         self.spark_binary = spark_binary
         self.packages = packages
         self.conf = dict(conf or {})
@@ -209,49 +258,69 @@ class PgDecodeMergeOperator(BaseOperator):
         self.verbose = verbose
         self._hook: SparkSubmitHook | None = None
 
-    def read_batches(self) -> tuple[list[BatchManifest], list[BatchManifest]]:
+    def read_batches(
+        self, settings: ObjectStoreSettings | None = None
+    ) -> tuple[list[BatchManifest], list[BatchManifest]]:
         """The batches' manifests, split into those with rows to merge and those without."""
         to_merge: list[BatchManifest] = []
         empty: list[BatchManifest] = []
         for path in parse_batch_paths(self.batch_paths):
             with fail_fast():
-                manifest = BatchManifest.read(path)
+                manifest = read_manifest(path, settings)
             has_rows = any(t.rows for t in manifest.tables) or bool(manifest.quarantine)
             (to_merge if has_rows else empty).append(manifest)
         order = lambda m: (Lsn.parse(m.start_lsn), Lsn.parse(m.end_lsn))  # noqa: E731
         return sorted(to_merge, key=order), sorted(empty, key=order)
 
-    def get_hook(self, batches: Sequence[str], summary_path: str | None = None) -> SparkSubmitHook:
-        """The SparkSubmitHook that runs the merge job over ``batches``."""
-        conf, packages = spark_submit_settings(self.conn_id, self.conf, self.packages)
+    def get_hook(
+        self,
+        batches: Sequence[str],
+        summary_path: str | None = None,
+        settings: ObjectStoreSettings | None = None,
+    ) -> SparkSubmitHook:
+        """The SparkSubmitHook that runs the merge job over ``batches``; ``settings`` (the storage
+        connection's) reach it as ``AWS_*`` environment of the spark-submit process only."""
+        object_store = uses_object_store(str(self.delta_root), *map(str, batches))
+        conf, packages = spark_submit_settings(self.conn_id, self.conf, self.packages, object_store=object_store)
         args = ["--delta-root", str(self.delta_root)]
         for batch in batches:
             args += ["--batch", str(batch)]
         if summary_path:
             args += ["--summary-json", summary_path]
         args += [str(a) for a in self.merge_args]
-        return SparkSubmitHook(
-            conf=conf,
-            conn_id=self.conn_id,
-            packages=packages or None,
-            driver_memory=self.driver_memory,
-            executor_memory=self.executor_memory,
-            executor_cores=self.executor_cores,
-            total_executor_cores=self.total_executor_cores,
-            num_executors=self.num_executors,
-            name=self.spark_name,
-            application_args=args,
-            env_vars={**default_env_vars(), **self.env_vars},
-            spark_binary=self.spark_binary or default_spark_binary(),
-            verbose=self.verbose,
-        )
+
+        def build(env_vars: dict[str, str]) -> SparkSubmitHook:
+            return SparkSubmitHook(
+                conf=conf,
+                conn_id=self.conn_id,
+                packages=packages or None,
+                driver_memory=self.driver_memory,
+                executor_memory=self.executor_memory,
+                executor_cores=self.executor_cores,
+                total_executor_cores=self.total_executor_cores,
+                num_executors=self.num_executors,
+                name=self.spark_name,
+                application_args=args,
+                env_vars=env_vars,
+                spark_binary=self.spark_binary or default_spark_binary(),
+                verbose=self.verbose,
+            )
+
+        env_vars = {**default_env_vars(), **self.env_vars}
+        hook = build(env_vars)
+        # The store's settings join the hook's environment only (never self.env_vars: a template
+        # field, which Airflow stores rendered), once the Spark connection says they stay off the
+        # command line.
+        store_env = object_store_env(hook, settings, self.storage_conn_id)
+        return build({**env_vars, **store_env}) if store_env else hook
 
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():
             return self._merge(context)
 
     def _merge(self, context: Context) -> dict[str, Any]:
-        to_merge, empty = self.read_batches()
+        settings = object_store_settings(self.storage_conn_id)
+        to_merge, empty = self.read_batches(settings)
         for manifest in empty:
             self.log.info(
                 "Batch %s (LSN %s to %s) has no table rows (%d transactions, %d prepared pending): nothing to merge",
@@ -288,7 +357,7 @@ class PgDecodeMergeOperator(BaseOperator):
         workdir = tempfile.mkdtemp(prefix="pgdecode-merge-")
         summary_path = str(Path(workdir) / "summary.json")
         try:
-            self._hook = self.get_hook([str(m.path) for m in to_merge], summary_path)
+            self._hook = self.get_hook([str(m.path) for m in to_merge], summary_path, settings)
             try:
                 self._hook.submit(merge_job_path())
             except AirflowException:
@@ -315,7 +384,7 @@ class PgDecodeMergeOperator(BaseOperator):
         if self.asset_alias is None or not summary or "outlet_events" not in context:
             return
         events = context["outlet_events"][AssetAlias(self.asset_alias)]
-        root = Path(str(self.delta_root)).resolve()
+        root = str(self.delta_root)
         for name, info in sorted((summary.get("tables") or {}).items()):
             if not isinstance(info, dict) or info.get("status") != "merged":
                 continue
@@ -375,10 +444,18 @@ class PgDecodeMergeOperator(BaseOperator):
 
 
 def delta_table_asset(delta_root: str | Path, schema: str, table: str) -> Asset:
-    """The Airflow Asset of one Delta table (a ``file://`` URI; other schemes normalise badly)
-    at the merge job's path for it (:func:`~airflow_provider_pgdecode.batch.format.delta_path_part`)."""
-    path = Path(delta_root) / delta_path_part(schema) / delta_path_part(table)
-    return Asset(name=f"delta:{schema}.{table}", uri=path.as_uri(), group="delta", extra={"format": "delta"})
+    """The Airflow Asset of one Delta table at the merge job's path for it
+    (:func:`~airflow_provider_pgdecode.batch.format.delta_path_part`): a ``file://`` URI for a
+    local root, ``s3://bucket/...`` (percent-encoded) for one on object storage; other schemes
+    normalise badly."""
+    root = str(delta_root)
+    if is_object_store(root):
+        bucket, _, prefix = root.split("://", 1)[1].partition("/")
+        parts = [p for p in prefix.split("/") if p] + [delta_path_part(schema), delta_path_part(table)]
+        uri = f"s3://{bucket}/" + "/".join(quote(p, safe="") for p in parts)
+    else:
+        uri = (Path(root).resolve() / delta_path_part(schema) / delta_path_part(table)).as_uri()
+    return Asset(name=f"delta:{schema}.{table}", uri=uri, group="delta", extra={"format": "delta"})
 
 
 def _read_refusal(path: str) -> tuple[str, str] | None:

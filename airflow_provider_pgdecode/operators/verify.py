@@ -22,19 +22,34 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import posixpath
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import Asset, AssetAlias, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_pgdecode.capture.verify import VerifySnapshot, remove_verify_snapshot
+from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage, is_object_store
+from airflow_provider_pgdecode.capture.verify import (
+    TEMPORARY_SLOT_PREFIX,
+    VERIFY_DIR,
+    VerifySnapshot,
+    remove_verify_snapshot,
+)
 from airflow_provider_pgdecode.errors import ConfigurationError, VerifyError, VerifyMismatchError
-from airflow_provider_pgdecode.operators.merge import default_env_vars, default_spark_binary, spark_submit_settings
+from airflow_provider_pgdecode.hooks.object_store import object_store_settings
+from airflow_provider_pgdecode.operators.merge import (
+    default_env_vars,
+    default_spark_binary,
+    object_store_env,
+    spark_submit_settings,
+    uses_object_store,
+)
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 VERIFY_JOB_MODULE = "airflow_provider_pgdecode.spark.verify_job"
@@ -52,10 +67,23 @@ def verify_job_path() -> str:
     return spec.origin
 
 
+def verify_area_of(snapshot: VerifySnapshot) -> str:
+    """The verify area holding the snapshot (``<staging>/<slot>/verify``): a local path or an s3:// URI."""
+    if is_object_store(snapshot.path):
+        return posixpath.dirname(posixpath.dirname(snapshot.path.rstrip("/")))
+    return str(Path(snapshot.path).parent.parent.resolve())
+
+
 def verify_asset(snapshot: VerifySnapshot) -> Asset:
-    """The Asset of a slot's verify results: its verify area (``file://<staging>/<slot>/verify``)."""
-    area = Path(snapshot.path).parent.parent.resolve()
-    return Asset(name=f"pgdecode_verify:{snapshot.slot}", uri=area.as_uri(), group="pgdecode", extra={"kind": "verify"})
+    """The Asset of a slot's verify results: its verify area (``file://<staging>/<slot>/verify``,
+    or ``s3://bucket/<staging>/<slot>/verify``)."""
+    area = verify_area_of(snapshot)
+    if is_object_store(area):
+        bucket, _, prefix = area.split("://", 1)[1].partition("/")
+        uri = f"s3://{bucket}/" + "/".join(quote(p, safe="") for p in prefix.split("/") if p)
+    else:
+        uri = Path(area).as_uri()
+    return Asset(name=f"pgdecode_verify:{snapshot.slot}", uri=uri, group="pgdecode", extra={"kind": "verify"})
 
 
 def parse_snapshot(value: Any) -> VerifySnapshot:
@@ -148,6 +176,8 @@ class PgDecodeVerifyOperator(BaseOperator):
     :param packages: Maven coordinates for ``--packages``; default Delta's. (templated)
     :param conf: Spark configuration, merged over pgdecode's defaults. (templated)
     :param env_vars: environment of spark-submit, merged over the defaults. (templated)
+    :param storage_conn_id: the ``aws`` connection of an ``s3://`` staging area and Delta root, as
+        the merge operator's; its settings reach spark-submit as ``AWS_*`` environment only. (templated)
     :param driver_memory: ``--driver-memory``.
     :param executor_memory: ``--executor-memory``.
     """
@@ -162,6 +192,7 @@ class PgDecodeVerifyOperator(BaseOperator):
         "packages",
         "conf",
         "env_vars",
+        "storage_conn_id",
     )
     template_fields_renderers = {"conf": "json", "env_vars": "json"}
     ui_color = "#d9f0df"
@@ -184,6 +215,7 @@ class PgDecodeVerifyOperator(BaseOperator):
         env_vars: Mapping[str, str] | None = None,
         driver_memory: str | None = "1g",
         executor_memory: str | None = None,
+        storage_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         if asset_alias is not None:
@@ -204,11 +236,16 @@ class PgDecodeVerifyOperator(BaseOperator):
         self.env_vars = dict(env_vars or {})
         self.driver_memory = driver_memory
         self.executor_memory = executor_memory
+        self.storage_conn_id = storage_conn_id
         self._hook: SparkSubmitHook | None = None
 
-    def get_hook(self, snapshot: VerifySnapshot, report_path: str) -> SparkSubmitHook:
-        """The SparkSubmitHook that runs the verify job (settings as the merge operator's)."""
-        conf, packages = spark_submit_settings(self.conn_id, self.conf, self.packages)
+    def get_hook(
+        self, snapshot: VerifySnapshot, report_path: str, settings: ObjectStoreSettings | None = None
+    ) -> SparkSubmitHook:
+        """The SparkSubmitHook that runs the verify job (settings as the merge operator's; the
+        storage connection's reach it as ``AWS_*`` environment only)."""
+        object_store = uses_object_store(snapshot.path, str(self.delta_root))
+        conf, packages = spark_submit_settings(self.conn_id, self.conf, self.packages, object_store=object_store)
         args = [
             *("--snapshot", snapshot.path, "--delta-root", str(self.delta_root)),
             *("--slot", snapshot.slot, "--lsn", str(snapshot.lsn), "--report-json", report_path),
@@ -217,17 +254,24 @@ class PgDecodeVerifyOperator(BaseOperator):
         for table in snapshot.tables:
             args += ["--table", table]
         args += [str(a) for a in self.verify_args]
-        return SparkSubmitHook(
-            conf=conf,
-            conn_id=self.conn_id,
-            packages=packages or None,
-            driver_memory=self.driver_memory,
-            executor_memory=self.executor_memory,
-            name="pgdecode-verify",
-            application_args=args,
-            env_vars={**default_env_vars(), **self.env_vars},
-            spark_binary=self.spark_binary or default_spark_binary(),
-        )
+
+        def build(env_vars: dict[str, str]) -> SparkSubmitHook:
+            return SparkSubmitHook(
+                conf=conf,
+                conn_id=self.conn_id,
+                packages=packages or None,
+                driver_memory=self.driver_memory,
+                executor_memory=self.executor_memory,
+                name="pgdecode-verify",
+                application_args=args,
+                env_vars=env_vars,
+                spark_binary=self.spark_binary or default_spark_binary(),
+            )
+
+        env_vars = {**default_env_vars(), **self.env_vars}
+        hook = build(env_vars)
+        store_env = object_store_env(hook, settings, self.storage_conn_id)
+        return build({**env_vars, **store_env}) if store_env else hook
 
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():
@@ -235,10 +279,11 @@ class PgDecodeVerifyOperator(BaseOperator):
 
     def _verify(self, context: Context) -> dict[str, Any]:
         snapshot = parse_snapshot(self.snapshot)
+        settings = object_store_settings(self.storage_conn_id)
         workdir = tempfile.mkdtemp(prefix="pgdecode-verify-")
         try:
             job_report = str(Path(workdir) / "report.json")
-            self._hook = self.get_hook(snapshot, job_report)
+            self._hook = self.get_hook(snapshot, job_report, settings)
             self.log.info(
                 "Comparing %d table(s) of slot %s with Delta at %s as of LSN %s",
                 len(snapshot.tables),
@@ -252,7 +297,7 @@ class PgDecodeVerifyOperator(BaseOperator):
                 refusal = _read_json(job_report)
                 if refusal is not None and "error" in refusal:
                     # A refusal is final for this copy: drop it, a new verify run takes another.
-                    self._remove(snapshot)
+                    self._remove(snapshot, settings)
                     raise VerifyError(f"the verify job refused: {refusal['error']}: {refusal.get('message')}") from None
                 raise  # a crash: the copy stays for the retry
             report = _read_json(job_report)
@@ -260,9 +305,11 @@ class PgDecodeVerifyOperator(BaseOperator):
             shutil.rmtree(workdir, ignore_errors=True)
         if report is None or "tables" not in report:
             raise VerifyError(f"the verify job wrote no report for slot {snapshot.slot!r} (its log says why)")
-        kept = Path(snapshot.path).parent.parent / f"report-{int(snapshot.lsn):016X}.json"
-        kept.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        self._remove(snapshot)
+        name = f"report-{int(snapshot.lsn):016X}.json"
+        area = Storage(verify_area_of(snapshot), settings if is_object_store(snapshot.path) else None)
+        area.write_text(name, json.dumps(report, indent=1, sort_keys=True) + "\n")
+        kept = area.uri(name)
+        self._remove(snapshot, settings)
         self._log_report(report, str(kept))
         if not report["equal"] and self.fail_on_difference:
             context["ti"].xcom_push(key="report", value=report)
@@ -270,9 +317,19 @@ class PgDecodeVerifyOperator(BaseOperator):
         self._emit(context, snapshot, report, str(kept))
         return report
 
-    def _remove(self, snapshot: VerifySnapshot) -> None:
-        if not self.keep_snapshot:
+    def _remove(self, snapshot: VerifySnapshot, settings: ObjectStoreSettings | None = None) -> None:
+        if self.keep_snapshot:
+            return
+        if not is_object_store(snapshot.path):
             remove_verify_snapshot(snapshot)
+            return
+        # On object storage: the same check as remove_verify_snapshot's, then delete its objects.
+        copy = posixpath.dirname(snapshot.path.rstrip("/"))
+        if posixpath.basename(posixpath.dirname(copy)) != VERIFY_DIR or not posixpath.basename(copy).startswith(
+            TEMPORARY_SLOT_PREFIX
+        ):
+            raise ConfigurationError(f"{snapshot.path} is not a verify snapshot: refusing to delete it")
+        Storage(copy, settings).delete_tree()
 
     def _log_report(self, report: Mapping[str, Any], path: str) -> None:
         self.log.info(

@@ -21,16 +21,24 @@ How a run goes (docs/merge.md explains the why):
 3. **Write**: create the table or add new columns when needed, then one MERGE per table that
    deletes, updates and inserts the last state per key, folds a TRUNCATE in as
    ``WHEN NOT MATCHED BY SOURCE ... DELETE``, and records the new watermark in the same commit.
+
+Batches and the Delta root may be local paths or ``s3://`` (``s3a://``) locations
+(docs/object-storage.md): manifests and Parquet footers are read through the batch format's
+storage layer, Spark reads the parts and writes Delta through ``s3a://``, and the store's settings
+come from the ``AWS_*`` environment (set by the operators, never on the command line) onto the
+session's Hadoop configuration (:func:`~.session.configure_object_store`).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +61,7 @@ from pyspark.sql.types import (
 from airflow_provider_pgdecode.batch import format as staged
 from airflow_provider_pgdecode.batch.format import COMMIT_LSN, COMMIT_TIME, XID, is_local_path, join_path, local_path
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, read_batches
+from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage, is_object_store, spark_uri
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import (
     BatchError,
@@ -63,6 +72,7 @@ from airflow_provider_pgdecode.errors import (
 )
 from airflow_provider_pgdecode.spark import collapse, multiset
 from airflow_provider_pgdecode.spark.collapse import KEEP, KIND, LSN, OP, SEQ, CollapseInput, col, old_key_name
+from airflow_provider_pgdecode.spark.session import configure_object_store
 from airflow_provider_pgdecode.spark.types import (
     DEFAULT_UNBOUNDED_NUMERIC,
     NUMERIC_SPECIAL_VALUES,
@@ -477,18 +487,46 @@ def unreadable_part(batch: BatchManifest, table: str, file: str, cause: BaseExce
     )
 
 
+def uses_object_store(batch_dirs: Iterable[str], delta_root: str) -> bool:
+    """Whether a run reads or writes ``s3://`` (``s3a://``) locations."""
+    return any(is_object_store(location) for location in [*batch_dirs, delta_root])
+
+
+@functools.lru_cache(maxsize=16)
+def _bucket_storage(bucket: str, settings: ObjectStoreSettings) -> Storage:
+    return Storage(f"s3://{bucket}", settings)
+
+
+def footers_readable(file: str) -> bool:
+    """Whether pyarrow reads this part's footer here: a local file or one on object storage."""
+    return is_local_path(file) or is_object_store(file)
+
+
+@contextmanager
+def open_part(file: str) -> Iterator[Any]:
+    """A staged part for pyarrow's readers: its local path, or an open file on object storage read
+    through the batch format's storage layer (settings from the ``AWS_*`` environment)."""
+    if is_object_store(file):
+        bucket, _, key = file.split("://", 1)[1].partition("/")
+        with _bucket_storage(bucket, ObjectStoreSettings.from_env()).open_input(key) as handle:
+            yield handle
+    else:
+        yield local_path(file)
+
+
 def check_staged_parts(plans: Sequence[TablePlan]) -> None:
-    """Read the footer of every local Parquet part the merge will read: a truncated, empty or
-    missing part fails here, before any Delta table is created or written."""
+    """Read the footer of every Parquet part the merge will read (local or on object storage): a
+    truncated, empty or missing part fails here, before any Delta table is created or written."""
     import pyarrow.parquet as pq
 
     for plan in plans:
         for segment in plan.segments:
             for file in segment.staged.file_paths:
-                if not is_local_path(file):
-                    continue  # object storage: Spark's read names the file (see staged_part_error)
+                if not footers_readable(file):
+                    continue  # another Hadoop filesystem: Spark's read names the file (see staged_part_error)
                 try:
-                    pq.read_metadata(local_path(file))
+                    with open_part(file) as source:
+                        pq.read_metadata(source)
                 except Exception as exc:  # OSError, pyarrow's ArrowInvalid: what reading it would raise
                     raise unreadable_part(segment.batch, plan.name, file, exc) from exc
 
@@ -498,17 +536,18 @@ def staged_part_error(plan: TablePlan, exc: BaseException) -> BatchError | None:
     text = str(exc)
     for segment in plan.segments:
         for file in segment.staged.file_paths:
-            if local_path(file) in text or file in text:
+            if local_path(file) in text or file in text or spark_uri(file) in text:
                 return unreadable_part(segment.batch, plan.name, file, exc)
     return None
 
 
 def _staged_columns(spark: SparkSession, file: str) -> list[str]:
-    if is_local_path(file):
+    if footers_readable(file):
         import pyarrow.parquet as pq
 
-        return list(pq.read_schema(local_path(file)).names)
-    return list(spark.read.parquet(file).columns)
+        with open_part(file) as source:
+            return list(pq.read_schema(source).names)
+    return list(spark.read.parquet(spark_uri(file)).columns)
 
 
 def _is_special(value: Column) -> Column:
@@ -571,7 +610,7 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
         for file in segment.staged.file_paths:
             groups.setdefault(tuple(_staged_columns(spark, file)), []).append(file)
         for staged_names, files in groups.items():
-            frame = spark.read.parquet(*files)
+            frame = spark.read.parquet(*[spark_uri(file) for file in files])
             present = [c for c in plan.columns if c in staged_names and c in manifest_columns]
             for column in present:
                 staged_type = frame.schema[column].dataType
@@ -725,7 +764,7 @@ def profile_events(events: DataFrame, plan: TablePlan, key_bounds: tuple[int, in
 def staged_key_bounds(plan: TablePlan) -> tuple[int, int] | None:
     """Min and max of an integer key over the staged files, from their Parquet statistics.
 
-    Reads only file footers (local files); ``None`` when a statistic is missing.
+    Reads only file footers (local or on object storage); ``None`` when a statistic is missing.
     """
     if len(plan.key) != 1 or not isinstance(plan.types[plan.key[0]].delta_type, (ShortType, IntegerType, LongType)):
         return None
@@ -736,9 +775,10 @@ def staged_key_bounds(plan: TablePlan) -> tuple[int, int] | None:
     high: int | None = None
     for segment in plan.segments:
         for file in segment.staged.file_paths:
-            if not is_local_path(file):
+            if not footers_readable(file):
                 return None
-            metadata = pq.ParquetFile(local_path(file)).metadata
+            with open_part(file) as source:
+                metadata = pq.ParquetFile(source).metadata
             paths = {key, f"{staged.OLD}.{key}"}
             for group in range(metadata.num_row_groups):
                 row_group = metadata.row_group(group)
@@ -1072,7 +1112,11 @@ def merge_batches(
     Bad input raises (:class:`BatchError`, :class:`MergeInputError`) before anything is written.
     """
     options = options or MergeOptions()
-    batches = read_batches(list(batch_dirs))
+    batch_dirs = [str(directory) for directory in batch_dirs]
+    if uses_object_store(batch_dirs, delta_root):
+        configure_object_store(spark)
+    batches = read_batches(batch_dirs)
+    delta_root = spark_uri(delta_root)
     slot = batches[0].slot
     chunked = any(batch.snapshot_chunks for batch in batches)
     plans = plan_merge(spark, batches, delta_root, options)
@@ -1256,7 +1300,9 @@ def append_quarantine(spark: SparkSession, batches: Sequence[BatchManifest], del
     if not todo:
         result["delta_version"] = state.version
         return result
-    files = [join_path(batch.directory, entry["path"], name) for batch, entry in todo for name in entry["files"]]
+    files = [
+        spark_uri(join_path(batch.directory, entry["path"], name)) for batch, entry in todo for name in entry["files"]
+    ]
     rows = spark.read.parquet(*files).withColumn(staged.QUARANTINE_SLOT, F.lit(slot))
     spark.conf.set(TXN_APP_ID_CONF, app_id(slot))
     spark.conf.set(TXN_VERSION_CONF, str(max(int(batch.end) for batch, _ in todo)))
@@ -1405,7 +1451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         numeric_special=args.numeric_special,
         key_range_pruning=not args.no_key_range_pruning,
     )
-    spark = build_spark_session(args.master)
+    spark = build_spark_session(args.master, object_store=uses_object_store(args.batch, args.delta_root))
     try:
         summary = merge_batches(spark, args.batch, args.delta_root, options)
     except (BatchError, MergeInputError) as error:

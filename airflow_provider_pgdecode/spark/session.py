@@ -5,6 +5,13 @@ Delta's jars are not in the ``delta-spark`` wheel: Spark's packages mechanism
 :func:`ivy_dir` gives a project-local Ivy directory (``spark.jars.ivy``), so every run
 after the first finds the jars in the cache and downloads nothing.
 
+Locations on S3-compatible object storage (``s3://``, read and written by Spark as ``s3a://``)
+need Hadoop's S3A filesystem: :func:`hadoop_aws_maven_coordinates` (``hadoop-aws`` of the Hadoop
+release bundled in pip's pyspark, with its AWS SDK bundle) joins Delta's coordinates only when a
+run touches object storage (:func:`spark_packages`), and :func:`configure_object_store` puts the
+store's settings, credentials included, on the running session's Hadoop configuration (never on
+a command line or in SparkConf, which the event log records).
+
 Plain PySpark: importable without Airflow.
 """
 
@@ -14,10 +21,14 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_pgdecode.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings
 
 IVY_DIR_ENV = "PGDECODE_IVY_DIR"
 """Environment variable naming the Ivy directory (``spark.jars.ivy``) to use instead of the default."""
@@ -33,6 +44,23 @@ DELTA_JAR_VERSION = "4.4.0"
 """Delta release whose jars the job loads. The Python package is delta-spark 4.4.1, but 4.4.1's
 jars are not published on Maven Central (its metadata lists 4.4.0 as the latest release), so the
 jar version is pinned here rather than read from the installed wheel. 4.4.0 is built for Spark 4.2.0."""
+
+HADOOP_AWS_VERSION = "3.5.0"
+"""The Hadoop release bundled in pip's pyspark 4.2.0, and so the version of ``hadoop-aws`` (S3A):
+hadoop-aws must match the Hadoop it runs in (it calls Hadoop's internals), so it follows the
+``hadoop-client-api`` jar of the installed pyspark (:func:`bundled_hadoop_version`) and falls back
+to this when that jar is not found."""
+
+HADOOP_AWS_PACKAGE_ENV = "PGDECODE_HADOOP_AWS_PACKAGE"
+"""Environment variable overriding the Maven coordinates of ``hadoop-aws``."""
+
+HADOOP_EXCLUDES = "org.apache.hadoop:hadoop-client-api,org.apache.hadoop:hadoop-client-runtime"
+"""Hadoop jars that Delta's dependencies pull from Maven (3.4.x) beside pyspark's own (3.5.0): left
+out of a run with hadoop-aws, so that one Hadoop is on the classpath, the one hadoop-aws matches."""
+
+OBJECT_STORE_JARS_DIR = "object-store"
+"""Sub-folder of ``$PGDECODE_DELTA_JARS`` holding hadoop-aws and its AWS SDK (the Maven fallback of
+scripts/fetch_delta_jars.py puts them there), used only by runs that touch object storage."""
 
 MAVEN_REPOSITORY_ENV = "PGDECODE_MAVEN_REPOSITORY"
 """Environment variable with the Maven repository URL Delta's jars come from (default Maven Central)."""
@@ -63,6 +91,38 @@ def delta_maven_coordinates() -> str:
     return f"io.delta:delta-spark_{spark_minor}_{SCALA_BINARY_VERSION}:{DELTA_JAR_VERSION}"
 
 
+def bundled_hadoop_version() -> str | None:
+    """The version of the Hadoop jars inside the installed pyspark (``jars/hadoop-client-api-X.jar``)."""
+    import pyspark
+
+    for jar in sorted((Path(os.path.dirname(pyspark.__file__)) / "jars").glob("hadoop-client-api-*.jar")):
+        return jar.name[len("hadoop-client-api-") : -len(".jar")]
+    return None
+
+
+def hadoop_aws_maven_coordinates() -> str:
+    """The Maven coordinates of Hadoop's S3A filesystem (``org.apache.hadoop:hadoop-aws:<version>``)
+    for the Hadoop bundled in the installed pyspark; ``$PGDECODE_HADOOP_AWS_PACKAGE`` overrides them.
+    Its AWS SDK (``software.amazon.awssdk:bundle``) comes with it as a dependency."""
+    configured = os.environ.get(HADOOP_AWS_PACKAGE_ENV)
+    if configured:
+        return configured.strip()
+    return f"org.apache.hadoop:hadoop-aws:{bundled_hadoop_version() or HADOOP_AWS_VERSION}"
+
+
+def spark_packages(*, object_store: bool = False) -> str:
+    """``spark.jars.packages`` of a run: Delta's coordinates, and hadoop-aws when it touches object storage.
+
+    Only then: hadoop-aws brings the AWS SDK bundle, a 686 MB jar. Measured here (pip pyspark 4.2,
+    local[1], jars in the Ivy cache, 2 busy cores), a spark-submit whose session does one count
+    took 30-32 s with Delta's jars and 33-59 s with hadoop-aws added (Ivy resolves 41 modules
+    instead of 33, and the JVM opens the bundle); on a cluster every executor would also fetch
+    the bundle from the driver. A run on local disks pays none of that.
+    """
+    packages = delta_maven_coordinates()
+    return f"{packages},{hadoop_aws_maven_coordinates()}" if object_store else packages
+
+
 def project_root() -> Path | None:
     """The source checkout holding this package, or ``None`` for an installed (non-editable) copy."""
     candidate = _PACKAGE_DIR.parent
@@ -87,8 +147,10 @@ def ivy_dir() -> Path:
     return Path(cache_home) / "pgdecode" / "ivy"
 
 
-def delta_jar_list() -> list[str] | None:
-    """Jars named by ``$PGDECODE_DELTA_JARS`` (a comma-separated list or a folder), or ``None``."""
+def delta_jar_list(*, object_store: bool = False) -> list[str] | None:
+    """Jars named by ``$PGDECODE_DELTA_JARS`` (a comma-separated list or a folder), or ``None``.
+
+    With ``object_store``, a folder's ``object-store`` sub-folder (hadoop-aws and its AWS SDK) too."""
     configured = os.environ.get(DELTA_JARS_ENV)
     if not configured:
         return None
@@ -98,6 +160,15 @@ def delta_jar_list() -> list[str] | None:
         path = Path(entry).expanduser()
         if path.is_dir():
             jars.extend(str(jar) for jar in sorted(path.glob("*.jar")))
+            if object_store:
+                extra = sorted((path / OBJECT_STORE_JARS_DIR).glob("*.jar"))
+                if not extra:
+                    raise ConfigurationError(
+                        f"${DELTA_JARS_ENV}={configured!r} has no {OBJECT_STORE_JARS_DIR}/ folder of jars, and this "
+                        f"run reads or writes s3:// locations, which need {hadoop_aws_maven_coordinates()}: run "
+                        "scripts/fetch_delta_jars.py --maven to copy them there"
+                    )
+                jars.extend(str(jar) for jar in extra)
         else:
             jars.append(str(path))
     if not jars:
@@ -109,8 +180,10 @@ def delta_spark_conf(
     *,
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
     ivy: Path | None = None,
+    object_store: bool = False,
 ) -> dict[str, str]:
-    """The Spark configuration every run of the merge job needs (also usable as ``--conf`` pairs)."""
+    """The Spark configuration every run of the merge job needs (also usable as ``--conf`` pairs);
+    with ``object_store``, also what reading and writing ``s3a://`` needs (hadoop-aws; no secret)."""
     conf: dict[str, str] = {
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -126,11 +199,13 @@ def delta_spark_conf(
         # PostgreSQL column names are case-sensitive.
         "spark.sql.caseSensitive": "true",
     }
-    jars = delta_jar_list()
+    jars = delta_jar_list(object_store=object_store)
     if jars is not None:
         conf["spark.jars"] = ",".join(jars)
     else:
-        conf["spark.jars.packages"] = delta_maven_coordinates()
+        conf["spark.jars.packages"] = spark_packages(object_store=object_store)
+        if object_store:
+            conf["spark.jars.excludes"] = HADOOP_EXCLUDES
         conf["spark.jars.ivy"] = str(ivy or ivy_dir())
         # Maven Central only (see ivysettings.xml for why not Spark's default resolver chain).
         conf["spark.jars.ivySettings"] = str(ivy_settings(Path(conf["spark.jars.ivy"])))
@@ -177,9 +252,11 @@ def spark_submit_command(
     master: str = DEFAULT_MASTER,
     driver_memory: str = "1g",
     extra_conf: Mapping[str, str] | None = None,
+    object_store: bool = False,
 ) -> list[str]:
-    """A ``spark-submit`` command line running ``application`` with Delta configured."""
-    conf = delta_spark_conf()
+    """A ``spark-submit`` command line running ``application`` with Delta configured (and
+    hadoop-aws with ``object_store``; the store's settings travel as ``AWS_*`` environment)."""
+    conf = delta_spark_conf(object_store=object_store)
     conf.update(extra_conf or {})
     command = [spark_bin("spark-submit"), "--master", master, "--driver-memory", driver_memory]
     for key, value in conf.items():
@@ -197,10 +274,13 @@ def build_spark_session(
     *,
     app_name: str = "pgdecode-merge",
     extra_conf: Mapping[str, str] | None = None,
+    object_store: bool = False,
 ) -> SparkSession:
     """A SparkSession with Delta Lake configured (or the active one when already running).
 
     ``master`` defaults to spark-submit's ``--master`` when launched by it, else ``local[*]``.
+    ``object_store`` adds hadoop-aws (s3a://) to the jars when this call starts the JVM; under
+    spark-submit the jars are its ``--packages`` (the operators add hadoop-aws there).
     """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -211,8 +291,37 @@ def build_spark_session(
         builder = builder.master(master)
     elif not launched_by_spark_submit():
         builder = builder.master(DEFAULT_MASTER)
-    conf = delta_spark_conf()
+    conf = delta_spark_conf(object_store=object_store)
     conf.update(extra_conf or {})
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def configure_object_store(spark: SparkSession, settings: ObjectStoreSettings | None = None) -> None:
+    """Set the object store's S3A settings (``fs.s3a.*``, credentials included) on the running
+    session's Hadoop configuration: Spark's file reads and Delta use it, and hand it to executors
+    inside tasks. Never as ``--conf`` (a command line, seen by ``ps``) nor SparkConf (the event log).
+
+    ``settings`` default to the ``AWS_*`` environment (what the operators pass to spark-submit).
+    Raises :class:`~airflow_provider_pgdecode.errors.ConfigurationError` when the session has no
+    S3A filesystem (hadoop-aws is not on its classpath).
+    """
+    from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings
+
+    settings = settings if settings is not None else ObjectStoreSettings.from_env()
+    jsc: Any = spark.sparkContext._jsc
+    hadoop_conf = jsc.hadoopConfiguration()
+    for key, value in settings.hadoop_conf().items():
+        hadoop_conf.set(key, value)
+    jvm: Any = spark._jvm
+    try:
+        jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass("s3a", hadoop_conf)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"this Spark session cannot read or write s3a:// locations: Hadoop's S3A filesystem is not on its "
+            f"classpath ({str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__}). "
+            f"Start Spark with {hadoop_aws_maven_coordinates()} in spark.jars.packages (--packages), as the merge "
+            "and verify operators do when a location is s3://, or run scripts/fetch_delta_jars.py and build the "
+            "session with build_spark_session(object_store=True)"
+        ) from None

@@ -30,6 +30,10 @@ How a table is compared (multiset semantics: two identical rows are two rows):
    ``max_keys`` of them listed with what differs (missing in Delta, not in PostgreSQL, a count,
    or the columns whose values differ). A table without a key (REPLICA IDENTITY FULL) is keyed
    on all its columns: a differing "key" is then a row and its count on each side.
+
+The snapshot and the Delta root may be ``s3://`` locations, as for the merge job: the manifest is
+read through the batch format, Spark reads through ``s3a://`` with the store's settings from the
+``AWS_*`` environment on the session's Hadoop configuration (docs/object-storage.md).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from pyspark.sql.types import StructType
 from airflow_provider_pgdecode.batch.format import METADATA_PREFIX
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary
 from airflow_provider_pgdecode.batch.options import qualified_name
+from airflow_provider_pgdecode.batch.storage import spark_uri
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import BatchError, MergeInputError, VerifyError
 from airflow_provider_pgdecode.spark.collapse import OP, col
@@ -70,7 +75,9 @@ from airflow_provider_pgdecode.spark.merge_job import (
     plan_table,
     read_delta_state,
     staged_events,
+    uses_object_store,
 )
+from airflow_provider_pgdecode.spark.session import configure_object_store
 from airflow_provider_pgdecode.spark.types import DEFAULT_UNBOUNDED_NUMERIC
 
 if TYPE_CHECKING:
@@ -402,13 +409,15 @@ def verify_tables(
     options = options or MergeOptions()
     if buckets < 1 or max_keys < 0:
         raise VerifyError(f"buckets must be at least 1 and max_keys at least 0, not {buckets} and {max_keys}")
+    if uses_object_store([snapshot_dir], delta_root):
+        configure_object_store(spark)
     manifest = BatchManifest.read(snapshot_dir)
     entries = {(t.schema, t.table): t for t in manifest.tables}
     names = sorted({qualified_name(t) for t in tables}) if tables else sorted(entries)
     missing = [f"{s}.{t}" for s, t in entries if (s, t) not in names]
     if missing:
         raise VerifyError(f"the verify snapshot {snapshot_dir} holds tables not asked for: {', '.join(missing)}")
-    paths = {f"{s}.{t}": delta_table_path(delta_root, s, t) for s, t in names}
+    paths = {f"{s}.{t}": delta_table_path(spark_uri(delta_root), s, t) for s, t in names}
     states = {name: read_delta_state(spark, path, app_id(slot)) for name, path in paths.items()}
     check_positions(states, lsn, slot)
     results: dict[str, dict[str, Any]] = {}
@@ -424,7 +433,7 @@ def verify_tables(
         try:
             entry = entries.get((schema, table))
             if entry is not None:
-                side = _plan_source(spark, manifest, entry, delta_root, state, options)
+                side = _plan_source(spark, manifest, entry, spark_uri(delta_root), state, options)
             elif state.exists:
                 side = _delta_only(spark, paths[name], state)
             else:  # no row in PostgreSQL and no Delta table: nothing to hold
@@ -481,7 +490,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from airflow_provider_pgdecode.spark.session import build_spark_session
 
     options = MergeOptions(unbounded_numeric=args.unbounded_numeric, type_overrides=_parse_type_map(args.type_map))
-    spark = build_spark_session(args.master, app_name="pgdecode-verify")
+    spark = build_spark_session(
+        args.master, app_name="pgdecode-verify", object_store=uses_object_store([args.snapshot], args.delta_root)
+    )
     try:
         report = verify_tables(
             spark,

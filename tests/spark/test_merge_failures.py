@@ -95,7 +95,9 @@ def test_the_merge_operator_reports_out_of_memory_without_retry(tmp_path: Path, 
             Path(self.summary_path).write_text(json.dumps(refusal), encoding="utf-8")
             raise AirflowException("Cannot execute: spark-submit ... Error code is: 3.")
 
-    monkeypatch.setattr(PgDecodeMergeOperator, "get_hook", lambda self, batches, path=None: OutOfMemoryHook(path))
+    monkeypatch.setattr(
+        PgDecodeMergeOperator, "get_hook", lambda self, batches, path=None, settings=None: OutOfMemoryHook(path)
+    )
     operator = PgDecodeMergeOperator(
         task_id="merge", batch_paths=batch, delta_root=str(tmp_path / "delta"), driver_memory="2g", asset_alias=None
     )
@@ -126,7 +128,7 @@ def test_the_job_exits_3_with_the_out_of_memory_refusal(tmp_path: Path, monkeypa
     def out_of_memory(*args, **kwargs):
         raise Exception(SPARK_OOM)
 
-    monkeypatch.setattr(session, "build_spark_session", lambda master=None: FakeSpark())
+    monkeypatch.setattr(session, "build_spark_session", lambda master=None, **kwargs: FakeSpark())
     monkeypatch.setattr(merge_job, "merge_batches", out_of_memory)
     summary = tmp_path / "summary.json"
     code = merge_job.main(["--delta-root", str(tmp_path), "--batch", str(tmp_path), "--summary-json", str(summary)])

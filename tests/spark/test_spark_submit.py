@@ -203,3 +203,50 @@ def test_standalone_cluster_with_two_workers(standalone_cluster: tuple[str, int]
     apps = [app for app in state["completedapps"] if app["name"] == "pgdecode-merge"]
     assert len(apps) == 1 and apps[0]["cores"] == 2, state["completedapps"]
     assert len(state["workers"]) == 2
+
+
+@pytest.mark.s3
+def test_standalone_cluster_sharing_no_disk_merges_from_s3_into_delta_on_s3(
+    standalone_cluster: tuple[str, int], tmp_path: Path, s3_server: Any, s3_bucket: str, spark: Any
+) -> None:
+    """Batches staged on S3, Delta on S3: the local copies are gone before the job starts, so the
+    data can only travel through the object store; the key reaches the job as environment only."""
+    import shutil
+
+    from airflow_provider_pgdecode.batch.storage import Storage
+
+    master_url, master_ui = standalone_cluster
+    first, second = _changes()
+    settings = s3_server.settings
+    staging = Storage(f"{s3_bucket}/staging", settings)
+    batches = []
+    for start, end, changes in ((100, 150, first), (150, 510, second)):
+        local = write_batch(tmp_path / "staging", SLOT, start, end, [changes])
+        staging.upload_tree(local, f"{SLOT}/{Path(local).name}", last="manifest.json")
+        batches.append(staging.uri(SLOT, Path(local).name))
+    shutil.rmtree(tmp_path / "staging")
+    root = f"{s3_bucket}/delta"
+    command = spark_submit_command(
+        str(Path(merge_job.__file__)),
+        ["--delta-root", root, "--batch", batches[0], "--batch", batches[1]],
+        master=master_url,
+        extra_conf={"spark.sql.shuffle.partitions": "4", "spark.cores.max": "2", "spark.executor.memory": "1g"},
+        object_store=True,
+    )
+    assert settings.secret_key not in " ".join(command)
+    completed = subprocess.run(
+        command, env={**spark_submit_env(), **settings.to_env()}, capture_output=True, text=True, timeout=600
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("PGDECODE_MERGE_SUMMARY ")]
+    table = json.loads(lines[-1].split(" ", 1)[1])["tables"]["sales.Customer List"]
+    assert table["status"] == "merged" and table["delta_path"].startswith("s3a://")
+    from airflow_provider_pgdecode.spark.session import configure_object_store
+
+    configure_object_store(spark, settings)
+    merged = spark.read.format("delta").load(table["delta_path"]).select("id", "name").orderBy("id").collect()
+    assert [row.asDict() for row in merged] == _expected(first, second)
+    apps = [app for app in _master_state(master_ui)["completedapps"] if app["name"] == "pgdecode-merge"]
+    assert len(apps) == 1 and apps[0]["cores"] == 2
+    # Nothing of the batches or the tables on the workers' disks.
+    assert not list(tmp_path.rglob("*.parquet")) and not list(tmp_path.rglob("_delta_log"))
