@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.jars import cached_delta_jars
+
 
 @pytest.fixture(autouse=True)
 def delta_jars_from_the_ivy_cache(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -14,8 +16,8 @@ def delta_jars_from_the_ivy_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     tests/spark/test_spark_submit.py (offline, from the cache), and the operators' conf by
     tests/operators/test_merge.py. The fault suite does the same (tests/faults/dagproc.py).
     """
-    from airflow_provider_pgdecode.spark.session import DELTA_JARS_ENV, ivy_dir
+    from airflow_provider_pgdecode.spark.session import DELTA_JARS_ENV
 
-    jars = ivy_dir() / "jars"
-    if jars.is_dir() and any(jars.glob("io.delta_delta-spark*.jar")):
-        monkeypatch.setenv(DELTA_JARS_ENV, str(jars))
+    jars = cached_delta_jars()
+    if jars:
+        monkeypatch.setenv(DELTA_JARS_ENV, jars)

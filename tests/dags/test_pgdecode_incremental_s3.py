@@ -51,6 +51,8 @@ def incremental_s3(request, pg_cluster, pg_conn, slot_name, s3_server, s3_bucket
         ),
     )
     monkeypatch.setenv("PGDECODE_WAIT_SECONDS", "3")
+    # Runs on S3 resolve their packages (Delta's and hadoop-aws) through Ivy, as users' runs do.
+    monkeypatch.delenv("PGDECODE_DELTA_JARS", raising=False)
     bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags"))
     assert not bag.import_errors, bag.import_errors
     conf = {

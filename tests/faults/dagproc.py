@@ -23,6 +23,8 @@ from typing import Any
 
 import psutil
 
+from tests.jars import cached_delta_jars
+
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
 
@@ -170,12 +172,10 @@ def airflow_env(airflow_home: Path, source_conn_json: str, *, extra: dict[str, s
             "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
         }
     )
-    from airflow_provider_pgdecode.spark.session import ivy_dir
-
-    jars = ivy_dir() / "jars"
-    if jars.is_dir() and any(jars.glob("io.delta_delta-spark*.jar")):
+    jars = cached_delta_jars()
+    if jars:
         # The jars spark.jars.packages would resolve, without Ivy's few seconds per spark-submit.
-        env["PGDECODE_DELTA_JARS"] = str(jars)
+        env["PGDECODE_DELTA_JARS"] = jars
     env.update(extra or {})
     subprocess.run([AIRFLOW, "db", "migrate"], env=env, check=True, capture_output=True, cwd=str(REPO))
     return env
