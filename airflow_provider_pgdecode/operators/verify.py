@@ -36,8 +36,6 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage, is_object_store
 from airflow_provider_pgdecode.capture.verify import (
-    TEMPORARY_SLOT_PREFIX,
-    VERIFY_DIR,
     VerifySnapshot,
     remove_verify_snapshot,
 )
@@ -320,16 +318,8 @@ class PgDecodeVerifyOperator(BaseOperator):
     def _remove(self, snapshot: VerifySnapshot, settings: ObjectStoreSettings | None = None) -> None:
         if self.keep_snapshot:
             return
-        if not is_object_store(snapshot.path):
-            remove_verify_snapshot(snapshot)
-            return
-        # On object storage: the same check as remove_verify_snapshot's, then delete its objects.
-        copy = posixpath.dirname(snapshot.path.rstrip("/"))
-        if posixpath.basename(posixpath.dirname(copy)) != VERIFY_DIR or not posixpath.basename(copy).startswith(
-            TEMPORARY_SLOT_PREFIX
-        ):
-            raise ConfigurationError(f"{snapshot.path} is not a verify snapshot: refusing to delete it")
-        Storage(copy, settings).delete_tree()
+        store = Storage(snapshot.path, settings) if is_object_store(snapshot.path) else None
+        remove_verify_snapshot(snapshot, store)
 
     def _log_report(self, report: Mapping[str, Any], path: str) -> None:
         self.log.info(
