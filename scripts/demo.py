@@ -113,22 +113,9 @@ def main(argv: list[str] | None = None) -> int:
             server = stack.enter_context(LocalS3Server(log_path=DEMO / "s3-server.log"))
             bucket = server.create_bucket("pgdecode-demo")
             staging, delta_root = f"{bucket}/staging", f"{bucket}/delta"
-            store_env = {"AIRFLOW_CONN_PGDECODE_LAKE": s3_connection_json(server)}
+            store_env = {"AIRFLOW_CONN_PGDECODE_LAKE": server.airflow_conn_json()}
             print(f"    {server.endpoint_url}: {staging}, {delta_root}")
         return run_demo(ThrowawayCluster, staging, delta_root, store_env, on_s3)
-
-
-def s3_connection_json(server: object) -> str:
-    """The Airflow ``aws`` connection of the local S3 server (key pair and endpoint_url)."""
-    settings = server.settings  # type: ignore[attr-defined]
-    return json.dumps(
-        {
-            "conn_type": "aws",
-            "login": settings.access_key,
-            "password": settings.secret_key,
-            "extra": {"endpoint_url": settings.endpoint_url, "region_name": settings.region},
-        }
-    )
 
 
 def run_demo(

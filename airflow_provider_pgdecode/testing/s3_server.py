@@ -56,6 +56,19 @@ class LocalS3Server:
             endpoint_url=self.endpoint_url, region=REGION, access_key=ACCESS_KEY, secret_key=SECRET_KEY
         )
 
+    def airflow_conn_json(self) -> str:
+        """The server as an Airflow ``aws`` connection (``AIRFLOW_CONN_<ID>``): key pair, endpoint_url, region."""
+        import json
+
+        return json.dumps(
+            {
+                "conn_type": "aws",
+                "login": ACCESS_KEY,
+                "password": SECRET_KEY,
+                "extra": {"endpoint_url": self.endpoint_url, "region_name": REGION},
+            }
+        )
+
     def start(self, timeout: float = 60.0) -> LocalS3Server:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
         self.process = subprocess.Popen(

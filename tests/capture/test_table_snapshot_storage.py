@@ -3,13 +3,11 @@ a real S3-compatible server: every file goes through the storage layer."""
 
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
 
 import pytest
 
-from airflow_provider_pgdecode.batch.publish import publish_batch
 from airflow_provider_pgdecode.batch.storage import SPOOL_ENV, Storage, spool_dir
 from airflow_provider_pgdecode.capture.snapshot import snapshot_workdir
 from airflow_provider_pgdecode.capture.table_snapshot import (
@@ -112,12 +110,6 @@ def test_snapshot_work_directories(staging: Storage, tmp_path: Path, monkeypatch
         assert snapshot_workdir(staging.child("other"), SLOT, "00000003-00000002-1") != workdir
 
 
-STORAGE_PUBLISH = len(inspect.signature(publish_batch).parameters) == 4
-
-
-@pytest.mark.skipif(
-    not STORAGE_PUBLISH, reason="needs the batch layer's publish_batch(workdir, staging, relative, manifest)"
-)
 def test_a_verify_copy_on_s3(pg_dsn: str, pg_conn, slot_name: str, s3_server, s3_bucket: str) -> None:
     from airflow_provider_pgdecode.batch.manifest import BatchManifest
     from airflow_provider_pgdecode.capture.verify import stage_verify_snapshot

@@ -25,10 +25,24 @@ pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.s3, pytest.ma
 TABLES = ("s3_customers", "s3_orders")
 
 
-@pytest.fixture(params=["test_decoding", "pgoutput"])
-def incremental_s3(request, pg_cluster, pg_conn, slot_name, s3_server, s3_bucket, monkeypatch, airflow_db):  # noqa: F811
+def dags_on_s3(pg_cluster, s3_server, monkeypatch):
+    """The repository's DAGs, with the source, Spark and the S3 server's ``aws`` connection
+    (``pgdecode_lake``) in the environment."""
     from airflow.dag_processing.dagbag import DagBag
 
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json("pgdecode_test"))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_LAKE", s3_server.airflow_conn_json())
+    monkeypatch.setenv("PGDECODE_WAIT_SECONDS", "3")
+    # Runs on S3 resolve their packages (Delta's and hadoop-aws) through Ivy, as users' runs do.
+    monkeypatch.delenv("PGDECODE_DELTA_JARS", raising=False)
+    bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags"))
+    assert not bag.import_errors, bag.import_errors
+    return bag
+
+
+@pytest.fixture(params=["test_decoding", "pgoutput"])
+def incremental_s3(request, pg_cluster, pg_conn, slot_name, s3_server, s3_bucket, monkeypatch, airflow_db):  # noqa: F811
     pg_conn.execute(f"drop table if exists {', '.join(TABLES)} cascade; drop publication if exists s3_pub")
     pg_conn.execute(
         "create table s3_customers (id int primary key, name text, note text);"
@@ -36,25 +50,7 @@ def incremental_s3(request, pg_cluster, pg_conn, slot_name, s3_server, s3_bucket
         " create table s3_orders (id bigint primary key, customer_id int, amount numeric(10,2), status text);"
         f" create publication s3_pub for table {', '.join(TABLES)}"
     )
-    settings = s3_server.settings
-    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json("pgdecode_test"))
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_PGDECODE_LAKE",
-        json.dumps(
-            {
-                "conn_type": "aws",
-                "login": settings.access_key,
-                "password": settings.secret_key,
-                "extra": {"endpoint_url": settings.endpoint_url, "region_name": settings.region},
-            }
-        ),
-    )
-    monkeypatch.setenv("PGDECODE_WAIT_SECONDS", "3")
-    # Runs on S3 resolve their packages (Delta's and hadoop-aws) through Ivy, as users' runs do.
-    monkeypatch.delenv("PGDECODE_DELTA_JARS", raising=False)
-    bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags"))
-    assert not bag.import_errors, bag.import_errors
+    bag = dags_on_s3(pg_cluster, s3_server, monkeypatch)
     conf = {
         "slot_name": slot_name,
         "staging_uri": f"{s3_bucket}/staging",
@@ -64,7 +60,7 @@ def incremental_s3(request, pg_cluster, pg_conn, slot_name, s3_server, s3_bucket
         "plugin": request.param,
         "publication": "s3_pub",
     }
-    yield bag.dags["pgdecode_incremental"], conf, Storage(s3_bucket, settings)
+    yield bag.dags["pgdecode_incremental"], conf, Storage(s3_bucket, s3_server.settings)
     pg_conn.execute("drop publication if exists s3_pub")
 
 
@@ -134,3 +130,51 @@ def dag_logs_folder() -> str:
     from airflow.configuration import conf as airflow_conf
 
     return airflow_conf.get("logging", "base_log_folder")
+
+
+@pytest.fixture
+def backfill_s3(pg_cluster, pg_conn, slot_name, s3_server, s3_bucket, monkeypatch, airflow_db):  # noqa: F811
+    pg_conn.execute("drop table if exists s3_bf_customers, s3_bf_orders, s3_bf_late cascade")
+    pg_conn.execute(
+        "create table s3_bf_customers (id int primary key, name text);"
+        " create table s3_bf_orders (id bigint primary key, customer_id int, amount numeric(10,2));"
+        " create table s3_bf_late (id int primary key, label text);"
+        " insert into s3_bf_customers select g, 'c' || g from generate_series(1, 300) g;"
+        " insert into s3_bf_orders select g, g % 300, g * 1.5 from generate_series(1, 2000) g;"
+        " insert into s3_bf_late select g, 'l' || g from generate_series(1, 500) g"
+    )
+    bag = dags_on_s3(pg_cluster, s3_server, monkeypatch)
+    conf = {
+        "slot_name": slot_name,
+        "staging_uri": f"{s3_bucket}/staging",
+        "delta_root": f"{s3_bucket}/delta",
+        "storage_conn_id": "pgdecode_lake",
+        "tables": ["public.s3_bf_customers", "public.s3_bf_orders", "public.s3_bf_late"],
+    }
+    return bag.dags["pgdecode_backfill"], bag.dags["pgdecode_incremental"], conf
+
+
+def test_initial_add_table_and_replay_on_s3(pg_conn, backfill_s3, s3_object_spark) -> None:
+    backfill, incremental, conf = backfill_s3
+    spark = s3_object_spark
+    tables = ("s3_bf_customers", "s3_bf_orders", "s3_bf_late")
+
+    def equal(root: str, names: tuple[str, ...]) -> None:
+        for table in names:
+            result = compare_table(pg_conn, spark, root, "public", table)
+            assert result.equal, result.describe()
+
+    # initial: the slot and a consistent copy of two tables, staged on S3 and merged into Delta on S3
+    run(backfill, {**conf, "mode": "initial", "tables": conf["tables"][:2], "chunk_rows": 700})
+    equal(conf["delta_root"], tables[:2])
+    # add-table: s3_bf_late's rows predate the slot; the request (on S3) is copied by the next run
+    run(backfill, {**conf, "mode": "add-table", "tables": ["public.s3_bf_late"], "chunk_rows": 200, "wait_seconds": 0})
+    pg_conn.execute("update s3_bf_late set label = 'changed' where id <= 10")
+    pg_conn.execute("update s3_bf_orders set amount = 0 where id % 7 = 0")
+    run(incremental, conf)
+    run(incremental, conf)
+    equal(conf["delta_root"], tables)
+    # replay every retained batch on S3 into a fresh Delta root on S3
+    replay_root = conf["delta_root"].replace("/delta", "/replayed")
+    run(backfill, {**conf, "mode": "replay", "delta_root": replay_root})
+    equal(replay_root, tables)

@@ -3,7 +3,6 @@ and no secret of the ``aws`` connection in a rendered field, XCom or a log line.
 
 from __future__ import annotations
 
-import inspect
 import json
 from typing import Any
 
@@ -12,7 +11,6 @@ import pytest
 import structlog
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
-from airflow_provider_pgdecode.batch.publish import publish_batch
 from airflow_provider_pgdecode.batch.storage import SPOOL_ENV, ObjectStoreSettings, Storage
 from airflow_provider_pgdecode.capture.table_snapshot import (
     list_snapshot_requests,
@@ -164,13 +162,7 @@ def test_the_table_snapshot_operator_files_on_s3(
     assert SECRET_KEY not in repr(logs)
 
 
-STORAGE_PUBLISH = len(inspect.signature(publish_batch).parameters) == 4
-
-
 @pytest.mark.postgres
-@pytest.mark.skipif(
-    not STORAGE_PUBLISH, reason="needs the batch layer's publish_batch(workdir, staging, relative, manifest)"
-)
 def test_the_initial_load_stages_on_s3_and_is_found_again(
     source_conn: str,
     lake_conn: str,
