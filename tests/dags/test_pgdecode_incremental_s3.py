@@ -121,7 +121,8 @@ def test_the_oracle_on_s3(pg_conn, incremental_s3, s3_object_spark, tmp_path) ->
     assert batches and all(b.startswith("s3://") for b in batches)
     assert all(BatchManifest.read(staging.at(b)).slot == conf["slot_name"] for b in batches)
     assert bucket.is_file("delta/public/s3_orders/_delta_log/00000000000000000000.json")
-    # The store's secret is in no task log of these runs.
+    # The store's secret is in no staged object, no Delta file, and no task log of these runs.
+    assert not [name for name in bucket.walk_files() if SECRET_KEY.encode() in bucket.read_bytes(name)]
     logs = Path(dag_logs_folder())
     assert not any(SECRET_KEY in p.read_text(errors="replace") for p in logs.rglob("*.log") if p.is_file())
 
