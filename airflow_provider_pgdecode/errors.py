@@ -89,6 +89,11 @@ def staging_io_error(exc: OSError, path: str | os.PathLike[str], action: str) ->
         )
     elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) or "Permission denied" in text or "Read-only" in text:
         advice = "Check that the task's OS user may write there (permissions, ownership, a read-only mount)"
+    elif os.fspath(path).startswith(("s3://", "s3a://")):
+        advice = (
+            "Check the object store: that its endpoint is reachable (endpoint_url in the storage_conn_id "
+            "connection's extra), the bucket exists, and the connection's credentials may read and write there"
+        )
     else:
         advice = "Check the staging filesystem (free space, permissions, that it is mounted and healthy)"
     return StagingError(

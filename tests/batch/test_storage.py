@@ -86,3 +86,15 @@ def test_locations_and_settings() -> None:
     assert settings.hadoop_conf()["fs.s3a.path.style.access"] == "true"
     with pytest.raises(ConfigurationError, match="not an http"):
         ObjectStoreSettings(endpoint_url="127.0.0.1:9").filesystem()
+
+
+def test_an_unreachable_store_is_named_with_the_way_forward() -> None:
+    from airflow_provider_pgdecode.errors import StagingError
+
+    settings = ObjectStoreSettings(
+        endpoint_url="http://127.0.0.1:9", region="us-east-1", access_key="k", secret_key="s"
+    )
+    store = Storage("s3://nowhere/staging", settings)
+    with pytest.raises(StagingError, match=r"s3://nowhere/staging/slot/manifest.json.*endpoint_url") as info:
+        store.read_bytes("slot/manifest.json")
+    assert "free space" not in str(info.value)
