@@ -9,6 +9,7 @@ import pytest
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.batch.publish import publish_batch
+from airflow_provider_pgdecode.batch.storage import Storage
 from airflow_provider_pgdecode.batch.writer import BatchWriter
 from airflow_provider_pgdecode.decoding.assembler import Transaction
 from airflow_provider_pgdecode.decoding.events import Change, Operation, RowImage
@@ -82,7 +83,7 @@ def test_manifest_and_publish_name_the_batch(tmp_path) -> None:
     assert_names(caught.value, blocked(tmp_path))
     missing = tmp_path / "never-staged"
     with pytest.raises(StagingError, match="cannot publish batch") as caught:
-        publish_batch(missing, tmp_path / "0000000000000010-0000000000000020", manifest)
+        publish_batch(missing, Storage(tmp_path), "s/0000000000000010-0000000000000020", manifest)
     assert_names(caught.value, missing)
 
 
