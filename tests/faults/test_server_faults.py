@@ -107,7 +107,7 @@ def assert_nothing_moved(
     assert not is_deterministic(error), repr(error)
     assert isinstance(error, (SlotConnectionLostError, psycopg.OperationalError)), repr(error)
     assert list_batches(staging, slot) == [merged.path]  # nothing new staged
-    assert [p.name for p in (staging / slot).iterdir()] == [merged.path.name]  # no temporary left
+    assert [p.name for p in (staging / slot).iterdir()] == [Path(merged.path).name]  # no temporary left
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert slot_position(conn, slot) == merged.end_lsn  # nothing confirmed past what was merged
 
