@@ -18,6 +18,7 @@ from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
 from airflow_provider_pgdecode.batch.storage import Storage
 from airflow_provider_pgdecode.testing.compare import compare_table
 from airflow_provider_pgdecode.testing.s3_server import SECRET_KEY
+from tests.conftest import full_only
 from tests.dags.test_pgdecode_incremental import airflow_db, run  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.s3, pytest.mark.slow]
@@ -41,7 +42,12 @@ def dags_on_s3(pg_cluster, s3_server, monkeypatch):
     return bag
 
 
-@pytest.fixture(params=["test_decoding", "pgoutput"])
+@pytest.fixture(
+    params=[
+        "test_decoding",
+        full_only("pgoutput", "the storage path is the same for both plugins (local runs test both)"),
+    ]
+)
 def incremental_s3(request, pg_cluster, pg_conn, slot_name, s3_server, s3_bucket, monkeypatch, airflow_db):  # noqa: F811
     pg_conn.execute(f"drop table if exists {', '.join(TABLES)} cascade; drop publication if exists s3_pub")
     pg_conn.execute(
