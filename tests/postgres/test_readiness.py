@@ -233,7 +233,8 @@ def test_wal_level_replica_and_no_prepared_transactions(small_cluster: Throwaway
             with pytest.raises(ServerNotReadyError) as caught:
                 client.create(name, two_phase=True)
             assert f"cannot create two-phase replication slot '{name}'" in str(caught.value)
-            assert "max_prepared_transactions is 0" in str(caught.value)
+            assert "max_prepared_transactions is 0" in str(caught.value) and "restart" in str(caught.value)
+            assert not client.exists(name)
             facts = read_server_facts(conn)
         assert settings(check_readiness(facts, two_phase=True)) == ["wal_level", "max_prepared_transactions"]
     finally:
