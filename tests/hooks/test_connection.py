@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_pgdecode.errors import ServerNotReadyError, is_deterministic
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeConnectionHook, PgDecodeHook
 from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
 
@@ -91,6 +92,12 @@ def test_role_without_replication_fails_with_its_fix(cluster: ThrowawayCluster, 
     assert f"role '{role}' has neither the REPLICATION attribute nor superuser" in message
     assert f'ALTER ROLE "{role}" WITH REPLICATION' in message
     assert "wal_level" not in message and "max_replication_slots" not in message
+    # The first run fails the same way, with the same fix, and without retries.
+    with PgDecodeHook(postgres_conn_id=connect(login=role)) as hook:
+        with pytest.raises(ServerNotReadyError) as caught:
+            hook.ensure_slot("first_run", two_phase=True)
+    assert "cannot create two-phase replication slot 'first_run' in database 'postgres'" in str(caught.value)
+    assert f'ALTER ROLE "{role}" WITH REPLICATION' in str(caught.value) and is_deterministic(caught.value)
 
     with cluster.connect() as conn:
         conn.execute(f'ALTER ROLE "{role}" WITH REPLICATION')
