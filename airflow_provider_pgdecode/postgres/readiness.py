@@ -58,7 +58,8 @@ class ServerFacts:
     :param server_version_num: e.g. ``150018``.
     :param wal_level: ``minimal``, ``replica`` or ``logical``.
     :param role: the connected role (``current_user``).
-    :param replication: the role has the REPLICATION attribute.
+    :param replication: the role has the REPLICATION attribute (or, on Amazon RDS and Aurora, is a
+        member of ``rds_replication``).
     :param superuser: the role is a superuser.
     :param max_replication_slots: the server's limit.
     :param replication_slots_used: slots that exist (of any kind, in any database).
@@ -207,7 +208,10 @@ _FACTS_SQL = """
 SELECT current_setting('server_version_num')::int,
        current_setting('wal_level'),
        r.rolname::text,
-       r.rolreplication,
+       r.rolreplication OR EXISTS (
+           -- Amazon RDS and Aurora grant replication through this role, not the attribute.
+           SELECT 1 FROM pg_roles g WHERE g.rolname = 'rds_replication' AND pg_has_role(r.oid, g.oid, 'MEMBER')
+       ),
        r.rolsuper,
        current_setting('max_replication_slots')::int,
        (SELECT count(*) FROM pg_replication_slots)::int,

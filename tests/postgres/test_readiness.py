@@ -188,6 +188,17 @@ def test_role_without_replication_cannot_create_a_slot(small_cluster: ThrowawayC
     assert f'ALTER ROLE "{role}" WITH REPLICATION' in message and "REPLICATION attribute" in message
     assert settings(check_readiness(facts)) == ["REPLICATION"]
 
+    # On Amazon RDS and Aurora, membership in rds_replication is what grants replication.
+    with small_cluster.connect() as admin:
+        admin.execute("CREATE ROLE rds_replication")
+        admin.execute(f'GRANT rds_replication TO "{role}"')
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert read_server_facts(conn).replication is True
+    finally:
+        with small_cluster.connect() as admin:
+            admin.execute("DROP ROLE rds_replication")
+
 
 @pytest.mark.postgres
 def test_all_slots_in_use(small_cluster: ThrowawayCluster) -> None:
