@@ -65,6 +65,12 @@ class SlotConnectionLostError(SlotError):
     retryable = True
 
 
+class ServerNotReadyError(SlotError):
+    """The server or the connected role lacks what a slot needs (``wal_level``, the REPLICATION attribute,
+    a free slot or WAL sender, ``max_prepared_transactions``, a server version, an output plugin): the
+    message names the setting to change. The wording lives in ``postgres/readiness.py``."""
+
+
 class CatalogError(PgDecodeError):
     """A source table cannot be staged as asked (no usable key, a reserved column name, ...)."""
 

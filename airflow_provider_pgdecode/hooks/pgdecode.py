@@ -12,6 +12,7 @@ from psycopg.conninfo import make_conninfo
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, ReplicaIdentity
+from airflow_provider_pgdecode.postgres.readiness import check_readiness, describe_readiness, read_server_facts
 from airflow_provider_pgdecode.postgres.slot import PeekRows, SlotClient, SlotInfo
 
 if TYPE_CHECKING:
@@ -28,8 +29,17 @@ class PgDecodeHook(PostgresHook):
     use and reused by the methods here. Close it with :meth:`close` (or use the hook as a
     context manager).
 
+    :meth:`test_connection` (``airflow connections test``, the UI's Test button) checks what a
+    slot needs, for the output plugin and two-phase setting given here or in the connection's
+    extra (``{"plugin": "pgoutput", "two_phase": false}``; these two keys are not passed to the
+    driver).
+
     :param postgres_conn_id: the Airflow connection id of the source database
         (default ``pgdecode_source``).
+    :param plugin: the output plugin :meth:`test_connection` checks for; default the extra's
+        ``plugin``, else ``test_decoding``.
+    :param two_phase: whether :meth:`test_connection` checks for two-phase slots; default the
+        extra's ``two_phase``, else True (the ``pgdecode_incremental`` DAG creates two-phase slots).
     :param kwargs: passed to :class:`PostgresHook` (e.g. ``options``, ``database``).
     """
 
@@ -37,10 +47,14 @@ class PgDecodeHook(PostgresHook):
     default_conn_name = "pgdecode_source"
     conn_type = "postgres"
     hook_name = "PostgreSQL logical decoding"
+    #: Extras read by pgdecode itself, not libpq connection parameters.
+    ignored_extra_options = PostgresHook.ignored_extra_options | {"plugin", "two_phase"}
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, plugin: str | None = None, two_phase: bool | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._slot_client: SlotClient | None = None
+        self.plugin = plugin
+        self.two_phase = two_phase
 
     def __enter__(self) -> PgDecodeHook:
         return self
@@ -68,6 +82,42 @@ class PgDecodeHook(PostgresHook):
         connections opened elsewhere: the replication connection of an initial load)."""
         info = self.get_slot_client().conn.info
         return make_conninfo(info.dsn, password=info.password) if info.password else info.dsn
+
+    def slot_requirements(self) -> tuple[str, bool]:
+        """``(plugin, two_phase)`` that :meth:`test_connection` checks for: the hook's arguments, else
+        the connection's extra, else ``test_decoding`` with two-phase."""
+        extra = self.get_connection(self.get_conn_id()).extra_dejson
+        plugin = self.plugin or extra.get("plugin") or "test_decoding"
+        two_phase = self.two_phase if self.two_phase is not None else extra.get("two_phase", True)
+        if isinstance(two_phase, str):
+            two_phase = two_phase.strip().lower() not in ("false", "0", "no", "off", "")
+        return str(plugin), bool(two_phase)
+
+    def test_connection(self) -> tuple[bool, str]:  # type: ignore[override]  # DbApiHook is unannotated
+        """Check that a slot can be created and read over this connection; never raises.
+
+        Checks ``wal_level = logical``, the role's REPLICATION (or superuser) attribute, a free
+        replication slot and WAL sender, ``max_prepared_transactions > 0`` when two-phase is asked
+        (:meth:`slot_requirements`), and the server version for the plugin and protocol
+        (:func:`~airflow_provider_pgdecode.postgres.readiness.check_readiness`).
+
+        :return: ``(True, what was checked)``, or ``(False, every problem with its fix)``.
+        """
+        opened_here = self._slot_client is None
+        try:
+            plugin, two_phase = self.slot_requirements()
+            facts = read_server_facts(self.get_slot_client().conn)
+        except Exception as exc:
+            return False, f"cannot check connection {self.get_conn_id()!r}: {type(exc).__name__}: {str(exc).strip()}"
+        finally:
+            if opened_here:
+                self.close()
+        problems = check_readiness(facts, plugin=plugin, two_phase=two_phase)
+        asked = f"{plugin} slots" + (" with two-phase decoding" if two_phase else "")
+        if problems:
+            listed = " ".join(f"({n}) {p.message}." for n, p in enumerate(problems, 1))
+            return False, f"{len(problems)} problem(s) keep {asked} from working on this server: {listed}"
+        return True, f"ready for {asked}: {describe_readiness(facts, plugin=plugin, two_phase=two_phase)}"
 
     def get_catalog(self) -> Catalog:
         """A :class:`Catalog` on the same connection as :meth:`get_slot_client`."""

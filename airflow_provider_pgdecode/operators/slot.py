@@ -17,7 +17,12 @@ class PgDecodeEnsureSlotOperator(BaseOperator):
     A missing slot is created (in the connection's database). An existing one is checked: a
     physical slot, a slot of another database, another output plugin, another two-phase
     setting, or a lost slot fails the task with :class:`AirflowFailException` and says how to
-    fix it (retrying cannot help). Returns the slot's description (``SlotInfo.to_dict()``:
+    fix it (retrying cannot help). So does a server or role that cannot hold the slot
+    (``wal_level`` not ``logical``, no REPLICATION attribute, every slot in use,
+    ``max_prepared_transactions = 0`` for two-phase, the plugin not installed): the error names
+    the slot, the server and the setting to change, in the words of the connection's test
+    (``airflow connections test``, :meth:`PgDecodeHook.test_connection
+    <airflow_provider_pgdecode.hooks.pgdecode.PgDecodeHook.test_connection>`). Returns the slot's description (``SlotInfo.to_dict()``:
     ``confirmed_flush_lsn``, ``wal_status``, ``lag_bytes``, ...) to XCom.
 
     Creating a slot waits for the transactions running at that moment to finish. Changes

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import SlotError
+from airflow_provider_pgdecode.postgres.readiness import slot_creation_error
 
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 
@@ -88,7 +89,13 @@ class ReplicationConnection:
                 "when it is created). Drop the slot first, or choose another name."
             ) from None
         except psycopg2.Error as exc:
-            raise SlotError(f"cannot create slot {slot_name!r}: {str(exc).strip()}") from None
+            primary = getattr(exc.diag, "message_primary", None) or str(exc).strip()
+            info = self.conn.info
+            where = f"database {info.dbname!r} on {info.host}:{info.port}"
+            translated = slot_creation_error(
+                slot_name, where, exc.pgcode, primary, plugin=plugin, two_phase=two_phase, role=info.user
+            )
+            raise (translated or SlotError(f"cannot create slot {slot_name!r}: {str(exc).strip()}")) from None
         self.created = None if temporary else slot_name
         names = [d.name for d in cur.description]
         row = dict(zip(names, cur.fetchone()))
@@ -118,6 +125,13 @@ def replication_connection(dsn: str, slot_name: str) -> Iterator[ReplicationConn
     try:
         conn = psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
     except psycopg2.Error as exc:
+        params = psycopg2.extensions.parse_dsn(dsn)
+        where = f"database {params.get('dbname')!r} on {params.get('host')}:{params.get('port', 5432)}"
+        translated = slot_creation_error(
+            slot_name, where, exc.pgcode, str(exc).strip(), plugin="", role=params.get("user")
+        )
+        if translated is not None:
+            raise translated from None
         raise SlotError(
             f"cannot open a replication connection to create slot {slot_name!r}: {str(exc).strip()}. The user needs "
             "the REPLICATION attribute and pg_hba.conf must allow its connection (a 'database' line serves "

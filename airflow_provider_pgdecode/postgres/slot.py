@@ -24,7 +24,7 @@ from psycopg import errors as pg_errors
 from psycopg.rows import tuple_row
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import PgDecodeError, SlotError
+from airflow_provider_pgdecode.errors import PgDecodeError, ServerNotReadyError, SlotError
 from airflow_provider_pgdecode.postgres.health import (
     check_readable,
     connection_lost,
@@ -33,6 +33,13 @@ from airflow_provider_pgdecode.postgres.health import (
     slot_in_use,
     slot_lost,
     slot_missing,
+)
+from airflow_provider_pgdecode.postgres.readiness import (
+    TWO_PHASE_SERVER_VERSION,
+    format_server_version,
+    prepared_transactions_off,
+    slot_creation_error,
+    two_phase_needs_newer_server,
 )
 from airflow_provider_pgdecode.postgres.session import PINNED_GUCS, pin_settings  # noqa: F401  (PINNED_GUCS: re-exported)
 
@@ -292,18 +299,15 @@ class SlotClient:
         if not plugin:
             raise SlotError("an output plugin name is needed (test_decoding or pgoutput)")
         version = self.server_version_num()
+        kind = "two-phase replication slot" if two_phase else "replication slot"
         if two_phase:
-            if version < 140000:
-                raise SlotError(
-                    f"two-phase decoding needs PostgreSQL 14 or later; this server is {version}. "
-                    "Create the slot without two_phase"
-                )
+            if version < TWO_PHASE_SERVER_VERSION:
+                reason = two_phase_needs_newer_server(format_server_version(version), plugin)
+                raise ServerNotReadyError(f"cannot create {kind} {name!r} in {self._where()}: {reason}")
             row = self._one("SELECT current_setting('max_prepared_transactions')::int")
             if row is None or int(row[0]) == 0:
-                raise SlotError(
-                    f"cannot create two-phase slot {name!r}: the server has max_prepared_transactions = 0; "
-                    "set max_prepared_transactions > 0 (e.g. 20) in postgresql.conf and restart PostgreSQL"
-                )
+                reason = prepared_transactions_off(0 if row is None else int(row[0]))
+                raise ServerNotReadyError(f"cannot create {kind} {name!r} in {self._where()}: {reason}")
         query: str
         params: tuple[Any, ...]
         # The function is STRICT: every argument is a non-NULL value, or no slot is created.
@@ -321,13 +325,17 @@ class SlotClient:
             row = self._one(query, params)
         except pg_errors.DuplicateObject as exc:
             raise SlotError(f"cannot create replication slot {name!r}: it already exists") from exc
-        except pg_errors.UndefinedFile as exc:
-            raise SlotError(
-                f"cannot create replication slot {name!r}: output plugin {plugin!r} is not installed "
-                f"on the server ({exc.diag.message_primary})"
-            ) from exc
         except psycopg.Error as exc:
-            raise self._error(exc, name, "creation") from exc
+            translated = slot_creation_error(
+                name,
+                self._where(),
+                exc.sqlstate,
+                exc.diag.message_primary or str(exc).strip(),
+                plugin=plugin,
+                two_phase=two_phase,
+                role=self.conn.info.user,
+            )
+            raise (translated or self._error(exc, name, "creation")) from exc
         if row is None or row[0] is None:
             raise SlotError(f"pg_create_logical_replication_slot returned no slot for {name!r}")
         return self.describe(name)

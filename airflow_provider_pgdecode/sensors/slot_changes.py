@@ -9,9 +9,7 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_pgdecode.capture.table_snapshot import pending_snapshot_requests
 from airflow_provider_pgdecode.errors import SlotError
-from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.triggers.slot_changes import (
     DEFAULT_HEARTBEAT_PREFIX,
@@ -64,12 +62,13 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
     :param staging_root: the staging root of the slot's batches; when given, a table snapshot
         request still in progress (``pgdecode_backfill`` modes ``add-table``/``resnapshot``)
         counts as work, so its chunks get copied even while the database is idle; a local
-        directory or ``s3://bucket/prefix``. Read by pokes in the task only (the trigger watches
-        the slot alone). (templated)
+        directory or ``s3://bucket/prefix``. Read by pokes in the task and, when deferred, by the
+        trigger at each poll: a request filed while the sensor is deferred wakes it. (templated)
     :param storage_conn_id: the Airflow ``aws`` connection of an ``s3://`` staging root
         (``endpoint_url`` in its extra for an S3-compatible store); empty: a local staging root,
-        or the ``AWS_*`` environment. Resolved in the poke; no secret enters the task's fields,
-        its log or XCom. (templated)
+        or the ``AWS_*`` environment. Resolved in the poke or, when deferred, in the triggerer (the
+        trigger holds only the connection id); no secret enters the task's fields, its log, the
+        trigger's arguments or XCom. (templated)
     :param deferrable: wait in the triggerer instead of a worker.
     :param kwargs: :class:`~airflow.sdk.BaseSensorOperator` arguments (``poke_interval``,
         ``timeout``, ``mode``, ``soft_fail`` ...). ``poke_interval`` is also the trigger's
@@ -124,6 +123,8 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
             probe_rows=self.probe_rows,
             heartbeat_prefix=self.heartbeat_prefix,
             publication=self.publication,
+            staging_root=str(self.staging_root) if self.staging_root else None,
+            storage_conn_id=self.storage_conn_id or None,
         )
 
     def _check(self) -> tuple[bool, dict[str, Any]]:
@@ -132,13 +133,6 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
 
     def poke(self, context: Context) -> PokeReturnValue:
         done, report = self._check()
-        if not done and self.staging_root:
-            with fail_fast():
-                staging = storage_for(str(self.staging_root), self.storage_conn_id)
-            waiting = pending_snapshot_requests(staging, self.slot_name)
-            if waiting:
-                done = True
-                report = {**report, "reason": f"table snapshot request(s) in progress: {', '.join(waiting)}"}
         self.log.info("Slot %s: %s", self.slot_name, report["reason"])
         return PokeReturnValue(is_done=done, xcom_value=report if done else None)
 

@@ -35,11 +35,13 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 from asgiref.sync import sync_to_async
 
+from airflow_provider_pgdecode.capture.table_snapshot import pending_snapshot_requests
 from airflow_provider_pgdecode.decoding.events import Begin, Commit, Event, Message, Origin, StreamStart, StreamStop
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.pgoutput import PgOutputParser, pgoutput_options
 from airflow_provider_pgdecode.decoding.test_decoding import PROBE_OPTIONS, TestDecodingParser
-from airflow_provider_pgdecode.errors import ConfigurationError, SlotError, SlotInUseError
+from airflow_provider_pgdecode.errors import ConfigurationError, PgDecodeError, SlotError, SlotInUseError
+from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.postgres.health import check_readable, slot_in_use
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
@@ -239,6 +241,12 @@ class SlotChangesTrigger(BaseTrigger):
     :param probe_rows: rows peeked per probe.
     :param heartbeat_prefix: the prefix of heartbeat messages, which are not changes.
     :param publication: the publication of a pgoutput slot.
+    :param staging_root: the staging root of the slot's batches (a local directory or
+        ``s3://bucket/prefix``); when given, a table snapshot request still in progress under it
+        (:func:`~airflow_provider_pgdecode.capture.table_snapshot.pending_snapshot_requests`) also
+        fires the trigger, so that its chunks get copied while the database is idle.
+    :param storage_conn_id: the Airflow ``aws`` connection of an ``s3://`` staging root, resolved
+        in the triggerer at each poll (only its id is serialized).
     """
 
     def __init__(
@@ -251,6 +259,8 @@ class SlotChangesTrigger(BaseTrigger):
         probe_rows: int = DEFAULT_PROBE_ROWS,
         heartbeat_prefix: str = DEFAULT_HEARTBEAT_PREFIX,
         publication: str | None = None,
+        staging_root: str | None = None,
+        storage_conn_id: str | None = None,
     ) -> None:
         super().__init__()
         self.slot_name = slot_name
@@ -261,6 +271,8 @@ class SlotChangesTrigger(BaseTrigger):
         self.probe_rows = int(probe_rows)
         self.heartbeat_prefix = heartbeat_prefix
         self.publication = publication
+        self.staging_root = None if staging_root is None else str(staging_root)
+        self.storage_conn_id = storage_conn_id or None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -274,14 +286,16 @@ class SlotChangesTrigger(BaseTrigger):
                 "probe_rows": self.probe_rows,
                 "heartbeat_prefix": self.heartbeat_prefix,
                 "publication": self.publication,
+                "staging_root": self.staging_root,
+                "storage_conn_id": self.storage_conn_id,
             },
         )
 
     def check(self) -> tuple[bool, dict[str, Any]]:
-        """One blocking check (:func:`check_slot_changes`); :meth:`run` calls it in a worker thread,
-        the changes sensor's poke in its task."""
+        """One blocking check (:func:`check_slot_changes`, then the snapshot requests under
+        ``staging_root``); :meth:`run` calls it in a worker thread, the changes sensor's poke in its task."""
         with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
-            return check_slot_changes(
+            done, report = check_slot_changes(
                 hook,
                 self.slot_name,
                 min_lag_bytes=self.min_lag_bytes,
@@ -290,6 +304,16 @@ class SlotChangesTrigger(BaseTrigger):
                 heartbeat_prefix=self.heartbeat_prefix,
                 publication=self.publication,
             )
+        if done or not self.staging_root:
+            return done, report
+        waiting = pending_snapshot_requests(storage_for(self.staging_root, self.storage_conn_id), self.slot_name)
+        if waiting:
+            return True, {
+                **report,
+                "snapshot_requests": waiting,
+                "reason": f"table snapshot request(s) in progress: {', '.join(waiting)}",
+            }
+        return False, report
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         check = sync_to_async(self.check, thread_sensitive=False)
@@ -298,8 +322,9 @@ class SlotChangesTrigger(BaseTrigger):
             polls += 1
             try:
                 done, report = await check()
-            except SlotError as exc:
-                # A slot in use or a lost connection is worth a retry; a missing or lost slot is not.
+            except PgDecodeError as exc:
+                # A slot in use or a lost connection is worth a retry; a missing or lost slot (or an
+                # unreadable snapshot request) is not.
                 fatal = not exc.retryable
                 yield TriggerEvent(
                     {"status": "error", "fatal": fatal, "slot_name": self.slot_name, "message": str(exc)}

@@ -11,7 +11,6 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CatalogError, SlotError
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, ReplicaIdentity
 from airflow_provider_pgdecode.postgres.slot import SlotClient
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
 
 pytestmark = pytest.mark.postgres
 
@@ -86,15 +85,6 @@ def test_create_unknown_plugin(client: SlotClient, slot_name: str) -> None:
     with pytest.raises(SlotError, match="no_such_plugin"):
         client.create(slot_name, plugin="no_such_plugin")
     assert not client.exists(slot_name)
-
-
-def test_two_phase_needs_max_prepared_transactions() -> None:
-    with ThrowawayCluster({"max_prepared_transactions": "0"}) as cluster, cluster.connect() as conn:
-        client = SlotClient(conn)
-        with pytest.raises(SlotError, match="max_prepared_transactions") as excinfo:
-            client.create("tp_slot", two_phase=True)
-        assert "restart" in str(excinfo.value)
-        assert not client.exists("tp_slot")
 
 
 def test_ensure_creates_then_reuses(client: SlotClient, slot_name: str, table: str, pg_conn: Any) -> None:

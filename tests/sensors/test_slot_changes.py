@@ -194,3 +194,65 @@ def test_a_table_snapshot_request_in_progress_counts_as_work(source_conn: str, s
     assert returned.is_done is True and "r1" in returned.xcom_value["reason"]
     write_snapshot_states(staging, slot_name, {request.id: {"done": True, "tables": {}}})
     assert sensor.poke({}).is_done is False  # done: nothing to do again
+
+
+def test_a_snapshot_request_filed_while_deferred_wakes_the_sensor(
+    source_conn: str, slot_name: str, tmp_path: Any
+) -> None:
+    import asyncio
+
+    from airflow_provider_pgdecode.capture.table_snapshot import request_table_snapshot
+
+    staging = str(tmp_path)
+    with PgDecodeHook() as hook:
+        hook.ensure_slot(slot_name)
+    sensor = PgDecodeSlotChangesSensor(
+        task_id="wait",
+        slot_name=slot_name,
+        staging_root=staging,
+        storage_conn_id="lake",
+        deferrable=True,
+        poke_interval=0.1,
+        timeout=600,
+    )
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute({})  # an idle slot, no request: defers
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, SlotChangesTrigger)
+    kwargs = trigger.serialize()[1]
+    assert (kwargs["staging_root"], kwargs["storage_conn_id"]) == (staging, "lake")  # JSON-able, no secret
+
+    async def run_trigger_and_file_a_request() -> dict[str, Any]:
+        events = trigger.run()
+        try:
+            waiting = asyncio.ensure_future(events.__anext__())
+            await asyncio.sleep(0.5)
+            assert not waiting.done()
+            await asyncio.to_thread(
+                request_table_snapshot, staging, slot_name, ["public.orders"], "add-table", request_id="late"
+            )
+            event = await asyncio.wait_for(waiting, 30)
+        finally:
+            await events.aclose()
+        return dict(event.payload)
+
+    event = asyncio.run(run_trigger_and_file_a_request())
+    report = sensor.execute_complete({}, event)
+    assert report["status"] == "success" and report["snapshot_requests"] == ["late"]
+    assert report["reason"] == "table snapshot request(s) in progress: late"
+
+
+def test_execute_complete_of_a_snapshot_request_event() -> None:
+    sensor = PgDecodeSlotChangesSensor(task_id="wait", slot_name="s1", staging_root="/staging", deferrable=True)
+    event = {
+        "status": "success",
+        "slot_name": "s1",
+        "changes": 0,
+        "snapshot_requests": ["r1", "r2"],
+        "reason": "table snapshot request(s) in progress: r1, r2",
+    }
+    assert sensor.execute_complete({}, event) == event
+    with pytest.raises(AirflowFailException, match="unreadable snapshot request file"):
+        sensor.execute_complete(
+            {}, {"status": "error", "fatal": True, "message": "unreadable snapshot request file /staging/s1/x.json"}
+        )

@@ -49,6 +49,8 @@ def test_serialize_round_trips_with_json_only() -> None:
         probe_rows=50,
         heartbeat_prefix="hb",
         publication="pub",
+        staging_root="s3://lake/staging",
+        storage_conn_id="lake",
     )
     classpath, kwargs = trigger.serialize()
     module, _, name = classpath.rpartition(".")
@@ -64,8 +66,13 @@ def test_serialize_round_trips_with_json_only() -> None:
         "probe_rows": 50,
         "heartbeat_prefix": "hb",
         "publication": "pub",
+        "staging_root": "s3://lake/staging",
+        "storage_conn_id": "lake",
     }
     assert cls(**kwargs).serialize() == (classpath, kwargs)
+    # Triggers serialized before staging_root existed still load.
+    old_kwargs = {k: v for k, v in kwargs.items() if k not in ("staging_root", "storage_conn_id")}
+    assert cls(**old_kwargs).serialize()[1] == {**old_kwargs, "staging_root": None, "storage_conn_id": None}
 
 
 @pytest.mark.postgres
@@ -88,6 +95,86 @@ async def test_fires_when_a_change_arrives(source_conn: str, pg_conn: psycopg.Co
     assert event["polls"] >= 2
     assert Lsn.parse(event["first_change_lsn"]) > Lsn.parse(event["confirmed_flush_lsn"])
     json.dumps(event)
+
+
+async def _wakes_on_a_snapshot_request(trigger: SlotChangesTrigger, file_request: Any) -> dict[str, Any]:
+    """Run the trigger on an idle slot, file a request while it waits, and return its event."""
+    waiting = asyncio.ensure_future(first_event(trigger, timeout=60))
+    await asyncio.sleep(0.5)
+    assert not waiting.done()  # an idle slot, no request yet: the trigger keeps polling
+    await asyncio.to_thread(file_request)
+    return await waiting
+
+
+@pytest.mark.postgres
+@pytest.mark.asyncio
+async def test_a_snapshot_request_filed_while_deferred_fires(source_conn: str, slot_name: str, tmp_path: Any) -> None:
+    from airflow_provider_pgdecode.capture.table_snapshot import request_table_snapshot, write_snapshot_states
+
+    staging = str(tmp_path / "staging")
+    with PgDecodeHook() as hook:
+        hook.ensure_slot(slot_name)
+        hook.emit_heartbeat()  # WAL moves, but nothing to extract
+    trigger = SlotChangesTrigger(slot_name=slot_name, poll_interval=0.1, staging_root=staging)
+
+    def file_request() -> None:
+        request_table_snapshot(staging, slot_name, ["public.orders"], "add-table", request_id="r1")
+
+    event = await _wakes_on_a_snapshot_request(trigger, file_request)
+    assert event["status"] == "success" and event["slot_name"] == slot_name
+    assert event["snapshot_requests"] == ["r1"]
+    assert event["reason"] == "table snapshot request(s) in progress: r1"
+    assert event["changes"] == 0 and event["polls"] >= 2
+    json.dumps(event)
+
+    # A request that is done is not work any more; the same trigger without a staging root never sees requests.
+    write_snapshot_states(staging, slot_name, {"r1": {"done": True, "tables": {}}})
+    done, report = await asyncio.to_thread(trigger.check)
+    assert done is False and "snapshot_requests" not in report
+    request_table_snapshot(staging, slot_name, ["public.items"], "add-table", request_id="r2")
+    assert (await asyncio.to_thread(trigger.check))[0] is True
+    blind = SlotChangesTrigger(slot_name=slot_name, poll_interval=0.1)
+    assert (await asyncio.to_thread(blind.check))[0] is False
+
+
+@pytest.mark.postgres
+@pytest.mark.asyncio
+async def test_a_snapshot_request_on_object_storage_fires_through_the_storage_connection(
+    source_conn: str, slot_name: str, s3_server: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_pgdecode.batch.storage import Storage
+    from airflow_provider_pgdecode.capture.table_snapshot import request_table_snapshot
+    from airflow_provider_pgdecode.testing.s3_server import SECRET_KEY
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE", s3_server.airflow_conn_json())
+    staging = f"{s3_bucket}/staging"
+    with PgDecodeHook() as hook:
+        hook.ensure_slot(slot_name)
+    trigger = SlotChangesTrigger(slot_name=slot_name, poll_interval=0.1, staging_root=staging, storage_conn_id="lake")
+    assert SECRET_KEY not in json.dumps(trigger.serialize()[1])  # only the connection id travels
+
+    def file_request() -> None:
+        request_table_snapshot(Storage(staging, s3_server.settings), slot_name, ["public.orders"], request_id="s3r")
+
+    event = await _wakes_on_a_snapshot_request(trigger, file_request)
+    assert event["status"] == "success" and event["snapshot_requests"] == ["s3r"]
+
+
+@pytest.mark.postgres
+@pytest.mark.asyncio
+async def test_an_unreadable_snapshot_request_is_a_fatal_error_event(
+    source_conn: str, slot_name: str, tmp_path: Any
+) -> None:
+    requests = tmp_path / slot_name / "snapshot-requests"
+    requests.mkdir(parents=True)
+    (requests / "broken.json").write_text("{not json")
+    with PgDecodeHook() as hook:
+        hook.ensure_slot(slot_name)
+    event = await first_event(SlotChangesTrigger(slot_name=slot_name, poll_interval=0.1, staging_root=str(tmp_path)))
+    assert event["status"] == "error" and event["fatal"] is True
+    assert "unreadable snapshot request file" in event["message"] and "broken.json" in event["message"]
 
 
 @pytest.mark.postgres
