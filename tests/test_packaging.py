@@ -223,3 +223,26 @@ def test_the_extension_links_only_libc(check_dist: ModuleType) -> None:
     # A file that is not ELF is an error, not an extension without dependencies.
     with pytest.raises(Exception, match="Magic number does not match"):
         check_dist.needed_libraries(b"not an ELF file at all")
+
+
+def test_cibuildwheel_builds_manylinux_wheels_that_need_the_extension() -> None:
+    """cibuildwheel needs a container engine to build; here its configuration is read and resolved."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["cibuildwheel"]
+    assert config["environment"] == {"PGDECODE_BUILD_NATIVE": "1"}
+    assert "scripts/check_dist.py installed --native" in config["test-command"]
+    cibuildwheel = Path(sys.executable).with_name("cibuildwheel")
+    if not cibuildwheel.exists():
+        pytest.skip("cibuildwheel is not installed (the dist extra)")
+    done = subprocess.run(
+        [cibuildwheel, "--print-build-identifiers", "--platform", "linux"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    identifiers = set(done.stdout.split())
+    assert {"cp311-manylinux_x86_64", "cp311-manylinux_aarch64"} <= identifiers
+    assert all(i.startswith(("cp311-", "cp312-", "cp313-")) and "musllinux" not in i for i in identifiers), identifiers
