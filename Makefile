@@ -6,14 +6,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lint test test-fast demo demo-s3 bench bench-extract bench-merge bench-snapshot bench-s3 delta-jars system-deps venv native clean
+.PHONY: lint test test-fast demo demo-s3 bench bench-extract bench-merge bench-snapshot bench-s3 delta-jars system-deps venv native dist dist-check clean
 
 $(STAMP): setup.cfg setup.py pyproject.toml requirements/constraints.txt \
 		$(wildcard airflow_provider_pgdecode/capture/csrc/*.c airflow_provider_pgdecode/capture/csrc/*.h)
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "needs $(PYTHON) (set PYTHON=...)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[test,lint]"
+	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[test,lint,dist]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -70,5 +70,17 @@ bench-snapshot: $(STAMP) system-deps delta-jars
 bench-s3: $(STAMP) system-deps native delta-jars
 	$(PY) -m bench.object_store_bench
 
+# The distributions PyPI takes, in dist/: the sdist, the manylinux wheel of this interpreter (pip
+# wheel of the sdist + auditwheel repair; cibuildwheel builds the others, [tool.cibuildwheel] in
+# pyproject.toml) and the pure-Python fallback wheel; each checked, then twine check.
+dist: $(STAMP) system-deps
+	$(PY) scripts/check_dist.py build
+
+# make dist, then the manylinux wheel installed with the constraints into a fresh virtualenv in a
+# temporary directory, where `airflow providers list` must list pgdecode (the pure wheel likewise).
+# Run by .ci/run; about a minute and a half with pip's cache warm.
+dist-check: $(STAMP) system-deps
+	$(PY) scripts/check_dist.py check
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis build dist
