@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the system packages pgdecode needs when they are absent: PostgreSQL's server
 # binaries (for the throwaway clusters of tests, benchmarks and the demo), a Java 17+
-# runtime (for Spark), and gcc with the Python headers (for the native extract). Debian/Ubuntu only; as root, or through sudo when it is available.
+# runtime (for Spark), gcc with the Python headers (for the native extract), and docker-compose
+# (the test suite validates docker/docker-compose.yml with 'docker-compose config', which needs
+# no Docker engine). Debian/Ubuntu only; as root, or through sudo when it is available.
 set -euo pipefail
 
 need=()
@@ -15,6 +17,10 @@ fi
 # them the install still works and the extract uses its pure-Python path.
 if ! command -v gcc >/dev/null 2>&1; then
     need+=(gcc)
+fi
+# Debian's docker-compose (1.x): enough for 'config'; tests/docker skips without it.
+if ! command -v docker-compose >/dev/null 2>&1; then
+    need+=(docker-compose)
 fi
 PY_FOR_HEADERS="${PYTHON:-python3.11}"
 if command -v "$PY_FOR_HEADERS" >/dev/null 2>&1; then

@@ -44,16 +44,37 @@ def default_spark_binary() -> str:
     return spark_bin("spark-submit")
 
 
-def default_env_vars() -> dict[str, str]:
-    """Environment that makes the venv's ``spark-submit`` find its Spark and Python (pitfall P2)."""
+DRIVER_ADDRESS_EXTRAS = {"driver-host": "spark.driver.host", "driver-bind-address": "spark.driver.bindAddress"}
+"""Keys of the Spark connection's extra that set the driver's advertised and bound address."""
+
+
+def default_env_vars(master: str | None = None) -> dict[str, str]:
+    """Environment that makes the venv's ``spark-submit`` find its Spark and Python (pitfall P2);
+    ``SPARK_LOCAL_IP=127.0.0.1`` only for a local ``master`` (for a remote one the driver must
+    advertise an address the executors reach: see :func:`driver_address_conf`)."""
     import pyspark
+
+    from airflow_provider_pgdecode.spark.session import driver_address_env
 
     return {
         "SPARK_HOME": os.path.dirname(pyspark.__file__),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "SPARK_LOCAL_IP": "127.0.0.1",
+        **driver_address_env(master),
     }
+
+
+def driver_address_conf(extra: Mapping[str, Any]) -> dict[str, str]:
+    """``spark.driver.host`` / ``spark.driver.bindAddress`` from a Spark connection's extra
+    (``driver-host``, ``driver-bind-address``): the address executors on a remote master use to
+    reach a client-mode driver, and the local address it listens on (e.g. ``0.0.0.0``)."""
+    return {conf: str(extra[key]) for key, conf in DRIVER_ADDRESS_EXTRAS.items() if extra.get(key)}
+
+
+def hook_master(hook: SparkSubmitHook) -> str | None:
+    """The master the hook resolved from its Spark connection (``None`` when unknown)."""
+    connection = getattr(hook, "_connection", None) or {}
+    return str(connection["master"]) if connection.get("master") else None
 
 
 def default_spark_conf(*, object_store: bool = False) -> dict[str, str]:
@@ -72,16 +93,22 @@ def spark_submit_settings(
     ``spark.jars.packages`` moved to ``packages``.
 
     Checks first that the Spark connection exists: without it spark-submit would run on YARN.
+    The connection's ``driver-host`` / ``driver-bind-address`` extras become ``spark.driver.host``
+    / ``spark.driver.bindAddress`` (:func:`driver_address_conf`), under the operator's ``conf``.
     """
     try:
-        BaseHook.get_connection(conn_id)
+        connection = BaseHook.get_connection(conn_id)
     except AirflowException as exc:
         raise ConfigurationError(
             f"Spark connection {conn_id!r} not found ({exc}). Without it spark-submit would silently "
             "use master 'yarn'. Create it, e.g. for local mode "
             f'AIRFLOW_CONN_{conn_id.upper()}=\'{{"conn_type": "spark", "host": "local[*]"}}\''
         ) from exc
-    merged = {**default_spark_conf(object_store=object_store), **{k: str(v) for k, v in conf.items()}}
+    merged = {
+        **default_spark_conf(object_store=object_store),
+        **driver_address_conf(connection.extra_dejson),
+        **{k: str(v) for k, v in conf.items()},
+    }
     jars = merged.pop("spark.jars.packages", None)
     return merged, packages or jars
 
@@ -146,8 +173,12 @@ class PgDecodeMergeOperator(BaseOperator):
     the Spark master and deploy mode come from the Spark connection (``conn_id``; a missing
     connection fails the task instead of silently falling back to YARN). Defaults that make a
     pip-installed Spark work from the Airflow worker: ``spark_binary`` is the ``spark-submit``
-    beside the worker's Python; ``SPARK_HOME``, ``PYSPARK_PYTHON`` and ``SPARK_LOCAL_IP`` are
-    set; Delta's jars come through ``--packages`` with a project-local Ivy cache
+    beside the worker's Python; ``SPARK_HOME`` and ``PYSPARK_PYTHON`` are set, and
+    ``SPARK_LOCAL_IP=127.0.0.1`` with a local master only. With a remote master in client mode the
+    driver (in the Airflow worker) must advertise an address the executors reach: set the Spark
+    connection's extra ``driver-host`` (and ``driver-bind-address``, e.g. ``0.0.0.0``), or
+    ``spark.driver.host`` in ``conf``, or ``SPARK_LOCAL_IP`` in the worker's environment
+    (docs/docker.md). Delta's jars come through ``--packages`` with a project-local Ivy cache
     (:func:`airflow_provider_pgdecode.spark.session.delta_spark_conf`).
 
     Batches whose tables hold no rows (only empty transactions, heartbeats, or prepared
@@ -306,13 +337,14 @@ class PgDecodeMergeOperator(BaseOperator):
                 verbose=self.verbose,
             )
 
-        env_vars = {**default_env_vars(), **self.env_vars}
-        hook = build(env_vars)
+        hook = build(dict(self.env_vars))
+        # Loopback for the driver only with a local master (the hook resolved it from the connection).
+        env_vars = {**default_env_vars(hook_master(hook)), **self.env_vars}
         # The store's settings join the hook's environment only (never self.env_vars: a template
         # field, which Airflow stores rendered), once the Spark connection says they stay off the
         # command line.
         store_env = object_store_env(hook, settings, self.storage_conn_id)
-        return build({**env_vars, **store_env}) if store_env else hook
+        return build({**env_vars, **store_env})
 
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():

@@ -44,6 +44,7 @@ from airflow_provider_pgdecode.hooks.object_store import object_store_settings
 from airflow_provider_pgdecode.operators.merge import (
     default_env_vars,
     default_spark_binary,
+    hook_master,
     object_store_env,
     spark_submit_settings,
     uses_object_store,
@@ -266,10 +267,10 @@ class PgDecodeVerifyOperator(BaseOperator):
                 spark_binary=self.spark_binary or default_spark_binary(),
             )
 
-        env_vars = {**default_env_vars(), **self.env_vars}
-        hook = build(env_vars)
+        hook = build(dict(self.env_vars))
+        env_vars = {**default_env_vars(hook_master(hook)), **self.env_vars}
         store_env = object_store_env(hook, settings, self.storage_conn_id)
-        return build({**env_vars, **store_env}) if store_env else hook
+        return build({**env_vars, **store_env})
 
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():

@@ -223,12 +223,38 @@ def ivy_settings(ivy: Path) -> Path:
     return custom
 
 
-def spark_submit_env() -> dict[str, str]:
-    """Environment for a ``spark-submit`` child process run from this Python (pitfall P2)."""
+LOOPBACK = "127.0.0.1"
+"""The address a driver with a local master binds and advertises (``SPARK_LOCAL_IP``)."""
+
+
+def is_local_master(master: str | None) -> bool:
+    """Whether ``master`` runs the executors beside the driver (``local``, ``local[*]``,
+    ``local-cluster[...]``; ``None`` is pgdecode's default, ``local[*]``)."""
+    return master is None or master.strip().lower().startswith("local")
+
+
+def driver_address_env(master: str | None) -> dict[str, str]:
+    """``SPARK_LOCAL_IP=127.0.0.1`` for a local master, nothing for a remote one.
+
+    With a local master, executors live in the driver's JVM: loopback always works, and it spares
+    Spark a host name that resolves to an address nobody can reach. With a remote master
+    (``spark://``, ``yarn``, ``k8s://``) executors on other machines connect back to the driver in
+    client mode, so the driver must advertise an address they reach: Spark takes
+    ``spark.driver.host`` (and binds ``spark.driver.bindAddress``), else ``SPARK_LOCAL_IP`` of the
+    environment, else the machine's host name. None of those is forced here.
+    """
+    return {"SPARK_LOCAL_IP": LOOPBACK} if is_local_master(master) else {}
+
+
+def spark_submit_env(master: str | None = None) -> dict[str, str]:
+    """Environment for a ``spark-submit`` child process run from this Python (pitfall P2), for
+    ``master`` (default ``local[*]``): loopback for the driver only with a local master
+    (:func:`driver_address_env`; an ``SPARK_LOCAL_IP`` already in the environment wins)."""
     import pyspark
 
     env = dict(os.environ)
-    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    for key, value in driver_address_env(master).items():
+        env.setdefault(key, value)
     env["SPARK_HOME"] = os.path.dirname(pyspark.__file__)
     env["PYSPARK_PYTHON"] = sys.executable
     env["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -281,16 +307,22 @@ def build_spark_session(
     ``master`` defaults to spark-submit's ``--master`` when launched by it, else ``local[*]``.
     ``object_store`` adds hadoop-aws (s3a://) to the jars when this call starts the JVM; under
     spark-submit the jars are its ``--packages`` (the operators add hadoop-aws there).
+
+    A JVM started here for a local master binds the driver to loopback (``SPARK_LOCAL_IP``
+    unless the environment sets it); for a remote master give ``spark.driver.host`` in
+    ``extra_conf`` (or ``SPARK_LOCAL_IP``) so that executors reach the driver.
     """
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if master is None and not launched_by_spark_submit():
+        master = DEFAULT_MASTER
+    if not launched_by_spark_submit():
+        for key, value in driver_address_env(master).items():
+            os.environ.setdefault(key, value)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    elif not launched_by_spark_submit():
-        builder = builder.master(DEFAULT_MASTER)
     conf = delta_spark_conf(object_store=object_store)
     conf.update(extra_conf or {})
     for key, value in conf.items():

@@ -134,7 +134,64 @@ def test_spark_submit_command(spark_conn: str, tmp_path: Path) -> None:
     assert hook._env is not None
     assert hook._env["SPARK_HOME"] == os.path.dirname(pyspark.__file__)
     assert hook._env["PYSPARK_PYTHON"] == sys.executable
+    # A local master: the driver binds and advertises loopback.
     assert hook._env["SPARK_LOCAL_IP"] == "127.0.0.1"
+    assert not any(c.startswith("spark.driver.host=") for c in confs)
+
+
+def test_remote_master_driver_advertises_the_connections_driver_host(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With a standalone master the driver's address is the connection's (never a forced loopback),
+    and an ``SPARK_LOCAL_IP`` of the worker's environment reaches spark-submit untouched."""
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_CLUSTER",
+        json.dumps(
+            {
+                "conn_type": "spark",
+                "host": "spark://spark-master",
+                "port": 7077,
+                "extra": {
+                    "deploy-mode": "client",
+                    "driver-host": "airflow-scheduler",
+                    "driver-bind-address": "0.0.0.0",
+                },
+            }
+        ),
+    )
+    monkeypatch.setenv("SPARK_LOCAL_IP", "10.1.2.3")
+    binary = fake_spark_submit(tmp_path, "sys.exit(0)\n")
+    batch = stage(tmp_path, 1, 2, 1)
+    op = PgDecodeMergeOperator(
+        task_id="merge",
+        batch_paths=batch,
+        delta_root=str(tmp_path / "delta"),
+        conn_id="spark_cluster",
+        spark_binary=binary,
+        asset_alias=None,
+    )
+    hook = op.get_hook([batch])
+    command = hook._build_spark_submit_command(merge_job_path())
+    confs = [command[i + 1] for i, part in enumerate(command) if part == "--conf"]
+    assert command[command.index("--master") + 1] == "spark://spark-master:7077"
+    assert "spark.driver.host=airflow-scheduler" in confs
+    assert "spark.driver.bindAddress=0.0.0.0" in confs
+    assert hook._env is not None and "SPARK_LOCAL_IP" not in hook._env
+
+    op.execute({})
+    call = json.loads((tmp_path / "call.json").read_text())
+    assert call["env"]["SPARK_LOCAL_IP"] == "10.1.2.3"
+
+    # The task's conf wins over the connection's extra.
+    op = PgDecodeMergeOperator(
+        task_id="merge",
+        batch_paths=batch,
+        delta_root=str(tmp_path / "delta"),
+        conn_id="spark_cluster",
+        conf={"spark.driver.host": "10.9.9.9"},
+    )
+    command = op.get_hook([batch])._build_spark_submit_command(merge_job_path())
+    assert "spark.driver.host=10.9.9.9" in command and "spark.driver.host=airflow-scheduler" not in command
 
 
 def test_missing_spark_connection_fails_instead_of_using_yarn(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

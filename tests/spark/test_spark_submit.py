@@ -10,7 +10,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import ExitStack, closing
+from contextlib import ExitStack, closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +93,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _master_state(ui_port: int) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as response:
+def _master_state(ui_port: int, host: str = "127.0.0.1") -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{host}:{ui_port}/json/", timeout=5) as response:
         return json.loads(response.read())
 
 
@@ -112,15 +112,17 @@ def _wait_for(predicate: Any, timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out waiting for {what} (last error: {last_error})")
 
 
-@pytest.fixture()
-def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, int]]:
-    """A Spark standalone master and two one-core workers on 127.0.0.1; stopped afterwards."""
-    env = spark_submit_env()
+@contextmanager
+def _cluster(tmp_path: Path, host: str, workers: int) -> Iterator[tuple[str, int]]:
+    """A Spark standalone master and ``workers`` one-core workers bound to ``host``; stopped afterwards."""
+    env = spark_submit_env(f"spark://{host}")
     env.update(
         {
             "SPARK_LOG_DIR": str(tmp_path / "logs"),
             "SPARK_WORKER_DIR": str(tmp_path / "work"),
             "SPARK_LOCAL_DIRS": str(tmp_path / "local"),
+            # The master's and workers' RPC and web UIs listen on ``host`` (not on loopback).
+            "SPARK_LOCAL_IP": host,
         }
     )
     master_port, master_ui = _free_port(), _free_port()
@@ -137,7 +139,7 @@ def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, int]]:
                 [
                     "org.apache.spark.deploy.master.Master",
                     "--host",
-                    "127.0.0.1",
+                    host,
                     "--port",
                     str(master_port),
                     "--webui-port",
@@ -145,14 +147,14 @@ def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, int]]:
                 ],
                 "master.log",
             )
-            master_url = f"spark://127.0.0.1:{master_port}"
-            _wait_for(lambda: _master_state(master_ui)["status"] == "ALIVE", 60, "the master")
-            for index in range(2):
+            master_url = f"spark://{host}:{master_port}"
+            _wait_for(lambda: _master_state(master_ui, host)["status"] == "ALIVE", 60, "the master")
+            for index in range(workers):
                 start(
                     [
                         "org.apache.spark.deploy.worker.Worker",
                         "--host",
-                        "127.0.0.1",
+                        host,
                         "--port",
                         str(_free_port()),
                         "--webui-port",
@@ -167,7 +169,7 @@ def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, int]]:
                     ],
                     f"worker-{index}.log",
                 )
-            _wait_for(lambda: _master_state(master_ui)["aliveworkers"] == 2, 60, "two workers")
+            _wait_for(lambda: _master_state(master_ui, host)["aliveworkers"] == workers, 60, f"{workers} worker(s)")
             yield master_url, master_ui
         finally:
             for process in processes:
@@ -178,6 +180,13 @@ def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, int]]:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
+
+
+@pytest.fixture()
+def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    """A Spark standalone master and two one-core workers on 127.0.0.1; stopped afterwards."""
+    with _cluster(tmp_path, "127.0.0.1", 2) as cluster:
+        yield cluster
 
 
 def test_standalone_cluster_with_two_workers(standalone_cluster: tuple[str, int], tmp_path: Path) -> None:
@@ -250,3 +259,94 @@ def test_standalone_cluster_sharing_no_disk_merges_from_s3_into_delta_on_s3(
     assert len(apps) == 1 and apps[0]["cores"] == 2
     # Nothing of the batches or the tables on the workers' disks.
     assert not list(tmp_path.rglob("*.parquet")) and not list(tmp_path.rglob("_delta_log"))
+
+
+def non_loopback_address() -> str | None:
+    """This machine's address on its default route (no packet is sent), or None when it has none."""
+    try:
+        with closing(socket.socket(socket.AF_INET, socket.SOCK_DGRAM)) as sock:
+            sock.connect(("192.0.2.1", 9))  # TEST-NET-1: any routable address selects the interface
+            address = str(sock.getsockname()[0])
+    except OSError:
+        return None
+    if address.startswith("127.") or address == "0.0.0.0":
+        return None
+    try:  # the address must be bindable here (a NAT'd or vanished address is not)
+        with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+            sock.bind((address, 0))
+    except OSError:
+        return None
+    return address
+
+
+def test_operator_client_mode_driver_advertises_a_non_loopback_address(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compose stack's shape on one machine: master, worker and the driver on the machine's
+    network address, none on loopback; the merge operator (client mode) takes the driver's address
+    from the Spark connection's extra, and the executor connects back to the driver there."""
+    from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
+
+    address = non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to bind Spark's master, worker and driver to")
+    first, second = _changes()
+    batches = [
+        write_batch(tmp_path / "staging", SLOT, 100, 150, [first]),
+        write_batch(tmp_path / "staging", SLOT, 150, 510, [second]),
+    ]
+    root = str(tmp_path / "delta")
+    events = tmp_path / "events"
+    events.mkdir()
+    with _cluster(tmp_path, address, 1) as (master_url, master_ui):
+        host, port = master_url.rsplit(":", 1)
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_SPARK_LAN",
+            json.dumps(
+                {
+                    "conn_type": "spark",
+                    "host": host,
+                    "port": int(port),
+                    "extra": {"deploy-mode": "client", "driver-host": address, "driver-bind-address": address},
+                }
+            ),
+        )
+        # Nothing but the connection tells the driver where to listen (another test may have left loopback here).
+        monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+        operator = PgDecodeMergeOperator(
+            task_id="merge",
+            batch_paths=batches,
+            delta_root=root,
+            conn_id="spark_lan",
+            conf={
+                "spark.sql.shuffle.partitions": "2",
+                "spark.cores.max": "1",
+                "spark.executor.memory": "1g",
+                "spark.eventLog.enabled": "true",
+                "spark.eventLog.dir": events.as_uri(),
+                # One plain JSON-lines file (Spark 4 rolls and compresses event logs by default).
+                "spark.eventLog.rolling.enabled": "false",
+                "spark.eventLog.compress": "false",
+            },
+            asset_alias=None,
+        )
+        result = operator.execute({})
+        state = _master_state(master_ui, address)
+
+    assert result["summary"]["tables"]["sales.Customer List"]["status"] == "merged"
+    assert _delta_rows(os.path.join(root, "sales", "Customer List")) == _expected(first, second)
+    apps = [app for app in state["completedapps"] if app["name"] == "pgdecode-merge"]
+    assert len(apps) == 1 and apps[0]["cores"] == 1, state["completedapps"]
+    # The driver advertised the network address (the event log records the application's properties) ...
+    (log,) = [path for path in events.iterdir() if path.is_file()]
+    environment = next(
+        json.loads(line) for line in log.read_text().splitlines() if '"SparkListenerEnvironmentUpdate"' in line
+    )
+    assert environment["Spark Properties"]["spark.driver.host"] == address
+    assert environment["Spark Properties"]["spark.driver.bindAddress"] == address
+    # ... and the executor on the worker connected to the driver there.
+    executor_logs = list((tmp_path / "work-0").rglob("stderr"))
+    assert executor_logs, "the worker kept no executor log"
+    assert any(
+        f"Connecting to driver: spark://CoarseGrainedScheduler@{address}:" in log.read_text() for log in executor_logs
+    )
