@@ -237,6 +237,15 @@ class ThrowawayCluster:
             log = logfile.read_text(errors="replace") if logfile.exists() else ""
             raise ClusterError(f"pg_ctl restart failed (exit {proc.returncode}): {proc.stderr.strip()}\n{log[-3000:]}")
 
+    def reconfigure(self, **settings: str) -> None:
+        """Set server settings with ``ALTER SYSTEM`` and restart, dropping every replication slot
+        first (a server that holds logical slots refuses to start with ``wal_level`` below logical)."""
+        with self.connect() as conn:
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots")
+            for name, value in settings.items():
+                conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+        self.restart()
+
     def _run_kwargs(self) -> dict[str, Any]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env["LC_ALL"] = "C"

@@ -38,15 +38,6 @@ def connect(cluster: ThrowawayCluster, monkeypatch: pytest.MonkeyPatch) -> Any:
     return make
 
 
-def restart_with(cluster: ThrowawayCluster, **values: str) -> None:
-    with cluster.connect() as conn:
-        # A server with logical slots refuses to start with wal_level below logical.
-        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots")
-        for name, value in values.items():
-            conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
-    cluster.restart()
-
-
 def test_a_ready_server_passes_and_says_what_was_checked(connect: Any) -> None:
     ok, message = PgDecodeHook(postgres_conn_id=connect()).test_connection()
     assert ok is True, message
@@ -120,11 +111,11 @@ def test_exhausted_replication_slots_fail_with_their_fix(cluster: ThrowawayClust
 
 
 def test_wal_level_replica_fails_with_its_fix(cluster: ThrowawayCluster, connect: Any) -> None:
-    restart_with(cluster, wal_level="replica")
+    cluster.reconfigure(wal_level="replica")
     try:
         ok, message = PgDecodeHook(postgres_conn_id=connect()).test_connection()
     finally:
-        restart_with(cluster, wal_level="logical")
+        cluster.reconfigure(wal_level="logical")
     assert ok is False
     assert message.startswith("1 problem(s) keep ")
     assert "wal_level is 'replica', and logical decoding needs 'logical': set wal_level = logical" in message
@@ -132,12 +123,12 @@ def test_wal_level_replica_fails_with_its_fix(cluster: ThrowawayCluster, connect
 
 
 def test_two_phase_without_prepared_transactions_fails_only_when_asked(cluster: ThrowawayCluster, connect: Any) -> None:
-    restart_with(cluster, max_prepared_transactions="0", wal_level="replica")
+    cluster.reconfigure(max_prepared_transactions="0", wal_level="replica")
     try:
         ok, message = PgDecodeHook(postgres_conn_id=connect()).test_connection()
         ok_without, message_without = PgDecodeHook(postgres_conn_id=connect(two_phase=False)).test_connection()
     finally:
-        restart_with(cluster, max_prepared_transactions="20", wal_level="logical")
+        cluster.reconfigure(max_prepared_transactions="20", wal_level="logical")
     assert ok is False and message.startswith("2 problem(s) keep ")
     # Every problem at once, each with its own fix.
     assert "(1) wal_level is 'replica'" in message

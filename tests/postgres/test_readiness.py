@@ -144,15 +144,6 @@ def small_cluster() -> Iterator[ThrowawayCluster]:
         yield cluster
 
 
-def _set_and_restart(cluster: ThrowawayCluster, **values: str) -> None:
-    with cluster.connect() as conn:
-        # A server with logical slots refuses to start with wal_level below logical.
-        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots")
-        for name, value in values.items():
-            conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
-    cluster.restart()
-
-
 def _slot() -> str:
     return f"rd_{uuid.uuid4().hex[:12]}"
 
@@ -230,7 +221,7 @@ def test_plugin_not_installed(small_cluster: ThrowawayCluster) -> None:
 
 @pytest.mark.postgres
 def test_wal_level_replica_and_no_prepared_transactions(small_cluster: ThrowawayCluster) -> None:
-    _set_and_restart(small_cluster, wal_level="replica", max_prepared_transactions="0")
+    small_cluster.reconfigure(wal_level="replica", max_prepared_transactions="0")
     try:
         with small_cluster.connect() as conn:
             client = SlotClient(conn)
@@ -249,7 +240,7 @@ def test_wal_level_replica_and_no_prepared_transactions(small_cluster: Throwaway
             facts = read_server_facts(conn)
         assert settings(check_readiness(facts, two_phase=True)) == ["wal_level", "max_prepared_transactions"]
     finally:
-        _set_and_restart(small_cluster, wal_level="logical", max_prepared_transactions="20")
+        small_cluster.reconfigure(wal_level="logical", max_prepared_transactions="20")
 
 
 @pytest.mark.postgres
@@ -266,7 +257,7 @@ def test_replication_connection_refusals_are_translated(small_cluster: Throwaway
     assert f"cannot create replication slot '{name}' in database 'postgres'" in str(caught.value)
     assert f'ALTER ROLE "{role}" WITH REPLICATION' in str(caught.value)
 
-    _set_and_restart(small_cluster, max_wal_senders="0")
+    small_cluster.reconfigure(max_wal_senders="0")
     try:
         with pytest.raises(ServerNotReadyError) as caught:
             with replication_connection(small_cluster.dsn(), name):
@@ -275,4 +266,4 @@ def test_replication_connection_refusals_are_translated(small_cluster: Throwaway
         with small_cluster.connect() as conn:
             assert settings(check_readiness(read_server_facts(conn))) == ["max_wal_senders"]
     finally:
-        _set_and_restart(small_cluster, max_wal_senders="20")
+        small_cluster.reconfigure(max_wal_senders="20")
