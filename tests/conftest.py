@@ -136,3 +136,21 @@ def spark() -> Iterator[SparkSession]:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     yield session
     session.stop()
+
+
+@pytest.fixture
+def unreachable_conn(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``make(conn_type)``: an Airflow connection id (``nowhere``) whose port nothing listens on,
+    and that port."""
+    import json
+    import socket
+
+    def make(conn_type: str) -> tuple[str, int]:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]  # closed again below: nothing listens there
+        conn = {"conn_type": conn_type, "host": "127.0.0.1", "port": port, "login": "u", "schema": "db"}
+        monkeypatch.setenv("AIRFLOW_CONN_NOWHERE", json.dumps(conn))
+        return "nowhere", port
+
+    return make

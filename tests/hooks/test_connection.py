@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -137,14 +136,8 @@ def test_two_phase_without_prepared_transactions_fails_only_when_asked(cluster: 
     assert "max_prepared_transactions" not in message_without
 
 
-def test_an_unreachable_server_fails_without_raising(monkeypatch: pytest.MonkeyPatch) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # closed again below: nothing listens there
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_NOWHERE",
-        json.dumps({"conn_type": "pgdecode", "host": "127.0.0.1", "port": port, "login": "u", "schema": "db"}),
-    )
+def test_an_unreachable_server_fails_without_raising(unreachable_conn: Any) -> None:
+    _, port = unreachable_conn("pgdecode")
     ok, message = PgDecodeHook(postgres_conn_id="nowhere").test_connection()
     assert ok is False
     assert message.startswith("cannot check connection 'nowhere': OperationalError") and str(port) in message

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-import socket
 import threading
 import uuid
 from typing import Any
@@ -186,14 +185,8 @@ async def test_missing_slot_is_a_fatal_error_event(source_conn: str, slot_name: 
 
 
 @pytest.mark.asyncio
-async def test_unreachable_database_is_a_retryable_error_event(monkeypatch: pytest.MonkeyPatch) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # closed again below: nothing listens there
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_NOWHERE",
-        json.dumps({"conn_type": "postgres", "host": "127.0.0.1", "port": port, "login": "u", "schema": "db"}),
-    )
+async def test_unreachable_database_is_a_retryable_error_event(unreachable_conn: Any) -> None:
+    unreachable_conn("postgres")
     event = await first_event(SlotChangesTrigger(slot_name="s1", postgres_conn_id="nowhere"))
     assert event["status"] == "error" and event["fatal"] is False
     assert "checking replication slot 's1' failed" in event["message"]
