@@ -81,7 +81,7 @@ def get_provider_info() -> dict[str, Any]:
                         "port": "5432",
                         "schema": "the database whose changes are captured",
                         "login": "a role with the REPLICATION attribute",
-                        "extra": '{"sslmode": "require", "options": "-c statement_timeout=0"}',
+                        "extra": '{"sslmode": "require"}',
                     },
                 },
                 # Extras the PostgreSQL driver reads (the hook passes them on like PostgresHook).
