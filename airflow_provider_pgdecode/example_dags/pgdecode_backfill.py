@@ -42,6 +42,7 @@ connection id travels through the DAG: no secret reaches a task's fields, a log 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from airflow.sdk import DAG, Param, TriggerRule, get_current_context, task
 from airflow.sdk.exceptions import AirflowSkipException
@@ -180,11 +181,12 @@ with DAG(
         postgres_conn_id="{{ params.postgres_conn_id }}",
         storage_conn_id="{{ params.storage_conn_id }}",
     )
+    filed: Any = request.output  # an XComArg (the request id), resolved when the sensor runs
     wait_for_snapshot = PgDecodeTableSnapshotSensor(
         task_id="wait_for_snapshot",
         slot_name="{{ params.slot_name }}",
         staging_root="{{ params.staging_uri }}",
-        request_id=request.output,
+        request_id=filed,
         wait_seconds="{{ params.wait_seconds }}",
         poke_interval=30,  # reschedule mode: no worker is held between pokes
         storage_conn_id="{{ params.storage_conn_id }}",

@@ -55,6 +55,7 @@ extract, while every other table keeps flowing (docs/backfill.md).
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from airflow.sdk import DAG, Param
 
@@ -167,9 +168,12 @@ with DAG(
         storage_conn_id="{{ params.storage_conn_id }}",
         multiple_outputs=True,  # its summary's keys as XComs too: extract.output["path"]
     )
+    # An XComArg (typed Any: it stands for any templated argument): the operators resolve it when
+    # they run, and it orders them after extract.
+    extracted: Any = extract.output
     merge = PgDecodeMergeOperator(
         task_id="merge",
-        batch_paths=extract.output["path"],
+        batch_paths=extracted["path"],
         delta_root="{{ params.delta_root }}",
         conn_id="{{ params.spark_conn_id }}",
         storage_conn_id="{{ params.storage_conn_id }}",
@@ -177,7 +181,7 @@ with DAG(
     confirm = PgDecodeConfirmOperator(
         task_id="confirm",
         slot_name="{{ params.slot_name }}",
-        batch_path=extract.output["path"],
+        batch_path=extracted["path"],
         postgres_conn_id="{{ params.postgres_conn_id }}",
         merge_task_id="merge",
         retention_days=RETENTION_DAYS,

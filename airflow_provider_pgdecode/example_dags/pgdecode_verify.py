@@ -32,6 +32,7 @@ docs/verify.md says what is checked and what it costs.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from airflow.sdk import DAG, Param
 
@@ -42,6 +43,7 @@ from airflow_provider_pgdecode.operators.verify_snapshot import PgDecodeVerifySn
 from airflow_provider_pgdecode.utils.config import pgdecode_setting
 
 DATA_DIR = pgdecode_setting("data_dir")  # [pgdecode] data_dir (AIRFLOW__PGDECODE__DATA_DIR)
+TABLE_OPTIONS: Any = "{{ params.table_options }}"  # rendered to the param's mapping
 
 with DAG(
     dag_id="pgdecode_verify",
@@ -94,36 +96,40 @@ with DAG(
         plugin="{{ params.plugin }}",
         tables="{{ params.tables }}",
         exclude_tables="{{ params.exclude_tables }}",
-        table_options="{{ params.table_options }}",
+        table_options=TABLE_OPTIONS,
         publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
         postgres_conn_id="{{ params.postgres_conn_id }}",
         storage_conn_id="{{ params.storage_conn_id }}",
-        multiple_outputs=True,  # the snapshot's keys as XComs too: verify_snapshot.output["lsn"]
+        multiple_outputs=True,  # the snapshot's keys as XComs too: snapshot["lsn"]
     )
+    # XComArgs (typed Any: they stand for any templated argument): the operators resolve them when
+    # they run, and they order the tasks.
+    snapshot: Any = verify_snapshot.output
     extract = PgDecodeExtractOperator(
         task_id="extract",
         slot_name="{{ params.slot_name }}",
         staging_root="{{ params.staging_uri }}",
         plugin="{{ params.plugin }}",
         postgres_conn_id="{{ params.postgres_conn_id }}",
-        tables=verify_snapshot.output["tables"],
+        tables=snapshot["tables"],
         publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
-        upto_lsn=verify_snapshot.output["lsn"],
+        upto_lsn=snapshot["lsn"],
         table_options="{{ params.table_options }}",
         checkpoint_task_id=None,  # from the slot's position (and the staged batch ending there)
         storage_conn_id="{{ params.storage_conn_id }}",
         multiple_outputs=True,  # its summary's keys as XComs too: extract.output["path"]
     )
+    extracted: Any = extract.output
     merge = PgDecodeMergeOperator(
         task_id="merge",
-        batch_paths=extract.output["path"],
+        batch_paths=extracted["path"],
         delta_root="{{ params.delta_root }}",
         conn_id="{{ params.spark_conn_id }}",
         storage_conn_id="{{ params.storage_conn_id }}",
     )
     verify = PgDecodeVerifyOperator(
         task_id="verify",
-        snapshot=verify_snapshot.output,
+        snapshot=snapshot,
         delta_root="{{ params.delta_root }}",
         conn_id="{{ params.spark_conn_id }}",
         max_keys="{{ params.max_keys }}",
