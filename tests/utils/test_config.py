@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,3 +137,40 @@ def test_airflow_config_list_shows_the_section_and_an_override(tmp_path: Path) -
     assert "data_dir = /tmp/pgdecode" in lines and "wait_seconds = 600" in lines and "retention_days = 7" in lines
     assert "schedule = */5 * * * *" in lines  # AIRFLOW__PGDECODE__SCHEDULE
     assert "# Variable: AIRFLOW__PGDECODE__MAVEN_REPOSITORY" in lines
+
+
+@pytest.mark.postgres
+def test_airflows_native_setting_reaches_the_extract(
+    pg_cluster: Any, pg_conn: Any, slot_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AIRFLOW__PGDECODE__NATIVE`` picks the extract's path (a spy on the capture's choice; both
+    paths stage the same rows)."""
+    from airflow_provider_pgdecode.capture import extract as capture_extract
+    from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+    from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json("pgdecode_test"))
+    table = f"cfg_{uuid.uuid4().hex[:10]}"
+    pg_conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v text)")
+    with PgDecodeHook(postgres_conn_id="pgdecode_source") as hook:
+        hook.ensure_slot(slot_name)
+    pg_conn.execute(f"INSERT INTO {table} SELECT g, 'v' || g FROM generate_series(1, 5) g")
+    chosen: list[bool | None] = []
+    choose = capture_extract._native_module
+    monkeypatch.setattr(
+        capture_extract, "_native_module", lambda native, parser: chosen.append(native) or choose(native, parser)
+    )
+    rows = []
+    for value in ("False", "True"):
+        monkeypatch.setenv("AIRFLOW__PGDECODE__NATIVE", value)
+        extract = PgDecodeExtractOperator(
+            task_id="extract",
+            slot_name=slot_name,
+            staging_root=str(tmp_path / value),
+            tables=[f"public.{table}"],
+            checkpoint_task_id=None,
+        )
+        rows.append(extract.execute({})["tables"])  # type: ignore[arg-type]
+    assert chosen == [False, True]
+    assert rows[0] == rows[1] and rows[0]
+    pg_conn.execute(f"DROP TABLE {table}")
