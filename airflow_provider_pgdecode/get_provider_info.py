@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_provider_pgdecode import __version__
+from airflow_provider_pgdecode.utils.config import provider_config
 
 INTEGRATION = "PostgreSQL logical decoding"
+DOCUMENTATION_URL = "https://github.com/pgdecode/airflow-provider-pgdecode"
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -17,6 +19,7 @@ def get_provider_info() -> dict[str, Any]:
         "name": "pgdecode",
         "description": "Batch change-data-capture from PostgreSQL logical replication slots into Delta Lake.",
         "versions": [__version__],
+        "documentation-url": DOCUMENTATION_URL,
         "integrations": [
             {
                 "integration-name": INTEGRATION,
@@ -69,10 +72,30 @@ def get_provider_info() -> dict[str, Any]:
                 "connection-type": "pgdecode",
                 "hook-class-name": "airflow_provider_pgdecode.hooks.pgdecode.PgDecodeConnectionHook",
                 "hook-name": "PostgreSQL logical decoding (pgdecode)",
+                # The form of the Postgres provider's type: the same fields, with hints.
                 "ui-field-behaviour": {
                     "hidden-fields": [],
-                    "relabeling": {"schema": "Database"},
+                    "relabeling": {"schema": "Database", "login": "User"},
+                    "placeholders": {
+                        "host": "db.example.com (the primary: slots live there)",
+                        "port": "5432",
+                        "schema": "the database whose changes are captured",
+                        "login": "a role with the REPLICATION attribute",
+                        "extra": '{"sslmode": "require"}',
+                    },
+                },
+                # Extras the PostgreSQL driver reads (the hook passes them on like PostgresHook).
+                "conn-fields": {
+                    "sslmode": {
+                        "label": "SSL mode",
+                        "schema": {
+                            "type": ["string", "null"],
+                            "enum": [None, "disable", "allow", "prefer", "require", "verify-ca", "verify-full"],
+                        },
+                        "description": "libpq sslmode; empty: libpq's default (prefer)",
+                    },
                 },
             }
         ],
+        "config": provider_config(),
     }

@@ -17,6 +17,7 @@ import pytest
 
 from airflow_provider_pgdecode import __version__
 from airflow_provider_pgdecode.get_provider_info import get_provider_info
+from airflow_provider_pgdecode.utils.config import provider_config
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 
@@ -71,6 +72,8 @@ def test_provider_info_is_valid_and_its_modules_import() -> None:
     assert len(modules["operators"]) == 9 and len(modules["sensors"]) == 3 and len(modules["triggers"]) == 1
     for module in (m for ms in modules.values() for m in ms):
         importlib.import_module(module)
+    assert info["documentation-url"] == "https://github.com/pgdecode/airflow-provider-pgdecode"
+    assert info["config"] == provider_config() and "data_dir" in info["config"]["pgdecode"]["options"]
     for conn in info["connection-types"]:
         module, _, name = conn["hook-class-name"].rpartition(".")
         hook = getattr(importlib.import_module(module), name)
@@ -93,6 +96,22 @@ def test_airflow_cli_lists_the_provider_hook_and_trigger(cli: dict[str, Any]) ->
     ]
     triggers = [t["class"] for t in cli["triggers"] if t["package_name"] == "airflow-provider-pgdecode"]
     assert triggers == ["airflow_provider_pgdecode.triggers.slot_changes"]
+
+
+def test_the_connection_form_of_the_pgdecode_type() -> None:
+    """What Airflow's providers manager builds for the form (the UI's hidden fields, labels,
+    placeholders and extra fields) from the metadata, without importing the hook."""
+    from airflow.providers_manager import ProvidersManager
+
+    manager = ProvidersManager()
+    behaviour = manager.field_behaviours["pgdecode"]
+    assert behaviour["hidden_fields"] == []
+    assert behaviour["relabeling"] == {"schema": "Database", "login": "User"}
+    assert set(behaviour["placeholders"]) == {"host", "port", "schema", "login", "extra"}
+    assert "REPLICATION" in behaviour["placeholders"]["login"]
+    widget = manager.connection_form_widgets["extra__pgdecode__sslmode"]
+    assert widget.field_name == "sslmode" and widget.field["schema"]["title"] == "SSL mode"
+    assert "verify-full" in widget.field["schema"]["enum"]
 
 
 def _operator_classes() -> list[type]:

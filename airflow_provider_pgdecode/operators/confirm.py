@@ -19,6 +19,7 @@ from airflow_provider_pgdecode.errors import ConfigurationError
 from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.operators.extract import checkpoint_xcom_key
+from airflow_provider_pgdecode.utils.config import pgdecode_environment
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
@@ -125,7 +126,7 @@ class PgDecodeConfirmOperator(BaseOperator):
             )
 
     def execute(self, context: Context) -> dict[str, Any]:
-        with fail_fast():
+        with fail_fast(), pgdecode_environment():  # [pgdecode] spool_dir
             return self._confirm(context)
 
     def _confirm(self, context: Context) -> dict[str, Any]:

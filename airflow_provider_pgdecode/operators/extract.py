@@ -16,6 +16,7 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.postgres.health import check_readable
+from airflow_provider_pgdecode.utils.config import pgdecode_bool, pgdecode_environment
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
@@ -242,7 +243,8 @@ class PgDecodeExtractOperator(BaseOperator):
             options["publication"] = self.publication
         if self.table_options:
             options["table_options"] = as_table_options(self.table_options)
-        with fail_fast(), PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
+        # [pgdecode] spool_dir (batches bound for s3://) reaches the staging code as PGDECODE_SPOOL_DIR.
+        with fail_fast(), pgdecode_environment(), PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
             staging = storage_for(self.staging_root, self.storage_conn_id)
             self._hook = hook
             info = hook.describe_slot(self.slot_name)
@@ -282,7 +284,7 @@ class PgDecodeExtractOperator(BaseOperator):
                 checkpoint=decision.checkpoint,
                 upto_lsn=ceiling,
                 tables=tables,
-                **options,
+                **{"native": pgdecode_bool("native"), **options},  # [pgdecode] native, unless extract_options says
             )
             not_staged = manifest.skipped.get("excluded_table_changes", 0)
             if not_staged:

@@ -48,6 +48,7 @@ from airflow_provider_pgdecode.capture.tables import as_table_names, parse_table
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError
 from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.utils.config import pgdecode_environment
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
@@ -157,7 +158,7 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         self.storage_conn_id = storage_conn_id
 
     def execute(self, context: Context) -> list[str]:
-        with fail_fast():
+        with fail_fast(), pgdecode_environment():  # [pgdecode] spool_dir
             return self._load()
 
     def _settings(self) -> tuple[int, int | None]:

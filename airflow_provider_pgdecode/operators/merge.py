@@ -23,6 +23,7 @@ from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError, MergeInputError, MergeOutOfMemoryError
 from airflow_provider_pgdecode.hooks.object_store import object_store_settings
+from airflow_provider_pgdecode.utils.config import pgdecode_env, pgdecode_environment
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 MERGE_JOB_MODULE = "airflow_provider_pgdecode.spark.merge_job"
@@ -51,12 +52,14 @@ DRIVER_ADDRESS_EXTRAS = {"driver-host": "spark.driver.host", "driver-bind-addres
 def default_env_vars(master: str | None = None) -> dict[str, str]:
     """Environment that makes the venv's ``spark-submit`` find its Spark and Python (pitfall P2);
     ``SPARK_LOCAL_IP=127.0.0.1`` only for a local ``master`` (for a remote one the driver must
-    advertise an address the executors reach: see :func:`driver_address_conf`)."""
+    advertise an address the executors reach: see :func:`driver_address_conf`), and the
+    ``[pgdecode]`` settings the Spark side reads (as their ``PGDECODE_*`` variables)."""
     import pyspark
 
     from airflow_provider_pgdecode.spark.session import driver_address_env
 
     return {
+        **pgdecode_env(),
         "SPARK_HOME": os.path.dirname(pyspark.__file__),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
@@ -82,7 +85,8 @@ def default_spark_conf(*, object_store: bool = False) -> dict[str, str]:
     dir); with ``object_store``, hadoop-aws for ``s3a://`` too (no secret: those travel as environment)."""
     from airflow_provider_pgdecode.spark.session import delta_spark_conf
 
-    return delta_spark_conf(object_store=object_store)
+    with pgdecode_environment():  # [pgdecode] ivy_dir, delta_jars, delta_package ... (AIRFLOW__PGDECODE__*)
+        return delta_spark_conf(object_store=object_store)
 
 
 def spark_submit_settings(
@@ -475,19 +479,32 @@ class PgDecodeMergeOperator(BaseOperator):
             self._hook.on_kill()
 
 
+def location_asset(location: str | Path) -> Asset:
+    """The Airflow Asset of a directory: named by its URI (``name == uri``), a ``file://`` URI of
+    the resolved path for a local directory, ``s3://bucket/...`` (percent-encoded) for one on
+    object storage (other schemes normalise badly). Exactly ``Asset(uri)``: what the provider
+    emits and what a DAG schedules on are one Asset, which Airflow keeps active."""
+    text = str(location)
+    if is_object_store(text):
+        bucket, _, prefix = text.split("://", 1)[1].partition("/")
+        uri = f"s3://{bucket}/" + "/".join(quote(p, safe="") for p in prefix.split("/") if p)
+    else:
+        uri = Path(text).resolve().as_uri()
+    return Asset(uri)
+
+
 def delta_table_asset(delta_root: str | Path, schema: str, table: str) -> Asset:
-    """The Airflow Asset of one Delta table at the merge job's path for it
-    (:func:`~airflow_provider_pgdecode.batch.format.delta_path_part`): a ``file://`` URI for a
-    local root, ``s3://bucket/...`` (percent-encoded) for one on object storage; other schemes
-    normalise badly."""
+    """The Airflow Asset of one Delta table, ``<delta_root>/<schema>/<table>`` as the merge job
+    writes it (:func:`~airflow_provider_pgdecode.batch.format.delta_path_part`). The merge emits it
+    for each table it changed; schedule a DAG on the same call::
+
+        schedule=[delta_table_asset("/data/delta", "public", "orders")]
+
+    (equal to ``Asset("file:///data/delta/public/orders")``: name and URI are the table's URI)."""
     root = str(delta_root)
     if is_object_store(root):
-        bucket, _, prefix = root.split("://", 1)[1].partition("/")
-        parts = [p for p in prefix.split("/") if p] + [delta_path_part(schema), delta_path_part(table)]
-        uri = f"s3://{bucket}/" + "/".join(quote(p, safe="") for p in parts)
-    else:
-        uri = (Path(root).resolve() / delta_path_part(schema) / delta_path_part(table)).as_uri()
-    return Asset(name=f"delta:{schema}.{table}", uri=uri, group="delta", extra={"format": "delta"})
+        return location_asset(f"{root.rstrip('/')}/{delta_path_part(schema)}/{delta_path_part(table)}")
+    return location_asset(Path(root) / delta_path_part(schema) / delta_path_part(table))
 
 
 def _read_refusal(path: str) -> tuple[str, str] | None:

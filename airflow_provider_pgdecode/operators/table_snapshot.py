@@ -46,6 +46,7 @@ from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, S
 from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.postgres.catalog import Catalog
+from airflow_provider_pgdecode.utils.config import pgdecode_environment
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
@@ -140,7 +141,7 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
         self.storage_conn_id = storage_conn_id
 
     def execute(self, context: Context) -> str:
-        with fail_fast():
+        with fail_fast(), pgdecode_environment():  # [pgdecode] spool_dir
             return self._file(context)
 
     def _arguments(self) -> tuple[list[str], int]:

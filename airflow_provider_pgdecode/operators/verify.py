@@ -28,7 +28,6 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import Asset, AssetAlias, BaseOperator, Context
@@ -36,6 +35,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage, is_object_store
 from airflow_provider_pgdecode.capture.verify import (
+    VERIFY_DIR,
     VerifySnapshot,
     remove_verify_snapshot,
 )
@@ -45,6 +45,7 @@ from airflow_provider_pgdecode.operators.merge import (
     default_env_vars,
     default_spark_binary,
     hook_master,
+    location_asset,
     object_store_env,
     spark_submit_settings,
     uses_object_store,
@@ -75,14 +76,20 @@ def verify_area_of(snapshot: VerifySnapshot) -> str:
 
 def verify_asset(snapshot: VerifySnapshot) -> Asset:
     """The Asset of a slot's verify results: its verify area (``file://<staging>/<slot>/verify``,
-    or ``s3://bucket/<staging>/<slot>/verify``)."""
-    area = verify_area_of(snapshot)
-    if is_object_store(area):
-        bucket, _, prefix = area.split("://", 1)[1].partition("/")
-        uri = f"s3://{bucket}/" + "/".join(quote(p, safe="") for p in prefix.split("/") if p)
-    else:
-        uri = Path(area).as_uri()
-    return Asset(name=f"pgdecode_verify:{snapshot.slot}", uri=uri, group="pgdecode", extra={"kind": "verify"})
+    or ``s3://bucket/<staging>/<slot>/verify``), named by its URI (see :func:`verify_results_asset`)."""
+    return location_asset(verify_area_of(snapshot))
+
+
+def verify_results_asset(staging_root: str | Path, slot_name: str) -> Asset:
+    """The Asset the verify operator emits for the pipeline ``slot_name`` staged under
+    ``staging_root``; schedule a DAG on it to act on each verify report::
+
+        schedule=[verify_results_asset("/data/staging", "pgdecode_shop")]
+    """
+    root = str(staging_root)
+    if is_object_store(root):
+        return location_asset(f"{root.rstrip('/')}/{slot_name}/{VERIFY_DIR}")
+    return location_asset(Path(root) / slot_name / VERIFY_DIR)
 
 
 def parse_snapshot(value: Any) -> VerifySnapshot:

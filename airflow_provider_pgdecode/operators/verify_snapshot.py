@@ -33,6 +33,7 @@ from airflow_provider_pgdecode.capture.verify import stage_verify_snapshot
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError
 from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.utils.config import pgdecode_environment
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
@@ -125,7 +126,7 @@ class PgDecodeVerifySnapshotOperator(BaseOperator):
         self.storage_conn_id = storage_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
-        with fail_fast():
+        with fail_fast(), pgdecode_environment():  # [pgdecode] spool_dir
             return self._copy()
 
     def _copy(self) -> dict[str, Any]:

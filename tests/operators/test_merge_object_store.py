@@ -114,7 +114,7 @@ def test_assets_of_delta_tables_and_verify_results_on_s3() -> None:
     from airflow_provider_pgdecode.decoding.lsn import Lsn
 
     asset = delta_table_asset("s3://lake/delta/", "sales", "Customer List")
-    assert asset.uri == "s3://lake/delta/sales/Customer%20List" and asset.name == "delta:sales.Customer List"
+    assert asset.uri == "s3://lake/delta/sales/Customer%20List" and asset.name == asset.uri
     snapshot = VerifySnapshot("slot", Lsn(5), "s3://lake/staging/slot/verify/pgdecode_verify_ab/0-5", ("public.t",))
     assert verify_asset(snapshot).uri == "s3://lake/staging/slot/verify"
 

@@ -1,0 +1,197 @@
+"""pgdecode_backfill: load tables so that they and the slot's changes fit exactly, or replay batches.
+
+Four modes (the ``mode`` param):
+
+- ``initial``: create the slot with an exported snapshot and copy ``tables`` (default: every
+  table outside the system schemas, for pgoutput in ``publication``, minus ``exclude_tables``;
+  a table without a usable key that is not ``append_only`` in ``table_options`` fails the run,
+  named, before the slot is created) inside it, staged as one batch at the slot's consistent point, then
+  merge it into ``delta_root``. pgdecode_incremental continues from the slot. Re-running it
+  once the slot exists re-merges the staged initial load (a no-op for Delta).
+- ``add-table``: bring ``tables`` into a running pipeline; ``resnapshot``: copy ``tables``
+  again (e.g. after their Delta tables were deleted or damaged). Both file a request that the
+  next pgdecode_incremental runs carry out chunk by chunk while every other table keeps flowing
+  (docs/backfill.md); this DAG waits for the request to finish and logs its progress.
+- ``replay``: re-merge the retained staged batches between ``start_lsn`` and ``end_lsn`` into
+  ``delta_root`` (default a separate root), e.g. to rebuild Delta tables elsewhere. The slot is
+  neither read nor advanced.
+
+Wiring only: each mode is an operator of the provider. ``mode`` (a branch) picks the task of
+the run's mode: ``initial_load`` (``PgDecodeInitialSnapshotOperator``) or ``replay``
+(``PgDecodeReplayOperator``), both followed by ``merge`` (``PgDecodeMergeOperator``), or
+``prepare`` (``PgDecodeTableSnapshotOperator``, files the request) followed by
+``wait_for_snapshot`` (``PgDecodeTableSnapshotSensor``, reschedule mode).
+
+Every mode is safe to repeat: the merge is idempotent by commit LSN, a request id is filed
+once, and an initial load is not taken twice. The DAG never runs on its own schedule (it is
+created paused, and scheduled runs skip); its daily timetable exists so that
+``airflow backfill create --dag-id pgdecode_backfill --from-date ... --to-date ...`` can run it
+over a date range, each run with the same conf and the same end state.
+
+    airflow dags test pgdecode_backfill -c '{"mode": "add-table", "tables": ["public.refunds"],
+        "slot_name": "pgdecode_shop", "staging_uri": "/data/staging"}'
+
+Locations: ``staging_uri`` and ``delta_root`` (and so the replay's target) are local directories
+or ``s3://bucket/prefix`` on S3-compatible object storage; ``storage_conn_id`` names the Airflow
+connection of the Amazon provider's ``aws`` type that reaches them (its key pair,
+``region_name`` and, for a store other than AWS, ``endpoint_url`` in its extra). Empty (the
+default): local paths, as before, or the ``AWS_*`` environment for ``s3://``. Only the
+connection id travels through the DAG: no secret reaches a task's fields, a log or XCom.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from airflow.sdk import DAG, Param, TriggerRule, get_current_context, task
+from airflow.sdk.exceptions import AirflowSkipException
+
+from airflow_provider_pgdecode.operators.initial_snapshot import PgDecodeInitialSnapshotOperator
+from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
+from airflow_provider_pgdecode.operators.replay import PgDecodeReplayOperator
+from airflow_provider_pgdecode.operators.table_snapshot import PgDecodeTableSnapshotOperator
+from airflow_provider_pgdecode.sensors.table_snapshot import PgDecodeTableSnapshotSensor
+from airflow_provider_pgdecode.utils.config import pgdecode_setting
+
+DATA_DIR = pgdecode_setting("data_dir")  # [pgdecode] data_dir (AIRFLOW__PGDECODE__DATA_DIR)
+MODES = ["initial", "add-table", "resnapshot", "replay"]
+# The task that carries out each mode ("prepare" files a table snapshot request).
+MODE_TASKS = {"initial": "initial_load", "add-table": "prepare", "resnapshot": "prepare", "replay": "replay"}
+# The merge's Delta root: the delta_root param, or by default a separate root for replays.
+_DEFAULT_ROOT, _REPLAY_ROOT = f"{DATA_DIR}/delta", f"{DATA_DIR}/delta_backfill"
+DELTA_ROOT = f"{{{{ params.delta_root or ({_REPLAY_ROOT!r} if params.mode == 'replay' else {_DEFAULT_ROOT!r}) }}}}"
+
+with DAG(
+    dag_id="pgdecode_backfill",
+    description="Initial load, add a table, re-snapshot a table, or replay staged batches into Delta",
+    schedule="@daily",  # for `airflow backfill create` only: scheduled runs skip
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    is_paused_upon_creation=True,
+    max_active_runs=1,
+    render_template_as_native_obj=True,
+    tags=["pgdecode", "cdc", "backfill"],
+    doc_md=__doc__,
+    params={
+        "mode": Param(
+            "replay",
+            enum=MODES,
+            description="initial: first load with the slot; add-table/resnapshot: copy tables into a running "
+            "pipeline; replay: re-merge retained batches",
+        ),
+        "postgres_conn_id": Param(
+            "pgdecode_source", type="string", description="the source database's Airflow connection (postgres type)"
+        ),
+        "slot_name": Param(
+            "pgdecode", type="string", pattern="^[a-z0-9_]{1,63}$", description="the pipeline's replication slot"
+        ),
+        "plugin": Param("test_decoding", enum=["test_decoding", "pgoutput"], description="the slot's output plugin"),
+        "tables": Param([], type="array", description="schema.table names; initial: empty means every table"),
+        "exclude_tables": Param([], type="array", description="schema.table names never to load"),
+        "table_options": Param(
+            {},
+            type="object",
+            description='per table, as the incremental DAG\'s: {"schema.table": {"mode": "append_only"}} (docs/merge.md)',
+        ),
+        "publication": Param("pgdecode", type="string", description="initial, pgoutput: the tables to copy"),
+        "staging_uri": Param(
+            f"{DATA_DIR}/staging", type="string", description="a local directory or s3://bucket/prefix"
+        ),
+        "delta_root": Param(
+            "",
+            type="string",
+            description=f"a local directory or s3://bucket/prefix; empty: {DATA_DIR}/delta "
+            f"(replay: {DATA_DIR}/delta_backfill)",
+        ),
+        "storage_conn_id": Param(
+            "",
+            type="string",
+            description="an Airflow aws connection for s3:// locations (endpoint_url in its extra for "
+            "S3-compatible stores); empty: local paths",
+        ),
+        "start_lsn": Param("", type="string", description="replay: X/Y; empty: from the first retained batch"),
+        "end_lsn": Param("", type="string", description="replay: X/Y; empty: up to the last retained batch"),
+        "chunk_rows": Param(50_000, type="integer", minimum=1, description="rows per copied chunk"),
+        "workers": Param(
+            0, type="integer", minimum=0, description="initial: parallel copy connections; 0 picks min(4, cores)"
+        ),
+        "request_id": Param("", type="string", description="add-table/resnapshot: empty means one per run"),
+        "wait_seconds": Param(
+            6 * 3600,
+            type="integer",
+            minimum=0,
+            description="add-table/resnapshot: how long to wait for the copy (0: do not wait)",
+        ),
+        "spark_conn_id": Param(
+            "spark_default", type="string", description="the Spark connection (local[*], spark://host:7077 ...)"
+        ),
+    },
+) as dag:
+
+    @task.branch(task_id="mode")
+    def choose_mode() -> str:
+        """The task of this run's mode; scheduled runs skip (the schedule serves `airflow backfill create`)."""
+        context = get_current_context()
+        if str(context["dag_run"].run_type).lower().endswith("scheduled"):
+            raise AirflowSkipException("pgdecode_backfill runs when triggered or backfilled, not on its schedule")
+        return MODE_TASKS[context["params"]["mode"]]
+
+    initial_load = PgDecodeInitialSnapshotOperator(
+        task_id="initial_load",
+        slot_name="{{ params.slot_name }}",
+        staging_root="{{ params.staging_uri }}",
+        plugin="{{ params.plugin }}",
+        tables="{{ params.tables }}",
+        exclude_tables="{{ params.exclude_tables }}",
+        table_options="{{ params.table_options }}",
+        publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
+        postgres_conn_id="{{ params.postgres_conn_id }}",
+        chunk_rows="{{ params.chunk_rows }}",
+        workers="{{ params.workers }}",
+        storage_conn_id="{{ params.storage_conn_id }}",
+    )
+    replay = PgDecodeReplayOperator(
+        task_id="replay",
+        slot_name="{{ params.slot_name }}",
+        staging_root="{{ params.staging_uri }}",
+        start_lsn="{{ params.start_lsn }}",
+        end_lsn="{{ params.end_lsn }}",
+        storage_conn_id="{{ params.storage_conn_id }}",
+    )
+    merge = PgDecodeMergeOperator(
+        task_id="merge",
+        # Jinja, not an XComArg: the batches of whichever of the two branches ran.
+        batch_paths="{{ ti.xcom_pull(task_ids='initial_load') or ti.xcom_pull(task_ids='replay') }}",
+        delta_root=DELTA_ROOT,
+        conn_id="{{ params.spark_conn_id }}",
+        trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,  # after whichever of the two ran
+        storage_conn_id="{{ params.storage_conn_id }}",
+    )
+    request = PgDecodeTableSnapshotOperator(
+        task_id="prepare",
+        slot_name="{{ params.slot_name }}",
+        staging_root="{{ params.staging_uri }}",
+        tables="{{ params.tables }}",
+        exclude_tables="{{ params.exclude_tables }}",
+        table_options="{{ params.table_options }}",
+        mode="{{ params.mode }}",
+        request_id="{{ params.request_id }}",  # empty: one per DAG run
+        chunk_rows="{{ params.chunk_rows }}",
+        postgres_conn_id="{{ params.postgres_conn_id }}",
+        storage_conn_id="{{ params.storage_conn_id }}",
+    )
+    filed: Any = request.output  # an XComArg (the request id), resolved when the sensor runs
+    wait_for_snapshot = PgDecodeTableSnapshotSensor(
+        task_id="wait_for_snapshot",
+        slot_name="{{ params.slot_name }}",
+        staging_root="{{ params.staging_uri }}",
+        request_id=filed,
+        wait_seconds="{{ params.wait_seconds }}",
+        poke_interval=30,  # reschedule mode: no worker is held between pokes
+        storage_conn_id="{{ params.storage_conn_id }}",
+    )
+
+    choose_mode() >> [initial_load, replay, request]
+    [initial_load, replay] >> merge
+    request >> wait_for_snapshot
