@@ -138,7 +138,7 @@ def run_demo(
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW_CONN_PGDECODE_SOURCE": cluster.airflow_conn_json("shop"),
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
-            "PGDECODE_WAIT_SECONDS": "5",
+            "AIRFLOW__PGDECODE__WAIT_SECONDS": "5",
             "SPARK_LOCAL_IP": "127.0.0.1",
             **store_env,
         }
