@@ -56,4 +56,6 @@ def ext_modules() -> list[Extension]:
     ]
 
 
-setup(ext_modules=ext_modules())
+# setuptools runs this file as __main__ (pip, build, setup.py build_ext); tests import it for ext_modules().
+if __name__ == "__main__":
+    setup(ext_modules=ext_modules())

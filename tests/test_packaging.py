@@ -136,9 +136,9 @@ def _setup_extensions(native: str | None) -> str:
     """setup.py's ext_modules under ``PGDECODE_BUILD_NATIVE=native`` (a subprocess: setup.py runs setup())."""
     code = textwrap.dedent(
         """
-        from setuptools._distutils.core import run_setup
-        dist = run_setup("setup.py", script_args=["--name"], stop_after="init")
-        print([(ext.name, ext.optional) for ext in dist.ext_modules or []])
+        import runpy
+        ext_modules = runpy.run_path("setup.py", run_name="setup")["ext_modules"]
+        print([(ext.name, ext.optional) for ext in ext_modules()])
         """
     )
     env = {k: v for k, v in os.environ.items() if k != "PGDECODE_BUILD_NATIVE"}
