@@ -44,6 +44,9 @@ from airflow_provider_pgdecode.testing.s3_server import LocalS3Server  # noqa: E
 FULL_TESTS = os.environ.get("PGDECODE_FULL_TESTS", "") not in ("", "0")
 
 
+PLUGIN_REPEAT = "the other plugin runs this test end to end; the decoding and extract tests cover both"
+
+
 def full_only(value: object, why: str) -> Any:
     """A parametrization run only with PGDECODE_FULL_TESTS=1 (a skip that says so otherwise)."""
     return pytest.param(value, marks=pytest.mark.skipif(not FULL_TESTS, reason=f"{why}; PGDECODE_FULL_TESTS=1 runs it"))

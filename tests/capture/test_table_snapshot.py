@@ -33,6 +33,7 @@ from airflow_provider_pgdecode.capture.table_snapshot import (
     write_snapshot_states,
 )
 from airflow_provider_pgdecode.errors import StagingError
+from tests.conftest import PLUGIN_REPEAT, full_only
 
 ORDERS = ("public", "ts_orders")
 REFUNDS = ("public", "ts_refunds")
@@ -238,7 +239,7 @@ def _stop(writer: Writer) -> None:
 
 @pytest.mark.postgres
 @pytest.mark.spark
-@pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])
+@pytest.mark.parametrize("plugin", ["test_decoding", full_only("pgoutput", PLUGIN_REPEAT)])
 def test_add_table_under_concurrent_writes(
     tables: None, pg_conn: psycopg.Connection, pg_dsn: str, slot_name: str, spark: Any, tmp_path: Path, plugin: str
 ) -> None:
@@ -274,7 +275,7 @@ def test_add_table_under_concurrent_writes(
 
 @pytest.mark.postgres
 @pytest.mark.spark
-@pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])
+@pytest.mark.parametrize("plugin", [full_only("test_decoding", PLUGIN_REPEAT), "pgoutput"])
 def test_add_table_with_replica_identity_full_and_no_primary_key_under_concurrent_writes(
     full_table: None,
     pg_conn: psycopg.Connection,

@@ -20,6 +20,7 @@ from airflow_provider_pgdecode.errors import MergeInputError
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
 from airflow_provider_pgdecode.spark.multiset import uncomparable_columns
 from airflow_provider_pgdecode.testing.compare import compare_table
+from tests.conftest import PLUGIN_REPEAT, full_only
 from tests.spark.staged import TableChanges, write_batch
 
 TABLE = "ms_full"
@@ -56,7 +57,7 @@ def full_table(pg_conn: psycopg.Connection, slot_name: str) -> Any:
 @pytest.mark.postgres
 @pytest.mark.spark
 @pytest.mark.slow  # five extract+merge cycles per plugin: 70-90 s each on a loaded 2-core machine
-@pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])
+@pytest.mark.parametrize("plugin", [full_only("test_decoding", PLUGIN_REPEAT), "pgoutput"])
 def test_keyless_full_table_is_a_multiset_across_batches(
     full_table: psycopg.Connection, slot_name: str, spark: Any, tmp_path: Path, plugin: str
 ) -> None:

@@ -20,13 +20,14 @@ from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
 from airflow_provider_pgdecode.testing.compare import compare_table
 from airflow_provider_pgdecode.testing.postgres_cluster import find_bindir
+from tests.conftest import PLUGIN_REPEAT, full_only
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
 
 TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_history", "pgbench_tellers")
 
 
-@pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])
+@pytest.mark.parametrize("plugin", [full_only("test_decoding", PLUGIN_REPEAT), "pgoutput"])
 def test_pgbench_with_an_append_only_history_through_both_plugins(
     pg_cluster: Any, monkeypatch: pytest.MonkeyPatch, spark: Any, tmp_path: Path, plugin: str
 ) -> None:

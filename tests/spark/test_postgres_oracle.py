@@ -11,6 +11,7 @@ from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches
 from airflow_provider_pgdecode.testing.compare import compare_table
+from tests.conftest import PLUGIN_REPEAT, full_only
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
@@ -83,7 +84,7 @@ def round_two(c: psycopg.Connection) -> None:
     c.execute("insert into or_customers values (41, 'new', null, null)")
 
 
-@pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])
+@pytest.mark.parametrize("plugin", ["test_decoding", full_only("pgoutput", PLUGIN_REPEAT)])
 def test_delta_equals_postgres_across_batches_and_replays(pg_conn, source, spark, tmp_path: Path, plugin: str) -> None:
     slot = source if plugin == "test_decoding" else source + "_po"
     publication = PUBLICATION if plugin == "pgoutput" else None

@@ -14,6 +14,7 @@ from airflow_provider_pgdecode.errors import MergeInputError
 from airflow_provider_pgdecode.operators.merge import delta_table_asset
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
 from airflow_provider_pgdecode.testing.compare import compare_table
+from tests.conftest import PLUGIN_REPEAT, full_only
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
@@ -41,7 +42,7 @@ def odd_tables(pg_conn: psycopg.Connection):
 
 
 @pytest.mark.slow  # seven tables, seven MERGEs: 70-145 s on a busy 2-core machine
-@pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])
+@pytest.mark.parametrize("plugin", ["test_decoding", full_only("pgoutput", PLUGIN_REPEAT)])
 def test_odd_table_names_flow_into_their_own_delta_tables(
     pg_conn, slot_name, odd_tables, spark, tmp_path: Path, plugin: str
 ) -> None:
