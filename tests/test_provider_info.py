@@ -95,7 +95,10 @@ def test_airflow_cli_lists_the_provider_hook_and_trigger(cli: dict[str, Any]) ->
         }
     ]
     triggers = [t["class"] for t in cli["triggers"] if t["package_name"] == "airflow-provider-pgdecode"]
-    assert triggers == ["airflow_provider_pgdecode.triggers.slot_changes", "airflow_provider_pgdecode.triggers.slot_event"]
+    assert triggers == [
+        "airflow_provider_pgdecode.triggers.slot_changes",
+        "airflow_provider_pgdecode.triggers.slot_event",
+    ]
 
 
 def test_the_connection_form_of_the_pgdecode_type() -> None:

@@ -21,13 +21,27 @@ from airflow_provider_pgdecode.operators.slot import PgDecodeEnsureSlotOperator
 from airflow_provider_pgdecode.sensors.slot_changes import PgDecodeSlotChangesSensor
 from airflow_provider_pgdecode.sensors.slot_health import PgDecodeSlotHealthSensor
 
+
+@dataclass(frozen=True)
+class Source:
+    """Where a cycle reads: fixed values, or templates of the DAG's params.
+
+    :param publication: ``None`` for test_decoding.
+    """
+
+    slot_name: str
+    postgres_conn_id: str
+    plugin: str
+    publication: str | None
+
+
 #: The source of a cycle as templates of its params (``pgdecode_incremental``: overridable per run).
-PARAM_SOURCE = {
-    "slot_name": "{{ params.slot_name }}",
-    "postgres_conn_id": "{{ params.postgres_conn_id }}",
-    "plugin": "{{ params.plugin }}",
-    "publication": "{{ params.publication if params.plugin == 'pgoutput' else None }}",
-}
+PARAM_SOURCE = Source(
+    slot_name="{{ params.slot_name }}",
+    postgres_conn_id="{{ params.postgres_conn_id }}",
+    plugin="{{ params.plugin }}",
+    publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
+)
 SOURCE_PARAMS = ("postgres_conn_id", "slot_name", "plugin", "publication")
 
 
@@ -98,7 +112,7 @@ def build_cycle(
     wait_seconds: int,
     max_lag_bytes: int | None,
     retention_days: int | None,
-    source: dict[str, str | None] | None = None,
+    source: Source = PARAM_SOURCE,
 ) -> Cycle:
     """Create and wire a cycle's tasks in the DAG being defined (``with DAG(...)``).
 
@@ -106,22 +120,22 @@ def build_cycle(
     :param max_lag_bytes: the health check fails past this slot lag; ``None``: no limit.
     :param retention_days: staged batches older than this that nothing needs are removed after
         each confirm; ``None`` keeps everything.
-    :param source: ``slot_name``, ``postgres_conn_id``, ``plugin`` and ``publication`` (``None``
-        for test_decoding): fixed values, or by default :data:`PARAM_SOURCE`, the DAG's params.
+    :param source: the slot, its connection, plugin and publication: fixed values, or by default
+        :data:`PARAM_SOURCE`, the DAG's params.
     """
-    src = dict(source or PARAM_SOURCE)
+    src = source
     ensure_slot = PgDecodeEnsureSlotOperator(
         task_id="ensure_slot",
-        slot_name=src["slot_name"],
-        plugin=src["plugin"],
+        slot_name=src.slot_name,
+        plugin=src.plugin,
         two_phase=True,
-        postgres_conn_id=src["postgres_conn_id"],
+        postgres_conn_id=src.postgres_conn_id,
     )
     slot_health = PgDecodeSlotHealthSensor(
         task_id="slot_health",
-        slot_name=src["slot_name"],
-        plugin=src["plugin"],
-        postgres_conn_id=src["postgres_conn_id"],
+        slot_name=src.slot_name,
+        plugin=src.plugin,
+        postgres_conn_id=src.postgres_conn_id,
         max_lag_bytes=max_lag_bytes,
         heartbeat=True,  # an idle database's slot keeps advancing
         poke_interval=30,
@@ -129,9 +143,9 @@ def build_cycle(
     )
     wait_for_changes = PgDecodeSlotChangesSensor(
         task_id="wait_for_changes",
-        slot_name=src["slot_name"],
-        postgres_conn_id=src["postgres_conn_id"],
-        publication=src["publication"],
+        slot_name=src.slot_name,
+        postgres_conn_id=src.postgres_conn_id,
+        publication=src.publication,
         staging_root="{{ params.staging_uri }}",  # table snapshot requests count as work
         storage_conn_id="{{ params.storage_conn_id }}",
         poke_interval=min(15, max(wait_seconds, 1)),
@@ -142,13 +156,13 @@ def build_cycle(
     )
     extract = PgDecodeExtractOperator(
         task_id="extract",
-        slot_name=src["slot_name"],
+        slot_name=src.slot_name,
         staging_root="{{ params.staging_uri }}",
-        plugin=src["plugin"],
-        postgres_conn_id=src["postgres_conn_id"],
+        plugin=src.plugin,
+        postgres_conn_id=src.postgres_conn_id,
         tables="{{ params.tables }}",
         exclude_tables="{{ params.exclude_tables }}",
-        publication=src["publication"],
+        publication=src.publication,
         table_options="{{ params.table_options }}",
         checkpoint_task_id="confirm",
         storage_conn_id="{{ params.storage_conn_id }}",
@@ -166,9 +180,9 @@ def build_cycle(
     )
     confirm = PgDecodeConfirmOperator(
         task_id="confirm",
-        slot_name=src["slot_name"],
+        slot_name=src.slot_name,
         batch_path=extracted["path"],
-        postgres_conn_id=src["postgres_conn_id"],
+        postgres_conn_id=src.postgres_conn_id,
         merge_task_id="merge",
         retention_days=retention_days,
         storage_conn_id="{{ params.storage_conn_id }}",

@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG
 
-from airflow_provider_pgdecode.example_dags.cycle import build_cycle, cycle_params
+from airflow_provider_pgdecode.example_dags.cycle import Source, build_cycle, cycle_params
 from airflow_provider_pgdecode.triggers.slot_event import SlotChangesEventTrigger, slot_asset
 from airflow_provider_pgdecode.utils.config import pgdecode_int, pgdecode_setting
 
@@ -93,7 +93,7 @@ def event_driven_dag(
             wait_seconds=WAIT_SECONDS,
             max_lag_bytes=pgdecode_int("max_lag_bytes"),
             retention_days=pgdecode_int("retention_days"),
-            source={"slot_name": slot_name, "postgres_conn_id": postgres_conn_id, "plugin": plugin, "publication": pub},
+            source=Source(slot_name, postgres_conn_id, plugin, pub),
         )
     return dag
 
