@@ -49,6 +49,7 @@ def event_driven_dag(
     publication: str = "pgdecode",
     poll_interval: float = 15.0,
     min_lag_bytes: int = 1,
+    advance_lag_bytes: int | None = None,
     refire_interval: float | None = 3600.0,
     data_dir: str | None = None,
 ) -> DAG:
@@ -62,6 +63,8 @@ def event_driven_dag(
     :param poll_interval: seconds between the trigger's checks of the slot.
     :param min_lag_bytes: the trigger waits until the slot lags the WAL by this much (bigger,
         fewer runs).
+    :param advance_lag_bytes: also run when the slot retains this much WAL and a heartbeat is
+        pending, so that an idle database's slot gets advanced; ``None``: only changes count.
     :param refire_interval: seconds after which the same pending changes fire again when no run
         confirmed them (a failed run); ``None``: never.
     :param data_dir: default staging and Delta location; default the ``[pgdecode] data_dir`` setting.
@@ -73,6 +76,7 @@ def event_driven_dag(
         postgres_conn_id=postgres_conn_id,
         poll_interval=poll_interval,
         min_lag_bytes=min_lag_bytes,
+        advance_lag_bytes=advance_lag_bytes,
         publication=pub,
         refire_interval=refire_interval,
     )
