@@ -194,7 +194,8 @@ def test_event_driven_runs_bring_each_commit_to_delta(deployment: Deployment, sp
     payloads = [(e[0] if isinstance(e[0], dict) else json.loads(e[0]))["payload"] for e in events]
     assert [p["status"] for p in payloads] == ["success", "success"]
     assert payloads[1]["confirmed_flush_lsn"] != payloads[0]["confirmed_flush_lsn"]
-    assert f"(ID {trigger_id})" in airflow.log("triggerer")
+    # The watcher's own log lines go to the triggerer's output (it has no task log).
+    assert f"ID {trigger_id}" in airflow.log("triggerer")
     airflow.cli("dags", "pause", EVENT_DAG)
 
 
@@ -217,11 +218,21 @@ def test_cron_runs_and_a_deferred_sensor_waits_in_the_triggerer(deployment: Depl
     )
     run_id, trigger_id, classpath = deferred[0]
     assert classpath == "airflow_provider_pgdecode.triggers.slot_changes.SlotChangesTrigger"
+
+    def polled_in_the_triggerer() -> bool:
+        # The trigger's lines go to the task's trigger log (<attempt>.log.trigger.<job id>.log);
+        # "next poll in" is written by SlotChangesTrigger.run, which only the triggerer runs.
+        logs = airflow.task_logs("pgdecode_incremental")
+        return any(
+            f"run_id={run_id}" in path
+            and "task_id=wait_for_changes" in path
+            and ".trigger." in path
+            and "next poll in" in text
+            for path, text in logs.items()
+        ) or f"pgdecode_incremental/{run_id}/wait_for_changes" in airflow.log("triggerer")
+
     airflow.wait_for(
-        lambda: f"pgdecode_incremental/{run_id}/wait_for_changes" in airflow.log("triggerer"),
-        timeout=60,
-        what=f"the triggerer to run trigger {trigger_id}",
-        tails=("triggerer",),
+        polled_in_the_triggerer, timeout=90, what=f"the triggerer to run trigger {trigger_id}", tails=("triggerer",)
     )
 
     with deployment.source() as c:
