@@ -32,7 +32,8 @@ from airflow_provider_pgdecode.testing.compare import compare_table
 from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
 from tests.jars import cached_delta_jars
 
-pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
+# A real deployment: migrating its database, starting four components and Spark runs take minutes.
+pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE_DB, METADATA_DB = "deploy_source", "deploy_airflow"
