@@ -94,7 +94,7 @@ def test_airflow_cli_lists_the_provider_hook_and_trigger(cli: dict[str, Any]) ->
             "hook_name": "PostgreSQL logical decoding (pgdecode)",
         }
     ]
-    triggers = [t["class"] for t in cli["triggers"] if t["package_name"] == "airflow-provider-pgdecode"]
+    triggers = sorted(t["class"] for t in cli["triggers"] if t["package_name"] == "airflow-provider-pgdecode")
     assert triggers == [
         "airflow_provider_pgdecode.triggers.slot_changes",
         "airflow_provider_pgdecode.triggers.slot_event",
