@@ -62,7 +62,10 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": ["airflow_provider_pgdecode.triggers.slot_changes"],
+                "python-modules": [
+                    "airflow_provider_pgdecode.triggers.slot_changes",
+                    "airflow_provider_pgdecode.triggers.slot_event",
+                ],
             }
         ],
         # PgDecodeHook works with ordinary `postgres` connections, but that type belongs to the

@@ -69,7 +69,7 @@ def test_provider_info_is_valid_and_its_modules_import() -> None:
         for kind in ("hooks", "operators", "sensors", "triggers")
     }
     assert all(entry["integration-name"] in integrations for kind in modules for entry in info[kind])
-    assert len(modules["operators"]) == 9 and len(modules["sensors"]) == 3 and len(modules["triggers"]) == 1
+    assert len(modules["operators"]) == 9 and len(modules["sensors"]) == 3 and len(modules["triggers"]) == 2
     for module in (m for ms in modules.values() for m in ms):
         importlib.import_module(module)
     assert info["documentation-url"] == "https://github.com/pgdecode/airflow-provider-pgdecode"
@@ -94,8 +94,11 @@ def test_airflow_cli_lists_the_provider_hook_and_trigger(cli: dict[str, Any]) ->
             "hook_name": "PostgreSQL logical decoding (pgdecode)",
         }
     ]
-    triggers = [t["class"] for t in cli["triggers"] if t["package_name"] == "airflow-provider-pgdecode"]
-    assert triggers == ["airflow_provider_pgdecode.triggers.slot_changes"]
+    triggers = sorted(t["class"] for t in cli["triggers"] if t["package_name"] == "airflow-provider-pgdecode")
+    assert triggers == [
+        "airflow_provider_pgdecode.triggers.slot_changes",
+        "airflow_provider_pgdecode.triggers.slot_event",
+    ]
 
 
 def test_the_connection_form_of_the_pgdecode_type() -> None:

@@ -2,8 +2,10 @@
 
 Each module defines one DAG object, ``dag``: ``pgdecode_incremental`` (the CDC cycle),
 ``pgdecode_backfill`` (initial load, add or re-snapshot tables, replay), ``pgdecode_verify``
-(Delta against PostgreSQL at one LSN) and ``pgdecode_delta_consumer`` (a DAG triggered by the
-merge's Asset events). Put them in Airflow by a file in your ``dags_folder`` that imports the
+(Delta against PostgreSQL at one LSN), ``pgdecode_delta_consumer`` (a DAG triggered by the
+merge's Asset events) and ``pgdecode_event_driven`` (the incremental cycle, scheduled on the
+slot's Asset: it runs when the slot has changes). ``cycle`` builds the cycle's tasks for both
+cycle DAGs. Put them in Airflow by a file in your ``dags_folder`` that imports the
 DAG (Airflow's safe mode looks for the words "airflow" and "dag" in it)::
 
     # my_dags/pgdecode_incremental.py: the airflow dag of the pgdecode provider

@@ -47,6 +47,11 @@ nothing needs are removed after each confirm; default 7, empty keeps everything)
 Each merge emits an Asset event per Delta table it changed: schedule a DAG on
 ``delta_table_asset(delta_root, "public", "orders")`` (example_dags/pgdecode_delta_consumer.py).
 
+The tasks are built by :func:`~airflow_provider_pgdecode.example_dags.cycle.build_cycle`, which
+``pgdecode_event_driven`` shares: the same cycle, run when the slot has changes instead of on a
+clock (docs/event-driven.md). ``wait_for_changes`` is deferrable wherever Airflow's
+``[operators] default_deferrable`` is on, so a waiting cycle holds no worker slot.
+
 Table snapshots: ``pgdecode_backfill`` in ``add-table`` or ``resnapshot`` mode files a request
 under the staging root; the next runs of this DAG copy the table chunk by chunk inside their
 extract, while every other table keeps flowing (docs/backfill.md).
@@ -55,16 +60,10 @@ extract, while every other table keeps flowing (docs/backfill.md).
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
 
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG
 
-from airflow_provider_pgdecode.operators.confirm import PgDecodeConfirmOperator
-from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator
-from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
-from airflow_provider_pgdecode.operators.slot import PgDecodeEnsureSlotOperator
-from airflow_provider_pgdecode.sensors.slot_changes import PgDecodeSlotChangesSensor
-from airflow_provider_pgdecode.sensors.slot_health import PgDecodeSlotHealthSensor
+from airflow_provider_pgdecode.example_dags.cycle import build_cycle, cycle_params
 from airflow_provider_pgdecode.utils.config import pgdecode_int, pgdecode_setting
 
 DATA_DIR = pgdecode_setting("data_dir")
@@ -84,109 +83,6 @@ with DAG(
     default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
     tags=["pgdecode", "cdc"],
     doc_md=__doc__,
-    params={
-        "postgres_conn_id": Param(
-            "pgdecode_source", type="string", description="the source database's Airflow connection (postgres type)"
-        ),
-        "slot_name": Param(
-            "pgdecode",
-            type="string",
-            pattern="^[a-z0-9_]{1,63}$",
-            description="the logical replication slot (created, two-phase, when missing)",
-        ),
-        "plugin": Param("test_decoding", enum=["test_decoding", "pgoutput"], description="the slot's output plugin"),
-        "publication": Param(
-            "pgdecode", type="string", description="the publication a pgoutput slot reads (ignored for test_decoding)"
-        ),
-        "tables": Param(
-            [],
-            type="array",
-            description="schema.table names to load; empty: every table outside the system schemas "
-            "(pgoutput: in the publication) minus exclude_tables",
-        ),
-        "exclude_tables": Param([], type="array", description="schema.table names never to load"),
-        "table_options": Param(
-            {},
-            type="object",
-            description='per table: {"schema.table": {"mode": "append_only", "on_bad_value": "quarantine", '
-            '"max_value_bytes": 67108864, "arrays": "json"}} (docs/merge.md)',
-        ),
-        "staging_uri": Param(
-            f"{DATA_DIR}/staging", type="string", description="a local directory or s3://bucket/prefix"
-        ),
-        "delta_root": Param(f"{DATA_DIR}/delta", type="string", description="a local directory or s3://bucket/prefix"),
-        "storage_conn_id": Param(
-            "",
-            type="string",
-            description="an Airflow aws connection for s3:// locations (endpoint_url in its extra for "
-            "S3-compatible stores); empty: local paths",
-        ),
-        "spark_conn_id": Param(
-            "spark_default", type="string", description="the Spark connection (local[*], spark://host:7077 ...)"
-        ),
-    },
+    params=cycle_params(DATA_DIR),
 ) as dag:
-    ensure_slot = PgDecodeEnsureSlotOperator(
-        task_id="ensure_slot",
-        slot_name="{{ params.slot_name }}",
-        plugin="{{ params.plugin }}",
-        two_phase=True,
-        postgres_conn_id="{{ params.postgres_conn_id }}",
-    )
-    slot_health = PgDecodeSlotHealthSensor(
-        task_id="slot_health",
-        slot_name="{{ params.slot_name }}",
-        plugin="{{ params.plugin }}",
-        postgres_conn_id="{{ params.postgres_conn_id }}",
-        max_lag_bytes=MAX_LAG_BYTES,
-        heartbeat=True,  # an idle database's slot keeps advancing
-        poke_interval=30,
-        timeout=120,
-    )
-    wait_for_changes = PgDecodeSlotChangesSensor(
-        task_id="wait_for_changes",
-        slot_name="{{ params.slot_name }}",
-        postgres_conn_id="{{ params.postgres_conn_id }}",
-        publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
-        staging_root="{{ params.staging_uri }}",  # table snapshot requests count as work
-        storage_conn_id="{{ params.storage_conn_id }}",
-        poke_interval=min(15, max(WAIT_SECONDS, 1)),
-        timeout=WAIT_SECONDS,
-        soft_fail=True,  # no changes: the cycle is skipped, not failed
-    )
-    extract = PgDecodeExtractOperator(
-        task_id="extract",
-        slot_name="{{ params.slot_name }}",
-        staging_root="{{ params.staging_uri }}",
-        plugin="{{ params.plugin }}",
-        postgres_conn_id="{{ params.postgres_conn_id }}",
-        tables="{{ params.tables }}",
-        exclude_tables="{{ params.exclude_tables }}",
-        publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
-        table_options="{{ params.table_options }}",
-        checkpoint_task_id="confirm",
-        storage_conn_id="{{ params.storage_conn_id }}",
-        multiple_outputs=True,  # its summary's keys as XComs too: extract.output["path"]
-    )
-    # An XComArg (typed Any: it stands for any templated argument): the operators resolve it when
-    # they run, and it orders them after extract.
-    extracted: Any = extract.output
-    merge = PgDecodeMergeOperator(
-        task_id="merge",
-        batch_paths=extracted["path"],
-        delta_root="{{ params.delta_root }}",
-        conn_id="{{ params.spark_conn_id }}",
-        storage_conn_id="{{ params.storage_conn_id }}",
-    )
-    confirm = PgDecodeConfirmOperator(
-        task_id="confirm",
-        slot_name="{{ params.slot_name }}",
-        batch_path=extracted["path"],
-        postgres_conn_id="{{ params.postgres_conn_id }}",
-        merge_task_id="merge",
-        retention_days=RETENTION_DAYS,
-        storage_conn_id="{{ params.storage_conn_id }}",
-    )
-
-    ensure_slot >> [slot_health, wait_for_changes]
-    wait_for_changes >> extract >> merge >> confirm  # extract.output also orders merge and confirm after it
+    build_cycle(wait_seconds=WAIT_SECONDS, max_lag_bytes=MAX_LAG_BYTES, retention_days=RETENTION_DAYS)

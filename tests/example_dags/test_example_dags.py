@@ -13,7 +13,13 @@ import airflow_provider_pgdecode.example_dags as example_dags
 from airflow_provider_pgdecode.operators.merge import delta_table_asset
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
-NAMES = ("pgdecode_incremental", "pgdecode_backfill", "pgdecode_verify", "pgdecode_delta_consumer")
+NAMES = (
+    "pgdecode_incremental",
+    "pgdecode_backfill",
+    "pgdecode_verify",
+    "pgdecode_delta_consumer",
+    "pgdecode_event_driven",
+)
 
 
 @pytest.fixture()
@@ -86,3 +92,40 @@ def test_the_consumer_schedules_on_the_asset_the_merge_emits(bag, tmp_path: Path
     assert orders == Asset((tmp_path / "delta" / "public" / "orders").resolve().as_uri())
     consumer = bag.dags["pgdecode_delta_consumer"]
     assert consumer.timetable.asset_condition.objects == (orders,)
+
+
+CYCLE = ("ensure_slot", "slot_health", "wait_for_changes", "extract", "merge", "confirm")
+
+
+def _edges(dag) -> set[tuple[str, str]]:
+    return {(t.task_id, d) for t in dag.tasks for d in t.downstream_task_ids}
+
+
+def test_the_event_driven_dag_is_the_cycle_scheduled_on_the_slots_asset(bag, tmp_path: Path) -> None:
+    from airflow.sdk import Asset
+
+    from airflow_provider_pgdecode.triggers.slot_event import SlotChangesEventTrigger
+
+    event, incremental = bag.dags["pgdecode_event_driven"], bag.dags["pgdecode_incremental"]
+    # the same tasks, wired the same way (one factory builds both)
+    assert sorted(t.task_id for t in event.tasks) == sorted(CYCLE) == sorted(t.task_id for t in incremental.tasks)
+    assert _edges(event) == _edges(incremental)
+    (asset,) = event.timetable.asset_condition.objects
+    assert isinstance(asset, Asset)
+    assert (asset.name, asset.uri) == ("pgdecode_slot_pgdecode", "pgdecode-slot://pgdecode_source/pgdecode")
+    (watcher,) = asset.watchers
+    assert isinstance(watcher.trigger, SlotChangesEventTrigger)
+    assert watcher.trigger.slot_name == "pgdecode" and watcher.trigger.postgres_conn_id == "pgdecode_source"
+    # the watched slot is the one every task reads: fixed at parse time, not a param
+    assert "slot_name" not in event.params and "postgres_conn_id" not in event.params
+    for task_id in ("ensure_slot", "wait_for_changes", "extract", "confirm"):
+        assert event.get_task(task_id).slot_name == "pgdecode", task_id
+    assert event.params["staging_uri"] == f"{tmp_path}/staging"
+    assert event.get_task("slot_health").max_lag_bytes == 1024
+    assert event.max_active_runs == 1
+
+
+def test_the_dags_leave_deferrable_to_airflows_setting() -> None:
+    """No example DAG hard-codes ``deferrable``: [operators] default_deferrable decides."""
+    package = Path(example_dags.__file__).parent
+    assert not [p.name for p in package.glob("*.py") if "deferrable=" in p.read_text(encoding="utf-8")]

@@ -256,3 +256,21 @@ def test_execute_complete_of_a_snapshot_request_event() -> None:
         sensor.execute_complete(
             {}, {"status": "error", "fatal": True, "message": "unreadable snapshot request file /staging/s1/x.json"}
         )
+
+
+@pytest.mark.parametrize("setting", ["True", "False"])
+def test_deferrable_follows_airflows_default_deferrable_setting(setting: str) -> None:
+    """Airflow's ``[operators] default_deferrable`` decides when the DAG does not say: wherever a
+    triggerer runs, a waiting cycle holds no worker slot. Read when the sensor module is imported,
+    as Airflow's own providers do, so a fresh interpreter sees each setting."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from airflow_provider_pgdecode.sensors.slot_changes import PgDecodeSlotChangesSensor as S\n"
+        "print(S(task_id='w', slot_name='s').deferrable, S(task_id='x', slot_name='s', deferrable=False).deferrable)"
+    )
+    env = {**os.environ, "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": setting}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split()[-2:] == [setting, "False"]

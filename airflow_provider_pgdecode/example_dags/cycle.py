@@ -1,0 +1,193 @@
+"""The CDC cycle's tasks, shared by ``pgdecode_incremental`` (on a clock) and
+``pgdecode_event_driven`` (on the slot's Asset).
+
+:func:`cycle_params` are the DAG params of a cycle; :func:`build_cycle` creates the tasks in
+the DAG being defined and wires them: ``ensure_slot >> [slot_health, wait_for_changes]`` and
+``wait_for_changes >> extract >> merge >> confirm``. The slot is only ever peeked; confirm
+advances it after the merge succeeded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from airflow.sdk import Param
+
+from airflow_provider_pgdecode.operators.confirm import PgDecodeConfirmOperator
+from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator
+from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
+from airflow_provider_pgdecode.operators.slot import PgDecodeEnsureSlotOperator
+from airflow_provider_pgdecode.sensors.slot_changes import PgDecodeSlotChangesSensor
+from airflow_provider_pgdecode.sensors.slot_health import PgDecodeSlotHealthSensor
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a cycle reads: fixed values, or templates of the DAG's params.
+
+    :param publication: ``None`` for test_decoding.
+    """
+
+    slot_name: str
+    postgres_conn_id: str
+    plugin: str
+    publication: str | None
+
+
+#: The source of a cycle as templates of its params (``pgdecode_incremental``: overridable per run).
+PARAM_SOURCE = Source(
+    slot_name="{{ params.slot_name }}",
+    postgres_conn_id="{{ params.postgres_conn_id }}",
+    plugin="{{ params.plugin }}",
+    publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
+)
+SOURCE_PARAMS = ("postgres_conn_id", "slot_name", "plugin", "publication")
+
+
+def cycle_params(data_dir: str, *, source: bool = True) -> dict[str, Param]:
+    """The params of a cycle; ``source=False`` leaves out :data:`SOURCE_PARAMS` (a DAG whose
+    slot is fixed when it is parsed, as one scheduled on the slot's Asset)."""
+    params = {
+        "postgres_conn_id": Param(
+            "pgdecode_source", type="string", description="the source database's Airflow connection (postgres type)"
+        ),
+        "slot_name": Param(
+            "pgdecode",
+            type="string",
+            pattern="^[a-z0-9_]{1,63}$",
+            description="the logical replication slot (created, two-phase, when missing)",
+        ),
+        "plugin": Param("test_decoding", enum=["test_decoding", "pgoutput"], description="the slot's output plugin"),
+        "publication": Param(
+            "pgdecode", type="string", description="the publication a pgoutput slot reads (ignored for test_decoding)"
+        ),
+        "tables": Param(
+            [],
+            type="array",
+            description="schema.table names to load; empty: every table outside the system schemas "
+            "(pgoutput: in the publication) minus exclude_tables",
+        ),
+        "exclude_tables": Param([], type="array", description="schema.table names never to load"),
+        "table_options": Param(
+            {},
+            type="object",
+            description='per table: {"schema.table": {"mode": "append_only", "on_bad_value": "quarantine", '
+            '"max_value_bytes": 67108864, "arrays": "json"}} (docs/merge.md)',
+        ),
+        "staging_uri": Param(
+            f"{data_dir}/staging", type="string", description="a local directory or s3://bucket/prefix"
+        ),
+        "delta_root": Param(f"{data_dir}/delta", type="string", description="a local directory or s3://bucket/prefix"),
+        "storage_conn_id": Param(
+            "",
+            type="string",
+            description="an Airflow aws connection for s3:// locations (endpoint_url in its extra for "
+            "S3-compatible stores); empty: local paths",
+        ),
+        "spark_conn_id": Param(
+            "spark_default", type="string", description="the Spark connection (local[*], spark://host:7077 ...)"
+        ),
+    }
+    if not source:
+        for name in SOURCE_PARAMS:
+            del params[name]
+    return params
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """The tasks of one cycle."""
+
+    ensure_slot: PgDecodeEnsureSlotOperator
+    slot_health: PgDecodeSlotHealthSensor
+    wait_for_changes: PgDecodeSlotChangesSensor
+    extract: PgDecodeExtractOperator
+    merge: PgDecodeMergeOperator
+    confirm: PgDecodeConfirmOperator
+
+
+def build_cycle(
+    *,
+    wait_seconds: int,
+    max_lag_bytes: int | None,
+    retention_days: int | None,
+    source: Source = PARAM_SOURCE,
+) -> Cycle:
+    """Create and wire a cycle's tasks in the DAG being defined (``with DAG(...)``).
+
+    :param wait_seconds: how long ``wait_for_changes`` waits before the cycle is skipped.
+    :param max_lag_bytes: the health check fails past this slot lag; ``None``: no limit.
+    :param retention_days: staged batches older than this that nothing needs are removed after
+        each confirm; ``None`` keeps everything.
+    :param source: the slot, its connection, plugin and publication: fixed values, or by default
+        :data:`PARAM_SOURCE`, the DAG's params.
+    """
+    src = source
+    ensure_slot = PgDecodeEnsureSlotOperator(
+        task_id="ensure_slot",
+        slot_name=src.slot_name,
+        plugin=src.plugin,
+        two_phase=True,
+        postgres_conn_id=src.postgres_conn_id,
+    )
+    slot_health = PgDecodeSlotHealthSensor(
+        task_id="slot_health",
+        slot_name=src.slot_name,
+        plugin=src.plugin,
+        postgres_conn_id=src.postgres_conn_id,
+        max_lag_bytes=max_lag_bytes,
+        heartbeat=True,  # an idle database's slot keeps advancing
+        poke_interval=30,
+        timeout=120,
+    )
+    wait_for_changes = PgDecodeSlotChangesSensor(
+        task_id="wait_for_changes",
+        slot_name=src.slot_name,
+        postgres_conn_id=src.postgres_conn_id,
+        publication=src.publication,
+        staging_root="{{ params.staging_uri }}",  # table snapshot requests count as work
+        storage_conn_id="{{ params.storage_conn_id }}",
+        poke_interval=min(15, max(wait_seconds, 1)),
+        timeout=wait_seconds,
+        soft_fail=True,  # no changes: the cycle is skipped, not failed
+        # deferrable: [operators] default_deferrable, so a waiting cycle holds no worker slot
+        # wherever a triggerer runs.
+    )
+    extract = PgDecodeExtractOperator(
+        task_id="extract",
+        slot_name=src.slot_name,
+        staging_root="{{ params.staging_uri }}",
+        plugin=src.plugin,
+        postgres_conn_id=src.postgres_conn_id,
+        tables="{{ params.tables }}",
+        exclude_tables="{{ params.exclude_tables }}",
+        publication=src.publication,
+        table_options="{{ params.table_options }}",
+        checkpoint_task_id="confirm",
+        storage_conn_id="{{ params.storage_conn_id }}",
+        multiple_outputs=True,  # its summary's keys as XComs too: extract.output["path"]
+    )
+    # An XComArg (typed Any: it stands for any templated argument): the operators resolve it when
+    # they run, and it orders them after extract.
+    extracted: Any = extract.output
+    merge = PgDecodeMergeOperator(
+        task_id="merge",
+        batch_paths=extracted["path"],
+        delta_root="{{ params.delta_root }}",
+        conn_id="{{ params.spark_conn_id }}",
+        storage_conn_id="{{ params.storage_conn_id }}",
+    )
+    confirm = PgDecodeConfirmOperator(
+        task_id="confirm",
+        slot_name=src.slot_name,
+        batch_path=extracted["path"],
+        postgres_conn_id=src.postgres_conn_id,
+        merge_task_id="merge",
+        retention_days=retention_days,
+        storage_conn_id="{{ params.storage_conn_id }}",
+    )
+
+    ensure_slot >> [slot_health, wait_for_changes]
+    wait_for_changes >> extract >> merge >> confirm  # extract.output also orders merge and confirm after it
+    return Cycle(ensure_slot, slot_health, wait_for_changes, extract, merge, confirm)
