@@ -412,6 +412,33 @@ CONNECT_SESSION_CONF: Mapping[str, str] = {
 (the server's settings, Delta's extension and catalog among them, are the server's)."""
 
 
+def connect_address(url: str) -> tuple[str, int]:
+    """Host and port of a Spark Connect URL (``sc://host[:port][/;params]``; port 15002 by default)."""
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url.split(";", 1)[0])
+    if parsed.scheme != "sc" or not parsed.hostname:
+        raise ConfigurationError(f"{url.split(';', 1)[0]!r} is not a Spark Connect URL: write sc://host:port")
+    return parsed.hostname, parsed.port or DEFAULT_CONNECT_PORT
+
+
+def _check_reachable(url: str, timeout: float = 10.0) -> None:
+    """Fail at once, with the way forward, when nothing listens at the URL's address (the Connect
+    client would otherwise retry for minutes before giving up)."""
+    import socket
+
+    host, port = connect_address(url)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return
+    except OSError as exc:
+        raise ConfigurationError(
+            f"no Spark Connect server answers at {host}:{port} ({exc.strerror or exc}). Start one with "
+            f"python -m airflow_provider_pgdecode.spark.connect_server --port {port} (docs/spark-connect.md), "
+            "or point the spark_connect connection's host and port at a running server"
+        ) from None
+
+
 def build_connect_session(url: str, *, extra_conf: Mapping[str, str] | None = None) -> SparkSession:
     """A new Spark Connect client session on the server at ``url`` (``sc://host:port``).
 
@@ -423,6 +450,7 @@ def build_connect_session(url: str, *, extra_conf: Mapping[str, str] | None = No
     """
     from pyspark.sql import SparkSession
 
+    _check_reachable(url)
     try:
         spark = SparkSession.builder.remote(url).create()
         for key, value in {**CONNECT_SESSION_CONF, **(extra_conf or {})}.items():
@@ -433,14 +461,14 @@ def build_connect_session(url: str, *, extra_conf: Mapping[str, str] | None = No
     except Exception as exc:
         detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise ConfigurationError(
-            f"cannot open a Spark Connect session on {url} ({detail}). Start the server first: "
+            f"cannot open a Spark Connect session on {url.split(';', 1)[0]} ({detail}). Start the server first: "
             "python -m airflow_provider_pgdecode.spark.connect_server --port PORT (docs/spark-connect.md), "
             "or point the spark_connect connection's host and port at a running one"
         ) from None
     if "io.delta.sql.DeltaSparkSessionExtension" not in extensions:
         spark.stop()
         raise ConfigurationError(
-            f"the Spark Connect server at {url} runs without Delta Lake (spark.sql.extensions={extensions!r}): "
+            f"the Spark Connect server at {url.split(';', 1)[0]} runs without Delta Lake (spark.sql.extensions={extensions!r}): "
             "start it with python -m airflow_provider_pgdecode.spark.connect_server, which loads Delta's jars "
             "and extension, or add io.delta.sql.DeltaSparkSessionExtension and Delta's catalog to its settings"
         )
