@@ -76,6 +76,12 @@ def build_argument_parser() -> argparse.ArgumentParser:
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="more Spark settings; repeat for more"
     )
     parser.add_argument(
+        "--object-store",
+        action="store_true",
+        help="also load hadoop-aws, for s3:// batches and Delta roots (S3A settings: --conf spark.hadoop.fs.s3a.*, "
+        "credentials in the AWS_* environment)",
+    )
+    parser.add_argument(
         "--log-level", default=None, help="Spark's own logging (default $PGDECODE_SPARK_LOG_LEVEL, else WARN)"
     )
     parser.add_argument(
@@ -118,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         host=args.host,
         driver_memory=args.driver_memory,
         extra_conf=_parse_conf(args.conf),
+        object_store=args.object_store,
     )
     process = subprocess.Popen(command, env=spark_submit_env(args.master))
     stopping = False

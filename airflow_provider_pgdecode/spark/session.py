@@ -482,11 +482,13 @@ def connect_server_command(
     host: str = LOOPBACK,
     driver_memory: str = "1g",
     extra_conf: Mapping[str, str] | None = None,
+    object_store: bool = False,
 ) -> list[str]:
     """The ``spark-submit`` command line of a Spark Connect server in the foreground, listening on
     ``host:port``, with Delta's jars (Ivy cache or ``$PGDECODE_DELTA_JARS``), Delta's extension and
-    catalog, pgdecode's session defaults and logging at :func:`spark_log_level`."""
-    conf = delta_spark_conf()
+    catalog, pgdecode's session defaults and logging at :func:`spark_log_level`; with
+    ``object_store``, hadoop-aws too (``s3a://``; the store's settings are the server's own)."""
+    conf = delta_spark_conf(object_store=object_store)
     conf["spark.connect.grpc.binding.port"] = str(port)
     conf["spark.connect.grpc.binding.address"] = host
     conf.update(extra_conf or {})
