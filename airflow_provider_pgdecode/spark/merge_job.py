@@ -1580,8 +1580,14 @@ def _write_refusal(error: Exception, summary_json: str | None) -> None:
 
 
 def _session_conf(spark: SparkSession) -> dict[str, str]:
-    """The session's memory-relevant settings for an out-of-memory message ({} when unreadable)."""
+    """The session's memory-relevant settings for an out-of-memory message ({} when unreadable):
+    the application's SparkConf in a classic session, the session's settings over Spark Connect."""
     conf: dict[str, str] = {}
+    if not is_connect_session(spark):
+        try:
+            return {str(k): str(v) for k, v in spark.sparkContext.getConf().getAll()}
+        except Exception:  # a stopped session: the message says the defaults
+            return conf
     for key in ("spark.driver.memory", "spark.executor.memory"):
         try:
             value = spark.conf.get(key, None)
