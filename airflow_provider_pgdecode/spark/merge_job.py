@@ -73,7 +73,7 @@ from airflow_provider_pgdecode.errors import (
 )
 from airflow_provider_pgdecode.spark import collapse, multiset
 from airflow_provider_pgdecode.spark.collapse import KEEP, KIND, LSN, OP, SEQ, CollapseInput, col, old_key_name
-from airflow_provider_pgdecode.spark.session import configure_object_store, is_connect_session
+from airflow_provider_pgdecode.spark.session import active_connect_session, configure_object_store, is_connect_session
 from airflow_provider_pgdecode.spark.types import (
     DEFAULT_UNBOUNDED_NUMERIC,
     NUMERIC_SPECIAL_VALUES,
@@ -1259,6 +1259,16 @@ def merge_batches(
     ``deleted``, ``changes``, ``changes_already_applied``, ``delta_version``, ``watermark_lsn``...
     Bad input raises (:class:`BatchError`, :class:`MergeInputError`) before anything is written.
     """
+    with active_connect_session(spark):
+        return _merge_batches(spark, batch_dirs, delta_root, options)
+
+
+def _merge_batches(
+    spark: SparkSession,
+    batch_dirs: Iterable[str],
+    delta_root: str,
+    options: MergeOptions | None = None,
+) -> dict[str, Any]:
     options = options or MergeOptions()
     started = time.monotonic()
     batch_dirs = [str(directory) for directory in batch_dirs]

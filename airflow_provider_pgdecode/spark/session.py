@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -400,6 +401,27 @@ def configure_object_store(spark: SparkSession, settings: ObjectStoreSettings | 
 def is_connect_session(spark: Any) -> bool:
     """Whether ``spark`` is a Spark Connect client session (no JVM in this process)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+@contextmanager
+def active_connect_session(spark: Any) -> Iterator[None]:
+    """Make ``spark`` this thread's active session for the block when it is a Spark Connect client.
+
+    pyspark's Connect client binds the DataFrame a ``localCheckpoint()`` returns to the thread's
+    *active* session (``SparkSession.active()``), not to the session that made it: in a process
+    with more than one Connect session (two slots' merges, a test), the checkpoint would be looked
+    up in the wrong server session (``CONNECT_INVALID_PLAN.DATAFRAME_NOT_FOUND``). A classic
+    session needs nothing."""
+    if not is_connect_session(spark):
+        yield
+        return
+    holder = type(spark)._active_session
+    previous = getattr(holder, "session", None)
+    holder.session = spark
+    try:
+        yield
+    finally:
+        holder.session = previous
 
 
 CONNECT_SESSION_CONF: Mapping[str, str] = {
