@@ -8,7 +8,8 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -28,6 +29,47 @@ from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 MERGE_JOB_MODULE = "airflow_provider_pgdecode.spark.merge_job"
 DEFAULT_ASSET_ALIAS = "pgdecode_delta_tables"
+SPARK_CONNECT_CONN_TYPE = "spark_connect"
+"""The Spark provider's connection type of a Spark Connect server (host + port): a merge whose
+``conn_id`` names one runs as a client session of that server instead of a spark-submit."""
+
+
+def spark_connection_type(conn_id: str) -> str | None:
+    """The type of the Spark connection ``conn_id`` (``spark``, ``spark_connect``...), or ``None``
+    when there is no such connection (the spark-submit path then says what to create)."""
+    try:
+        return BaseHook.get_connection(conn_id).conn_type
+    except AirflowException:
+        return None
+
+
+def connect_url(conn_id: str) -> str:
+    """The ``sc://host:port`` URL of a ``spark_connect`` connection, as the Spark provider's
+    :class:`~airflow.providers.apache.spark.hooks.spark_connect.SparkConnectHook` builds it."""
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    try:
+        return SparkConnectHook(conn_id=conn_id).get_connection_url()
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ConfigurationError(
+            f"Spark Connect connection {conn_id!r} gives no usable server address ({exc}): set its host "
+            "(e.g. 127.0.0.1 or sc://spark-connect) and port (e.g. 15002)"
+        ) from None
+
+
+@contextmanager
+def _exported(env: Mapping[str, str]) -> Iterator[None]:
+    """``env`` in this process's environment for the block, then the former values."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def merge_job_path() -> str:
@@ -292,6 +334,7 @@ class PgDecodeMergeOperator(BaseOperator):
         self.spark_name = spark_name
         self.verbose = verbose
         self._hook: SparkSubmitHook | None = None
+        self._connect_session: Any = None
 
     def read_batches(
         self, settings: ObjectStoreSettings | None = None
@@ -390,6 +433,11 @@ class PgDecodeMergeOperator(BaseOperator):
             self.delta_root,
             ", ".join(f"{name} {n} rows" for name, n in sorted(rows.items())),
         )
+        if spark_connection_type(self.conn_id) == SPARK_CONNECT_CONN_TYPE:
+            connect_summary = self._merge_connect([str(m.path) for m in to_merge], settings)
+            result["summary"] = connect_summary
+            self._emit_assets(context, connect_summary)
+            return result
         workdir = tempfile.mkdtemp(prefix="pgdecode-merge-")
         summary_path = str(Path(workdir) / "summary.json")
         try:
@@ -414,6 +462,62 @@ class PgDecodeMergeOperator(BaseOperator):
         result["summary"] = summary
         self._emit_assets(context, summary)
         return result
+
+    def _merge_connect(self, batches: Sequence[str], settings: ObjectStoreSettings | None) -> dict[str, Any]:
+        """The merge as a client session of the Spark Connect server of ``conn_id``: the merge job's
+        own core (:func:`~airflow_provider_pgdecode.spark.merge_job.run_merge_job`) runs in this
+        task, its Spark work on the server. A session of its own, stopped at the end (the server
+        and its warm JVM stay); ``conf`` entries become settings of this session only."""
+        from airflow_provider_pgdecode.spark.merge_job import build_argument_parser, options_from_args, run_merge_job
+        from airflow_provider_pgdecode.spark.session import build_connect_session
+
+        args = ["--delta-root", str(self.delta_root)]
+        for batch in batches:
+            args += ["--batch", batch]
+        parsed = build_argument_parser().parse_args([*args, *(str(a) for a in self.merge_args)])
+        options = options_from_args(parsed)
+        url = connect_url(self.conn_id)
+        session_conf = {str(k): str(v) for k, v in self.conf.items() if not str(k).startswith("spark.jars")}
+        self.log.info("Merging through the Spark Connect server %s (connection %s)", url.split(";")[0], self.conn_id)
+        # The store's settings reach the manifests' and footers' reads in this process (the server reads
+        # Parquet and Delta with its own S3A settings: docs/spark-connect.md); the [pgdecode] settings too.
+        with pgdecode_environment(), _exported(settings.to_env() if settings is not None else {}):
+            spark = build_connect_session(url, extra_conf=session_conf)
+            self._connect_session = spark
+            workdir = tempfile.mkdtemp(prefix="pgdecode-merge-")
+            refusal_path = str(Path(workdir) / "summary.json")
+            try:
+                code, summary = run_merge_job(spark, list(batches), str(self.delta_root), options, refusal_path)
+                refusal = _read_refusal(refusal_path) if code else None
+            except Exception as error:
+                from airflow_provider_pgdecode.spark.merge_job import out_of_memory_error
+
+                memory = out_of_memory_error(error, self._memory_conf())
+                if memory is not None:
+                    raise memory from None
+                raise
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+                self._connect_session = None
+                try:
+                    spark.stop()
+                except Exception as exc:  # a lost server: the merge's own outcome matters more
+                    self.log.warning("Could not close the Spark Connect session: %s", exc)
+        if summary is None:
+            kind, message = refusal or ("error", "see the merge job's error above")
+            if code == 3:
+                raise MergeOutOfMemoryError(f"{message} (this task: conf={self._memory_conf()})")
+            raise MergeInputError(f"the merge job refused the batch: {kind}: {message}")
+        self._log_summary(summary)
+        return summary
+
+    def _log_summary(self, summary: Mapping[str, Any]) -> None:
+        """One line per table and the total (:func:`~airflow_provider_pgdecode.spark.merge_job.summary_lines`),
+        the same from spark-submit and from Spark Connect."""
+        from airflow_provider_pgdecode.spark.merge_job import summary_lines
+
+        for line in summary_lines(summary):
+            self.log.info("%s", line)
 
     def _emit_assets(self, context: Context, summary: dict[str, Any] | None) -> None:
         """One Asset event per Delta table this run changed, through the task's AssetAlias."""
@@ -443,19 +547,8 @@ class PgDecodeMergeOperator(BaseOperator):
         except ValueError as exc:
             self.log.warning("Unreadable merge summary %s: %s", path, exc)
             return None
-        tables = summary.get("tables") if isinstance(summary, dict) else None
-        if isinstance(tables, dict):
-            for name, info in sorted(tables.items()):
-                if isinstance(info, dict):
-                    self.log.info(
-                        "  %s: %s, %s inserted, %s updated, %s deleted%s",
-                        name,
-                        info.get("status"),
-                        info.get("inserted"),
-                        info.get("updated"),
-                        info.get("deleted"),
-                        ", truncated" if info.get("truncated") else "",
-                    )
+        if isinstance(summary, dict) and isinstance(summary.get("tables"), dict):
+            self._log_summary(summary)
         quarantine = summary.get("quarantine") if isinstance(summary, dict) else None
         if isinstance(quarantine, dict):
             for name, count in sorted((quarantine.get("tables") or {}).items()):
@@ -477,6 +570,12 @@ class PgDecodeMergeOperator(BaseOperator):
         """Stop the spark-submit process (and the driver or application in cluster modes)."""
         if self._hook is not None:
             self._hook.on_kill()
+        session = getattr(self, "_connect_session", None)
+        if session is not None:  # stop this session's Spark work on the server; the server stays
+            try:
+                session.interruptAll()
+            finally:
+                session.stop()
 
 
 def location_asset(location: str | Path) -> Asset:

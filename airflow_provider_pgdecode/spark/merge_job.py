@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -72,7 +73,7 @@ from airflow_provider_pgdecode.errors import (
 )
 from airflow_provider_pgdecode.spark import collapse, multiset
 from airflow_provider_pgdecode.spark.collapse import KEEP, KIND, LSN, OP, SEQ, CollapseInput, col, old_key_name
-from airflow_provider_pgdecode.spark.session import configure_object_store
+from airflow_provider_pgdecode.spark.session import active_connect_session, configure_object_store, is_connect_session
 from airflow_provider_pgdecode.spark.types import (
     DEFAULT_UNBOUNDED_NUMERIC,
     NUMERIC_SPECIAL_VALUES,
@@ -229,6 +230,8 @@ class TableResult:
     batches_skipped: list[str] = field(default_factory=list)
     delta_version: int = -1
     watermark_lsn: str | None = None
+    seconds: float = 0.0
+    """Wall-clock seconds this run spent on the table (its read, profile and write)."""
     schema: str = ""
     """The Delta table's schema and table names (the summary's key joins them with a dot,
     which a name may hold too)."""
@@ -266,9 +269,115 @@ def app_id(slot: str) -> str:
     return f"{APP_ID_PREFIX}{slot}"
 
 
+def _delta_log_storage(path: str) -> Storage | None:
+    """The table's ``_delta_log`` through the batch format's storage layer (a local path or an
+    ``s3a://`` location), or ``None`` for a location only Spark's filesystems reach."""
+    if is_local_path(path):
+        return Storage(join_path(local_path(path), "_delta_log"))
+    if is_object_store(path):
+        bucket, _, key = path.split("://", 1)[1].partition("/")
+        return _bucket_storage(bucket, ObjectStoreSettings.from_env()).child(key.strip("/"), "_delta_log")
+    return None
+
+
+def _log_version(name: str, suffix: str) -> int | None:
+    head = name[: -len(suffix)] if name.endswith(suffix) else None
+    return int(head) if head is not None and head.isdigit() else None
+
+
+def _checkpoint_files(names: Sequence[str]) -> dict[int, list[str]]:
+    """Complete checkpoints of a Delta log by version: ``<v>.checkpoint.parquet``, all the parts of
+    a multi-part one (``<v>.checkpoint.<i>.<n>.parquet``), or a V2 one's top file
+    (``<v>.checkpoint.<uuid>.parquet|json``, which holds the txn and metaData actions itself)."""
+    found: dict[int, list[str]] = {}
+    parts: dict[tuple[int, int], list[str]] = {}
+    for name in names:
+        head, sep, rest = name.partition(".checkpoint")
+        if not sep or not head.isdigit():
+            continue
+        version = int(head)
+        pieces = rest.strip(".").split(".")
+        if pieces == ["parquet"] or (len(pieces) == 2 and pieces[1] in ("parquet", "json") and "-" in pieces[0]):
+            found.setdefault(version, [name])
+        elif len(pieces) == 3 and pieces[0].isdigit() and pieces[1].isdigit() and pieces[2] == "parquet":
+            parts.setdefault((version, int(pieces[1])), []).append(name)
+    for (version, total), names_of in parts.items():
+        if len(names_of) == total:
+            found.setdefault(version, sorted(names_of))
+    return found
+
+
 def read_delta_state(spark: SparkSession, path: str, slot_app_id: str) -> DeltaState:
-    """Version, watermark, schema and properties of the Delta table at ``path`` (if any)."""
-    jvm: Any = spark._jvm
+    """Version, watermark, schema and properties of the Delta table at ``path`` (if any).
+
+    Read from the table's transaction log itself (the latest complete checkpoint and the commits
+    after it) through the batch format's storage layer: no JVM call, so the same code serves a
+    spark-submit session and a Spark Connect client session. A watermark only grows (Delta refuses
+    a transaction version at or below the one it holds), so the newest ``txn`` action of the app
+    id is the watermark. Locations the storage layer cannot reach (``hdfs://``...) are read
+    through Delta's JVM classes, which only a classic session has.
+    """
+    store = _delta_log_storage(path)
+    if store is None:
+        return _read_delta_state_jvm(spark, path, slot_app_id)
+    names = [name for name, is_dir in store.list_dir() if not is_dir]
+    commits = sorted(v for v in (_log_version(n, ".json") for n in names) if v is not None)
+    checkpoints = _checkpoint_files(names)
+    if not commits and not checkpoints:
+        return DeltaState(False, -1, None, None, {})
+    version = max([*commits, *checkpoints])
+    base = max((v for v in checkpoints if v <= version), default=-1)
+    watermark: int | None = None
+    metadata: dict[str, Any] | None = None
+    if base >= 0:
+        import pyarrow.parquet as pq
+
+        for name in checkpoints[base]:
+            if name.endswith(".json"):
+                actions = [json.loads(line) for line in store.read_text(name).splitlines() if line.strip()]
+            else:
+                with store.open_input(name) as handle:
+                    columns = [c for c in ("txn", "metaData") if c in pq.read_schema(handle).names]
+                with store.open_input(name) as handle:
+                    actions = pq.read_table(handle, columns=columns).to_pylist()
+            for action in actions:
+                watermark, metadata = _apply_action(action, slot_app_id, watermark, metadata)
+    for commit in (v for v in commits if v > base):
+        for line in store.read_text(f"{commit:020d}.json").splitlines():
+            if line.strip():
+                watermark, metadata = _apply_action(json.loads(line), slot_app_id, watermark, metadata)
+    if metadata is None:
+        raise MergeInputError(
+            f"the Delta log at {path} (version {version}) holds no table metadata: it is damaged or still being "
+            "created. Nothing was written. Move the directory aside (or restore its _delta_log) and run the merge again"
+        )
+    configuration = metadata.get("configuration") or {}
+    if isinstance(configuration, list):  # a map column read from a checkpoint: (key, value) pairs
+        configuration = dict(configuration)
+    schema = StructType.fromJson(json.loads(metadata["schemaString"]))
+    return DeltaState(True, version, watermark, schema, {str(k): str(v) for k, v in configuration.items()})
+
+
+def _apply_action(
+    action: Mapping[str, Any], slot_app_id: str, watermark: int | None, metadata: dict[str, Any] | None
+) -> tuple[int | None, dict[str, Any] | None]:
+    txn = action.get("txn")
+    if txn and txn.get("appId") == slot_app_id and txn.get("version") is not None:
+        watermark = max(int(txn["version"]), watermark if watermark is not None else -1)
+    if action.get("metaData"):
+        metadata = dict(action["metaData"])
+    return watermark, metadata
+
+
+def _read_delta_state_jvm(spark: SparkSession, path: str, slot_app_id: str) -> DeltaState:
+    """:func:`read_delta_state` through Delta's own classes, for locations Python does not reach."""
+    jvm: Any = getattr(spark, "_jvm", None)
+    if jvm is None:
+        raise ConfigurationError(
+            f"the Delta table at {path} is on a filesystem this process cannot read, and the session is a Spark "
+            "Connect client, which has no JVM to read it through: use a local path or an s3:// location as the "
+            "Delta root, or run the merge with spark-submit (a connection of type spark)"
+        )
     delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
     snapshot = delta_log.update(
         getattr(delta_log, "update$default$1")(),
@@ -894,9 +1003,25 @@ def merge_condition(plan: TablePlan, ranges: Sequence[tuple[Any, Any]] | None) -
     return condition
 
 
+def delta_ref(path: str) -> str:
+    """The SQL name of the Delta table at ``path`` (``delta.`<path>```)."""
+    return f"delta.{quote(path)}"
+
+
+def _ddl_field(field_: StructField) -> str:
+    comment = (field_.metadata or {}).get("comment")
+    return (
+        f"{quote(field_.name)} {field_.dataType.simpleString()}"
+        + ("" if field_.nullable else " NOT NULL")
+        + (f" COMMENT {_literal(comment)}" if comment else "")
+    )
+
+
 def ensure_table(spark: SparkSession, plan: TablePlan, options: MergeOptions) -> bool:
-    """Create the Delta table, or add the source's new columns. Returns True when created."""
-    from delta.tables import DeltaTable
+    """Create the Delta table, or add the source's new columns. Returns True when created.
+
+    SQL only (``CREATE TABLE delta.`path```, ``ALTER TABLE``): the same statements run in a
+    spark-submit session and over Spark Connect, where Delta's Python API needs a server plugin."""
 
     def field_of(column: str) -> StructField:
         return StructField(
@@ -907,14 +1032,16 @@ def ensure_table(spark: SparkSession, plan: TablePlan, options: MergeOptions) ->
         )
 
     if not plan.state.exists:
-        builder = DeltaTable.createIfNotExists(spark).location(plan.path)
-        builder = builder.addColumns(StructType([field_of(c) for c in plan.columns] + list(METADATA_FIELDS)))
+        fields = [field_of(c) for c in plan.columns] + list(METADATA_FIELDS)
         properties = dict(options.table_properties)
         properties[KEY_PROPERTY] = json.dumps(list(plan.key))
         properties[SOURCE_PROPERTY] = plan.name
-        for name, value in properties.items():
-            builder = builder.property(name, value)
-        builder.execute()
+        spark.sql(
+            f"CREATE TABLE IF NOT EXISTS {delta_ref(plan.path)} ({', '.join(_ddl_field(f) for f in fields)}) "
+            "USING delta TBLPROPERTIES ("
+            + ", ".join(f"{_literal(name)} = {_literal(value)}" for name, value in properties.items())
+            + ")"
+        )
         log.info("table %s: created Delta table %s", plan.name, plan.path)
         return True
     if plan.new_columns:
@@ -922,20 +1049,79 @@ def ensure_table(spark: SparkSession, plan: TablePlan, options: MergeOptions) ->
             f"{quote(c)} {plan.types[c].delta_type.simpleString()} COMMENT {_literal('PostgreSQL ' + plan.types[c].catalog_type)}"
             for c in plan.new_columns
         )
-        spark.sql(f"ALTER TABLE delta.{quote(plan.path)} ADD COLUMNS ({added})")
+        spark.sql(f"ALTER TABLE {delta_ref(plan.path)} ADD COLUMNS ({added})")
         log.info("table %s: added column(s) %s", plan.name, list(plan.new_columns))
     return False
+
+
+@contextmanager
+def transaction_id(spark: SparkSession, slot: str, version: int) -> Iterator[None]:
+    """Delta's idempotent-write transaction id (app id of ``slot``, ``version``) for the one Delta
+    commit made inside the block, then unset.
+
+    Set on ``spark``'s own session configuration (``spark.conf``): a session's settings are its own,
+    in a spark-submit application and on a Spark Connect server alike, where every client session
+    is a server session of its own, so two merges on one server never see each other's id.
+    """
+    spark.conf.set(TXN_APP_ID_CONF, app_id(slot))
+    spark.conf.set(TXN_VERSION_CONF, str(version))
+    try:
+        yield
+    finally:
+        spark.conf.unset(TXN_APP_ID_CONF)
+        spark.conf.unset(TXN_VERSION_CONF)
+
+
+def _set_clause(assignments: Mapping[str, str]) -> str:
+    return ", ".join(f"t.{name} = {value}" for name, value in assignments.items())
+
+
+def _insert_clause(values: Mapping[str, str]) -> str:
+    return f"INSERT ({', '.join(values)}) VALUES ({', '.join(values.values())})"
+
+
+def execute_merge(
+    spark: SparkSession,
+    path: str,
+    source: DataFrame,
+    condition: str,
+    clauses: Sequence[str],
+    slot: str,
+    version: int,
+) -> None:
+    """``MERGE INTO delta.`path` t USING <source> s ON condition <clauses>`` as one Delta commit
+    holding the transaction id (:func:`transaction_id`). The source is a temporary view of this
+    session only, dropped afterwards."""
+    import uuid
+
+    view = f"pgdecode_merge_source_{uuid.uuid4().hex}"
+    source.createOrReplaceTempView(view)
+    try:
+        with transaction_id(spark, slot, version):
+            spark.sql(f"MERGE INTO {delta_ref(path)} AS t USING {view} AS s ON {condition} " + " ".join(clauses))
+    finally:
+        spark.catalog.dropTempView(view)
+
+
+def append_rows(spark: SparkSession, path: str, rows: DataFrame, slot: str, version: int) -> None:
+    """Append ``rows`` to the Delta table at ``path`` as one commit holding the transaction id,
+    given as options of this write (``txnAppId``/``txnVersion``), not as session settings."""
+    (
+        rows.write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id(slot))
+        .option("txnVersion", str(version))
+        .save(path)
+    )
 
 
 def run_merge(
     spark: SparkSession, plan: TablePlan, source: DataFrame, profile: Profile, slot: str, options: MergeOptions
 ) -> None:
     """The one MERGE of this table, recording the watermark in the same Delta commit."""
-    from delta.tables import DeltaTable
-
     keep_index = {c: i for i, c in enumerate(profile.keep_columns)}
-    update_set: dict[str, str | Column] = {}
-    insert_values: dict[str, str | Column] = {}
+    update_set: dict[str, str] = {}
+    insert_values: dict[str, str] = {}
     for column in plan.columns:
         insert_values[quote(column)] = f"s.{quote(column)}"
         if column in plan.key:
@@ -952,23 +1138,14 @@ def run_merge(
     ranges = None
     if options.key_range_pruning and profile.truncate_at is None and len(plan.key) == 1 and plan.state.exists:
         ranges = profile.key_ranges
-    builder = (
-        DeltaTable.forPath(spark, plan.path)
-        .alias("t")
-        .merge(source.alias("s"), merge_condition(plan, ranges))
-        .whenMatchedDelete(f"s.{KIND} = 'D' AND {newer}")
-        .whenMatchedUpdate(f"s.{KIND} = 'U' AND {newer}", update_set)
-        .whenNotMatchedInsert(f"s.{KIND} = 'U'", insert_values)
-    )
+    clauses = [
+        f"WHEN MATCHED AND s.{KIND} = 'D' AND {newer} THEN DELETE",
+        f"WHEN MATCHED AND s.{KIND} = 'U' AND {newer} THEN UPDATE SET {_set_clause(update_set)}",
+        f"WHEN NOT MATCHED AND s.{KIND} = 'U' THEN {_insert_clause(insert_values)}",
+    ]
     if profile.truncate_at is not None:
-        builder = builder.whenNotMatchedBySourceDelete(f"t.{COMMIT_LSN} < {profile.truncate_at[0]}")
-    spark.conf.set(TXN_APP_ID_CONF, app_id(slot))
-    spark.conf.set(TXN_VERSION_CONF, str(plan.watermark_after))
-    try:
-        builder.execute()
-    finally:
-        spark.conf.unset(TXN_APP_ID_CONF)
-        spark.conf.unset(TXN_VERSION_CONF)
+        clauses.append(f"WHEN NOT MATCHED BY SOURCE AND t.{COMMIT_LSN} < {profile.truncate_at[0]} THEN DELETE")
+    execute_merge(spark, plan.path, source, merge_condition(plan, ranges), clauses, slot, plan.watermark_after)
 
 
 def inserts_only(profile: Profile) -> bool:
@@ -984,24 +1161,7 @@ def append_inserts(spark: SparkSession, plan: TablePlan, events: DataFrame, prof
     if profile.truncate_at is not None:
         rows = rows.where(collapse.after(*profile.truncate_at))
     rows = rows.select(*[col(c) for c in plan.columns], *[F.col(c) for c in METADATA_COLUMNS])
-    spark.conf.set(TXN_APP_ID_CONF, app_id(slot))
-    spark.conf.set(TXN_VERSION_CONF, str(plan.watermark_after))
-    try:
-        rows.write.format("delta").mode("append").save(plan.path)
-    finally:
-        spark.conf.unset(TXN_APP_ID_CONF)
-        spark.conf.unset(TXN_VERSION_CONF)
-
-
-def _with_watermark(spark: SparkSession, plan: TablePlan, slot: str, write: Any) -> None:
-    """Run ``write()`` (one Delta commit) with the table's new watermark as its transaction id."""
-    spark.conf.set(TXN_APP_ID_CONF, app_id(slot))
-    spark.conf.set(TXN_VERSION_CONF, str(plan.watermark_after))
-    try:
-        write()
-    finally:
-        spark.conf.unset(TXN_APP_ID_CONF)
-        spark.conf.unset(TXN_VERSION_CONF)
+    append_rows(spark, plan.path, rows, slot, plan.watermark_after)
 
 
 def append_only_write(spark: SparkSession, plan: TablePlan, events: DataFrame, profile: Profile, slot: str) -> None:
@@ -1013,19 +1173,14 @@ def append_only_write(spark: SparkSession, plan: TablePlan, events: DataFrame, p
         rows = rows.where(collapse.after(*profile.truncate_at))
     rows = rows.select(*[col(c) for c in plan.columns], *[F.col(c) for c in METADATA_COLUMNS])
     if profile.truncate_at is None or not plan.state.exists:
-        _with_watermark(spark, plan, slot, lambda: rows.write.format("delta").mode("append").save(plan.path))
+        append_rows(spark, plan.path, rows, slot, plan.watermark_after)
         return
-    from delta.tables import DeltaTable
-
-    values: dict[str, str | Column] = {quote(c): f"s.{quote(c)}" for c in (*plan.columns, *METADATA_COLUMNS)}
-    builder = (
-        DeltaTable.forPath(spark, plan.path)
-        .alias("t")
-        .merge(rows.alias("s"), "false")
-        .whenNotMatchedInsert(values=values)
-        .whenNotMatchedBySourceDelete(f"t.{COMMIT_LSN} < {profile.truncate_at[0]}")
-    )
-    _with_watermark(spark, plan, slot, builder.execute)
+    values = {quote(c): f"s.{quote(c)}" for c in (*plan.columns, *METADATA_COLUMNS)}
+    clauses = [
+        f"WHEN NOT MATCHED THEN {_insert_clause(values)}",
+        f"WHEN NOT MATCHED BY SOURCE AND t.{COMMIT_LSN} < {profile.truncate_at[0]} THEN DELETE",
+    ]
+    execute_merge(spark, plan.path, rows, "false", clauses, slot, plan.watermark_after)
 
 
 def multiset_write(
@@ -1034,8 +1189,6 @@ def multiset_write(
     """A keyless REPLICA IDENTITY FULL table: one MERGE by copy counts (:mod:`.multiset`), one
     commit with the watermark. Returns the copies inserted and deleted (an UPDATE counts as both).
     Raises :class:`MergeInputError` before writing when the batch removes copies Delta lacks."""
-    from delta.tables import DeltaTable
-
     if profile.truncate_at is not None:
         events = events.where(collapse.after(*profile.truncate_at))
     columns = plan.columns
@@ -1061,26 +1214,21 @@ def multiset_write(
     if short["values"]:
         raise multiset.diverged_error(plan.name, int(short["values"]), int(short["missing"]))
     source = multiset.merge_rows(net, counted, columns, METADATA_COLUMNS)
-    values: dict[str, str | Column] = {quote(c): f"s.{quote(c)}" for c in (*columns, *METADATA_COLUMNS)}
-    builder = (
-        DeltaTable.forPath(spark, plan.path)
-        .alias("t")
-        .merge(source.alias("s"), multiset.merge_condition(columns))
-        .whenMatchedDelete()
-        .whenNotMatchedInsert(f"s.{multiset.ACTION} = '{multiset.INSERT}'", values)
-    )
+    values = {quote(c): f"s.{quote(c)}" for c in (*columns, *METADATA_COLUMNS)}
+    clauses = [
+        "WHEN MATCHED THEN DELETE",
+        f"WHEN NOT MATCHED AND s.{multiset.ACTION} = '{multiset.INSERT}' THEN {_insert_clause(values)}",
+    ]
     if profile.truncate_at is not None:
-        builder = builder.whenNotMatchedBySourceDelete(f"t.{COMMIT_LSN} < {profile.truncate_at[0]}")
-    _with_watermark(spark, plan, slot, builder.execute)
+        clauses.append(f"WHEN NOT MATCHED BY SOURCE AND t.{COMMIT_LSN} < {profile.truncate_at[0]} THEN DELETE")
+    execute_merge(spark, plan.path, source, multiset.merge_condition(columns), clauses, slot, plan.watermark_after)
     return {"inserted": added, "updated": 0, "deleted": removed}
 
 
 def _last_commit(spark: SparkSession, path: str) -> tuple[int, dict[str, int]]:
     """The table's latest version, and its row counts when that commit is a MERGE or an append
     (read from the log only)."""
-    from delta.tables import DeltaTable
-
-    row = DeltaTable.forPath(spark, path).history(1).collect()[0]
+    row = spark.sql(f"DESCRIBE HISTORY {delta_ref(path)} LIMIT 1").collect()[0]
     metrics = row["operationMetrics"] or {}
     if row["operation"] == "WRITE":
         return int(row["version"]), {"inserted": int(metrics.get("numOutputRows", 0)), "updated": 0, "deleted": 0}
@@ -1111,9 +1259,21 @@ def merge_batches(
     ``deleted``, ``changes``, ``changes_already_applied``, ``delta_version``, ``watermark_lsn``...
     Bad input raises (:class:`BatchError`, :class:`MergeInputError`) before anything is written.
     """
+    with active_connect_session(spark):
+        return _merge_batches(spark, batch_dirs, delta_root, options)
+
+
+def _merge_batches(
+    spark: SparkSession,
+    batch_dirs: Iterable[str],
+    delta_root: str,
+    options: MergeOptions | None = None,
+) -> dict[str, Any]:
     options = options or MergeOptions()
+    started = time.monotonic()
     batch_dirs = [str(directory) for directory in batch_dirs]
-    if uses_object_store(batch_dirs, delta_root):
+    if uses_object_store(batch_dirs, delta_root) and not is_connect_session(spark):
+        # A Spark Connect server reads object storage with its own S3A settings (docs/spark-connect.md).
         configure_object_store(spark)
     batches = read_batches(batch_dirs)
     delta_root = spark_uri(delta_root)
@@ -1122,11 +1282,12 @@ def merge_batches(
     plans = plan_merge(spark, batches, delta_root, options)
     check_staged_parts(plans)
 
-    prepared: list[tuple[TablePlan, DataFrame | None, Profile | None]] = []
+    prepared: list[tuple[TablePlan, DataFrame | None, Profile | None, float]] = []
     for plan in plans:
         if not plan.segments:
-            prepared.append((plan, None, None))
+            prepared.append((plan, None, None, 0.0))
             continue
+        table_started = time.monotonic()
         try:
             table_events = staged_events(spark, plan)
             table_profile = profile_events(table_events, plan, staged_key_bounds(plan))
@@ -1138,10 +1299,11 @@ def merge_batches(
                 raise
             raise error from exc
         check_profile(plan, table_profile, options)
-        prepared.append((plan, table_events, table_profile))
+        prepared.append((plan, table_events, table_profile, time.monotonic() - table_started))
 
     results: dict[str, TableResult] = {}
-    for plan, events, profile in prepared:
+    for plan, events, profile, profile_seconds in prepared:
+        table_started = time.monotonic() - profile_seconds
         staged_rows = sum(segment.staged.rows for segment in plan.segments)
         skipped_rows = sum(
             entry.rows
@@ -1220,6 +1382,7 @@ def merge_batches(
                 drop_created_table(spark, plan.path)
             raise
         version_after, metrics = _last_commit(spark, plan.path)
+        result.seconds = round(time.monotonic() - table_started, 3)
         if counts is not None:
             metrics = counts  # Delta's counts include the copies a replace deletes and inserts again
         result.delta_version = version_after
@@ -1256,6 +1419,7 @@ def merge_batches(
         "end_lsn": str(max(b.end for b in batches)),
         "tables": {name: asdict(result) for name, result in results.items()},
         "quarantine": quarantine,
+        "seconds": round(time.monotonic() - started, 3),
     }
 
 
@@ -1304,13 +1468,7 @@ def append_quarantine(spark: SparkSession, batches: Sequence[BatchManifest], del
         spark_uri(join_path(batch.directory, entry["path"], name)) for batch, entry in todo for name in entry["files"]
     ]
     rows = spark.read.parquet(*files).withColumn(staged.QUARANTINE_SLOT, F.lit(slot))
-    spark.conf.set(TXN_APP_ID_CONF, app_id(slot))
-    spark.conf.set(TXN_VERSION_CONF, str(max(int(batch.end) for batch, _ in todo)))
-    try:
-        rows.write.format("delta").mode("append").save(path)
-    finally:
-        spark.conf.unset(TXN_APP_ID_CONF)
-        spark.conf.unset(TXN_VERSION_CONF)
+    append_rows(spark, path, rows, slot, max(int(batch.end) for batch, _ in todo))
     version, metrics = _last_commit(spark, path)
     result.update(status="appended", rows=metrics.get("inserted", 0), delta_version=version)
     return result
@@ -1328,6 +1486,12 @@ def drop_created_table(spark: SparkSession, path: str) -> None:
             commits = sorted(p.name for p in (directory / "_delta_log").glob("*.json"))
             if commits == [f"{0:020d}.json"]:
                 shutil.rmtree(directory, ignore_errors=True)
+                log.info("removed %s: created by this run, whose first write failed", path)
+            return
+        store = _delta_log_storage(path)
+        if store is not None:  # object storage, through the storage layer (no JVM: Connect too)
+            if not store.exists(f"{1:020d}.json"):
+                store.at(store.root.rsplit("/_delta_log", 1)[0]).delete_tree()
                 log.info("removed %s: created by this run, whose first write failed", path)
             return
         jvm: Any = spark._jvm
@@ -1425,12 +1589,102 @@ def _write_refusal(error: Exception, summary_json: str | None) -> None:
             handle.write(refusal)
 
 
-def _spark_alive(spark: SparkSession) -> bool:
+def _session_conf(spark: SparkSession) -> dict[str, str]:
+    """The session's memory-relevant settings for an out-of-memory message ({} when unreadable):
+    the application's SparkConf in a classic session, the session's settings over Spark Connect."""
+    conf: dict[str, str] = {}
+    if not is_connect_session(spark):
+        try:
+            return {str(k): str(v) for k, v in spark.sparkContext.getConf().getAll()}
+        except Exception:  # a stopped session: the message says the defaults
+            return conf
+    for key in ("spark.driver.memory", "spark.executor.memory"):
+        try:
+            value = spark.conf.get(key, None)
+        except Exception:  # a stopped session, a lost server: the message says the defaults
+            continue
+        if value:
+            conf[key] = str(value)
+    return conf
+
+
+def options_from_args(args: argparse.Namespace) -> MergeOptions:
+    """The :class:`MergeOptions` of parsed merge job arguments."""
+    table_properties = dict(DEFAULT_TABLE_PROPERTIES)
+    for pair in args.table_property:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--table-property expects KEY=VALUE, got {pair!r}")
+        table_properties[key.strip()] = value.strip()
+    return MergeOptions(
+        table_properties=table_properties,
+        unbounded_numeric=args.unbounded_numeric,
+        type_overrides=_parse_type_map(args.type_map),
+        numeric_special=args.numeric_special,
+        key_range_pruning=not args.no_key_range_pruning,
+    )
+
+
+def run_merge_job(
+    spark: SparkSession,
+    batch_dirs: Sequence[str],
+    delta_root: str,
+    options: MergeOptions,
+    summary_json: str | None = None,
+) -> tuple[int, dict[str, Any] | None]:
+    """The merge job's core on a session it is given: a spark-submit application's own session
+    (:func:`main`) or a Spark Connect client session (the merge operator's ``spark_connect`` path).
+
+    Returns ``(exit code, summary)``: 0 and the summary (also written to ``summary_json``); 2 when
+    the input is refused (:class:`BatchError`, :class:`MergeInputError`), 3 when Spark ran out of
+    memory, both with the refusal written to ``summary_json`` and no summary. Other errors raise.
+    The session is not stopped here.
+    """
     try:
-        spark.sparkContext.getConf()
-        return True
-    except Exception:
-        return False
+        summary = merge_batches(spark, batch_dirs, delta_root, options)
+    except (BatchError, MergeInputError) as error:
+        _write_refusal(error, summary_json)
+        return 2, None
+    except Exception as error:
+        memory = out_of_memory_error(error, _session_conf(spark))
+        if memory is None:
+            raise
+        _write_refusal(memory, summary_json)
+        return 3, None
+    if summary_json:
+        with open(summary_json, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(summary, sort_keys=True))
+    return 0, summary
+
+
+def summary_lines(summary: Mapping[str, Any]) -> list[str]:
+    """One line per table (what happened, rows inserted/updated/deleted, Delta version, seconds)
+    and the run's total: what the merge operator logs, from either path."""
+    lines: list[str] = []
+    totals = {"inserted": 0, "updated": 0, "deleted": 0}
+    merged = 0
+    for name, info in sorted((summary.get("tables") or {}).items()):
+        if not isinstance(info, Mapping):
+            continue
+        status = str(info.get("status"))
+        if status == "merged":
+            merged += 1
+            for key in totals:
+                totals[key] += int(info.get(key) or 0)
+        reason = f" ({info['reason']})" if status != "merged" and info.get("reason") else ""
+        lines.append(
+            f"table {name}: {status}{reason}, {int(info.get('inserted') or 0)} inserted, "
+            f"{int(info.get('updated') or 0)} updated, {int(info.get('deleted') or 0)} deleted"
+            + (", after a TRUNCATE" if info.get("truncated") else "")
+            + f", Delta version {info.get('delta_version')}, {float(info.get('seconds') or 0.0):.1f} s"
+        )
+    seconds = summary.get("seconds")
+    lines.append(
+        f"merge total: {merged} of {len(lines)} table(s) merged, {totals['inserted']} inserted, "
+        f"{totals['updated']} updated, {totals['deleted']} deleted, through LSN {summary.get('end_lsn')}"
+        + (f", {float(seconds):.1f} s" if seconds is not None else "")
+    )
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1438,40 +1692,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from airflow_provider_pgdecode.spark.session import build_spark_session
 
-    table_properties = dict(DEFAULT_TABLE_PROPERTIES)
-    for pair in args.table_property:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--table-property expects KEY=VALUE, got {pair!r}")
-        table_properties[key.strip()] = value.strip()
-    options = MergeOptions(
-        table_properties=table_properties,
-        unbounded_numeric=args.unbounded_numeric,
-        type_overrides=_parse_type_map(args.type_map),
-        numeric_special=args.numeric_special,
-        key_range_pruning=not args.no_key_range_pruning,
-    )
+    options = options_from_args(args)
     spark = build_spark_session(args.master, object_store=uses_object_store(args.batch, args.delta_root))
     try:
-        summary = merge_batches(spark, args.batch, args.delta_root, options)
-    except (BatchError, MergeInputError) as error:
-        _write_refusal(error, args.summary_json)
-        return 2
-    except Exception as error:
-        conf = {k: v for k, v in spark.sparkContext.getConf().getAll()} if _spark_alive(spark) else {}
-        memory = out_of_memory_error(error, conf)
-        if memory is None:
-            raise
-        _write_refusal(memory, args.summary_json)
-        return 3
+        code, summary = run_merge_job(spark, args.batch, args.delta_root, options, args.summary_json)
     finally:
         spark.stop()
-    text = json.dumps(summary, sort_keys=True)
-    if args.summary_json:
-        with open(args.summary_json, "w", encoding="utf-8") as handle:
-            handle.write(text)
-    print("PGDECODE_MERGE_SUMMARY " + text)
-    return 0
+    if summary is not None:
+        print("PGDECODE_MERGE_SUMMARY " + json.dumps(summary, sort_keys=True))
+    return code
 
 
 if __name__ == "__main__":

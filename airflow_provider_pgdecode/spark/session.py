@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +68,20 @@ MAVEN_REPOSITORY_ENV = "PGDECODE_MAVEN_REPOSITORY"
 
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2/"
 IVY_SETTINGS = Path(__file__).resolve().parent / "ivysettings.xml"
+
+LOG4J2_PROPERTIES = Path(__file__).resolve().parent / "log4j2.properties"
+"""Spark's logging configuration in pgdecode's Spark processes: everything at one level."""
+
+SPARK_LOG_LEVEL_ENV = "PGDECODE_SPARK_LOG_LEVEL"
+"""Environment variable with the level of Spark's own logging (``[pgdecode] spark_log_level``)."""
+
+DEFAULT_SPARK_LOG_LEVEL = "WARN"
+LOG_LEVELS = ("OFF", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL")
+
+CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+"""The Spark Connect server's main class (in pip pyspark's ``jars/spark-connect_2.13-*.jar``)."""
+
+DEFAULT_CONNECT_PORT = 15002
 
 DEFAULT_MASTER = "local[*]"
 DEFAULT_SHUFFLE_PARTITIONS = 8
@@ -198,6 +213,8 @@ def delta_spark_conf(
         "spark.sql.session.timeZone": "UTC",
         # PostgreSQL column names are case-sensitive.
         "spark.sql.caseSensitive": "true",
+        # Spark's own logging at [pgdecode] spark_log_level (WARN) from the driver's first line.
+        "spark.driver.extraJavaOptions": log_java_options(),
     }
     jars = delta_jar_list(object_store=object_store)
     if jars is not None:
@@ -210,6 +227,28 @@ def delta_spark_conf(
         # Maven Central only (see ivysettings.xml for why not Spark's default resolver chain).
         conf["spark.jars.ivySettings"] = str(ivy_settings(Path(conf["spark.jars.ivy"])))
     return conf
+
+
+def spark_log_level(level: str | None = None) -> str:
+    """The level of Spark's own logging: ``level``, else ``$PGDECODE_SPARK_LOG_LEVEL``, else ``WARN``."""
+    value = (level or os.environ.get(SPARK_LOG_LEVEL_ENV) or DEFAULT_SPARK_LOG_LEVEL).strip().upper()
+    if value == "WARNING":
+        value = "WARN"
+    if value not in LOG_LEVELS:
+        raise ConfigurationError(
+            f"Spark log level {value!r} (the [pgdecode] spark_log_level setting, ${SPARK_LOG_LEVEL_ENV}) is not one "
+            f"of {', '.join(LOG_LEVELS)}: set it to WARN (the default) or INFO"
+        )
+    return value
+
+
+def log_java_options(level: str | None = None) -> str:
+    """JVM options that give a Spark driver (or the Connect server) pgdecode's log4j2 configuration
+    at :func:`spark_log_level`: Spark reads it before its first line, so even the lines logged before
+    a session exists follow it (``SparkContext.setLogLevel`` would come too late for those)."""
+    return (
+        f"-Dlog4j2.configurationFile={LOG4J2_PROPERTIES.as_uri()} -Dpgdecode.spark.log.level={spark_log_level(level)}"
+    )
 
 
 def ivy_settings(ivy: Path) -> Path:
@@ -357,3 +396,135 @@ def configure_object_store(spark: SparkSession, settings: ObjectStoreSettings | 
             "and verify operators do when a location is s3://, or run scripts/fetch_delta_jars.py and build the "
             "session with build_spark_session(object_store=True)"
         ) from None
+
+
+def is_connect_session(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect client session (no JVM in this process)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+@contextmanager
+def active_connect_session(spark: Any) -> Iterator[None]:
+    """Make ``spark`` this thread's active session for the block when it is a Spark Connect client.
+
+    pyspark's Connect client binds the DataFrame a ``localCheckpoint()`` returns to the thread's
+    *active* session (``SparkSession.active()``), not to the session that made it: in a process
+    with more than one Connect session (two slots' merges, a test), the checkpoint would be looked
+    up in the wrong server session (``CONNECT_INVALID_PLAN.DATAFRAME_NOT_FOUND``). A classic
+    session needs nothing."""
+    if not is_connect_session(spark):
+        yield
+        return
+    holder = type(spark)._active_session
+    previous = getattr(holder, "session", None)
+    holder.session = spark
+    try:
+        yield
+    finally:
+        holder.session = previous
+
+
+CONNECT_SESSION_CONF: Mapping[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.caseSensitive": "true",
+    "spark.sql.shuffle.partitions": str(DEFAULT_SHUFFLE_PARTITIONS),
+    "spark.databricks.delta.snapshotPartitions": str(DEFAULT_SHUFFLE_PARTITIONS),
+}
+"""The session-scoped settings of :func:`delta_spark_conf` a Connect client sets on its own session
+(the server's settings, Delta's extension and catalog among them, are the server's)."""
+
+
+def connect_address(url: str) -> tuple[str, int]:
+    """Host and port of a Spark Connect URL (``sc://host[:port][/;params]``; port 15002 by default)."""
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url.split(";", 1)[0])
+    if parsed.scheme != "sc" or not parsed.hostname:
+        raise ConfigurationError(f"{url.split(';', 1)[0]!r} is not a Spark Connect URL: write sc://host:port")
+    return parsed.hostname, parsed.port or DEFAULT_CONNECT_PORT
+
+
+def _check_reachable(url: str, timeout: float = 10.0) -> None:
+    """Fail at once, with the way forward, when nothing listens at the URL's address (the Connect
+    client would otherwise retry for minutes before giving up)."""
+    import socket
+
+    host, port = connect_address(url)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return
+    except OSError as exc:
+        raise ConfigurationError(
+            f"no Spark Connect server answers at {host}:{port} ({exc.strerror or exc}). Start one with "
+            f"python -m airflow_provider_pgdecode.spark.connect_server --port {port} (docs/spark-connect.md), "
+            "or point the spark_connect connection's host and port at a running server"
+        ) from None
+
+
+def build_connect_session(url: str, *, extra_conf: Mapping[str, str] | None = None) -> SparkSession:
+    """A new Spark Connect client session on the server at ``url`` (``sc://host:port``).
+
+    Always a session of its own (``create()``, never a shared default one): on the server every
+    client session is a separate Spark session, with its own settings and temporary views, so
+    two merges through one server never see each other's settings or Delta transaction ids.
+    Raises :class:`~airflow_provider_pgdecode.errors.ConfigurationError` when the server cannot be
+    reached or has no Delta Lake extension.
+    """
+    from pyspark.sql import SparkSession
+
+    _check_reachable(url)
+    try:
+        spark = SparkSession.builder.remote(url).create()
+        for key, value in {**CONNECT_SESSION_CONF, **(extra_conf or {})}.items():
+            spark.conf.set(key, value)
+        extensions = str(spark.conf.get("spark.sql.extensions", "") or "")
+    except ConfigurationError:
+        raise
+    except Exception as exc:
+        detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise ConfigurationError(
+            f"cannot open a Spark Connect session on {url.split(';', 1)[0]} ({detail}). Start the server first: "
+            "python -m airflow_provider_pgdecode.spark.connect_server --port PORT (docs/spark-connect.md), "
+            "or point the spark_connect connection's host and port at a running one"
+        ) from None
+    if "io.delta.sql.DeltaSparkSessionExtension" not in extensions:
+        spark.stop()
+        raise ConfigurationError(
+            f"the Spark Connect server at {url.split(';', 1)[0]} runs without Delta Lake (spark.sql.extensions={extensions!r}): "
+            "start it with python -m airflow_provider_pgdecode.spark.connect_server, which loads Delta's jars "
+            "and extension, or add io.delta.sql.DeltaSparkSessionExtension and Delta's catalog to its settings"
+        )
+    return spark
+
+
+def connect_server_command(
+    port: int = DEFAULT_CONNECT_PORT,
+    *,
+    master: str = DEFAULT_MASTER,
+    host: str = LOOPBACK,
+    driver_memory: str = "1g",
+    extra_conf: Mapping[str, str] | None = None,
+    object_store: bool = False,
+) -> list[str]:
+    """The ``spark-submit`` command line of a Spark Connect server in the foreground, listening on
+    ``host:port``, with Delta's jars (Ivy cache or ``$PGDECODE_DELTA_JARS``), Delta's extension and
+    catalog, pgdecode's session defaults and logging at :func:`spark_log_level`; with
+    ``object_store``, hadoop-aws too (``s3a://``; the store's settings are the server's own)."""
+    conf = delta_spark_conf(object_store=object_store)
+    conf["spark.connect.grpc.binding.port"] = str(port)
+    conf["spark.connect.grpc.binding.address"] = host
+    conf.update(extra_conf or {})
+    command = [
+        spark_bin("spark-submit"),
+        "--master",
+        master,
+        "--driver-memory",
+        driver_memory,
+        "--name",
+        "pgdecode-connect",
+        "--class",
+        CONNECT_SERVER_CLASS,
+    ]
+    for key, value in conf.items():
+        command += ["--conf", f"{key}={value}"]
+    return command

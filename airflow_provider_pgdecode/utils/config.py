@@ -167,6 +167,17 @@ SETTINGS: dict[str, Setting] = {
             "https://nexus.example.com/repository/maven-central/",
             handed_down=True,
         ),
+        Setting(
+            "spark_log_level",
+            "PGDECODE_SPARK_LOG_LEVEL",
+            "WARN",
+            "string",
+            "Level of Spark's own logging in the merge and verify jobs (spark-submit's driver, from its first "
+            "line): ``WARN`` keeps the task log to warnings, errors and pgdecode's own summary lines; ``INFO`` "
+            "or ``DEBUG`` show Spark's progress (thousands of lines a run).",
+            "INFO",
+            handed_down=True,
+        ),
     )
 }
 

@@ -98,6 +98,30 @@ def test_spark_workers_reach_the_driver_in_the_scheduler(config: dict[str, Any])
     assert data_mount("airflow-scheduler") == data_mount("spark-worker") == {"data"}
 
 
+def test_spark_connect_server_is_a_service_the_tasks_reach(config: dict[str, Any]) -> None:
+    """The warm Spark session: the package's own server module listening on the compose network,
+    the Airflow services' spark_connect connection naming it, and the same /data as the tasks."""
+    services = config["services"]
+    server = services["spark-connect"]
+    command = server["command"]
+    assert command[:3] == ["python", "-m", "airflow_provider_pgdecode.spark.connect_server"]
+    port = int(command[command.index("--port") + 1])
+    assert command[command.index("--host") + 1] == "0.0.0.0"
+    assert server["image"] == "pgdecode:local" and server["healthcheck"]["test"]
+    assert str(port) in " ".join(server["healthcheck"]["test"])
+    connection = json.loads(services["airflow-scheduler"]["environment"]["AIRFLOW_CONN_SPARK_CONNECT"])
+    assert connection == {"conn_type": "spark_connect", "host": "spark-connect", "port": port}
+    assert server["hostname"] == connection["host"]
+
+    def data_mount(name: str) -> set[str]:
+        mounts = [
+            v.split(":")[:2] if isinstance(v, str) else [v["source"], v["target"]] for v in services[name]["volumes"]
+        ]
+        return {source for source, target in mounts if target == "/data"}
+
+    assert data_mount("spark-connect") == data_mount("airflow-scheduler") == {"data"}
+
+
 def test_image_builds_from_airflows_image_with_the_native_extract() -> None:
     dockerfile = DOCKERFILE.read_text()
     args = dict(re.findall(r"^ARG (\w+)=(\S+)$", dockerfile, re.MULTILINE))

@@ -314,3 +314,44 @@ def test_assets_name_each_delta_table_by_its_schema_and_table_even_with_dots_and
         ((root / "my.schema" / "c%2Fd").as_uri(),) * 2,
         ((root / "public" / "orders").as_uri(),) * 2,
     ]
+
+
+def test_spark_logs_at_the_spark_log_level_setting_from_the_drivers_first_line(
+    spark_conn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver JVM gets the package's log4j2 file and the level: WARN by default, the setting raises it."""
+    from airflow_provider_pgdecode.spark.session import LOG4J2_PROPERTIES
+
+    batch = stage(tmp_path, 0x100, 0x200, 5)
+    monkeypatch.delenv("AIRFLOW__PGDECODE__SPARK_LOG_LEVEL", raising=False)
+    monkeypatch.delenv("PGDECODE_SPARK_LOG_LEVEL", raising=False)
+
+    def java_options() -> str:
+        op = PgDecodeMergeOperator(task_id="merge", batch_paths=batch, delta_root=str(tmp_path / "delta"))
+        command = op.get_hook([batch])._build_spark_submit_command(merge_job_path())
+        confs = [command[i + 1] for i, part in enumerate(command) if part == "--conf"]
+        return next(c for c in confs if c.startswith("spark.driver.extraJavaOptions=")).split("=", 1)[1]
+
+    assert LOG4J2_PROPERTIES.is_file()
+    assert java_options().split() == [
+        f"-Dlog4j2.configurationFile={LOG4J2_PROPERTIES.as_uri()}",
+        "-Dpgdecode.spark.log.level=WARN",
+    ]
+    monkeypatch.setenv("AIRFLOW__PGDECODE__SPARK_LOG_LEVEL", "info")
+    assert "-Dpgdecode.spark.log.level=INFO" in java_options().split()
+    monkeypatch.setenv("AIRFLOW__PGDECODE__SPARK_LOG_LEVEL", "LOUD")
+    with pytest.raises(Exception, match="'LOUD'.*spark_log_level.*WARN"):
+        java_options()
+
+
+def test_a_spark_connect_connection_without_a_server_fails_at_once_saying_how_to_start_one(
+    tmp_path: Path, unreachable_conn: Any
+) -> None:
+    conn_id, port = unreachable_conn("spark_connect")
+    op = PgDecodeMergeOperator(
+        task_id="merge", batch_paths=stage(tmp_path, 1, 2, 1), delta_root=str(tmp_path), conn_id=conn_id
+    )
+    with pytest.raises(
+        AirflowFailException, match=f"no Spark Connect server answers at 127.0.0.1:{port}.*--port {port}"
+    ):
+        op.execute({})

@@ -49,6 +49,7 @@ def test_every_setting_is_documented_with_its_default() -> None:
         "delta_package",
         "hadoop_aws_package",
         "maven_repository",
+        "spark_log_level",
     }
     for name, option in options.items():
         assert option["description"].endswith(f"Fallback: ``${SETTINGS[name].env}``."), name
