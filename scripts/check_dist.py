@@ -169,6 +169,7 @@ def check_sdist(sdist: Path) -> None:
         f"{CSRC}/module.c",
         f"{PACKAGE}/get_provider_info.py",
         f"{PACKAGE}/spark/ivysettings.xml",
+        f"{PACKAGE}/spark/log4j2.properties",
     }
     missing = sorted(required - names)
     if missing:
@@ -219,6 +220,7 @@ def check_wheel(wheel: Path, *, native: bool) -> None:
             f"{PACKAGE}/get_provider_info.py",
             f"{PACKAGE}/spark/merge_job.py",
             f"{PACKAGE}/spark/ivysettings.xml",
+            f"{PACKAGE}/spark/log4j2.properties",
         }
         missing = sorted(required - set(names))
         if missing:
