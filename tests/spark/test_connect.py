@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import deltalake
 import psycopg
 import pyarrow as pa
 import pytest
@@ -369,6 +370,10 @@ def test_the_delta_log_reader_follows_checkpoints(connect: Any, tmp_path: Path) 
     assert state.version == len(list(log_dir.glob("*.json"))) - 1
     assert state.properties["delta.checkpointInterval"] == "2" and state.properties["pgdecode.key"] == '["id"]'
     assert state.schema is not None and state.schema.fieldNames()[:2] == ["id", "name"]
+    # delta-rs reads the same log independently: the same version, transaction version and properties.
+    other = deltalake.DeltaTable(str(tmp_path / "delta" / "public" / "ck"))
+    assert (other.version(), other.transaction_version(f"pgdecode:{slot}")) == (state.version, state.watermark)
+    assert dict(other.metadata().configuration) == state.properties
 
 
 def test_summary_lines_one_per_table_and_the_total() -> None:
