@@ -36,6 +36,7 @@ import pytest  # noqa: E402
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+from airflow_provider_pgdecode.testing.connect_server import ConnectServerError, LocalConnectServer  # noqa: E402
 from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster  # noqa: E402
 from airflow_provider_pgdecode.testing.s3_server import LocalS3Server  # noqa: E402
 
@@ -139,6 +140,23 @@ def spark() -> Iterator[SparkSession]:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_connect_server() -> Iterator[LocalConnectServer]:
+    """One Spark Connect server with Delta for the session (started by the first test that asks):
+    the Connect path's tests, and the DAG tests whose merges go through a warm session."""
+    _fetch_delta_jars()
+    server = LocalConnectServer(
+        master="local[2]",
+        conf={"spark.sql.shuffle.partitions": "2", "spark.databricks.delta.stalenessLimit": "0"},
+    )
+    try:
+        server.start()
+    except ConnectServerError as exc:
+        pytest.fail(str(exc))
+    yield server
+    server.stop()
 
 
 @pytest.fixture

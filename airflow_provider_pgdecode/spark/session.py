@@ -419,9 +419,34 @@ def active_connect_session(spark: Any) -> Iterator[None]:
     previous = getattr(holder, "session", None)
     holder.session = spark
     try:
-        yield
+        with connect_mode():
+            yield
     finally:
         holder.session = previous
+
+
+CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"
+"""pyspark's process-wide switch: set, ``pyspark.sql.functions`` build Connect columns and a
+classic ``SparkSession.builder.getOrCreate()`` refuses to start (``CONNECT_URL_NOT_SET``)."""
+
+
+@contextmanager
+def connect_mode() -> Iterator[None]:
+    """pyspark's Connect mode for the block only, then as before.
+
+    pyspark switches a whole process to Connect mode for good when a Connect session is created:
+    a later classic session in it (a test's, a verify job's spark-submit that inherits the
+    environment, another task under ``airflow dags test``) would fail. pgdecode keeps the switch
+    on only while a Connect session is created or a merge runs on one."""
+    previous = os.environ.get(CONNECT_MODE_ENV)
+    os.environ[CONNECT_MODE_ENV] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(CONNECT_MODE_ENV, None)
+        else:
+            os.environ[CONNECT_MODE_ENV] = previous
 
 
 CONNECT_SESSION_CONF: Mapping[str, str] = {
@@ -474,7 +499,8 @@ def build_connect_session(url: str, *, extra_conf: Mapping[str, str] | None = No
 
     _check_reachable(url)
     try:
-        spark = SparkSession.builder.remote(url).create()
+        with connect_mode():
+            spark = SparkSession.builder.remote(url).create()
         for key, value in {**CONNECT_SESSION_CONF, **(extra_conf or {})}.items():
             spark.conf.set(key, value)
         extensions = str(spark.conf.get("spark.sql.extensions", "") or "")

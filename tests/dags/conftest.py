@@ -1,9 +1,11 @@
-"""Fixtures of the DAG tests: each spark-submit of a DAG run loads Delta's jars from the Ivy cache."""
+"""Fixtures of the DAG tests: each spark-submit of a DAG run loads Delta's jars from the Ivy cache;
+some DAG tests merge through the session's Spark Connect server instead."""
 
 from __future__ import annotations
 
 import pytest
 
+from airflow_provider_pgdecode.testing.connect_server import LocalConnectServer
 from tests.jars import cached_delta_jars
 
 
@@ -21,3 +23,20 @@ def delta_jars_from_the_ivy_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     jars = cached_delta_jars()
     if jars:
         monkeypatch.setenv(DELTA_JARS_ENV, jars)
+
+
+@pytest.fixture
+def merge_through_connect(spark_connect_server: LocalConnectServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``spark_default`` names the session's Spark Connect server (a ``spark_connect`` connection):
+    the DAGs' merges run as client sessions of its warm Spark, and a spark-submit fails the test.
+
+    Half the DAG tests take this path, half spark-submit's (tests/spark/test_spark_submit.py and
+    the fault suite stay on spark-submit too): both paths run the DAGs, and the suite saves a JVM
+    start per merge."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    def no_spark_submit(self: SparkSubmitHook, *args: object, **kwargs: object) -> None:
+        raise AssertionError("spark-submit ran although spark_default is a spark_connect connection")
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", spark_connect_server.airflow_conn_json)
+    monkeypatch.setattr(SparkSubmitHook, "submit", no_spark_submit)

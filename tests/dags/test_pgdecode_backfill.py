@@ -69,7 +69,8 @@ def delta_version(spark, path: str) -> int:
     return spark.sql(f"describe history delta.`{path}`").agg({"version": "max"}).collect()[0][0]
 
 
-def test_initial_load_resnapshot_and_replay(pg_conn, dags, spark, tmp_path) -> None:
+def test_initial_load_resnapshot_and_replay(pg_conn, dags, merge_through_connect, spark, tmp_path) -> None:
+    """The merges go through the Spark Connect server (the incremental DAG's test_decoding test runs spark-submit)."""
     backfill, incremental, conf = dags
     orders = f"{conf['delta_root']}/public/bf_orders"
 

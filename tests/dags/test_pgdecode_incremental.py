@@ -138,7 +138,8 @@ def test_three_runs_a_prepared_transaction_and_a_killed_confirm(pg_conn, increme
 
 
 @pytest.mark.parametrize("incremental", ["pgoutput"], indirect=True)
-def test_pgoutput_runs_carry_a_prepared_transaction(pg_conn, incremental, spark) -> None:
+def test_pgoutput_runs_carry_a_prepared_transaction(pg_conn, incremental, merge_through_connect, spark) -> None:
+    """Merged through the Spark Connect server (the other plugin's test runs spark-submit)."""
     dag, conf = incremental
     c = pg_conn
     run(dag, conf)  # creates the slot, of the plugin asked for

@@ -1,9 +1,5 @@
 """The merge through a warm Spark Connect server: one real server (the package's own server module,
-started once for the module in a subprocess), real PostgreSQL, real Delta.
-
-The server is stopped with SIGTERM by the last test of the module, which checks that it exits
-cleanly; the fixture's teardown only cleans up after a failure.
-"""
+started once for the test session in a subprocess: tests/conftest.py), real PostgreSQL, real Delta."""
 
 from __future__ import annotations
 
@@ -17,7 +13,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import closing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +33,10 @@ from airflow_provider_pgdecode.spark.merge_job import (
     summary_lines,
     transaction_id,
 )
-from airflow_provider_pgdecode.spark.session import build_connect_session
+from airflow_provider_pgdecode.spark.session import CONNECT_MODE_ENV, build_connect_session
 from airflow_provider_pgdecode.testing.compare import compare_table
-from tests.conftest import REPO, _fetch_delta_jars
+from airflow_provider_pgdecode.testing.connect_server import LocalConnectServer
+from tests.conftest import REPO
 from tests.spark.staged import Model, TableChanges, write_batch
 from tests.spark.test_postgres_oracle import TABLES, round_one, round_two, source  # noqa: F401 - the fixture
 
@@ -50,81 +46,20 @@ COLUMNS = [("id", "integer", pa.int32()), ("name", "text", pa.string())]
 LOG4J_INFO = " INFO "  # log4j's pattern (spark/log4j2.properties): "yy/MM/dd HH:mm:ss LEVEL logger: ..."
 
 
-@dataclass
-class ConnectServer:
-    process: subprocess.Popen[str]
-    port: int
-    output: list[str] = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return f"sc://127.0.0.1:{self.port}"
-
-
-def _free_port() -> int:
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _spark_info_lines(lines: list[str]) -> list[str]:
     """Lines Spark's log4j logged at INFO (``26/11/24 05:30:00 INFO SparkContext: ...``)."""
     return [line for line in lines if len(line) > 18 and line[2] == "/" and line[17:23] == LOG4J_INFO]
 
 
-@pytest.fixture(scope="module")
-def connect_server() -> Iterator[ConnectServer]:
-    _fetch_delta_jars()
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "airflow_provider_pgdecode.spark.connect_server",
-            "--port",
-            str(port),
-            "--master",
-            "local[2]",
-            "--conf",
-            "spark.sql.shuffle.partitions=2",
-            "--conf",
-            "spark.databricks.delta.stalenessLimit=0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    server = ConnectServer(process, port)
-    ready = threading.Event()
-
-    def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            server.output.append(line.rstrip("\n"))
-            if line.startswith(READY_PREFIX):
-                ready.set()
-        ready.set()  # the process ended
-
-    threading.Thread(target=read, daemon=True).start()
-    ready.wait(timeout=300)
-    if process.poll() is not None or not any(line.startswith(READY_PREFIX) for line in server.output):
-        process.kill()
-        pytest.fail("the Spark Connect server did not start:\n" + "\n".join(server.output[-60:]))
-    yield server
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+@pytest.fixture
+def connect_server(spark_connect_server: LocalConnectServer) -> LocalConnectServer:
+    """The session's Spark Connect server (tests/conftest.py)."""
+    return spark_connect_server
 
 
 @pytest.fixture
-def connect(connect_server: ConnectServer) -> Iterator[Any]:
-    if connect_server.process.poll() is not None:
+def connect(connect_server: LocalConnectServer) -> Iterator[Any]:
+    if not connect_server.running():
         pytest.skip("the module's Spark Connect server was stopped")
     session = build_connect_session(connect_server.url)
     yield session
@@ -160,8 +95,10 @@ def _txn_versions(table_path: Path) -> list[tuple[str, int]]:
     return found
 
 
-def test_the_server_is_ready_with_delta_and_logs_no_info(connect_server: ConnectServer, connect: Any) -> None:
+def test_the_server_is_ready_with_delta_and_logs_no_info(connect_server: LocalConnectServer, connect: Any) -> None:
     assert f"{READY_PREFIX}{connect_server.url}" in connect_server.output
+    # pyspark's process-wide Connect switch is off again: a classic session can still start here.
+    assert CONNECT_MODE_ENV not in os.environ
     assert "io.delta.sql.DeltaSparkSessionExtension" in connect.conf.get("spark.sql.extensions")
     assert connect.sql("select 1 + 1 as two").first()["two"] == 2
     assert not _spark_info_lines(connect_server.output), _spark_info_lines(connect_server.output)[:5]
@@ -170,7 +107,7 @@ def test_the_server_is_ready_with_delta_and_logs_no_info(connect_server: Connect
 def test_oracle_workload_through_the_connect_server_equals_the_source(
     pg_conn: psycopg.Connection[Any],
     source: str,  # noqa: F811 - the oracle's tables and slots
-    connect_server: ConnectServer,
+    connect_server: LocalConnectServer,
     connect: Any,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -226,7 +163,7 @@ def test_oracle_workload_through_the_connect_server_equals_the_source(
 _CHILD = """
 import json, sys
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
-from airflow_provider_pgdecode.spark.session import build_connect_session
+from airflow_provider_pgdecode.spark.session import CONNECT_MODE_ENV, build_connect_session
 url, root, batches = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 merge_batches(build_connect_session(url), batches, root)
 print("merged", flush=True)
@@ -245,7 +182,7 @@ def _batch_of_tables(root: Path, slot: str, start: int, end: int, count: int) ->
 
 
 def test_a_merge_killed_midway_and_run_again_is_applied_once(
-    connect_server: ConnectServer, connect: Any, tmp_path: Path
+    connect_server: LocalConnectServer, connect: Any, tmp_path: Path
 ) -> None:
     """The client is killed (SIGKILL) once the first table's Delta commit exists and before the
     others': the same batch merged again through the same server finishes the rest, and every
@@ -293,7 +230,7 @@ def test_a_merge_killed_midway_and_run_again_is_applied_once(
 
 
 def test_two_slots_merging_at_once_on_one_server_do_not_share_settings(
-    connect_server: ConnectServer, tmp_path: Path
+    connect_server: LocalConnectServer, tmp_path: Path
 ) -> None:
     """Each merge is a session of its own on the server: a setting or transaction id set in one is
     not seen by the other, and two slots' merges run at the same time each record only their own."""
@@ -399,10 +336,11 @@ def test_summary_lines_one_per_table_and_the_total() -> None:
     ]
 
 
-def test_the_server_stops_cleanly_on_sigterm(connect_server: ConnectServer) -> None:
-    """Last in the module: SIGTERM stops the server module and its Spark, and it exits 0."""
-    assert connect_server.process.poll() is None
-    connect_server.process.send_signal(signal.SIGTERM)
-    assert connect_server.process.wait(timeout=120) == 0
+def test_the_server_stops_cleanly_on_sigterm() -> None:
+    """SIGTERM stops the server module and its Spark, and it exits 0 (a server of its own: the
+    session's one serves other tests)."""
+    server = LocalConnectServer(master="local[1]").start()
+    assert server.running()
+    assert server.stop() == 0
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        assert sock.connect_ex(("127.0.0.1", connect_server.port)) != 0  # nothing listens any more
+        assert sock.connect_ex(("127.0.0.1", server.port)) != 0  # nothing listens any more

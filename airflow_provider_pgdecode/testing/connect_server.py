@@ -1,0 +1,138 @@
+"""A Spark Connect server with Delta Lake in the background, for tests, the demo and benchmarks.
+
+Runs ``python -m airflow_provider_pgdecode.spark.connect_server`` (the module users run in the
+foreground) as a child process, waits for its ready line and stops it with SIGTERM::
+
+    with LocalConnectServer(master="local[2]") as server:
+        spark = build_connect_session(server.url)   # sc://127.0.0.1:<free port>
+        ...
+
+Its output (the server's lines and Spark's, at WARN) is kept in :attr:`LocalConnectServer.output`
+and, when ``log_path`` is given, written to that file as it comes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+from airflow_provider_pgdecode.spark.connect_server import DEFAULT_START_TIMEOUT, READY_PREFIX
+from airflow_provider_pgdecode.testing.airflow_deployment import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class ConnectServerError(RuntimeError):
+    """The server did not become ready; the message holds the end of its output."""
+
+
+class LocalConnectServer:
+    """A Spark Connect server on 127.0.0.1 (a free port unless ``port`` is given), started by
+    :meth:`start` (or ``with``) and stopped by :meth:`stop`."""
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        master: str = "local[2]",
+        conf: Mapping[str, str] | None = None,
+        object_store: bool = False,
+        env: Mapping[str, str] | None = None,
+        log_path: Path | None = None,
+    ) -> None:
+        self.port = port or free_port()
+        self.master = master
+        self.conf = dict(conf or {})
+        self.object_store = object_store
+        self.env = dict(env or {})
+        self.log_path = log_path
+        self.output: list[str] = []
+        self.process: subprocess.Popen[str] | None = None
+
+    @property
+    def url(self) -> str:
+        """The server's ``sc://`` URL."""
+        return f"sc://127.0.0.1:{self.port}"
+
+    @property
+    def airflow_conn_json(self) -> str:
+        """An Airflow ``spark_connect`` connection to this server, in ``AIRFLOW_CONN_*`` JSON form."""
+        import json
+
+        return json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": self.port})
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> LocalConnectServer:
+        command = [
+            sys.executable,
+            "-m",
+            "airflow_provider_pgdecode.spark.connect_server",
+            "--port",
+            str(self.port),
+            "--master",
+            self.master,
+        ]
+        for key, value in self.conf.items():
+            command += ["--conf", f"{key}={value}"]
+        if self.object_store:
+            command.append("--object-store")
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "PYTHONPATH": path, **self.env}
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+        )
+        ready = threading.Event()
+        threading.Thread(target=self._read, args=(ready,), daemon=True).start()
+        ready.wait(timeout=timeout)
+        if not self.running() or not any(line.startswith(READY_PREFIX) for line in self.output):
+            tail = "\n".join(self.output[-60:])
+            self.stop()
+            raise ConnectServerError(f"the Spark Connect server on port {self.port} did not start:\n{tail}")
+        return self
+
+    def _read(self, ready: threading.Event) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        sink = open(self.log_path, "a", encoding="utf-8") if self.log_path else None  # noqa: SIM115
+        try:
+            for line in self.process.stdout:
+                self.output.append(line.rstrip("\n"))
+                if sink is not None:
+                    sink.write(line)
+                    sink.flush()
+                if line.startswith(READY_PREFIX):
+                    ready.set()
+        finally:
+            ready.set()  # the process ended
+            if sink is not None:
+                sink.close()
+
+    def stop(self, grace: float = 60) -> int | None:
+        """SIGTERM (the server stops Spark and exits), then SIGKILL of its process group after
+        ``grace`` seconds. Returns the exit code."""
+        process = self.process
+        if process is None:
+            return None
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        return process.returncode
+
+    def __enter__(self) -> LocalConnectServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
