@@ -8,8 +8,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -24,7 +23,7 @@ from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError, MergeInputError, MergeOutOfMemoryError
 from airflow_provider_pgdecode.hooks.object_store import object_store_settings
-from airflow_provider_pgdecode.utils.config import pgdecode_env, pgdecode_environment
+from airflow_provider_pgdecode.utils.config import exported, pgdecode_env, pgdecode_environment
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 MERGE_JOB_MODULE = "airflow_provider_pgdecode.spark.merge_job"
@@ -55,21 +54,6 @@ def connect_url(conn_id: str) -> str:
             f"Spark Connect connection {conn_id!r} gives no usable server address ({exc}): set its host "
             "(e.g. 127.0.0.1 or sc://spark-connect) and port (e.g. 15002)"
         ) from None
-
-
-@contextmanager
-def _exported(env: Mapping[str, str]) -> Iterator[None]:
-    """``env`` in this process's environment for the block, then the former values."""
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def merge_job_path() -> str:
@@ -481,7 +465,7 @@ class PgDecodeMergeOperator(BaseOperator):
         self.log.info("Merging through the Spark Connect server %s (connection %s)", url.split(";")[0], self.conn_id)
         # The store's settings reach the manifests' and footers' reads in this process (the server reads
         # Parquet and Delta with its own S3A settings: docs/spark-connect.md); the [pgdecode] settings too.
-        with pgdecode_environment(), _exported(settings.to_env() if settings is not None else {}):
+        with pgdecode_environment(), exported(settings.to_env() if settings is not None else {}):
             spark = build_connect_session(url, extra_conf=session_conf)
             self._connect_session = spark
             workdir = tempfile.mkdtemp(prefix="pgdecode-merge-")

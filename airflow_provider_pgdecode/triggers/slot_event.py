@@ -169,52 +169,35 @@ class SlotChangesEventTrigger(BaseEventTrigger):
             raise ValueError(
                 f"poll_interval of the trigger of slot {slot_name!r} must be positive, got {poll_interval}"
             )
-        self.slot_name = slot_name
-        self.postgres_conn_id = postgres_conn_id
-        self.poll_interval = float(poll_interval)
-        self.min_lag_bytes = int(min_lag_bytes)
-        self.advance_lag_bytes = None if advance_lag_bytes is None else int(advance_lag_bytes)
-        self.probe_rows = int(probe_rows)
-        self.heartbeat_prefix = heartbeat_prefix
-        self.publication = publication or None
-        self.staging_root = None if staging_root is None else str(staging_root)
-        self.storage_conn_id = storage_conn_id or None
+        # The changes sensor's trigger of the same slot holds (and normalises) the probe's arguments.
+        self._changes = SlotChangesTrigger(
+            slot_name=slot_name,
+            postgres_conn_id=postgres_conn_id,
+            poll_interval=poll_interval,
+            min_lag_bytes=min_lag_bytes,
+            advance_lag_bytes=advance_lag_bytes,
+            probe_rows=probe_rows,
+            heartbeat_prefix=heartbeat_prefix,
+            publication=publication or None,
+            staging_root=staging_root,
+            storage_conn_id=storage_conn_id,
+        )
+        self.slot_name = self._changes.slot_name
+        self.postgres_conn_id = self._changes.postgres_conn_id
+        self.poll_interval = self._changes.poll_interval
         self.refire_interval = None if refire_interval is None else float(refire_interval)
         self._fired: dict[str, Any] | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "slot_name": self.slot_name,
-                "postgres_conn_id": self.postgres_conn_id,
-                "poll_interval": self.poll_interval,
-                "min_lag_bytes": self.min_lag_bytes,
-                "advance_lag_bytes": self.advance_lag_bytes,
-                "probe_rows": self.probe_rows,
-                "heartbeat_prefix": self.heartbeat_prefix,
-                "publication": self.publication,
-                "staging_root": self.staging_root,
-                "storage_conn_id": self.storage_conn_id,
-                "refire_interval": self.refire_interval,
-            },
+            {**self._changes.serialize()[1], "refire_interval": self.refire_interval},
         )
 
     def changes_trigger(self) -> SlotChangesTrigger:
         """The changes sensor's trigger of the same slot: its :meth:`~SlotChangesTrigger.check` is
         this trigger's probe."""
-        return SlotChangesTrigger(
-            slot_name=self.slot_name,
-            postgres_conn_id=self.postgres_conn_id,
-            poll_interval=self.poll_interval,
-            min_lag_bytes=self.min_lag_bytes,
-            advance_lag_bytes=self.advance_lag_bytes,
-            probe_rows=self.probe_rows,
-            heartbeat_prefix=self.heartbeat_prefix,
-            publication=self.publication,
-            staging_root=self.staging_root,
-            storage_conn_id=self.storage_conn_id,
-        )
+        return self._changes
 
     # --- the last fired position: in memory, and in the watched Asset's state store ----------
 

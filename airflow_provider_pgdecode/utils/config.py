@@ -25,7 +25,7 @@ Example::
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -279,10 +279,8 @@ def pgdecode_env() -> dict[str, str]:
 
 
 @contextmanager
-def pgdecode_environment() -> Iterator[dict[str, str]]:
-    """Export :func:`pgdecode_env` to this process's environment for the duration of the block,
-    then restore it (the lower layers read their settings from ``PGDECODE_*``)."""
-    env = pgdecode_env()
+def exported(env: Mapping[str, str]) -> Iterator[Mapping[str, str]]:
+    """``env`` in this process's environment for the block, then the former values."""
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     try:
@@ -295,10 +293,19 @@ def pgdecode_environment() -> Iterator[dict[str, str]]:
                 os.environ[name] = value
 
 
+@contextmanager
+def pgdecode_environment() -> Iterator[Mapping[str, str]]:
+    """Export :func:`pgdecode_env` to this process's environment for the duration of the block,
+    then restore it (the lower layers read their settings from ``PGDECODE_*``)."""
+    with exported(pgdecode_env()) as env:
+        yield env
+
+
 __all__ = [
     "SECTION",
     "SETTINGS",
     "Setting",
+    "exported",
     "pgdecode_bool",
     "pgdecode_env",
     "pgdecode_environment",
