@@ -514,7 +514,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [
             "",
             f"Commit to Delta under `pgdecode_event_driven` (real deployment, Spark Connect, trigger poll "
-            f"{event['poll_interval_s']} s): median {event['commit_to_delta_median_s']} s of "
+            f"{event['poll_interval_s']} s{', measured ' + event['measured_at'] if 'measured_at' in event else ''}): "
+            f"median {event['commit_to_delta_median_s']} s of "
             f"{[s['commit_to_delta_s'] for s in event['samples']]}; cold first run {event['cold']['commit_to_delta_s']} s.",
         ]
         for sample in event["samples"]:
