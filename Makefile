@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lint test test-fast demo demo-s3 bench bench-extract bench-merge bench-snapshot bench-s3 delta-jars system-deps venv native dist dist-check clean
+.PHONY: lint test test-fast demo demo-s3 bench bench-extract bench-merge bench-snapshot bench-s3 bench-cycle delta-jars system-deps venv native dist dist-check clean
 
 $(STAMP): setup.cfg setup.py pyproject.toml requirements/constraints.txt \
 		$(wildcard airflow_provider_pgdecode/capture/csrc/*.c airflow_provider_pgdecode/capture/csrc/*.h)
@@ -69,6 +69,12 @@ bench-snapshot: $(STAMP) system-deps delta-jars
 # Object storage: extract to a local S3 server against local disk, and the merge S3->S3 against local.
 bench-s3: $(STAMP) system-deps native delta-jars
 	$(PY) -m bench.object_store_bench
+
+# One CDC cycle of 1,000 changes through Airflow (`airflow dags test`) with spark-submit against a
+# warm Spark Connect server, the merge step alone for both, and commit -> Delta under the
+# event-driven DAG on a real Airflow deployment. About half an hour on 2 cores: not part of `bench`.
+bench-cycle: $(STAMP) system-deps native delta-jars
+	$(PY) -m bench.cycle_bench
 
 # The distributions PyPI takes, in dist/: the sdist, the manylinux wheel of this interpreter (pip
 # wheel of the sdist + auditwheel repair; cibuildwheel builds the others, [tool.cibuildwheel] in
