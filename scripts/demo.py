@@ -421,4 +421,9 @@ def run_demo(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        # The context managers have stopped the Spark Connect server, PostgreSQL and the S3 server.
+        print("\ninterrupted: the demo's servers are stopped; .demo/ keeps what was done", file=sys.stderr)
+        sys.exit(130)
