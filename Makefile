@@ -42,14 +42,22 @@ test: $(STAMP) system-deps native delta-jars
 	$(PY) -m pytest
 
 # The README's first command: a throwaway PostgreSQL, the incremental DAG run with Airflow
-# several times, local Spark merging into Delta, and PostgreSQL against Delta at the end.
+# several times, the merges through a warm Spark Connect server (started and stopped by the
+# script) into Delta, and PostgreSQL against Delta at the end. SPARK=submit merges with one
+# spark-submit per run instead (scripts/demo.py --spark-submit).
+SPARK ?= connect
+DEMO_SPARK := $(if $(filter submit,$(SPARK)),--spark-submit,)
+DEMO_SPARK_CHECK := case "$(SPARK)" in connect|submit) ;; *) echo "SPARK=$(SPARK): use SPARK=connect (the default) or SPARK=submit"; exit 2;; esac
+
 demo: $(STAMP) system-deps native delta-jars
-	$(PY) scripts/demo.py
+	@$(DEMO_SPARK_CHECK)
+	$(PY) scripts/demo.py $(DEMO_SPARK)
 
 # The same demo with the staged batches and the Delta tables on a local S3-compatible server
-# (moto's server mode on 127.0.0.1, started and stopped by the script).
+# (moto's server mode on 127.0.0.1, started and stopped by the script); SPARK=submit as above.
 demo-s3: $(STAMP) system-deps native delta-jars
-	$(PY) scripts/demo.py --s3
+	@$(DEMO_SPARK_CHECK)
+	$(PY) scripts/demo.py --s3 $(DEMO_SPARK)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"

@@ -16,19 +16,34 @@ Everything lives under ``.demo/`` (removed and made anew on each run).
 Delta tables on a local S3-compatible server (moto's server mode, a process on 127.0.0.1): the
 DAGs get ``staging_uri``/``delta_root`` as ``s3://`` locations and ``storage_conn_id`` naming an
 Airflow ``aws`` connection with the server's ``endpoint_url``.
+
+The merges run through a warm Spark Connect server (docs/spark-connect.md) that the script starts
+on a free port of 127.0.0.1 (its output goes to ``.demo/logs/connect-server.log``) and stops at
+the end, also on failure or Ctrl-C: the DAGs get ``spark_conn_id`` naming a ``spark_connect``
+connection to it, and the final check reads Delta through it too. On S3 the server loads
+hadoop-aws (``--object-store``) and gets the store's S3A settings as ``--conf
+spark.hadoop.fs.s3a.*`` and its key pair as ``AWS_*`` environment. ``--spark-submit``
+(``make demo SPARK=submit``) keeps the former path: one spark-submit per merge, and a local
+Spark session for the check. Each run prints how long its merge task took.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / ".demo"
@@ -56,6 +71,101 @@ def quiet_fds(log: Path):
             os.dup2(saved[1], 2)
             os.close(saved[0])
             os.close(saved[1])
+
+
+CONNECT_CONN_ID = "pgdecode_demo_connect"
+CONNECT_START_TIMEOUT = 300.0
+MERGE_SECONDS: list[tuple[str, float]] = []
+"""(run, seconds of its merge task), for the closing summary."""
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def s3a_server_settings(settings: Any) -> tuple[list[str], dict[str, str]]:
+    """The Connect server's S3A settings for an object store (``ObjectStoreSettings``): ``--conf
+    spark.hadoop.fs.s3a.*`` pairs without the secret, and the key pair as ``AWS_*`` environment
+    (S3A's default credential chain reads it; a command line is seen by ``ps``)."""
+    secret = {"fs.s3a.access.key", "fs.s3a.secret.key", "fs.s3a.session.token", "fs.s3a.aws.credentials.provider"}
+    conf = [f"spark.hadoop.{key}={value}" for key, value in settings.hadoop_conf().items() if key not in secret]
+    env = {k: v for k, v in settings.to_env().items() if k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    if settings.session_token:
+        env["AWS_SESSION_TOKEN"] = settings.session_token
+    return conf, env
+
+
+@contextlib.contextmanager
+def connect_server(log: Path, *, s3_settings: Any = None) -> Iterator[int]:
+    """A Spark Connect server (the package's server module) on a free port, its output in ``log``;
+    yields the port once it accepts connections and stops it (SIGTERM, then SIGKILL) on the way out."""
+    port = _free_port()
+    command = [sys.executable, "-m", "airflow_provider_pgdecode.spark.connect_server", "--port", str(port)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    if s3_settings is not None:
+        conf, credentials = s3a_server_settings(s3_settings)
+        command.append("--object-store")
+        for pair in conf:
+            command += ["--conf", pair]
+        env.update(credentials)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with open(log, "ab") as sink:
+        # A session of its own: Ctrl-C reaches this script, whose finally stops the server in order.
+        process = subprocess.Popen(
+            command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
+        )
+    try:
+        from airflow_provider_pgdecode.spark.connect_server import READY_PREFIX
+
+        while True:
+            if any(line.startswith(READY_PREFIX) for line in log.read_text(errors="replace").splitlines()):
+                break
+            if process.poll() is not None:
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+                raise SystemExit(
+                    f"the Spark Connect server exited (code {process.returncode}) before it was ready; "
+                    f"see {log}:\n{tail}"
+                )
+            if time.monotonic() - started > CONNECT_START_TIMEOUT:
+                raise SystemExit(
+                    f"the Spark Connect server was not ready within {CONNECT_START_TIMEOUT:.0f} s; see {log}"
+                )
+            time.sleep(0.5)
+        print(
+            f"    ready on sc://127.0.0.1:{port} after {time.monotonic() - started:.0f} s (log: {log.relative_to(REPO)})"
+        )
+        yield port
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def _log_time(line: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(line.split(" ", 1)[0].replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def task_seconds(lines: list[str], task_id: str) -> float | None:
+    """How long ``airflow dags test`` ran the task: from its "starting" line to its "end task" line."""
+    start = end = None
+    for line in lines:
+        if f"[DAG TEST] starting task_id={task_id} " in line:
+            start = _log_time(line)
+        elif f"[DAG TEST] end task task_id={task_id} " in line:
+            end = _log_time(line)
+    if start is None or end is None:
+        return None
+    return (end - start).total_seconds()
 
 
 def run_dag(env: dict[str, str], conf: dict[str, object], label: str, dag_id: str = "pgdecode_incremental") -> None:
@@ -87,6 +197,11 @@ def run_dag(env: dict[str, str], conf: dict[str, object], label: str, dag_id: st
             "committed at" in line or "rolled back at" in line or "still pending" in line
         ):
             print("     ", line[line.find("prepared transaction") :].split(" [")[0])
+    merged = any("merge total: " in line and "merge total: 0 of " not in line for line in output)
+    merge_seconds = task_seconds(output, "merge") if result.returncode == 0 else None
+    if merge_seconds is not None and merged:
+        print(f"    merge task: {merge_seconds:.1f} s")
+        MERGE_SECONDS.append((label, merge_seconds))
     print(
         f"    finished in {time.monotonic() - started:.0f} s, exit code {result.returncode} (log: {log.relative_to(REPO)})"
     )
@@ -96,11 +211,47 @@ def run_dag(env: dict[str, str], conf: dict[str, object], label: str, dag_id: st
     del states
 
 
+def _local_check_session(on_s3: bool, store_env: dict[str, str]) -> Any:
+    """A local Spark session for the final check (the ``--spark-submit`` path has no server)."""
+    from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings
+    from airflow_provider_pgdecode.spark.session import build_spark_session, configure_object_store
+
+    with quiet_fds(DEMO / "logs" / "spark-check.log"):  # the JVM's start-up chatter
+        spark = build_spark_session("local[2]", app_name="pgdecode-demo-check", object_store=on_s3)
+        spark.sparkContext.setLogLevel("OFF")
+        if on_s3:
+            lake = json.loads(store_env["AIRFLOW_CONN_PGDECODE_LAKE"])
+            configure_object_store(
+                spark,
+                ObjectStoreSettings(
+                    endpoint_url=lake["extra"]["endpoint_url"],
+                    region=lake["extra"]["region_name"],
+                    access_key=lake["login"],
+                    secret_key=lake["password"],
+                ),
+            )
+    return spark
+
+
+def build_argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scripts/demo.py", description="The whole pgdecode cycle, with real parts.")
+    parser.add_argument(
+        "--s3", action="store_true", help="staged batches and Delta tables on a local S3-compatible server (moto)"
+    )
+    parser.add_argument(
+        "--spark-submit",
+        action="store_true",
+        help="merge with one spark-submit per run (the spark connection), not through a warm Spark Connect server",
+    )
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
     from airflow_provider_pgdecode.testing.s3_server import LocalS3Server
 
-    on_s3 = "--s3" in (sys.argv[1:] if argv is None else argv)
+    args = build_argument_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    on_s3 = args.s3
     warnings.filterwarnings("ignore", category=FutureWarning)  # pyspark on pandas 3
     shutil.rmtree(DEMO, ignore_errors=True)
     (DEMO / "airflow").mkdir(parents=True)
@@ -115,7 +266,27 @@ def main(argv: list[str] | None = None) -> int:
             staging, delta_root = f"{bucket}/staging", f"{bucket}/delta"
             store_env = {"AIRFLOW_CONN_PGDECODE_LAKE": server.airflow_conn_json()}
             print(f"    {server.endpoint_url}: {staging}, {delta_root}")
-        return run_demo(ThrowawayCluster, staging, delta_root, store_env, on_s3)
+        connect_port = None
+        if not args.spark_submit:
+            banner(
+                "Spark Connect: starting a warm server for the merges"
+                + (" (hadoop-aws, the S3 server's S3A settings)" if on_s3 else "")
+                + "; --spark-submit merges without it"
+            )
+            connect_port = stack.enter_context(
+                connect_server(DEMO / "logs" / "connect-server.log", s3_settings=server.settings if on_s3 else None)
+            )
+        code = run_demo(ThrowawayCluster, staging, delta_root, store_env, on_s3, connect_port)
+        if MERGE_SECONDS:
+            how = "through the Spark Connect server" if connect_port else "with spark-submit"
+            seconds = [s for _, s in MERGE_SECONDS]
+            print(
+                f"\n    merge task {how}: {', '.join(f'{s:.1f}' for s in seconds)} s"
+                f" (mean {sum(seconds) / len(seconds):.1f} s over {len(seconds)} merging runs)"
+            )
+        if connect_port:
+            banner("Spark Connect: stopping the server")
+        return code
 
 
 def run_demo(
@@ -124,6 +295,7 @@ def run_demo(
     delta_root: str,
     store_env: dict[str, str],
     on_s3: bool,
+    connect_port: int | None = None,
 ) -> int:
     banner("PostgreSQL: starting a throwaway cluster with logical decoding")
     with cluster_type() as cluster:
@@ -142,11 +314,17 @@ def run_demo(
             "SPARK_LOCAL_IP": "127.0.0.1",
             **store_env,
         }
+        spark_conn_id = "spark_default"
+        if connect_port is not None:
+            spark_conn_id = CONNECT_CONN_ID
+            env[f"AIRFLOW_CONN_{CONNECT_CONN_ID.upper()}"] = json.dumps(
+                {"conn_type": "spark_connect", "host": "127.0.0.1", "port": connect_port}
+            )
         banner("Airflow: creating the SQLite metadata database")
         subprocess.run(
             [str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True
         )
-        conf = {"slot_name": SLOT, "staging_uri": staging, "delta_root": delta_root}
+        conf = {"slot_name": SLOT, "staging_uri": staging, "delta_root": delta_root, "spark_conn_id": spark_conn_id}
         if on_s3:
             conf["storage_conn_id"] = "pgdecode_lake"
 
@@ -213,24 +391,13 @@ def run_demo(
             run_dag(env, conf, "run 5 - suppliers copied in chunks")
 
             banner("Result: PostgreSQL (the oracle) against Delta")
-            from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings
-            from airflow_provider_pgdecode.spark.session import build_spark_session, configure_object_store
+            from airflow_provider_pgdecode.spark.session import build_connect_session
             from airflow_provider_pgdecode.testing.compare import compare_table
 
-            with quiet_fds(DEMO / "logs" / "spark-check.log"):  # the JVM's start-up chatter
-                spark = build_spark_session("local[2]", app_name="pgdecode-demo-check", object_store=on_s3)
-                spark.sparkContext.setLogLevel("OFF")
-                if on_s3:
-                    lake = json.loads(store_env["AIRFLOW_CONN_PGDECODE_LAKE"])
-                    configure_object_store(
-                        spark,
-                        ObjectStoreSettings(
-                            endpoint_url=lake["extra"]["endpoint_url"],
-                            region=lake["extra"]["region_name"],
-                            access_key=lake["login"],
-                            secret_key=lake["password"],
-                        ),
-                    )
+            if connect_port is not None:  # the warm server reads Delta too (with its own S3A settings)
+                spark = build_connect_session(f"sc://127.0.0.1:{connect_port}")
+            else:
+                spark = _local_check_session(on_s3, store_env)
             all_equal = True
             print(f"    {'table':<22} {'PostgreSQL rows':>16} {'Delta rows':>11}  equal")
             for table in TABLES:
@@ -254,4 +421,9 @@ def run_demo(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        # The context managers have stopped the Spark Connect server, PostgreSQL and the S3 server.
+        print("\ninterrupted: the demo's servers are stopped; .demo/ keeps what was done", file=sys.stderr)
+        sys.exit(130)
