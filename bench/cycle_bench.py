@@ -38,11 +38,9 @@ import functools
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,8 +50,8 @@ from typing import Any
 
 import psycopg
 
-from airflow_provider_pgdecode.spark.connect_server import READY_PREFIX
 from airflow_provider_pgdecode.testing.airflow_deployment import AirflowDeployment, free_port
+from airflow_provider_pgdecode.testing.connect_server import LocalConnectServer
 from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -155,47 +153,12 @@ class Workload:
 
 @contextmanager
 def connect_server(port: int, log_path: Path) -> Iterator[str]:
-    """``python -m airflow_provider_pgdecode.spark.connect_server --port N``, until its ready line."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    log = open(log_path, "w")  # noqa: SIM115 - closed below
-    process = subprocess.Popen(
-        [sys.executable, "-m", "airflow_provider_pgdecode.spark.connect_server", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    ready = threading.Event()
-
-    def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            log.write(line)
-            log.flush()
-            if line.startswith(READY_PREFIX):
-                ready.set()
-        ready.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    """``python -m airflow_provider_pgdecode.spark.connect_server --port N`` until its ready line;
+    stopped with SIGTERM on the way out."""
     started = time.perf_counter()
-    try:
-        ready.wait(timeout=360)
-        if process.poll() is not None or not ready.is_set():
-            raise RuntimeError(f"the Spark Connect server did not start; its output: {log_path}")
+    with LocalConnectServer(port=port, master="local[*]", log_path=log_path) as server:
         print(f"  Spark Connect server ready on port {port} in {time.perf_counter() - started:.1f} s", flush=True)
-        yield f"sc://127.0.0.1:{port}"
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        reader.join(timeout=5)
-        log.close()
+        yield server.url
 
 
 # -- part 1: cycles through `airflow dags test` -------------------------------------------------

@@ -34,8 +34,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -79,73 +77,25 @@ MERGE_SECONDS: list[tuple[str, float]] = []
 """(run, seconds of its merge task), for the closing summary."""
 
 
-def _free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def s3a_server_settings(settings: Any) -> tuple[list[str], dict[str, str]]:
-    """The Connect server's S3A settings for an object store (``ObjectStoreSettings``): ``--conf
-    spark.hadoop.fs.s3a.*`` pairs without the secret, and the key pair as ``AWS_*`` environment
-    (S3A's default credential chain reads it; a command line is seen by ``ps``)."""
-    secret = {"fs.s3a.access.key", "fs.s3a.secret.key", "fs.s3a.session.token", "fs.s3a.aws.credentials.provider"}
-    conf = [f"spark.hadoop.{key}={value}" for key, value in settings.hadoop_conf().items() if key not in secret]
-    env = {k: v for k, v in settings.to_env().items() if k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    if settings.session_token:
-        env["AWS_SESSION_TOKEN"] = settings.session_token
-    return conf, env
-
-
 @contextlib.contextmanager
 def connect_server(log: Path, *, s3_settings: Any = None) -> Iterator[int]:
     """A Spark Connect server (the package's server module) on a free port, its output in ``log``;
-    yields the port once it accepts connections and stops it (SIGTERM, then SIGKILL) on the way out."""
-    port = _free_port()
-    command = [sys.executable, "-m", "airflow_provider_pgdecode.spark.connect_server", "--port", str(port)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    if s3_settings is not None:
-        conf, credentials = s3a_server_settings(s3_settings)
-        command.append("--object-store")
-        for pair in conf:
-            command += ["--conf", pair]
-        env.update(credentials)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    with open(log, "ab") as sink:
-        # A session of its own: Ctrl-C reaches this script, whose finally stops the server in order.
-        process = subprocess.Popen(
-            command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
-        )
-    try:
-        from airflow_provider_pgdecode.spark.connect_server import READY_PREFIX
+    yields the port once it accepts connections and stops it (SIGTERM, then SIGKILL) on the way out.
+    It runs in a process group of its own: Ctrl-C reaches this script, whose ``finally`` stops it."""
+    from airflow_provider_pgdecode.testing.connect_server import ConnectServerError, LocalConnectServer
 
-        while True:
-            if any(line.startswith(READY_PREFIX) for line in log.read_text(errors="replace").splitlines()):
-                break
-            if process.poll() is not None:
-                tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-                raise SystemExit(
-                    f"the Spark Connect server exited (code {process.returncode}) before it was ready; "
-                    f"see {log}:\n{tail}"
-                )
-            if time.monotonic() - started > CONNECT_START_TIMEOUT:
-                raise SystemExit(
-                    f"the Spark Connect server was not ready within {CONNECT_START_TIMEOUT:.0f} s; see {log}"
-                )
-            time.sleep(0.5)
-        print(
-            f"    ready on sc://127.0.0.1:{port} after {time.monotonic() - started:.0f} s (log: {log.relative_to(REPO)})"
-        )
-        yield port
+    log.parent.mkdir(parents=True, exist_ok=True)
+    server = LocalConnectServer(master="local[*]", object_store=s3_settings, log_path=log)
+    started = time.monotonic()
+    try:
+        try:
+            server.start(timeout=CONNECT_START_TIMEOUT)
+        except ConnectServerError as exc:
+            raise SystemExit(f"{exc}\n(the whole log: {log})") from None
+        print(f"    ready on {server.url} after {time.monotonic() - started:.0f} s (log: {log.relative_to(REPO)})")
+        yield server.port
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        server.stop(grace=90)
 
 
 def _log_time(line: str) -> datetime | None:

@@ -21,11 +21,30 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from airflow_provider_pgdecode.spark.connect_server import DEFAULT_START_TIMEOUT, READY_PREFIX
 from airflow_provider_pgdecode.testing.airflow_deployment import free_port
 
+if TYPE_CHECKING:
+    from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings
+
 REPO = Path(__file__).resolve().parents[2]
+
+_SECRET_S3A_KEYS = frozenset(
+    {"fs.s3a.access.key", "fs.s3a.secret.key", "fs.s3a.session.token", "fs.s3a.aws.credentials.provider"}
+)
+
+
+def object_store_server_settings(settings: ObjectStoreSettings) -> tuple[dict[str, str], dict[str, str]]:
+    """A Connect server's S3A settings for an object store: ``spark.hadoop.fs.s3a.*`` settings
+    without the secrets, and the key pair as ``AWS_*`` environment (S3A's default credential
+    chain reads it; a command line is seen by ``ps``)."""
+    conf = {f"spark.hadoop.{k}": v for k, v in settings.hadoop_conf().items() if k not in _SECRET_S3A_KEYS}
+    env = {k: v for k, v in settings.to_env().items() if k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    if settings.session_token:
+        env["AWS_SESSION_TOKEN"] = settings.session_token
+    return conf, env
 
 
 class ConnectServerError(RuntimeError):
@@ -34,7 +53,8 @@ class ConnectServerError(RuntimeError):
 
 class LocalConnectServer:
     """A Spark Connect server on 127.0.0.1 (a free port unless ``port`` is given), started by
-    :meth:`start` (or ``with``) and stopped by :meth:`stop`."""
+    :meth:`start` (or ``with``) and stopped by :meth:`stop`; with ``object_store``, it reads and
+    writes ``s3://`` locations of that store."""
 
     def __init__(
         self,
@@ -42,15 +62,19 @@ class LocalConnectServer:
         port: int | None = None,
         master: str = "local[2]",
         conf: Mapping[str, str] | None = None,
-        object_store: bool = False,
+        object_store: ObjectStoreSettings | None = None,
         env: Mapping[str, str] | None = None,
         log_path: Path | None = None,
     ) -> None:
         self.port = port or free_port()
         self.master = master
         self.conf = dict(conf or {})
-        self.object_store = object_store
         self.env = dict(env or {})
+        self.object_store = object_store is not None
+        if object_store is not None:  # hadoop-aws and the store's S3A settings (docs/spark-connect.md)
+            store_conf, store_env = object_store_server_settings(object_store)
+            self.conf = {**store_conf, **self.conf}
+            self.env = {**store_env, **self.env}
         self.log_path = log_path
         self.output: list[str] = []
         self.process: subprocess.Popen[str] | None = None
