@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -291,7 +292,8 @@ def spark_submit_env(master: str | None = None) -> dict[str, str]:
     (:func:`driver_address_env`; an ``SPARK_LOCAL_IP`` already in the environment wins)."""
     import pyspark
 
-    env = dict(os.environ)
+    # A classic job never inherits pyspark's Connect mode (a Connect session in this process).
+    env = {k: v for k, v in os.environ.items() if k not in (CONNECT_MODE_ENV, "SPARK_REMOTE")}
     for key, value in driver_address_env(master).items():
         env.setdefault(key, value)
     env["SPARK_HOME"] = os.path.dirname(pyspark.__file__)
@@ -430,23 +432,37 @@ CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"
 classic ``SparkSession.builder.getOrCreate()`` refuses to start (``CONNECT_URL_NOT_SET``)."""
 
 
+_connect_mode_lock = threading.Lock()
+_connect_mode_holders = 0
+_connect_mode_before: str | None = None
+
+
 @contextmanager
 def connect_mode() -> Iterator[None]:
-    """pyspark's Connect mode for the block only, then as before.
+    """pyspark's Connect mode while any block of this is running, then as before.
 
     pyspark switches a whole process to Connect mode for good when a Connect session is created:
     a later classic session in it (a test's, a verify job's spark-submit that inherits the
     environment, another task under ``airflow dags test``) would fail. pgdecode keeps the switch
-    on only while a Connect session is created or a merge runs on one."""
-    previous = os.environ.get(CONNECT_MODE_ENV)
-    os.environ[CONNECT_MODE_ENV] = "1"
+    on only while a Connect session is created or a merge runs on one. Counted, not saved and
+    restored per block: two merges in two threads (two slots on one server) overlap, and the
+    last one out restores the environment as it was before the first."""
+    global _connect_mode_holders, _connect_mode_before
+    with _connect_mode_lock:
+        if _connect_mode_holders == 0:
+            _connect_mode_before = os.environ.get(CONNECT_MODE_ENV)
+            os.environ[CONNECT_MODE_ENV] = "1"
+        _connect_mode_holders += 1
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop(CONNECT_MODE_ENV, None)
-        else:
-            os.environ[CONNECT_MODE_ENV] = previous
+        with _connect_mode_lock:
+            _connect_mode_holders -= 1
+            if _connect_mode_holders == 0:
+                if _connect_mode_before is None:
+                    os.environ.pop(CONNECT_MODE_ENV, None)
+                else:
+                    os.environ[CONNECT_MODE_ENV] = _connect_mode_before
 
 
 CONNECT_SESSION_CONF: Mapping[str, str] = {

@@ -269,6 +269,8 @@ def test_two_slots_merging_at_once_on_one_server_do_not_share_settings(
         for thread in threads:
             thread.join(timeout=600)
         assert not errors, errors
+        # Overlapping merges leave pyspark's process-wide Connect switch as it was before them.
+        assert CONNECT_MODE_ENV not in os.environ
         for slot in slots:
             for table in ("t0", "t1"):
                 assert _txn_versions(tmp_path / slot / "public" / table) == [
