@@ -11,7 +11,11 @@ job), Delta's SQL extension and catalog, and Spark's logging at ``$PGDECODE_SPAR
 
     pgdecode Spark Connect server ready on sc://127.0.0.1:15002
 
-and stops the server (and exits) on SIGTERM or SIGINT. Point a ``spark_connect`` Airflow
+Before that line it warms the server up (``--warm-up-rounds``, 3 by default; local masters only): a
+few small Delta writes and MERGEs of the merge job's shape on a scratch table in a temporary
+directory, so that the first merges an Airflow task sends do not pay for loading and compiling
+Spark's and Delta's classes (measured: a cold server's first merge takes several times a warm
+one's). It stops the server (and exits) on SIGTERM or SIGINT. Point a ``spark_connect`` Airflow
 connection (host and port) at it and give that connection to the DAG's ``spark_conn_id``
 (docs/spark-connect.md). Plain Python: no Airflow.
 """
@@ -41,6 +45,8 @@ log = logging.getLogger("airflow_provider_pgdecode.spark.connect_server")
 
 READY_PREFIX = "pgdecode Spark Connect server ready on "
 """The start of the line printed once the server accepts connections (what scripts wait for)."""
+
+DEFAULT_WARM_UP_ROUNDS = 3
 
 DEFAULT_START_TIMEOUT = 300.0
 """Seconds to wait for the port: the first start resolves Delta's jars from Maven Central."""
@@ -85,12 +91,68 @@ def build_argument_parser() -> argparse.ArgumentParser:
         "--log-level", default=None, help="Spark's own logging (default $PGDECODE_SPARK_LOG_LEVEL, else WARN)"
     )
     parser.add_argument(
+        "--warm-up-rounds",
+        type=int,
+        default=DEFAULT_WARM_UP_ROUNDS,
+        metavar="N",
+        help="small MERGEs on a scratch Delta table before the ready line (default %(default)s; 0: none; "
+        "local masters only)",
+    )
+    parser.add_argument(
         "--start-timeout",
         type=float,
         default=DEFAULT_START_TIMEOUT,
         help="seconds to wait for the port before giving up (default %(default)s)",
     )
     return parser
+
+
+def warm_up(url: str, rounds: int = DEFAULT_WARM_UP_ROUNDS) -> float:
+    """Run ``rounds`` small MERGEs of the merge job's shape (deletes, updates, inserts, the
+    transaction id, both ways of evaluating expressions) on a scratch Delta table in a temporary
+    directory of this host, through a client session of the server at ``url``; return the seconds
+    taken. The directory is removed afterwards."""
+    import shutil
+    import tempfile
+
+    from airflow_provider_pgdecode.spark.merge_job import (
+        DEFAULT_TABLE_PROPERTIES,
+        INTERPRETED_CONF,
+        delta_ref,
+        transaction_id,
+    )
+    from airflow_provider_pgdecode.spark.session import build_connect_session
+
+    started = time.monotonic()
+    scratch = tempfile.mkdtemp(prefix="pgdecode-warm-up-")
+    spark = build_connect_session(url)
+    try:
+        table = delta_ref(f"{scratch}/warm_up")
+        properties = ", ".join(f"'{k}' = '{v}'" for k, v in DEFAULT_TABLE_PROPERTIES.items())
+        spark.sql(f"CREATE TABLE {table} (id INT, name STRING, lsn BIGINT) USING delta TBLPROPERTIES ({properties})")
+        spark.sql(f"INSERT INTO {table} SELECT CAST(id AS INT), CAST(id AS STRING), 0 FROM range(200)")
+        for round_ in range(1, rounds + 1):
+            settings = INTERPRETED_CONF if round_ % 2 else {}
+            for key, value in settings.items():
+                spark.conf.set(key, value)
+            source = (
+                f"SELECT CAST(id AS INT) AS id, CAST(id * {round_} AS STRING) AS name, {round_} AS lsn, "
+                f"CASE WHEN id % 7 = 0 THEN 'D' ELSE 'U' END AS kind FROM range({round_ * 50}, {round_ * 50 + 200})"
+            )
+            spark.sql(source).groupBy("kind").count().collect()
+            with transaction_id(spark, "warm_up", round_):
+                spark.sql(
+                    f"MERGE INTO {table} AS t USING ({source}) AS s ON t.id = s.id "
+                    "WHEN MATCHED AND s.kind = 'D' AND t.lsn < s.lsn THEN DELETE "
+                    "WHEN MATCHED AND s.kind = 'U' AND t.lsn < s.lsn THEN UPDATE SET name = s.name, lsn = s.lsn "
+                    "WHEN NOT MATCHED AND s.kind = 'U' THEN INSERT (id, name, lsn) VALUES (s.id, s.name, s.lsn)"
+                )
+            for key in settings:
+                spark.conf.unset(key)
+    finally:
+        spark.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    return time.monotonic() - started
 
 
 def _parse_conf(pairs: Sequence[str]) -> dict[str, str]:
@@ -101,6 +163,24 @@ def _parse_conf(pairs: Sequence[str]) -> dict[str, str]:
             raise SystemExit(f"--conf expects KEY=VALUE, got {pair!r}")
         conf[key.strip()] = value
     return conf
+
+
+def _warm_up_before_ready(url: str, master: str, rounds: int) -> None:
+    """:func:`warm_up` on a local master; a failed warm-up is logged and the server still serves
+    (it costs only the first merges' speed)."""
+    if rounds <= 0:
+        return
+    if not master.startswith("local"):
+        log.info(
+            "no warm-up: the scratch table would be on this host, which a %s cluster's executors may not reach", master
+        )
+        return
+    try:
+        seconds = warm_up(url, rounds)
+    except Exception as exc:
+        log.warning("the warm-up failed (the server still serves; its first merges are slower): %s", exc)
+        return
+    log.info("warmed up with %d small MERGEs in %.1f s", rounds, seconds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -142,6 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     while process.poll() is None and not stopping:
         if not ready and port_open(probe, args.port, timeout=0.5):
             ready = True
+            _warm_up_before_ready(f"sc://{probe}:{args.port}", args.master, args.warm_up_rounds)
+            if stopping or process.poll() is not None:
+                break
             print(f"{READY_PREFIX}sc://{probe}:{args.port}", flush=True)
         elif not ready and time.monotonic() > deadline:
             print(

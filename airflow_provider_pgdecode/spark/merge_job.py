@@ -109,6 +109,7 @@ DEFAULT_TABLE_PROPERTIES: Mapping[str, str] = {
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 MAX_KEY_RANGES = 16
+DEFAULT_CODEGEN_MIN_CHANGES = 100_000
 HAS_OLD = "__has_old"  # staged events: the change carries an old image (_pg_old)
 KEY_BUCKETS = 4096
 
@@ -127,6 +128,9 @@ class MergeOptions:
     """Delta table properties for tables the job creates."""
     key_range_pruning: bool = True
     """Add the batch's key ranges to the MERGE condition so Delta skips files outside them."""
+    codegen_min_changes: int = DEFAULT_CODEGEN_MIN_CHANGES
+    """Runs with fewer staged changes evaluate Spark expressions interpreted (:func:`expression_evaluation`);
+    0: always compile."""
 
     def __post_init__(self) -> None:
         if self.numeric_special not in ("null", "error"):
@@ -1054,6 +1058,36 @@ def ensure_table(spark: SparkSession, plan: TablePlan, options: MergeOptions) ->
     return False
 
 
+INTERPRETED_CONF: Mapping[str, str] = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+"""Spark settings that evaluate expressions interpreted instead of compiling generated Java."""
+
+
+@contextmanager
+def expression_evaluation(spark: SparkSession, staged_changes: int, options: MergeOptions) -> Iterator[None]:
+    """Evaluate expressions interpreted, on ``spark``'s own session and for this run only, when the
+    run holds fewer than ``options.codegen_min_changes`` staged changes. Spark generates and
+    compiles Java for every stage of every statement (the wide MERGE's most of all): measured on
+    a warm server, that is about half a small batch's merge time, which so few rows never earn
+    back. Large runs keep code generation, where it pays per row."""
+    if staged_changes >= options.codegen_min_changes:
+        yield
+        return
+    before = {key: spark.conf.get(key, None) for key in INTERPRETED_CONF}
+    for key, value in INTERPRETED_CONF.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, previous in before.items():
+            if previous is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, previous)
+
+
 @contextmanager
 def transaction_id(spark: SparkSession, slot: str, version: int) -> Iterator[None]:
     """Delta's idempotent-write transaction id (app id of ``slot``, ``version``) for the one Delta
@@ -1226,15 +1260,28 @@ def multiset_write(
 
 
 def _last_commit(spark: SparkSession, path: str) -> tuple[int, dict[str, int]]:
-    """The table's latest version, and its row counts when that commit is a MERGE or an append
-    (read from the log only)."""
-    row = spark.sql(f"DESCRIBE HISTORY {delta_ref(path)} LIMIT 1").collect()[0]
-    metrics = row["operationMetrics"] or {}
-    if row["operation"] == "WRITE":
-        return int(row["version"]), {"inserted": int(metrics.get("numOutputRows", 0)), "updated": 0, "deleted": 0}
-    if row["operation"] != "MERGE":
-        return int(row["version"]), {}
-    return int(row["version"]), {
+    """The table's latest version, and its row counts when that commit is a MERGE or an append:
+    the newest commit's ``commitInfo``, read from the log through the storage layer (``DESCRIBE
+    HISTORY``, a Spark statement of its own, only where that cannot reach)."""
+    store = _delta_log_storage(path)
+    if store is None:
+        row = spark.sql(f"DESCRIBE HISTORY {delta_ref(path)} LIMIT 1").collect()[0]
+        version, operation, metrics = int(row["version"]), row["operation"], row["operationMetrics"] or {}
+    else:
+        names = [name for name, is_dir in store.list_dir() if not is_dir]
+        version = max(v for v in (_log_version(n, ".json") for n in names) if v is not None)
+        info: dict[str, Any] = {}
+        for line in store.read_text(f"{version:020d}.json").splitlines():
+            action = json.loads(line) if line.strip() else {}
+            if "commitInfo" in action:
+                info = action["commitInfo"]
+                break
+        operation, metrics = info.get("operation"), info.get("operationMetrics") or {}
+    if operation == "WRITE":
+        return version, {"inserted": int(metrics.get("numOutputRows", 0)), "updated": 0, "deleted": 0}
+    if operation != "MERGE":
+        return version, {}
+    return version, {
         "inserted": int(metrics.get("numTargetRowsInserted", 0)),
         "updated": int(metrics.get("numTargetRowsUpdated", 0)),
         "deleted": int(metrics.get("numTargetRowsDeleted", 0)),
@@ -1259,23 +1306,26 @@ def merge_batches(
     ``deleted``, ``changes``, ``changes_already_applied``, ``delta_version``, ``watermark_lsn``...
     Bad input raises (:class:`BatchError`, :class:`MergeInputError`) before anything is written.
     """
-    with active_connect_session(spark):
-        return _merge_batches(spark, batch_dirs, delta_root, options)
+    options = options or MergeOptions()
+    started = time.monotonic()
+    batch_dirs = [str(directory) for directory in batch_dirs]
+    batches = read_batches(batch_dirs)
+    staged_changes = sum(entry.rows for batch in batches for entry in batch.tables)
+    with active_connect_session(spark), expression_evaluation(spark, staged_changes, options):
+        return _merge_batches(spark, batches, batch_dirs, delta_root, options, started)
 
 
 def _merge_batches(
     spark: SparkSession,
-    batch_dirs: Iterable[str],
+    batches: Sequence[BatchManifest],
+    batch_dirs: Sequence[str],
     delta_root: str,
-    options: MergeOptions | None = None,
+    options: MergeOptions,
+    started: float,
 ) -> dict[str, Any]:
-    options = options or MergeOptions()
-    started = time.monotonic()
-    batch_dirs = [str(directory) for directory in batch_dirs]
     if uses_object_store(batch_dirs, delta_root) and not is_connect_session(spark):
         # A Spark Connect server reads object storage with its own S3A settings (docs/spark-connect.md).
         configure_object_store(spark)
-    batches = read_batches(batch_dirs)
     delta_root = spark_uri(delta_root)
     slot = batches[0].slot
     chunked = any(batch.snapshot_chunks for batch in batches)
@@ -1573,6 +1623,14 @@ def build_argument_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-key-range-pruning", action="store_true", help="do not add key ranges to the MERGE condition"
     )
+    parser.add_argument(
+        "--codegen-min-changes",
+        type=int,
+        default=DEFAULT_CODEGEN_MIN_CHANGES,
+        metavar="N",
+        help="runs with fewer staged changes evaluate Spark expressions interpreted instead of compiling "
+        f"generated code (default {DEFAULT_CODEGEN_MIN_CHANGES}; 0: always compile)",
+    )
     parser.add_argument("--summary-json", default=None, help="also write the summary to this file")
     parser.add_argument("--log-level", default="INFO")
     return parser
@@ -1622,6 +1680,7 @@ def options_from_args(args: argparse.Namespace) -> MergeOptions:
         type_overrides=_parse_type_map(args.type_map),
         numeric_special=args.numeric_special,
         key_range_pruning=not args.no_key_range_pruning,
+        codegen_min_changes=args.codegen_min_changes,
     )
 
 

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -97,6 +98,12 @@ def _txn_versions(table_path: Path) -> list[tuple[str, int]]:
 
 def test_the_server_is_ready_with_delta_and_logs_no_info(connect_server: LocalConnectServer, connect: Any) -> None:
     assert f"{READY_PREFIX}{connect_server.url}" in connect_server.output
+    # Warmed up before the ready line, its scratch table removed.
+    ready_at = connect_server.output.index(f"{READY_PREFIX}{connect_server.url}")
+    assert any("warmed up with 3 small MERGEs" in line for line in connect_server.output[:ready_at]), (
+        connect_server.output[-20:]
+    )
+    assert not list(Path(tempfile.gettempdir()).glob("pgdecode-warm-up-*"))
     # pyspark's process-wide Connect switch is off again: a classic session can still start here.
     assert CONNECT_MODE_ENV not in os.environ
     assert "io.delta.sql.DeltaSparkSessionExtension" in connect.conf.get("spark.sql.extensions")

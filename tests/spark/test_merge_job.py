@@ -466,6 +466,37 @@ def test_two_batches_in_one_run_are_one_merge_in_lsn_order(spark: Any, tmp_path:
     assert [op for _, op in history(spark, path)] == ["MERGE", "CREATE TABLE"]
 
 
+def test_small_runs_evaluate_expressions_interpreted_for_that_run_only(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below codegen_min_changes the run's writes see Spark's interpreted settings; the session has
+    its own settings back afterwards, and a run at or above the bound compiles."""
+    from airflow_provider_pgdecode.spark import merge_job
+
+    seen: list[dict[str, str | None]] = []
+    original = merge_job.ensure_table
+
+    def spy(session: Any, *args: Any, **kwargs: Any) -> bool:
+        seen.append({key: session.conf.get(key, None) for key in merge_job.INTERPRETED_CONF})
+        return original(session, *args, **kwargs)
+
+    monkeypatch.setattr(merge_job, "ensure_table", spy)
+    before = {key: spark.conf.get(key, None) for key in merge_job.INTERPRETED_CONF}
+    assert before != dict(merge_job.INTERPRETED_CONF)
+    a = TableChanges("public", "orders", ORDERS).insert(100, id=1, note="a", amount="1.00")
+    b = TableChanges("public", "orders", ORDERS).update(200, id=1, note="a2", amount="1.10").delete(200, id=1)
+    b.insert(200, id=2, note="b", amount="2.00")
+    root = str(tmp_path / "d")
+    merge_batches(spark, [write_batch(tmp_path / "s", SLOT, 90, 110, [a])], root, MergeOptions(codegen_min_changes=2))
+    assert seen[-1] == dict(merge_job.INTERPRETED_CONF)
+    assert {key: spark.conf.get(key, None) for key in merge_job.INTERPRETED_CONF} == before
+    merge_batches(spark, [write_batch(tmp_path / "s", SLOT, 110, 210, [b])], root, MergeOptions(codegen_min_changes=3))
+    assert seen[-1] == before
+    assert {key: spark.conf.get(key, None) for key in merge_job.INTERPRETED_CONF} == before
+    path = str(tmp_path / "d" / "public" / "orders")
+    assert delta_rows(spark, path, ["id", "note", "amount", "_pg_commit_lsn"]) == orders_state(Model().apply(a, b))
+
+
 def test_inserts_only_into_a_new_table_are_appended_in_one_commit(spark: Any, tmp_path: Path) -> None:
     """An initial-snapshot-shaped batch (TRUNCATE, then inserts) into a new table: appended, not merged."""
     load = TableChanges("public", "orders", ORDERS).truncate(300)

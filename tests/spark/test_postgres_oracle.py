@@ -89,7 +89,10 @@ def test_delta_equals_postgres_across_batches_and_replays(pg_conn, source, spark
     slot = source if plugin == "test_decoding" else source + "_po"
     publication = PUBLICATION if plugin == "pgoutput" else None
     staging, delta_root = tmp_path / "staging", str(tmp_path / "delta")
-    options = MergeOptions()  # or_mood is an enum: the manifest says so, it maps to string
+    # or_mood is an enum: the manifest says so, it maps to string. These runs are small, so they
+    # would evaluate Spark expressions interpreted, as every other small merge test does: this one
+    # compiles them (codegen_min_changes=0), so the compiled path stays under the oracle.
+    options = MergeOptions(codegen_min_changes=0)
     batches: list[str] = []
     checkpoint = None
 
