@@ -127,22 +127,28 @@ def warm_up(url: str, rounds: int = DEFAULT_WARM_UP_ROUNDS) -> float:
     scratch = tempfile.mkdtemp(prefix="pgdecode-warm-up-")
     spark = build_connect_session(url)
     try:
-        table = delta_ref(f"{scratch}/warm_up")
+        path = f"{scratch}/warm_up"
+        table = delta_ref(path)
         properties = ", ".join(f"'{k}' = '{v}'" for k, v in DEFAULT_TABLE_PROPERTIES.items())
         spark.sql(f"CREATE TABLE {table} (id INT, name STRING, lsn BIGINT) USING delta TBLPROPERTIES ({properties})")
-        spark.sql(f"INSERT INTO {table} SELECT CAST(id AS INT), CAST(id AS STRING), 0 FROM range(200)")
+        spark.range(200).selectExpr("CAST(id AS INT) AS id", "CAST(id AS STRING) AS name", "0L AS lsn").write.format(
+            "delta"
+        ).mode("append").save(path)
         for round_ in range(1, rounds + 1):
             settings = INTERPRETED_CONF if round_ % 2 else {}
             for key, value in settings.items():
                 spark.conf.set(key, value)
-            source = (
-                f"SELECT CAST(id AS INT) AS id, CAST(id * {round_} AS STRING) AS name, {round_} AS lsn, "
-                f"CASE WHEN id % 7 = 0 THEN 'D' ELSE 'U' END AS kind FROM range({round_ * 50}, {round_ * 50 + 200})"
+            source = spark.range(round_ * 50, round_ * 50 + 200).selectExpr(
+                "CAST(id AS INT) AS id",
+                f"CAST(id * {round_} AS STRING) AS name",
+                f"CAST({round_} AS BIGINT) AS lsn",
+                "CASE WHEN id % 7 = 0 THEN 'D' ELSE 'U' END AS kind",
             )
-            spark.sql(source).groupBy("kind").count().collect()
+            source.groupBy("kind").count().collect()
+            source.createOrReplaceTempView("pgdecode_warm_up_source")
             with transaction_id(spark, "warm_up", round_):
                 spark.sql(
-                    f"MERGE INTO {table} AS t USING ({source}) AS s ON t.id = s.id "
+                    f"MERGE INTO {table} AS t USING pgdecode_warm_up_source AS s ON t.id = s.id "
                     "WHEN MATCHED AND s.kind = 'D' AND t.lsn < s.lsn THEN DELETE "
                     "WHEN MATCHED AND s.kind = 'U' AND t.lsn < s.lsn THEN UPDATE SET name = s.name, lsn = s.lsn "
                     "WHEN NOT MATCHED AND s.kind = 'U' THEN INSERT (id, name, lsn) VALUES (s.id, s.name, s.lsn)"
