@@ -143,13 +143,16 @@ def spark() -> Iterator[SparkSession]:
 
 
 @pytest.fixture(scope="session")
-def spark_connect_server() -> Iterator[LocalConnectServer]:
+def spark_connect_server(s3_server: LocalS3Server) -> Iterator[LocalConnectServer]:
     """One Spark Connect server with Delta for the session (started by the first test that asks):
-    the Connect path's tests, and the DAG tests whose merges go through a warm session."""
+    the Connect path's tests, the DAG tests whose merges go through a warm session, and the
+    deployment's. It reads and writes the session's S3 server through its own S3A settings, as
+    a deployment's server on a lake does (docs/spark-connect.md)."""
     _fetch_delta_jars()
     server = LocalConnectServer(
         master="local[2]",
         conf={"spark.sql.shuffle.partitions": "2", "spark.databricks.delta.stalenessLimit": "0"},
+        object_store=s3_server.settings,
     )
     try:
         server.start()

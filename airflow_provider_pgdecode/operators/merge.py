@@ -8,7 +8,8 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -54,6 +55,41 @@ def connect_url(conn_id: str) -> str:
             f"Spark Connect connection {conn_id!r} gives no usable server address ({exc}): set its host "
             "(e.g. 127.0.0.1 or sc://spark-connect) and port (e.g. 15002)"
         ) from None
+
+
+@contextmanager
+def connect_session(
+    conn_id: str, conf: Mapping[str, Any], settings: ObjectStoreSettings | None, log: Any
+) -> Iterator[Any]:
+    """A client session of the Spark Connect server of ``conn_id``, stopped on exit (the server
+    and its warm JVM stay), for a job whose core runs in this task and its Spark work on the
+    server; ``log`` is the task's logger. ``conf`` entries become settings of this session only.
+    The store's settings reach the manifests' and footers' reads in this process (the server
+    reads Parquet and Delta with its own S3A settings: docs/spark-connect.md); the [pgdecode]
+    settings too."""
+    from airflow_provider_pgdecode.spark.session import build_connect_session
+
+    url = connect_url(conn_id)
+    session_conf = {str(k): str(v) for k, v in conf.items() if not str(k).startswith("spark.jars")}
+    log.info("Running through the Spark Connect server %s (connection %s)", url.split(";")[0], conn_id)
+    with pgdecode_environment(), exported(settings.to_env() if settings is not None else {}):
+        spark = build_connect_session(url, extra_conf=session_conf)
+        try:
+            yield spark
+        finally:
+            try:
+                spark.stop()
+            except Exception as exc:  # a lost server: the job's own outcome matters more
+                log.warning("Could not close the Spark Connect session: %s", exc)
+
+
+def interrupt_connect_session(session: Any) -> None:
+    """Stop a task's Spark work on a Spark Connect server (``on_kill``); the server stays."""
+    if session is not None:
+        try:
+            session.interruptAll()
+        finally:
+            session.stop()
 
 
 def merge_job_path() -> str:
@@ -453,20 +489,13 @@ class PgDecodeMergeOperator(BaseOperator):
         task, its Spark work on the server. A session of its own, stopped at the end (the server
         and its warm JVM stay); ``conf`` entries become settings of this session only."""
         from airflow_provider_pgdecode.spark.merge_job import build_argument_parser, options_from_args, run_merge_job
-        from airflow_provider_pgdecode.spark.session import build_connect_session
 
         args = ["--delta-root", str(self.delta_root)]
         for batch in batches:
             args += ["--batch", batch]
         parsed = build_argument_parser().parse_args([*args, *(str(a) for a in self.merge_args)])
         options = options_from_args(parsed)
-        url = connect_url(self.conn_id)
-        session_conf = {str(k): str(v) for k, v in self.conf.items() if not str(k).startswith("spark.jars")}
-        self.log.info("Merging through the Spark Connect server %s (connection %s)", url.split(";")[0], self.conn_id)
-        # The store's settings reach the manifests' and footers' reads in this process (the server reads
-        # Parquet and Delta with its own S3A settings: docs/spark-connect.md); the [pgdecode] settings too.
-        with pgdecode_environment(), exported(settings.to_env() if settings is not None else {}):
-            spark = build_connect_session(url, extra_conf=session_conf)
+        with connect_session(self.conn_id, self.conf, settings, self.log) as spark:
             self._connect_session = spark
             workdir = tempfile.mkdtemp(prefix="pgdecode-merge-")
             refusal_path = str(Path(workdir) / "summary.json")
@@ -483,10 +512,6 @@ class PgDecodeMergeOperator(BaseOperator):
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
                 self._connect_session = None
-                try:
-                    spark.stop()
-                except Exception as exc:  # a lost server: the merge's own outcome matters more
-                    self.log.warning("Could not close the Spark Connect session: %s", exc)
         if summary is None:
             kind, message = refusal or ("error", "see the merge job's error above")
             if code == 3:
@@ -554,12 +579,7 @@ class PgDecodeMergeOperator(BaseOperator):
         """Stop the spark-submit process (and the driver or application in cluster modes)."""
         if self._hook is not None:
             self._hook.on_kill()
-        session = getattr(self, "_connect_session", None)
-        if session is not None:  # stop this session's Spark work on the server; the server stays
-            try:
-                session.interruptAll()
-            finally:
-                session.stop()
+        interrupt_connect_session(getattr(self, "_connect_session", None))
 
 
 def location_asset(location: str | Path) -> Asset:

@@ -3,8 +3,9 @@
 The last step of a verify run (``dags/pgdecode_verify.py``): after
 :class:`~airflow_provider_pgdecode.operators.verify_snapshot.PgDecodeVerifySnapshotOperator`
 copied the tables as of X and the slot's changes up to X were merged, the verify job
-(``spark/verify_job.py``, through spark-submit as the merge job) compares per table the row
-counts and a hash per key bucket, narrowing differing buckets to the differing keys.
+(``spark/verify_job.py``, through spark-submit or a Spark Connect server as the merge job)
+compares per table the row counts and a hash per key bucket, narrowing differing buckets to the
+differing keys.
 
 Example::
 
@@ -42,11 +43,15 @@ from airflow_provider_pgdecode.capture.verify import (
 from airflow_provider_pgdecode.errors import ConfigurationError, VerifyError, VerifyMismatchError
 from airflow_provider_pgdecode.hooks.object_store import object_store_settings
 from airflow_provider_pgdecode.operators.merge import (
+    SPARK_CONNECT_CONN_TYPE,
+    connect_session,
     default_env_vars,
     default_spark_binary,
     hook_master,
+    interrupt_connect_session,
     location_asset,
     object_store_env,
+    spark_connection_type,
     spark_submit_settings,
     uses_object_store,
 )
@@ -136,7 +141,10 @@ def mismatch_message(report: Mapping[str, Any], report_path: str) -> str:
 
 
 class PgDecodeVerifyOperator(BaseOperator):
-    """Submit the verify job for a verify snapshot and the Delta tables; report, emit, fail on a difference.
+    """Run the verify job for a verify snapshot and the Delta tables; report, emit, fail on a difference.
+
+    As the merge operator's job: by spark-submit when ``conn_id`` is a ``spark`` connection, or
+    in this task as a client session of the server of a ``spark_connect`` connection.
 
     Delta must be at the snapshot's LSN X: the slot's changes up to X merged (extract with
     ``upto_lsn`` X, then merge) and no table past X. A table merged past X meanwhile (another
@@ -169,7 +177,9 @@ class PgDecodeVerifyOperator(BaseOperator):
     :param snapshot: the verify snapshot task's return value (a dict or its rendering); default
         the XCom of the task ``verify_snapshot``. (templated)
     :param delta_root: the root of the pipeline's Delta tables. (templated)
-    :param conn_id: the Spark connection. (templated)
+    :param conn_id: the Spark connection: ``spark`` (spark-submit) or ``spark_connect`` (a client
+        session of that server; ``conf`` entries become settings of the session, the spark-submit
+        parameters do not apply). (templated)
     :param buckets: hash buckets per table. (templated)
     :param max_keys: differing keys listed per table. (templated)
     :param verify_args: more arguments of the verify job: the merge's type options, e.g.
@@ -244,6 +254,20 @@ class PgDecodeVerifyOperator(BaseOperator):
         self.executor_memory = executor_memory
         self.storage_conn_id = storage_conn_id
         self._hook: SparkSubmitHook | None = None
+        self._connect_session: Any = None
+
+    def _job_args(self, snapshot: VerifySnapshot, report_path: str | None = None) -> list[str]:
+        """The verify job's arguments (spark-submit's command line, or parsed for a Connect session)."""
+        args = [
+            *("--snapshot", snapshot.path, "--delta-root", str(self.delta_root)),
+            *("--slot", snapshot.slot, "--lsn", str(snapshot.lsn)),
+            *("--buckets", str(int(self.buckets)), "--max-keys", str(int(self.max_keys))),
+        ]
+        if report_path is not None:
+            args += ["--report-json", report_path]
+        for table in snapshot.tables:
+            args += ["--table", table]
+        return args + [str(a) for a in self.verify_args]
 
     def get_hook(
         self, snapshot: VerifySnapshot, report_path: str, settings: ObjectStoreSettings | None = None
@@ -252,14 +276,7 @@ class PgDecodeVerifyOperator(BaseOperator):
         storage connection's reach it as ``AWS_*`` environment only)."""
         object_store = uses_object_store(snapshot.path, str(self.delta_root))
         conf, packages = spark_submit_settings(self.conn_id, self.conf, self.packages, object_store=object_store)
-        args = [
-            *("--snapshot", snapshot.path, "--delta-root", str(self.delta_root)),
-            *("--slot", snapshot.slot, "--lsn", str(snapshot.lsn), "--report-json", report_path),
-            *("--buckets", str(int(self.buckets)), "--max-keys", str(int(self.max_keys))),
-        ]
-        for table in snapshot.tables:
-            args += ["--table", table]
-        args += [str(a) for a in self.verify_args]
+        args = self._job_args(snapshot, report_path)
 
         def build(env_vars: dict[str, str]) -> SparkSubmitHook:
             return SparkSubmitHook(
@@ -286,29 +303,22 @@ class PgDecodeVerifyOperator(BaseOperator):
     def _verify(self, context: Context) -> dict[str, Any]:
         snapshot = parse_snapshot(self.snapshot)
         settings = object_store_settings(self.storage_conn_id)
-        workdir = tempfile.mkdtemp(prefix="pgdecode-verify-")
-        try:
-            job_report = str(Path(workdir) / "report.json")
-            self._hook = self.get_hook(snapshot, job_report, settings)
-            self.log.info(
-                "Comparing %d table(s) of slot %s with Delta at %s as of LSN %s",
-                len(snapshot.tables),
-                snapshot.slot,
-                self.delta_root,
-                snapshot.lsn,
-            )
-            try:
-                self._hook.submit(verify_job_path())
-            except AirflowException:
-                refusal = _read_json(job_report)
-                if refusal is not None and "error" in refusal:
-                    # A refusal is final for this copy: drop it, a new verify run takes another.
-                    self._remove(snapshot, settings)
-                    raise VerifyError(f"the verify job refused: {refusal['error']}: {refusal.get('message')}") from None
-                raise  # a crash: the copy stays for the retry
-            report = _read_json(job_report)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+        self.log.info(
+            "Comparing %d table(s) of slot %s with Delta at %s as of LSN %s",
+            len(snapshot.tables),
+            snapshot.slot,
+            self.delta_root,
+            snapshot.lsn,
+        )
+        report: dict[str, Any] | None
+        if spark_connection_type(self.conn_id) == SPARK_CONNECT_CONN_TYPE:
+            report = self._verify_connect(snapshot, settings)
+        else:
+            report = self._verify_submit(snapshot, settings)
+        if report is not None and "error" in report:
+            # A refusal is final for this copy: drop it, a new verify run takes another.
+            self._remove(snapshot, settings)
+            raise VerifyError(f"the verify job refused: {report['error']}: {report.get('message')}")
         if report is None or "tables" not in report:
             raise VerifyError(f"the verify job wrote no report for slot {snapshot.slot!r} (its log says why)")
         name = f"report-{int(snapshot.lsn):016X}.json"
@@ -322,6 +332,39 @@ class PgDecodeVerifyOperator(BaseOperator):
             raise VerifyMismatchError(mismatch_message(report, str(kept)))
         self._emit(context, snapshot, report, str(kept))
         return report
+
+    def _verify_submit(self, snapshot: VerifySnapshot, settings: ObjectStoreSettings | None) -> dict[str, Any] | None:
+        """The report (or the job's refusal) of the verify job run by spark-submit; a crash raises
+        and the copy stays for the retry."""
+        workdir = tempfile.mkdtemp(prefix="pgdecode-verify-")
+        try:
+            job_report = str(Path(workdir) / "report.json")
+            self._hook = self.get_hook(snapshot, job_report, settings)
+            try:
+                self._hook.submit(verify_job_path())
+            except AirflowException:
+                refusal = _read_json(job_report)
+                if refusal is not None and "error" in refusal:
+                    return refusal
+                raise
+            return _read_json(job_report)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def _verify_connect(self, snapshot: VerifySnapshot, settings: ObjectStoreSettings | None) -> dict[str, Any]:
+        """The report (or the job's refusal) of the verify job's core run in this task as a client
+        session of the Spark Connect server of ``conn_id`` (the merge operator's Connect path)."""
+        from airflow_provider_pgdecode.spark.verify_job import REFUSALS, build_argument_parser, verify_from_args
+
+        args = build_argument_parser().parse_args(self._job_args(snapshot))
+        with connect_session(self.conn_id, self.conf, settings, self.log) as spark:
+            self._connect_session = spark
+            try:
+                return verify_from_args(spark, args)
+            except REFUSALS as error:
+                return {"error": type(error).__name__, "message": str(error)}
+            finally:
+                self._connect_session = None
 
     def _remove(self, snapshot: VerifySnapshot, settings: ObjectStoreSettings | None = None) -> None:
         if self.keep_snapshot:
@@ -359,9 +402,11 @@ class PgDecodeVerifyOperator(BaseOperator):
         events.add(verify_asset(snapshot), extra={**summarize(report), "report": path})
 
     def on_kill(self) -> None:
-        """Stop the spark-submit process (and the driver in cluster modes)."""
+        """Stop the spark-submit process (and the driver in cluster modes), or this task's Spark
+        work on a Spark Connect server."""
         if self._hook is not None:
             self._hook.on_kill()
+        interrupt_connect_session(self._connect_session)
 
 
 def _read_json(path: str) -> dict[str, Any] | None:

@@ -4,7 +4,9 @@ The oracle is PostgreSQL: after each run every Delta table equals its source as 
 workload carries a prepared transaction across runs, a TRUNCATE, an unchanged TOAST value and a
 key change; one run is killed after the merge and before the confirm, and the re-run doubles
 nothing. The staging root and the Delta root are ``s3://`` locations reached through an Airflow
-``aws`` connection (``storage_conn_id``); nothing of either is on the local disk.
+``aws`` connection (``storage_conn_id``); nothing of either is on the local disk. The
+incremental DAG merges through a Spark Connect server reading the lake with its own S3A
+settings; the backfill DAG through spark-submit, hadoop-aws resolved by Ivy as users' runs do.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def slot_lsn(pg_conn, slot: str):
     ).fetchone()[0]
 
 
-def test_the_oracle_on_s3(pg_conn, incremental_s3, s3_object_spark, tmp_path) -> None:
+def test_the_oracle_on_s3(pg_conn, incremental_s3, merge_through_connect, s3_object_spark, tmp_path) -> None:
     dag, conf, bucket = incremental_s3
     spark = s3_object_spark
     c = pg_conn

@@ -1,5 +1,8 @@
 """pgdecode_verify run through Airflow against real PostgreSQL, Spark and Delta: equal under a
-concurrent writer; after one Delta row is changed by hand, the run fails and names that key."""
+concurrent writer; after one Delta row is changed by hand, the run fails and names that key.
+
+Its merge and verify tasks run as client sessions of the test session's Spark Connect server
+(tests/operators/test_verify.py runs the verify job by spark-submit too)."""
 
 from __future__ import annotations
 
@@ -107,7 +110,9 @@ def verify_events(staging_uri: str, slot: str) -> list[dict]:
         return [dict(event.extra) for event in rows]
 
 
-def test_equal_under_a_concurrent_writer_then_names_a_row_changed_in_delta(pg_conn, pg_dsn, pipeline, spark) -> None:
+def test_equal_under_a_concurrent_writer_then_names_a_row_changed_in_delta(
+    pg_conn, pg_dsn, pipeline, merge_through_connect, spark
+) -> None:
     from airflow.utils.state import DagRunState
     from delta.tables import DeltaTable
 

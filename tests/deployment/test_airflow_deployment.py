@@ -1,6 +1,9 @@
 """The DAGs on a real Airflow deployment: scheduler, DAG processor, triggerer and API server as
 separate processes (:class:`~airflow_provider_pgdecode.testing.airflow_deployment.AirflowDeployment`),
-the throwaway PostgreSQL as the metadata database, the LocalExecutor, real Spark and Delta.
+the throwaway PostgreSQL as the metadata database, the LocalExecutor, real Spark and Delta. The
+merges run as client sessions of the test session's Spark Connect server (a ``spark_connect``
+``spark_default``), as a deployment that wants its lake seconds behind PostgreSQL would run them;
+the DAG tests in tests/dags/ run the spark-submit path.
 
 One deployment serves the module, in order:
 
@@ -29,10 +32,10 @@ import pytest
 
 from airflow_provider_pgdecode.testing.airflow_deployment import AirflowDeployment
 from airflow_provider_pgdecode.testing.compare import compare_table
+from airflow_provider_pgdecode.testing.connect_server import LocalConnectServer
 from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
-from tests.jars import cached_delta_jars
 
-# A real deployment: migrating its database, starting four components and Spark runs take minutes.
+# A real deployment: migrating its database and starting four components take minutes.
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,7 +100,9 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def deployment(pg_cluster: ThrowawayCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+def deployment(
+    pg_cluster: ThrowawayCluster, spark_connect_server: LocalConnectServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
     root = tmp_path_factory.mktemp("deployment")
     data_dir, dags = root / "data", root / "dags"
     dags.mkdir()
@@ -118,7 +123,7 @@ def deployment(pg_cluster: ThrowawayCluster, tmp_path_factory: pytest.TempPathFa
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (slot,))
     env = {
         "AIRFLOW_CONN_PGDECODE_SOURCE": pg_cluster.airflow_conn_json(SOURCE_DB),
-        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[1]"}),
+        "AIRFLOW_CONN_SPARK_DEFAULT": spark_connect_server.airflow_conn_json,
         "AIRFLOW__PGDECODE__DATA_DIR": str(data_dir),
         "AIRFLOW__PGDECODE__SCHEDULE": "* * * * *",
         "AIRFLOW__PGDECODE__WAIT_SECONDS": "600",  # the deferred sensor waits for the test's commit
@@ -126,9 +131,6 @@ def deployment(pg_cluster: ThrowawayCluster, tmp_path_factory: pytest.TempPathFa
         "SPARK_LOCAL_IP": "127.0.0.1",
         "PYTHONPATH": str(REPO),
     }
-    jars = cached_delta_jars()
-    if jars:
-        env["PGDECODE_DELTA_JARS"] = jars  # no Ivy resolution per spark-submit
     airflow = AirflowDeployment(
         root / "airflow",
         metadata_dsn=f"postgresql+psycopg2://{pg_cluster.user}@{pg_cluster.host}:{pg_cluster.port}/{METADATA_DB}",

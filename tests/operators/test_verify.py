@@ -73,7 +73,10 @@ def test_the_result_asset_is_the_slots_verify_area() -> None:
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_a_refusal_of_the_job_fails_without_retry_and_drops_the_copy(tmp_path, monkeypatch, spark) -> None:
+@pytest.mark.parametrize("path", ["spark-submit", "spark-connect"])
+def test_a_refusal_of_the_job_fails_without_retry_and_drops_the_copy(
+    request, path, tmp_path, monkeypatch, spark
+) -> None:
     import json
 
     import pyarrow as pa
@@ -82,7 +85,11 @@ def test_a_refusal_of_the_job_fails_without_retry_and_drops_the_copy(tmp_path, m
     from airflow_provider_pgdecode.spark.merge_job import merge_batches
     from tests.spark.staged import TableChanges, write_batch
 
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[1]"}))
+    if path == "spark-connect":  # the job's core in this process, a client session of the server
+        server = request.getfixturevalue("spark_connect_server")
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", server.airflow_conn_json)
+    else:
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[1]"}))
     staging, delta = tmp_path / "staging", str(tmp_path / "delta")
 
     def items(lsn: int) -> TableChanges:
