@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any  # noqa: E402
 
 import psycopg  # noqa: E402
 import pytest  # noqa: E402
+from psycopg import sql  # noqa: E402
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -69,11 +70,20 @@ def pg_dsn(pg_cluster: ThrowawayCluster) -> str:
     return pg_cluster.create_database(TEST_DATABASE)
 
 
+def rollback_prepared(conn: psycopg.Connection[Any]) -> None:
+    """Roll back the prepared transactions left in the connection's database: a test that failed
+    before resolving its own would leave their locks to block the tests after it."""
+    for (gid,) in conn.execute("select gid from pg_prepared_xacts where database = current_database()").fetchall():
+        conn.execute(sql.SQL("rollback prepared {}").format(sql.Literal(gid)))
+
+
 @pytest.fixture
 def pg_conn(pg_dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    """An autocommit psycopg 3 connection to ``pgdecode_test``."""
+    """An autocommit psycopg 3 connection to ``pgdecode_test`` (prepared transactions the test
+    left are rolled back afterwards)."""
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         yield conn
+        rollback_prepared(conn)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import pytest
 
 from airflow_provider_pgdecode.testing.compare import compare_table
 from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
+from tests.conftest import rollback_prepared
 from tests.faults.dagproc import DagProcess, airflow_env
 
 
@@ -35,8 +36,7 @@ def dag_process(
     logs.mkdir()
     yield DagProcess(env, conf, logs)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        for (gid,) in conn.execute("select gid from pg_prepared_xacts where database = current_database()").fetchall():
-            conn.execute(f"rollback prepared '{gid}'")
+        rollback_prepared(conn)
         conn.execute("drop table if exists fk_accounts, fk_events")
 
 
