@@ -1323,8 +1323,7 @@ def _merge_batches(
     options: MergeOptions,
     started: float,
 ) -> dict[str, Any]:
-    if uses_object_store(batch_dirs, delta_root) and not is_connect_session(spark):
-        # A Spark Connect server reads object storage with its own S3A settings (docs/spark-connect.md).
+    if uses_object_store(batch_dirs, delta_root):
         configure_object_store(spark)
     delta_root = spark_uri(delta_root)
     slot = batches[0].slot

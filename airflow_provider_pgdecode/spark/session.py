@@ -378,8 +378,11 @@ def configure_object_store(spark: SparkSession, settings: ObjectStoreSettings | 
 
     ``settings`` default to the ``AWS_*`` environment (what the operators pass to spark-submit).
     Raises :class:`~airflow_provider_pgdecode.errors.ConfigurationError` when the session has no
-    S3A filesystem (hadoop-aws is not on its classpath).
+    S3A filesystem (hadoop-aws is not on its classpath). A Spark Connect session is left as it is:
+    its server reads object storage with its own S3A settings (docs/spark-connect.md).
     """
+    if is_connect_session(spark):
+        return
     from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings
 
     settings = settings if settings is not None else ObjectStoreSettings.from_env()

@@ -77,7 +77,7 @@ from airflow_provider_pgdecode.spark.merge_job import (
     staged_events,
     uses_object_store,
 )
-from airflow_provider_pgdecode.spark.session import active_connect_session, configure_object_store, is_connect_session
+from airflow_provider_pgdecode.spark.session import active_connect_session, configure_object_store
 from airflow_provider_pgdecode.spark.types import DEFAULT_UNBOUNDED_NUMERIC
 
 if TYPE_CHECKING:
@@ -409,60 +409,74 @@ def verify_tables(
     options = options or MergeOptions()
     if buckets < 1 or max_keys < 0:
         raise VerifyError(f"buckets must be at least 1 and max_keys at least 0, not {buckets} and {max_keys}")
-    # pyspark.sql.functions build Connect columns only in Connect mode (the merge job does the same).
+    # pyspark.sql.functions build Connect columns only in Connect mode (as in merge_batches).
     with active_connect_session(spark):
-        if uses_object_store([snapshot_dir], delta_root) and not is_connect_session(spark):
-            configure_object_store(spark)  # a Connect server reads the store with its own S3A settings
-        manifest = BatchManifest.read(snapshot_dir)
-        entries = {(t.schema, t.table): t for t in manifest.tables}
-        names = sorted({qualified_name(t) for t in tables}) if tables else sorted(entries)
-        missing = [f"{s}.{t}" for s, t in entries if (s, t) not in names]
-        if missing:
-            raise VerifyError(f"the verify snapshot {snapshot_dir} holds tables not asked for: {', '.join(missing)}")
-        paths = {f"{s}.{t}": delta_table_path(spark_uri(delta_root), s, t) for s, t in names}
-        states = {name: read_delta_state(spark, path, app_id(slot)) for name, path in paths.items()}
-        check_positions(states, lsn, slot)
-        results: dict[str, dict[str, Any]] = {}
-        for schema, table in names:
-            name = f"{schema}.{table}"
-            state = states[name]
-            base: dict[str, Any] = {
-                "delta_path": paths[name],
-                "delta_exists": state.exists,
-                "delta_version": state.version,
-                "watermark_lsn": str(Lsn(state.watermark)) if state.watermark is not None else None,
-            }
-            try:
-                entry = entries.get((schema, table))
-                if entry is not None:
-                    side = _plan_source(spark, manifest, entry, spark_uri(delta_root), state, options)
-                elif state.exists:
-                    side = _delta_only(spark, paths[name], state)
-                else:  # no row in PostgreSQL and no Delta table: nothing to hold
-                    results[name] = {**base, "equal": True, "source_rows": 0, "delta_rows": 0, "keys": []}
-                    continue
-                results[name] = {**base, **compare_table(spark, side, buckets, max_keys)}
-            except MergeInputError as error:  # e.g. a type Delta cannot hold as the source has it
-                results[name] = {**base, "equal": False, "error": str(error), "keys": []}
-            outcome = results[name]
-            log.info(
-                "table %s: %s (PostgreSQL %s rows, Delta %s rows, %s differing key(s))",
-                name,
-                "equal" if outcome["equal"] else "DIFFERS",
-                outcome.get("source_rows"),
-                outcome.get("delta_rows"),
-                outcome.get("differing_keys", 0),
-            )
-        return {
-            "format": REPORT_FORMAT,
-            "slot": slot,
-            "lsn": str(lsn),
-            "snapshot": snapshot_dir,
-            "delta_root": delta_root,
-            "equal": all(r["equal"] for r in results.values()),
-            "differing_tables": sorted(n for n, r in results.items() if not r["equal"]),
-            "tables": results,
+        return _verify_tables(spark, snapshot_dir, delta_root, slot, lsn, tables, options, buckets, max_keys)
+
+
+def _verify_tables(
+    spark: SparkSession,
+    snapshot_dir: str,
+    delta_root: str,
+    slot: str,
+    lsn: Lsn,
+    tables: Sequence[str] | None,
+    options: MergeOptions,
+    buckets: int,
+    max_keys: int,
+) -> dict[str, Any]:
+    if uses_object_store([snapshot_dir], delta_root):
+        configure_object_store(spark)
+    manifest = BatchManifest.read(snapshot_dir)
+    entries = {(t.schema, t.table): t for t in manifest.tables}
+    names = sorted({qualified_name(t) for t in tables}) if tables else sorted(entries)
+    missing = [f"{s}.{t}" for s, t in entries if (s, t) not in names]
+    if missing:
+        raise VerifyError(f"the verify snapshot {snapshot_dir} holds tables not asked for: {', '.join(missing)}")
+    paths = {f"{s}.{t}": delta_table_path(spark_uri(delta_root), s, t) for s, t in names}
+    states = {name: read_delta_state(spark, path, app_id(slot)) for name, path in paths.items()}
+    check_positions(states, lsn, slot)
+    results: dict[str, dict[str, Any]] = {}
+    for schema, table in names:
+        name = f"{schema}.{table}"
+        state = states[name]
+        base: dict[str, Any] = {
+            "delta_path": paths[name],
+            "delta_exists": state.exists,
+            "delta_version": state.version,
+            "watermark_lsn": str(Lsn(state.watermark)) if state.watermark is not None else None,
         }
+        try:
+            entry = entries.get((schema, table))
+            if entry is not None:
+                side = _plan_source(spark, manifest, entry, spark_uri(delta_root), state, options)
+            elif state.exists:
+                side = _delta_only(spark, paths[name], state)
+            else:  # no row in PostgreSQL and no Delta table: nothing to hold
+                results[name] = {**base, "equal": True, "source_rows": 0, "delta_rows": 0, "keys": []}
+                continue
+            results[name] = {**base, **compare_table(spark, side, buckets, max_keys)}
+        except MergeInputError as error:  # e.g. a type Delta cannot hold as the source has it
+            results[name] = {**base, "equal": False, "error": str(error), "keys": []}
+        outcome = results[name]
+        log.info(
+            "table %s: %s (PostgreSQL %s rows, Delta %s rows, %s differing key(s))",
+            name,
+            "equal" if outcome["equal"] else "DIFFERS",
+            outcome.get("source_rows"),
+            outcome.get("delta_rows"),
+            outcome.get("differing_keys", 0),
+        )
+    return {
+        "format": REPORT_FORMAT,
+        "slot": slot,
+        "lsn": str(lsn),
+        "snapshot": snapshot_dir,
+        "delta_root": delta_root,
+        "equal": all(r["equal"] for r in results.values()),
+        "differing_tables": sorted(n for n, r in results.items() if not r["equal"]),
+        "tables": results,
+    }
 
 
 def build_argument_parser() -> argparse.ArgumentParser:
