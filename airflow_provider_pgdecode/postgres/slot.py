@@ -51,7 +51,7 @@ SLOT_NAME_RE = re.compile(r"[a-z0-9_]{1,63}")
 # pg_lsn binary loader ~515k rows/s; the server's count(*) alone ~950k rows/s.
 _PEEK_SQL = (
     "SELECT (lsn - '0/0'::pg_lsn)::int8, xid::text::int8, data"
-    " FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, VARIADIC %s::text[])"
+    " FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s::int4, VARIADIC %s::text[])"
 )
 
 # The same peek as one COPY in binary format, for readers that parse it themselves: columns as
@@ -59,7 +59,7 @@ _PEEK_SQL = (
 # evaluates no expression per row.
 _PEEK_COPY_SQL = (
     "COPY (SELECT lsn, xid, data"
-    " FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, VARIADIC %s::text[]))"
+    " FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s::int4, VARIADIC %s::text[]))"
     " TO STDOUT (FORMAT BINARY)"
 )
 
@@ -145,11 +145,15 @@ def validate_slot_name(name: str) -> str:
     return name
 
 
-def _peek_arguments(name: str, upto_lsn: Lsn, options: Sequence[tuple[str, str]]) -> tuple[Lsn, list[str]]:
-    """Checked slot name, ceiling and flattened plugin options of a peek."""
+def _peek_arguments(
+    name: str, upto_lsn: Lsn, options: Sequence[tuple[str, str]], upto_rows: int | None = None
+) -> tuple[Lsn, list[str]]:
+    """Checked slot name, ceiling, row limit and flattened plugin options of a peek."""
     validate_slot_name(name)
     if not isinstance(upto_lsn, int):
         raise TypeError(f"upto_lsn must be an Lsn, got {upto_lsn!r}")
+    if upto_rows is not None and not 1 <= upto_rows <= 2**31 - 1:
+        raise ValueError(f"upto_rows must be between 1 and 2147483647, got {upto_rows!r}")
     flat: list[str] = []
     for option in options:
         if len(option) != 2 or not all(isinstance(part, str) for part in option):
@@ -392,6 +396,7 @@ class SlotClient:
         upto_lsn: Lsn,
         options: Sequence[tuple[str, str]] = (),
         chunk_size: int = 10000,
+        upto_rows: int | None = None,
     ) -> PeekRows:
         """Stream ``(lsn, xid, data)`` rows of the slot up to ``upto_lsn``, without consuming them.
 
@@ -406,13 +411,16 @@ class SlotClient:
         :param upto_lsn: the ceiling LSN.
         :param options: output plugin options as ``(name, value)`` pairs.
         :param chunk_size: rows fetched per round trip.
+        :param upto_rows: stop decoding once this many rows were produced (PostgreSQL's
+            ``upto_nchanges``: it finishes the WAL record that reached the limit, so the
+            transaction whose rows cross it comes whole, unless it was streamed); ``None``: no limit.
         """
-        ceiling, flat = _peek_arguments(name, upto_lsn, options)
+        ceiling, flat = _peek_arguments(name, upto_lsn, options, upto_rows)
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-        return self._peek_rows(name, str(ceiling), flat, chunk_size)
+        return self._peek_rows(name, str(ceiling), upto_rows, flat, chunk_size)
 
-    def _peek_rows(self, name: str, upto: str, options: list[str], chunk_size: int) -> PeekRows:
+    def _peek_rows(self, name: str, upto: str, upto_rows: int | None, options: list[str], chunk_size: int) -> PeekRows:
         conn = self.conn
         new = int.__new__
         with conn.transaction():
@@ -421,7 +429,7 @@ class SlotClient:
             with conn.cursor(name=cursor_name, row_factory=tuple_row) as cur:
                 try:
                     # Binary results: bytea arrives as raw bytes, LSNs and xids as plain int8.
-                    cur.execute(_PEEK_SQL, (name, upto, options), binary=True)
+                    cur.execute(_PEEK_SQL, (name, upto, upto_rows, options), binary=True)
                     rows = cur.fetchmany(chunk_size)
                 except psycopg.Error as exc:
                     raise self._error(exc, name, "peeking changes") from exc
@@ -451,7 +459,9 @@ class SlotClient:
         return [(Lsn(lsn), bytes(data)) for lsn, data in rows]
 
     @contextlib.contextmanager
-    def peek_copy(self, name: str, upto_lsn: Lsn, options: Sequence[tuple[str, str]] = ()) -> Iterator[psycopg.Copy]:
+    def peek_copy(
+        self, name: str, upto_lsn: Lsn, options: Sequence[tuple[str, str]] = (), upto_rows: int | None = None
+    ) -> Iterator[psycopg.Copy]:
         """The rows :meth:`peek` gives, as a ``COPY ... TO STDOUT (FORMAT BINARY)`` in progress.
 
         A context manager giving psycopg's ``Copy`` (iterate it for raw blocks). Columns: lsn
@@ -460,13 +470,13 @@ class SlotClient:
         COPY format themselves (the extract's native fast path, which may also read the
         connection's libpq directly while the COPY is open).
         """
-        ceiling, flat = _peek_arguments(name, upto_lsn, options)
+        ceiling, flat = _peek_arguments(name, upto_lsn, options, upto_rows)
         conn = self.conn
         with conn.transaction():
             pin_settings(conn, local=True)
             with conn.cursor() as cur:
                 try:
-                    with cur.copy(_PEEK_COPY_SQL, (name, str(ceiling), flat)) as copy:
+                    with cur.copy(_PEEK_COPY_SQL, (name, str(ceiling), upto_rows, flat)) as copy:
                         yield copy
                 except psycopg.Error as exc:
                     raise self._error(exc, name, "peeking changes") from exc
