@@ -154,6 +154,9 @@ class BatchManifest:
     #: ``[schema, table]`` the table was seen under, oldest first) and ``delta_table`` (where its
     #: changes flow). Carried from batch to batch so that a renamed table is followed.
     table_oids: dict[str, Any] = field(default_factory=dict)
+    #: Which batch bound ended the batch before its ceiling (``"changes"`` or ``"wal_bytes"``,
+    #: capture/bounds.py); ``None``: it read up to the ceiling, the slot was caught up.
+    bounded_by: str | None = None
     format: str = FORMAT
     complete: bool = True
     #: Where the batch lives, an absolute local path or an ``s3://`` URI (not stored in the file).
@@ -192,6 +195,7 @@ class BatchManifest:
         data = self.to_dict()
         data.pop("ceiling_lsn")
         data.pop("skipped")
+        data.pop("bounded_by")
         return data
 
     def summary(self) -> dict[str, Any]:
@@ -206,6 +210,7 @@ class BatchManifest:
             "tables": {t.qualified_name: t.rows for t in self.tables},
             "prepared_pending": [{"gid": p["gid"], "xid": p["xid"]} for p in self.prepared_pending],
             "quarantined": {f"{q['schema']}.{q['table']}": q["rows"] for q in self.quarantine},
+            "bounded_by": self.bounded_by,
         }
 
     def write(self, directory: str | os.PathLike[str]) -> Path:

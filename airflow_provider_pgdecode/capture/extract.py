@@ -20,7 +20,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
@@ -29,6 +29,7 @@ from airflow_provider_pgdecode.batch.options import TableOptions, options_for, p
 from airflow_provider_pgdecode.batch.publish import batch_workdir, publish_batch
 from airflow_provider_pgdecode.batch.storage import Storage, as_storage
 from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter, check_append_only
+from airflow_provider_pgdecode.capture.bounds import CHANGES, WAL_BYTES, BatchBounds, BatchCut
 from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
 from airflow_provider_pgdecode.capture.reconcile import reconcile
 from airflow_provider_pgdecode.capture.renames import KnownTables, follow_selection, follow_staged
@@ -76,6 +77,7 @@ def extract_batch(
     snapshot_rows: int = DEFAULT_ROWS_PER_BATCH,
     native: bool | None = None,
     table_options: Mapping[str, TableOptions | Mapping[str, Any]] | None = None,
+    bounds: BatchBounds | None = None,
 ) -> BatchManifest:
     """Stage the slot's changes from its confirmed position (or the checkpoint) up to a ceiling.
 
@@ -112,8 +114,13 @@ def extract_batch(
         on unless ``PGDECODE_NATIVE=0``. It stages the same batch as the Python path.
     :param table_options: per-table options, ``{"schema.table": {"mode": ..., "on_bad_value": ...}}``
         (:class:`~airflow_provider_pgdecode.batch.options.TableOptions`); unnamed tables take the defaults.
+    :param bounds: the most one batch takes (:class:`~airflow_provider_pgdecode.capture.bounds.BatchBounds`:
+        changes and WAL bytes, ending at a transaction boundary); default its defaults,
+        ``BatchBounds.unbounded()`` for everything up to the ceiling. ``manifest.bounded_by``
+        says which bound ended the batch (``None``: it reached the ceiling).
     :returns: the manifest of the staged batch (``manifest.path`` is its directory).
     """
+    bounds = bounds if bounds is not None else BatchBounds()
     if plugin not in SUPPORTED_PLUGINS:
         raise SlotError(f"output plugin {plugin!r} is not supported; use one of {', '.join(SUPPORTED_PLUGINS)}")
     slots = SlotClient(conn)
@@ -154,8 +161,11 @@ def extract_batch(
                 publication=publication,
                 table_options=options_by_table,
             )
-            if snapshotter.active and upto_lsn is None:
+            backlog = _backlog_beyond(bounds, slots, start_lsn) if snapshotter.active else None
+            if snapshotter.active and upto_lsn is None and backlog is None:
                 snapshotter.copy_chunks()
+            elif snapshotter.active and backlog is not None:
+                log.info("Table snapshot requests wait until the backlog is drained (%s)", backlog)
             elif snapshotter.active:
                 log.info("Table snapshot requests wait for a run without a fixed ceiling (upto_lsn=%s)", upto_lsn)
         # Tables that snapshot requests brought in are staged from then on.
@@ -165,50 +175,75 @@ def extract_batch(
         # Read after the chunks: the ceiling must lie past their watermarks.
         ceiling = upto_lsn if upto_lsn is not None else slots.current_flush_lsn()
         parser, options = _reader(plugin, slots, info.two_phase, publication, origin, proto_version)
-        parse = parser.parse
-        assembler = TransactionAssembler(pending, memory_items, spill_dir, resume_after=resume_after)
         excluded_names: set[tuple[str, str]] = set()
         include = None if include_pairs is None else _recording_include(include_pairs, excluded_names)
         identities = {(t.schema, t.table): t.describe_identity() for t in source_tables(Catalog(conn))}
-        writer = BatchWriter(tmp, include, part_rows, table_options=options_by_table, identities=identities)
-        rows = 0
-        started = time.monotonic()
-        log.info("Extracting slot %s from %s up to %s", slot_name, start_lsn, ceiling)
-        feed = assembler.feed
         # Chunk placement needs to see each transaction: the Python path while chunks are staged.
         fast = _native_module(native, parser) if snapshotter is None or not snapshotter.chunks else None
-        if ceiling > confirmed and fast is not None:
-            with slots.peek_copy(slot_name, ceiling, options) as copy:
-                writer, rows = extract_native(  # type: ignore[assignment]
-                    fast,
-                    copy,
+        floor = snapshotter.high_watermark() if snapshotter is not None else None
+        limit = bounds.commit_limit(start_lsn)
+        upto = ceiling if limit is None else min(ceiling, max(limit, floor or limit))
+        peek_rows = bounds.peek_rows()
+        started = time.monotonic()
+        while True:
+            assembler = TransactionAssembler(pending, memory_items, spill_dir, resume_after=resume_after)
+            writer = BatchWriter(tmp, include, part_rows, table_options=options_by_table, identities=identities)
+            cut = BatchCut(bounds, start_lsn, assembler, floor) if bounds.bounded else None
+            log.info(
+                "Extracting slot %s from %s up to %s%s",
+                slot_name,
+                start_lsn,
+                upto,
+                f" (at most {peek_rows} rows decoded)" if peek_rows is not None else "",
+            )
+            if upto > confirmed and fast is not None:
+                with slots.peek_copy(slot_name, upto, options, upto_rows=peek_rows) as copy:
+                    writer, rows = extract_native(  # type: ignore[assignment]
+                        fast,
+                        copy,
+                        parser,
+                        plugin,
+                        assembler,
+                        writer,
+                        include,
+                        part_rows,
+                        memory_items,
+                        resume_after,
+                        cut,
+                    )
+            elif upto > confirmed:
+                rows = _extract_python(
+                    slots.peek(slot_name, upto, options, chunk_rows, upto_rows=peek_rows),
                     parser,
-                    plugin,
                     assembler,
                     writer,
-                    include,
-                    part_rows,
-                    memory_items,
-                    resume_after,
+                    snapshotter,
+                    cut,
+                    progress_every,
+                    started,
                 )
-        elif ceiling > confirmed:
-            for lsn, xid, data in slots.peek(slot_name, ceiling, options, chunk_rows):
-                rows += 1
-                event = parse(lsn, xid, data)
-                if event is None:  # pgoutput Relation/Type messages
-                    continue
-                out = feed(event)
-                if out is not None:
-                    if type(out) is Transaction:
-                        if snapshotter is not None:
-                            snapshotter.observe(out)
-                        writer.add_transaction(out)
-                        out.items.discard()
-                    elif type(out) is Message:
-                        writer.add_message(out)
-                if rows % progress_every == 0:
-                    _log_progress(rows, writer, started, lsn)
+            else:
+                rows = 0
+            if cut is not None and cut.cut_by is not None:
+                assembler.abandon_open()
+            limited = upto < ceiling or (peek_rows is not None and rows >= peek_rows)
+            if assembler.safe_lsn is not None or not limited:
+                break
+            # Not one transaction ended within the limits the server was given (a transaction
+            # larger than them, or one streamed past the row limit): widen them and read again.
+            # Nothing was staged, so nothing is repeated; the first transaction becomes the batch.
+            assembler.finish()
+            if upto < ceiling:
+                upto = ceiling
+            else:
+                peek_rows = None if peek_rows is None or peek_rows * 4 > 2**31 - 1 else peek_rows * 4
+            log.info("No transaction ended within the batch bounds: reading on to %s", upto)
         assembler.finish()
+        bounded_by = cut.cut_by if cut is not None and cut.cut_by is not None else None
+        if bounded_by is None and upto < ceiling:
+            bounded_by = WAL_BYTES
+        elif bounded_by is None and peek_rows is not None and rows >= peek_rows:
+            bounded_by = CHANGES
         tables_staged, messages = writer.close()
         end_lsn = max(start_lsn, assembler.safe_lsn) if assembler.safe_lsn is not None else start_lsn
         chunk_records: list[dict] = []
@@ -264,6 +299,7 @@ def extract_batch(
             quarantine=writer.quarantine,
             excluded_tables=sorted(f"{schema}.{table}" for schema, table in excluded_names),
             table_oids=followed.known.record(),
+            bounded_by=bounded_by,
         )
         if followed.dropped_changes:
             manifest.skipped["dropped_table_changes"] = followed.dropped_changes
@@ -274,6 +310,59 @@ def extract_batch(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _backlog_beyond(bounds: BatchBounds, slots: SlotClient, start: Lsn) -> str | None:
+    """Why this batch cannot reach the server's WAL position (then snapshot chunks, whose
+    watermarks lie there, wait for a later run), or None."""
+    limit = bounds.commit_limit(start)
+    if limit is None:
+        return None
+    current = slots.current_flush_lsn()
+    if current <= limit:
+        return None
+    return f"{int(current) - int(start)} bytes of WAL left, more than max_batch_wal_bytes={bounds.max_wal_bytes}"
+
+
+def _extract_python(
+    peek: Iterator[tuple[Lsn, int | None, bytes]],
+    parser: TestDecodingParser | PgOutputParser,
+    assembler: TransactionAssembler,
+    writer: BatchWriter,
+    snapshotter: TableSnapshotter | None,
+    cut: BatchCut | None,
+    progress_every: int,
+    started: float,
+) -> int:
+    """The pure-Python path: every row parsed, assembled and staged here. Returns the rows read."""
+    rows = 0
+    parse = parser.parse
+    feed = assembler.feed
+    stops_before = cut.stops_before if cut is not None else None
+    try:
+        for lsn, xid, data in peek:
+            rows += 1
+            event = parse(lsn, xid, data)
+            if event is None:  # pgoutput Relation/Type messages
+                continue
+            if stops_before is not None and stops_before(event):
+                break
+            out = feed(event)
+            if out is not None:
+                if type(out) is Transaction:
+                    if snapshotter is not None:
+                        snapshotter.observe(out)
+                    writer.add_transaction(out)
+                    out.items.discard()
+                elif type(out) is Message:
+                    writer.add_message(out)
+            if rows % progress_every == 0:
+                _log_progress(rows, writer, started, lsn)
+    finally:
+        close = getattr(peek, "close", None)
+        if close is not None:
+            close()  # a cut leaves the rest of the peek unread: end its cursor and transaction
+    return rows
 
 
 def _reader(

@@ -93,6 +93,7 @@ from airflow_provider_pgdecode.batch.writer import (
     quarantine_entry,
     write_quarantine_part,
 )
+from airflow_provider_pgdecode.capture.bounds import BatchCut
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction, TransactionAssembler
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, Truncate
 from airflow_provider_pgdecode.decoding.lsn import Lsn
@@ -534,12 +535,15 @@ def extract_native(
     part_rows: int,
     memory_items: int,
     resume_after: Lsn | None,
+    cut: BatchCut | None = None,
 ) -> tuple[NativeWriter, int]:
     """Run the peek's COPY (a psycopg ``Copy`` in progress, or any iterable of COPY blocks)
     through the C reader; returns the writer and the rows read.
 
     ``parser`` is the plugin's Python parser (used for the rows handed over, and for pgoutput's
     Relation and Type messages); ``assembler`` and ``writer`` are those of the Python path.
+    ``cut``: the batch's bounds; the reader hands the transaction that would cross one to the
+    Python side, which cuts the batch before it (the rest of the COPY is then read and dropped).
     """
     relations: dict[int, Any] = {}
 
@@ -566,6 +570,16 @@ def extract_native(
     parse = parser.parse
     feed = assembler.feed
     is_pgoutput = plugin == "pgoutput"
+    stops_before = None
+    if cut is not None:
+        reader.set_bounds(cut.max_changes, None if cut.max_lsn is None else int(cut.max_lsn))
+
+        def native_share() -> tuple[int, bool]:
+            stats = reader.stats()
+            return stats["assembled_changes"], stats["safe_lsn"] is not None
+
+        cut.elsewhere = native_share
+        stops_before = cut.stops_before
 
     handed = 0
 
@@ -573,11 +587,16 @@ def extract_native(
         nonlocal handed
         handed += len(rows)
         for lsn, xid, data in rows:
+            if cut is not None and cut.cut_by is not None:
+                return
             event = parse(Lsn(lsn), xid, data)
             if event is None:
                 if is_pgoutput:
                     sync_relations()
                 continue
+            if stops_before is not None and stops_before(event):
+                reader.stop()
+                return
             done = feed(event)
             if done is not None:
                 if type(done) is Transaction:
@@ -585,6 +604,8 @@ def extract_native(
                     done.items.discard()
                 elif type(done) is Message:
                     out.add_message(done)
+        if cut is not None:
+            reader.set_python_totals(assembler.stats.changes, assembler.safe_lsn is not None)
 
     def handle(result: tuple[Any, ...]) -> None:
         kind = result[0]

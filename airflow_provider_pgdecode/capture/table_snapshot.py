@@ -634,6 +634,10 @@ class TableSnapshotter:
         self.chunks.append(chunk)
         self._by_table.setdefault((chunk.schema, chunk.table), []).append(chunk)
 
+    def high_watermark(self) -> Lsn | None:
+        """The last watermark of the chunks copied in this run: the batch must reach it."""
+        return max((chunk.high for chunk in self.chunks), default=None)
+
     # -- while the slot is read ---------------------------------------------------------------
 
     def observe(self, txn: Transaction) -> None:

@@ -250,6 +250,31 @@ class TransactionAssembler:
         """No transaction (or stream block) is open: the next row starts a new one."""
         return self._open is None
 
+    @property
+    def open_items(self) -> int:
+        """Items of the transaction (or stream block's transaction) being assembled."""
+        return 0 if self._open is None else len(self._open.items)
+
+    def pending_items(self, gid: str, xid: int | None) -> int:
+        """Items of the pending prepared transaction ``(gid, xid)`` (0 when none is pending)."""
+        found = self._pending.get((gid, xid))
+        if found is None and xid is None:
+            found = next((p for key, p in self._pending.items() if key[0] == gid), None)
+        return 0 if found is None else len(found.items)
+
+    def stream_items(self, xid: int | None) -> int:
+        """Items read so far of the streamed transaction ``xid``."""
+        stream = self._streams.get(xid)
+        return 0 if stream is None else len(stream.items)
+
+    def abandon_open(self) -> None:
+        """The input stops here on purpose (a batch bound): drop the transaction being assembled;
+        it is read again, whole, by the next batch. Streams are dropped by :meth:`finish`."""
+        current = self._open
+        self._open = None
+        if current is not None and current.first_position is None:
+            current.items.discard()
+
     def add_fast_totals(self, safe_lsn: Lsn | None, transactions: int, changes: int, empty: int) -> None:
         """Count plain transactions assembled elsewhere (the extract's native fast path)."""
         if safe_lsn is not None:

@@ -88,6 +88,7 @@ static PyObject *parse_some(Reader *r, int *need) {
         const char *data = b + p + 4;
         r->pos += p + 4 + dl;
         r->rows_read++;
+        if (r->stopped) continue;
         if (r->passthrough) {
             PyObject *row = raw_row(lsn, xid_null ? INT64_MIN : xid, data, dl);
             if (!row) return NULL;

@@ -50,6 +50,32 @@ static PyObject *Reader_resume(Reader *r, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* set_bounds(max_changes or None, max_commit_lsn or None) */
+static PyObject *Reader_set_bounds(Reader *r, PyObject *args) {
+    PyObject *changes, *lsn;
+    if (!PyArg_ParseTuple(args, "OO", &changes, &lsn)) return NULL;
+    r->has_max_changes = changes != Py_None;
+    r->has_max_commit = lsn != Py_None;
+    if (r->has_max_changes) { r->max_changes = PyLong_AsLongLong(changes); if (PyErr_Occurred()) return NULL; }
+    if (r->has_max_commit) { r->max_commit_lsn = PyLong_AsLongLong(lsn); if (PyErr_Occurred()) return NULL; }
+    Py_RETURN_NONE;
+}
+
+/* set_python_totals(changes, holds): what the Python path has put into the batch so far */
+static PyObject *Reader_set_python_totals(Reader *r, PyObject *args) {
+    long long changes;
+    int holds;
+    if (!PyArg_ParseTuple(args, "Lp", &changes, &holds)) return NULL;
+    r->py_changes = changes;
+    r->py_holds = holds;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Reader_stop(Reader *r, PyObject *unused) {
+    r->stopped = 1;
+    Py_RETURN_NONE;
+}
+
 static PyObject *Reader_table_id(Reader *r, PyObject *args) {
     PyObject *schema, *table;
     if (!PyArg_ParseTuple(args, "UU", &schema, &table)) return NULL;
@@ -304,6 +330,9 @@ static PyMethodDef Reader_methods[] = {
     {"run", (PyCFunction)Reader_run, METH_NOARGS, "process buffered rows"},
     {"pump", (PyCFunction)Reader_pump, METH_O, "process rows read from libpq"},
     {"resume", (PyCFunction)Reader_resume, METH_NOARGS, "leave pass-through mode"},
+    {"set_bounds", (PyCFunction)Reader_set_bounds, METH_VARARGS, "batch bounds: (max_changes, max_commit_lsn)"},
+    {"set_python_totals", (PyCFunction)Reader_set_python_totals, METH_VARARGS, "changes and holds of the Python path"},
+    {"stop", (PyCFunction)Reader_stop, METH_NOARGS, "drop the rest of the COPY (the batch was cut)"},
     {"table_id", (PyCFunction)Reader_table_id, METH_VARARGS, "table id (-1 excluded)"},
     {"layout", (PyCFunction)Reader_layout, METH_O, "(names, types) or None"},
     {"set_layout", (PyCFunction)Reader_set_layout, METH_VARARGS, "set an empty table's layout"},

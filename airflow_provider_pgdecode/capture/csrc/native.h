@@ -171,9 +171,25 @@ typedef struct {
     /* totals of fast transactions */
     long long w_transactions, w_changes, w_skipped, a_transactions, a_changes, empty;
     int64_t safe_lsn; int has_safe;
+    /* batch bounds (set_bounds) and the Python path's share of the batch (set_python_totals) */
+    long long max_changes; int has_max_changes;
+    int64_t max_commit_lsn; int has_max_commit;
+    long long py_changes; int py_holds;
+    int stopped; /* the batch was cut: the rest of the COPY is read and dropped */
 } Reader;
 
 /* ---------------------------------------------------------------- per-row helpers (static inline) */
+
+/* The batch bounds of capture/bounds.py, mirrored: once the batch holds something, a change that
+ * would take it past max_changes, or a COMMIT past max_commit_lsn, goes to Python (UNUSUAL),
+ * which cuts the batch before that transaction. The Python side decides; these only route. */
+static inline int batch_holds(const Reader *r) { return r->has_safe || r->py_holds; }
+static inline int over_change_bound(const Reader *r) {
+    return r->has_max_changes && batch_holds(r) && r->a_changes + r->py_changes + r->txn_items + 1 > r->max_changes;
+}
+static inline int over_commit_bound(const Reader *r, int64_t lsn) {
+    return r->has_max_commit && batch_holds(r) && lsn > r->max_commit_lsn;
+}
 
 static inline Table *get_table(Reader *r, Py_ssize_t id) { return &r->tables[id]; }
 

@@ -130,7 +130,7 @@ static int po_change(Reader *r, int64_t lsn, const char *s, Py_ssize_t n) {
         newpos = pos + 1;
         if (po_scan_tuple(s, pos + 1, n, rel->ncols) < 0) return UNUSUAL;
     }
-    if (r->txn_items + 1 >= r->memory_items) return UNUSUAL;
+    if (r->txn_items + 1 >= r->memory_items || over_change_bound(r)) return UNUSUAL;
     if (rel->table_id == -2) {
         Py_ssize_t id = lookup_table_obj(r, rel->schema, rel->table);
         if (id == -2) return FAIL;
@@ -174,6 +174,7 @@ int po_row(Reader *r, int64_t lsn, int64_t xid, int xid_null, const char *s, Py_
         if (!r->open || n < 26) return UNUSUAL;
         if (!xid_null && r->txn_xid_valid && xid != r->txn_xid) return UNUSUAL;
         if (r->has_resume && lsn <= r->resume_after) return UNUSUAL;
+        if (over_commit_bound(r, lsn)) return UNUSUAL;
         int64_t ts = be64(s + 18);
         PyObject *res = commit_txn(r, lsn, ts + PG_EPOCH_US, ts != 0);
         if (!res) return FAIL;

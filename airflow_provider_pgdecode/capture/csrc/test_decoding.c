@@ -353,6 +353,7 @@ static int td_change(Reader *r, int64_t lsn, const char *s, Py_ssize_t n) {
     pos = colon + 1;
     if (starts(s, pos, n, " (no-tuple-data)") && pos + 16 == n) return UNUSUAL;
     if (r->txn_items + 1 >= r->memory_items) return UNUSUAL; /* large: the Python path spools it */
+    if (over_change_bound(r)) return UNUSUAL;                 /* past the batch bound: Python cuts */
     Py_ssize_t tid = -4;
     for (int i = 0; i < 8; i++) {
         Buf *h = &r->head_cache[i];
@@ -480,6 +481,7 @@ int td_row(Reader *r, int64_t lsn, int64_t xid, int xid_null, const char *s, Py_
         int cx_valid = xid_null ? present : 1;
         if (cx_valid && r->txn_xid_valid && cx != r->txn_xid) return UNUSUAL;
         if (r->has_resume && lsn <= r->resume_after) return UNUSUAL;
+        if (over_commit_bound(r, lsn)) return UNUSUAL;
         PyObject *res = commit_txn(r, lsn, ctime, ctime_valid);
         if (!res) return FAIL;
         if (res == Py_None) Py_DECREF(res);
