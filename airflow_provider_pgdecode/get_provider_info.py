@@ -41,6 +41,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_pgdecode.operators.extract",
                     "airflow_provider_pgdecode.operators.merge",
                     "airflow_provider_pgdecode.operators.confirm",
+                    "airflow_provider_pgdecode.operators.drain",
                     "airflow_provider_pgdecode.operators.initial_snapshot",
                     "airflow_provider_pgdecode.operators.table_snapshot",
                     "airflow_provider_pgdecode.operators.replay",

@@ -3,8 +3,11 @@
 
 :func:`cycle_params` are the DAG params of a cycle; :func:`build_cycle` creates the tasks in
 the DAG being defined and wires them: ``ensure_slot >> [slot_health, wait_for_changes]`` and
-``wait_for_changes >> extract >> merge >> confirm``. The slot is only ever peeked; confirm
-advances it after the merge succeeded.
+``wait_for_changes >> extract >> merge >> confirm >> drain``. The slot is only ever peeked;
+confirm advances it after the merge succeeded. A batch is bounded (``max_batch_changes``,
+``max_batch_wal_bytes``); when the cycle's batch ended at a bound, ``drain`` runs the same
+extract, merge and confirm again in a loop until the slot is caught up (``drain: false`` leaves
+the rest to the next runs).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from typing import Any
 
 from airflow.sdk import Param
 
+from airflow_provider_pgdecode.capture.bounds import DEFAULT_MAX_BATCH_CHANGES, DEFAULT_MAX_BATCH_WAL_BYTES
 from airflow_provider_pgdecode.operators.confirm import PgDecodeConfirmOperator
+from airflow_provider_pgdecode.operators.drain import PgDecodeDrainOperator
 from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator
 from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
 from airflow_provider_pgdecode.operators.slot import PgDecodeEnsureSlotOperator
@@ -88,6 +93,24 @@ def cycle_params(data_dir: str, *, source: bool = True) -> dict[str, Param]:
         "spark_conn_id": Param(
             "spark_default", type="string", description="the Spark connection (local[*], spark://host:7077 ...)"
         ),
+        "max_batch_changes": Param(
+            DEFAULT_MAX_BATCH_CHANGES,
+            type=["integer", "null"],
+            minimum=1,
+            description="the most changes one batch stages (null: no bound); a larger transaction is a batch of its own",
+        ),
+        "max_batch_wal_bytes": Param(
+            DEFAULT_MAX_BATCH_WAL_BYTES,
+            type=["integer", "null"],
+            minimum=1,
+            description="the most WAL (bytes) one batch spans (null: no bound)",
+        ),
+        "drain": Param(
+            True,
+            type="boolean",
+            description="when a batch ends at a bound, extract, merge and confirm more batches in this run "
+            "until the slot is caught up",
+        ),
     }
     if not source:
         for name in SOURCE_PARAMS:
@@ -105,6 +128,7 @@ class Cycle:
     extract: PgDecodeExtractOperator
     merge: PgDecodeMergeOperator
     confirm: PgDecodeConfirmOperator
+    drain: PgDecodeDrainOperator
 
 
 def build_cycle(
@@ -164,8 +188,10 @@ def build_cycle(
         exclude_tables="{{ params.exclude_tables }}",
         publication=src.publication,
         table_options="{{ params.table_options }}",
-        checkpoint_task_id="confirm",
+        checkpoint_task_id=["confirm", "drain"],  # the latest checkpoint either confirmed
         storage_conn_id="{{ params.storage_conn_id }}",
+        max_batch_changes="{{ params.max_batch_changes }}",
+        max_batch_wal_bytes="{{ params.max_batch_wal_bytes }}",
         multiple_outputs=True,  # its summary's keys as XComs too: extract.output["path"]
     )
     # An XComArg (typed Any: it stands for any templated argument): the operators resolve it when
@@ -187,7 +213,14 @@ def build_cycle(
         retention_days=retention_days,
         storage_conn_id="{{ params.storage_conn_id }}",
     )
+    drain = PgDecodeDrainOperator(
+        task_id="drain",
+        slot_name=src.slot_name,
+        postgres_conn_id=src.postgres_conn_id,
+        enabled="{{ params.drain }}",
+        outlets=list(merge.outlets),  # its merges emit the same Asset events as the merge task's
+    )
 
     ensure_slot >> [slot_health, wait_for_changes]
-    wait_for_changes >> extract >> merge >> confirm  # extract.output also orders merge and confirm after it
-    return Cycle(ensure_slot, slot_health, wait_for_changes, extract, merge, confirm)
+    wait_for_changes >> extract >> merge >> confirm >> drain  # extract.output also orders merge and confirm
+    return Cycle(ensure_slot, slot_health, wait_for_changes, extract, merge, confirm, drain)

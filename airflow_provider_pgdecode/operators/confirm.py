@@ -126,6 +126,11 @@ class PgDecodeConfirmOperator(BaseOperator):
             )
 
     def execute(self, context: Context) -> dict[str, Any]:
+        return self.confirm(context)
+
+    def confirm(self, context: Context) -> dict[str, Any]:
+        """Advance the slot to ``batch_path``'s end; returns the checkpoint :meth:`execute` returns
+        (the drain task calls this once per batch)."""
         with fail_fast(), pgdecode_environment():  # [pgdecode] spool_dir
             return self._confirm(context)
 

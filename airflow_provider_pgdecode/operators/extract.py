@@ -10,6 +10,7 @@ from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.batch.options import as_table_options
+from airflow_provider_pgdecode.capture.bounds import DEFAULT_MAX_BATCH_CHANGES, DEFAULT_MAX_BATCH_WAL_BYTES, BatchBounds
 from airflow_provider_pgdecode.capture.reconcile import reconcile
 from airflow_provider_pgdecode.capture.tables import as_table_names, parse_table_names, select_tables
 from airflow_provider_pgdecode.decoding.lsn import Lsn
@@ -84,6 +85,19 @@ def log_manifest(log: Any, manifest: BatchManifest, seconds: float | None = None
         log.info("  prepared transaction %r rolled back at %s: not staged", entry.get("gid"), entry.get("lsn"))
 
 
+def _optional_count(value: int | str | None) -> int | None:
+    """A bound from a DAG param: an integer, or ``None``/``""``/``"null"`` for no bound."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return value  # type: ignore[return-value]  # BatchBounds names anything else
+
+
+def _has_end(value: Any) -> bool:
+    return isinstance(value, Mapping) and bool(value.get("end_lsn"))
+
+
 class PgDecodeExtractOperator(BaseOperator):
     """Peek a slot up to a ceiling LSN, stage the changes as one batch, return its summary.
 
@@ -144,6 +158,11 @@ class PgDecodeExtractOperator(BaseOperator):
         (``s3://bucket/prefix``; ``endpoint_url`` in its extra for an S3-compatible store); empty:
         a local staging root, or the ``AWS_*`` environment for ``s3://``. Resolved when the task
         runs; no secret enters the task's fields, its log or XCom. (templated)
+    :param max_batch_changes: the most changes one batch stages (``None``: no bound); the batch
+        ends at the last transaction that fits, and a transaction larger than the bound is a batch
+        of its own (:mod:`~airflow_provider_pgdecode.capture.bounds`). The summary's ``bounded_by``
+        says whether a bound ended the batch before the server's WAL position. (templated)
+    :param max_batch_wal_bytes: the most WAL one batch spans, likewise. (templated)
     :param extract_options: more keyword arguments of
         :func:`~airflow_provider_pgdecode.capture.extract.extract_batch` (``chunk_rows``,
         ``part_rows``, ``memory_items``, ``progress_every``, ...).
@@ -162,6 +181,8 @@ class PgDecodeExtractOperator(BaseOperator):
         "publication",
         "table_options",
         "storage_conn_id",
+        "max_batch_changes",
+        "max_batch_wal_bytes",
     )
     ui_color = "#d9f0ea"
 
@@ -172,7 +193,7 @@ class PgDecodeExtractOperator(BaseOperator):
         staging_root: str,
         plugin: str = "test_decoding",
         postgres_conn_id: str = PgDecodeHook.default_conn_name,
-        checkpoint_task_id: str | None = "confirm",
+        checkpoint_task_id: str | Sequence[str] | None = "confirm",
         checkpoint: Mapping[str, Any] | None = None,
         upto_lsn: str | None = None,
         tables: Sequence[str] | None = None,
@@ -181,9 +202,13 @@ class PgDecodeExtractOperator(BaseOperator):
         table_options: Mapping[str, Mapping[str, Any]] | str | None = None,
         extract_options: Mapping[str, Any] | None = None,
         storage_conn_id: str | None = None,
+        max_batch_changes: int | str | None = DEFAULT_MAX_BATCH_CHANGES,
+        max_batch_wal_bytes: int | str | None = DEFAULT_MAX_BATCH_WAL_BYTES,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.max_batch_changes = max_batch_changes
+        self.max_batch_wal_bytes = max_batch_wal_bytes
         self.slot_name = slot_name
         self.staging_root = staging_root
         self.plugin = plugin
@@ -200,44 +225,67 @@ class PgDecodeExtractOperator(BaseOperator):
         self._hook: PgDecodeHook | None = None
 
     def previous_checkpoint(self, context: Context) -> Mapping[str, Any] | None:
-        """The explicit ``checkpoint``, else the latest XCom return value of ``checkpoint_task_id``."""
+        """The explicit ``checkpoint``, else the latest checkpoint the ``checkpoint_task_id`` task(s)
+        left in XCom (of several, the one that ends last)."""
         if self.checkpoint:
             self.log.info("Using the checkpoint given to the task: %s", self.checkpoint)
             return self.checkpoint
         if not self.checkpoint_task_id:
             return None
+        ids = [self.checkpoint_task_id] if isinstance(self.checkpoint_task_id, str) else list(self.checkpoint_task_id)
+        found = [(task_id, value) for task_id in ids if (value := self._pull_checkpoint(context, task_id)) is not None]
+        if not found:
+            return None
+        odd = next((value for _, value in found if not isinstance(value, Mapping)), None)
+        if odd is not None:
+            return odd  # reconcile names what is wrong with it
+        task_id, value = max(
+            found, key=lambda item: Lsn.parse(str(item[1]["end_lsn"])) if _has_end(item[1]) else Lsn(0)
+        )
+        self.log.info(
+            "Previous checkpoint (XCom of task %s): end LSN %s, %d prepared transaction(s) pending",
+            task_id,
+            value.get("end_lsn") if isinstance(value, Mapping) else value,
+            len(value.get("prepared_pending") or []) if isinstance(value, Mapping) else 0,
+        )
+        return value
+
+    def _pull_checkpoint(self, context: Context, task_id: str) -> Any:
         # map_indexes=-1 asks for one value, the latest by logical date; without it Airflow 3
         # returns a list of every prior run's value once there are several. The confirm task
         # also pushes the checkpoint under a key per slot, so a DAG whose slot_name param
         # changes between runs picks up each slot's own checkpoint.
         ti = context["ti"]
         value = ti.xcom_pull(
-            task_ids=self.checkpoint_task_id,
+            task_ids=task_id,
             key=checkpoint_xcom_key(self.slot_name),
             include_prior_dates=True,
             map_indexes=-1,
         )
         if value is None:
-            value = ti.xcom_pull(task_ids=self.checkpoint_task_id, include_prior_dates=True, map_indexes=-1)
+            value = ti.xcom_pull(task_ids=task_id, include_prior_dates=True, map_indexes=-1)
             if isinstance(value, Mapping) and value.get("slot") not in (None, self.slot_name):
                 self.log.info(
                     "The latest checkpoint belongs to slot %s; slot %s has none yet", value.get("slot"), self.slot_name
                 )
                 value = None
         if isinstance(value, list):
-            candidates = [v for v in value if isinstance(v, Mapping) and v.get("end_lsn")]
+            candidates = [v for v in value if _has_end(v)]
             value = max(candidates, key=lambda v: Lsn.parse(str(v["end_lsn"])), default=None)
-        if value is not None:
-            self.log.info(
-                "Previous checkpoint (XCom of task %s): end LSN %s, %d prepared transaction(s) pending",
-                self.checkpoint_task_id,
-                value.get("end_lsn") if isinstance(value, Mapping) else value,
-                len(value.get("prepared_pending") or []) if isinstance(value, Mapping) else 0,
-            )
         return value
 
+    def bounds(self) -> BatchBounds:
+        """The batch bounds from the (rendered) fields; ``None`` or an empty value lifts one."""
+        return BatchBounds(_optional_count(self.max_batch_changes), _optional_count(self.max_batch_wal_bytes))
+
     def execute(self, context: Context) -> dict[str, Any]:
+        return self.extract(context)
+
+    def extract(self, context: Context) -> dict[str, Any]:
+        """Stage one batch from the previous checkpoint; returns the summary :meth:`execute` returns
+        (the drain task calls this once per batch)."""
         previous = self.previous_checkpoint(context)
+        bounds = self.bounds()
         options = dict(self.extract_options)
         if self.publication is not None:
             options["publication"] = self.publication
@@ -284,6 +332,7 @@ class PgDecodeExtractOperator(BaseOperator):
                 checkpoint=decision.checkpoint,
                 upto_lsn=ceiling,
                 tables=tables,
+                bounds=bounds,
                 **{"native": pgdecode_bool("native"), **options},  # [pgdecode] native, unless extract_options says
             )
             not_staged = manifest.skipped.get("excluded_table_changes", 0)

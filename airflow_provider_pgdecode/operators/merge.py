@@ -414,6 +414,11 @@ class PgDecodeMergeOperator(BaseOperator):
         return build({**env_vars, **store_env})
 
     def execute(self, context: Context) -> dict[str, Any]:
+        return self.merge(context)
+
+    def merge(self, context: Context) -> dict[str, Any]:
+        """Merge ``batch_paths``; returns what :meth:`execute` returns (the drain task calls this
+        once per batch)."""
         with fail_fast():
             return self._merge(context)
 

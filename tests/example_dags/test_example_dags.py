@@ -94,7 +94,7 @@ def test_the_consumer_schedules_on_the_asset_the_merge_emits(bag, tmp_path: Path
     assert consumer.timetable.asset_condition.objects == (orders,)
 
 
-CYCLE = ("ensure_slot", "slot_health", "wait_for_changes", "extract", "merge", "confirm")
+CYCLE = ("ensure_slot", "slot_health", "wait_for_changes", "extract", "merge", "confirm", "drain")
 
 
 def _edges(dag) -> set[tuple[str, str]]:

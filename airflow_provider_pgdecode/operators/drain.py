@@ -1,0 +1,176 @@
+"""Drain a backlog in one DAG run: the cycle's own extract, merge and confirm, in a loop."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import ConfigurationError
+from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.operators.confirm import PgDecodeConfirmOperator
+from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator, checkpoint_xcom_key
+from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
+
+
+def eta_text(lag_bytes: int, bytes_done: int, seconds: float) -> str:
+    """How long the WAL left takes at the rate so far (``unknown`` before any progress)."""
+    if bytes_done <= 0 or seconds <= 0:
+        return "unknown"
+    left = lag_bytes / (bytes_done / seconds)
+    return f"{left / 60:.1f} min" if left >= 90 else f"{left:.0f} s"
+
+
+class PgDecodeDrainOperator(BaseOperator):
+    """After a cycle's first batch, run more batches until the slot is caught up.
+
+    A batch is bounded (``max_batch_changes``, ``max_batch_wal_bytes`` of the extract task), so
+    after downtime one batch does not hold everything. When the cycle's batch ended at a bound,
+    this task runs the cycle's **own** extract, merge and confirm tasks again (their code and
+    their rendered arguments, taken from the DAG) in a loop: extract a batch from the last
+    checkpoint, merge it, confirm it, until a batch reaches the server's WAL position or
+    ``max_batches`` batches ran. Each batch is confirmed before the next one is extracted, and its
+    checkpoint is pushed to XCom at once (the extract task reads the latest of the confirm's and
+    this task's), so a run killed between two batches resumes after the last confirmed one.
+    Each batch logs its progress: batches done, changes per second, WAL lag left and the time
+    left at the rate so far.
+
+    A loop in one task rather than dynamic task mapping: a batch's end is only known once it is
+    extracted, so the batches cannot be planned as mapped task instances up front, and mapped
+    instances do not run one after another, while each batch must be confirmed before the next
+    starts.
+
+    The incremental DAG's wiring (:func:`~airflow_provider_pgdecode.example_dags.cycle.build_cycle`).
+    Example::
+
+        from airflow_provider_pgdecode.operators.drain import PgDecodeDrainOperator
+
+        drain = PgDecodeDrainOperator(task_id="drain", slot_name="pgdecode_shop")
+        extract >> merge >> confirm >> drain
+
+    :param slot_name: the replication slot (for the checkpoint's XCom key). (templated)
+    :param postgres_conn_id: the slot's database, for the lag in the progress log. (templated)
+    :param extract_task_id: the cycle's extract task (its summary says whether a bound ended the
+        batch). (templated)
+    :param merge_task_id: the cycle's merge task. (templated)
+    :param confirm_task_id: the cycle's confirm task (its checkpoint is where the loop starts).
+        (templated)
+    :param max_batches: at most this many batches in this task (``None``: until caught up); the
+        next run goes on from there. (templated)
+    :param enabled: ``False`` skips the loop (one batch per run). (templated)
+    """
+
+    template_fields: Sequence[str] = (
+        "slot_name",
+        "postgres_conn_id",
+        "extract_task_id",
+        "merge_task_id",
+        "confirm_task_id",
+        "max_batches",
+        "enabled",
+    )
+    ui_color = "#d9e6f0"
+
+    def __init__(
+        self,
+        *,
+        slot_name: str,
+        postgres_conn_id: str = PgDecodeHook.default_conn_name,
+        extract_task_id: str = "extract",
+        merge_task_id: str = "merge",
+        confirm_task_id: str = "confirm",
+        max_batches: int | str | None = None,
+        enabled: bool | str = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.slot_name = slot_name
+        self.postgres_conn_id = postgres_conn_id
+        self.extract_task_id = extract_task_id
+        self.merge_task_id = merge_task_id
+        self.confirm_task_id = confirm_task_id
+        self.max_batches = max_batches
+        self.enabled = enabled
+        self._running: BaseOperator | None = None
+
+    def _cycle_task(self, context: Context, task_id: str, kind: type[BaseOperator]) -> Any:
+        """A rendered copy of one of the cycle's tasks (the DAG's own object stays as it is)."""
+        task = context["dag"].get_task(task_id)
+        if not isinstance(task, kind):
+            raise ConfigurationError(
+                f"task {task_id!r} is a {type(task).__name__}, not a {kind.__name__}: set {self.task_id}'s "
+                f"{kind.__name__.removeprefix('PgDecode').removesuffix('Operator').lower()}_task_id to the cycle's task"
+            )
+        task = copy.copy(task)
+        task.render_template_fields(context)
+        return task
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        ti = context["ti"]
+        first = ti.xcom_pull(task_ids=self.extract_task_id)
+        result: dict[str, Any] = {"batches": 0, "changes": 0, "caught_up": True, "end_lsn": None}
+        if not isinstance(first, dict) or not first.get("bounded_by"):
+            self.log.info("The cycle's batch reached the server's WAL position: nothing to drain")
+            return result
+        if str(self.enabled).lower() in ("false", "0", "no", ""):
+            self.log.info("The batch ended at its %s bound; draining is off, the next run goes on", first["bounded_by"])
+            result["caught_up"] = False
+            return result
+        limit = None if self.max_batches in (None, "", "None") else int(self.max_batches)
+        extract = self._cycle_task(context, self.extract_task_id, PgDecodeExtractOperator)
+        merge = self._cycle_task(context, self.merge_task_id, PgDecodeMergeOperator)
+        confirm = self._cycle_task(context, self.confirm_task_id, PgDecodeConfirmOperator)
+        confirm.merge_task_id = None  # the loop merges each batch itself, just before confirming it
+        checkpoint = ti.xcom_pull(task_ids=self.confirm_task_id, key=checkpoint_xcom_key(self.slot_name))
+        started = time.monotonic()
+        start_lsn = Lsn.parse(str(first["end_lsn"]))
+        summary: dict[str, Any] = first
+        self.log.info(
+            "The cycle's batch ended at its %s bound at %s: draining the backlog batch by batch",
+            first["bounded_by"],
+            start_lsn,
+        )
+        while summary.get("bounded_by") and (limit is None or result["batches"] < limit):
+            extract.checkpoint = checkpoint
+            self._running = extract
+            summary = extract.extract(context)
+            merge.batch_paths = [summary["path"]]
+            self._running = merge
+            merge.merge(context)
+            confirm.batch_path = summary["path"]
+            self._running = None
+            checkpoint = confirm.confirm(context)  # also pushes it to XCom under the slot's key
+            result["batches"] += 1
+            result["changes"] += int(summary.get("changes") or 0)
+            result["end_lsn"] = summary["end_lsn"]
+            self._log_progress(result, start_lsn, Lsn.parse(str(summary["end_lsn"])), started)
+        result["caught_up"] = not summary.get("bounded_by")
+        if not result["caught_up"]:
+            self.log.info(
+                "Stopped after max_batches=%s batches; the next run goes on from %s", limit, summary["end_lsn"]
+            )
+        return result
+
+    def _log_progress(self, result: dict[str, Any], start: Lsn, end: Lsn, started: float) -> None:
+        elapsed = max(time.monotonic() - started, 1e-9)
+        with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
+            lag = max(int(hook.current_flush_lsn()) - int(end), 0)
+        self.log.info(
+            "Drain: %d batch(es) done, %d changes (%.0f changes/s), at %s, %d bytes of WAL left, about %s to catch up",
+            result["batches"],
+            result["changes"],
+            result["changes"] / elapsed,
+            end,
+            lag,
+            eta_text(lag, int(end) - int(start), elapsed),
+        )
+
+    def on_kill(self) -> None:
+        """Stop the batch in progress (the extract's peek, the merge's Spark work); confirmed
+        batches stay confirmed and the next run starts after the last of them."""
+        if self._running is not None:
+            self._running.on_kill()

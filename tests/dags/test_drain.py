@@ -1,0 +1,130 @@
+"""pgdecode_incremental drains a backlog in one run: bounded batches, each confirmed before the
+next, a prepared transaction across a batch boundary, a transaction larger than the bound; killed
+between two batches, the next run goes on after the last confirmed one. PostgreSQL is the oracle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
+from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator
+from airflow_provider_pgdecode.testing.compare import compare_table
+from tests.dags.test_pgdecode_incremental import airflow_db, run  # noqa: F401 - fixture
+
+pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+
+TABLE = "drain_items"
+BOUND = 100
+
+
+@pytest.fixture
+def drain_dag(pg_cluster, pg_conn, slot_name, tmp_path, monkeypatch, airflow_db, merge_through_connect):  # noqa: F811
+    from airflow.dag_processing.dagbag import DagBag
+
+    pg_conn.execute(f"drop table if exists {TABLE}; create table {TABLE} (id int primary key, v text)")
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json("pgdecode_test"))
+    monkeypatch.setenv("PGDECODE_WAIT_SECONDS", "3")
+    bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags"))
+    assert not bag.import_errors, bag.import_errors
+    conf = {
+        "slot_name": slot_name,
+        "staging_uri": str(tmp_path / "staging"),
+        "delta_root": str(tmp_path / "delta"),
+        "tables": [f"public.{TABLE}"],
+        "max_batch_changes": BOUND,
+        "max_batch_wal_bytes": None,
+    }
+    return bag.dags["pgdecode_incremental"], conf
+
+
+def staged(conf: dict) -> list[BatchManifest]:
+    root = Path(conf["staging_uri"])
+    return [BatchManifest.read(root / path) for path in list_batches(root, conf["slot_name"])]
+
+
+def changes_per_transaction(manifest: BatchManifest) -> list[int]:
+    import pyarrow.parquet as pq
+
+    counts: dict[int, int] = {}
+    for table in manifest.tables:
+        for name in table.files:
+            for lsn in pq.read_table(Path(manifest.path) / table.path / name, columns=["_pg_commit_lsn"]).column(0):
+                counts[lsn.as_py()] = counts.get(lsn.as_py(), 0) + 1
+    return [counts[lsn] for lsn in sorted(counts)]
+
+
+def slot_position(c, slot: str) -> str:
+    return c.execute(
+        "select confirmed_flush_lsn::text from pg_replication_slots where slot_name = %s", (slot,)
+    ).fetchone()[0]
+
+
+def backlog(c, first_id: int) -> None:
+    """About five bounds' worth: small transactions, one of 150 changes, a prepared transaction
+    prepared early and committed late (after at least one boundary)."""
+    c.execute(f"begin; insert into {TABLE} select g, 'p' from generate_series({first_id + 9000}, {first_id + 9019}) g")
+    c.execute(f"prepare transaction 'drain_{first_id}'")
+    for t in range(8):
+        lo = first_id + t * 40
+        c.execute(f"insert into {TABLE} select g, 'a' from generate_series({lo}, {lo + 39}) g")
+    c.execute(f"update {TABLE} set v = 'big' where id between {first_id} and {first_id + 149}")  # 150 changes
+    c.execute(f"delete from {TABLE} where id between {first_id + 300} and {first_id + 309}")
+    c.execute(f"commit prepared 'drain_{first_id}'")
+
+
+def test_a_backlog_drains_in_one_run_and_resumes_after_a_kill(pg_conn, drain_dag, spark, monkeypatch) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+    from airflow.utils.state import DagRunState
+
+    dag, conf = drain_dag
+    c = pg_conn
+    run(dag, conf)  # creates the slot; nothing to load yet
+    backlog(c, 0)
+
+    states = run(dag, conf)
+    assert states["drain"] == "success"
+    batches = staged(conf)
+    assert len(batches) >= 5
+    for manifest in batches:
+        sizes = changes_per_transaction(manifest)
+        assert sum(sizes) <= BOUND or sizes == [150], f"{manifest.label}: {sizes}"
+    assert [b.bounded_by is not None for b in batches] == [True] * (len(batches) - 1) + [False]
+    assert all(b.start_lsn == a.end_lsn for a, b in zip(batches, batches[1:], strict=False))
+    assert any(p["gid"] == "drain_0" for b in batches[:-1] for p in b.prepared_pending)
+    assert slot_position(c, conf["slot_name"]) == batches[-1].end_lsn
+    result = compare_table(c, spark, conf["delta_root"], "public", TABLE)
+    assert result.equal, result.describe()
+
+    # A second backlog; the drain is killed between its second and third batch (after a confirm,
+    # before the next extract).
+    backlog(c, 1000)
+    done = len(batches)
+    calls = {"n": 0}
+    extract = PgDecodeExtractOperator.extract
+
+    def killed_on_the_third(self, context):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise AirflowFailException("killed between two batches")
+        return extract(self, context)
+
+    monkeypatch.setattr(PgDecodeExtractOperator, "extract", killed_on_the_third)
+    dag_run = dag.test(run_conf=conf)
+    assert dag_run.state == DagRunState.FAILED
+    assert {ti.task_id: ti.state for ti in dag_run.get_task_instances()}["drain"] == "failed"
+    before_kill = staged(conf)
+    assert len(before_kill) == done + 2  # the cycle's batch and one drained batch, both confirmed
+    assert slot_position(c, conf["slot_name"]) == before_kill[-1].end_lsn
+
+    monkeypatch.setattr(PgDecodeExtractOperator, "extract", extract)
+    run(dag, conf)
+    after = staged(conf)
+    # Resumed from the last confirmed batch: one chain, no batch extracted twice.
+    assert all(b.start_lsn == a.end_lsn for a, b in zip(after, after[1:], strict=False))
+    assert len({b.start_lsn for b in after}) == len(after)
+    assert after[-1].bounded_by is None
+    assert slot_position(c, conf["slot_name"]) == after[-1].end_lsn
+    result = compare_table(c, spark, conf["delta_root"], "public", TABLE)
+    assert result.equal, result.describe()
