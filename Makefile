@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lint test test-fast demo demo-s3 bench bench-extract bench-merge bench-snapshot bench-s3 bench-cycle delta-jars system-deps venv native dist dist-check clean
+.PHONY: lint test test-fast demo demo-s3 bench bench-extract bench-merge bench-snapshot bench-s3 bench-cycle bench-backlog delta-jars system-deps venv native dist dist-check clean
 
 $(STAMP): setup.cfg setup.py pyproject.toml requirements/constraints.txt \
 		$(wildcard airflow_provider_pgdecode/capture/csrc/*.c airflow_provider_pgdecode/capture/csrc/*.h)
@@ -69,6 +69,11 @@ bench-extract: $(STAMP) system-deps native
 
 bench-merge: $(STAMP) system-deps delta-jars
 	$(PY) -m bench.merge_bench
+
+# A 5M-change backlog drained in bounded batches (extract + confirm) against one raw decode of it,
+# with the drain's peak memory; both plugins. Several minutes: not part of `bench`.
+bench-backlog: $(STAMP) system-deps native
+	$(PY) -m bench.backlog_bench
 
 # Initial load: COPY floor, stage_snapshot (1 and default workers), stage + merge into Delta.
 bench-snapshot: $(STAMP) system-deps delta-jars

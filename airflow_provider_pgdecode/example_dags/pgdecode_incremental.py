@@ -1,7 +1,7 @@
 """pgdecode_incremental: one complete CDC cycle per run, PostgreSQL slot to Delta tables.
 
-ensure_slot >> wait_for_changes >> extract >> merge >> confirm, and a slot health check beside
-them. The slot is only ever peeked; confirm advances it after the merge succeeded, and its
+ensure_slot >> wait_for_changes >> extract >> merge >> confirm >> drain, and a slot health check
+beside them. The slot is only ever peeked; confirm advances it after the merge succeeded, and its
 return value (the checkpoint: end LSN and prepared transactions still pending) is where the
 next run starts. A failed or killed run, re-run, repeats work but never loses or duplicates a
 change: the merge is idempotent by commit LSN.
@@ -35,6 +35,12 @@ Parameters (DAG params, all overridable per run):
   ``s3://``. Only the connection id travels through the DAG; its secrets never reach a task's
   fields, a log, XCom or a command line.
 - ``spark_conn_id``: the Spark connection (master ``local[*]`` or ``spark://host:7077`` ...).
+- ``max_batch_changes``, ``max_batch_wal_bytes``: the most changes and WAL bytes one batch takes
+  (default 1,000,000 and 1 GiB; ``null``: no bound), ending at a transaction boundary; a larger
+  transaction is a batch of its own.
+- ``drain``: when a batch ends at a bound, the ``drain`` task extracts, merges and confirms more
+  batches in this run until the slot is caught up (docs/bounded-batches.md); ``false``: one
+  batch per run.
 
 Deployment settings: the ``[pgdecode]`` section of Airflow's configuration, read when the DAG
 file is parsed (``airflow config list --section pgdecode``; ``AIRFLOW__PGDECODE__<NAME>``, or the
