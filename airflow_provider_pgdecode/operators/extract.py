@@ -233,7 +233,13 @@ class PgDecodeExtractOperator(BaseOperator):
         if not self.checkpoint_task_id:
             return None
         ids = [self.checkpoint_task_id] if isinstance(self.checkpoint_task_id, str) else list(self.checkpoint_task_id)
-        found = [(task_id, value) for task_id in ids if (value := self._pull_checkpoint(context, task_id)) is not None]
+        # The first task's return value is its checkpoint too (a confirm task of an older release
+        # pushed nothing else); the others' (the drain's summary) are not.
+        found = [
+            (task_id, value)
+            for i, task_id in enumerate(ids)
+            if (value := self._pull_checkpoint(context, task_id, returned=i == 0)) is not None
+        ]
         if not found:
             return None
         odd = next((value for _, value in found if not isinstance(value, Mapping)), None)
@@ -250,7 +256,7 @@ class PgDecodeExtractOperator(BaseOperator):
         )
         return value
 
-    def _pull_checkpoint(self, context: Context, task_id: str) -> Any:
+    def _pull_checkpoint(self, context: Context, task_id: str, returned: bool) -> Any:
         # map_indexes=-1 asks for one value, the latest by logical date; without it Airflow 3
         # returns a list of every prior run's value once there are several. The confirm task
         # also pushes the checkpoint under a key per slot, so a DAG whose slot_name param
@@ -262,7 +268,7 @@ class PgDecodeExtractOperator(BaseOperator):
             include_prior_dates=True,
             map_indexes=-1,
         )
-        if value is None:
+        if value is None and returned:
             value = ti.xcom_pull(task_ids=task_id, include_prior_dates=True, map_indexes=-1)
             if isinstance(value, Mapping) and value.get("slot") not in (None, self.slot_name):
                 self.log.info(

@@ -187,3 +187,28 @@ def test_the_first_transaction_is_taken_however_large() -> None:
         assembler.feed(event)
     assert decisions[:-1] == [False] * 8 and decisions[-1] is True
     assert cut.cut_by == CHANGES and assembler.safe_lsn == Lsn(10)
+
+
+def test_table_snapshot_chunks_wait_while_a_backlog_drains(pg_conn, slot_name, tmp_path) -> None:
+    """The chunks' watermarks lie at the server's WAL position: a batch that cannot reach it (a
+    backlog beyond the WAL bound) leaves them for a later run instead of copying them in vain."""
+    from airflow_provider_pgdecode.capture.table_snapshot import request_table_snapshot
+
+    pg_conn.execute(f"create table {slot_name} (id int primary key, v text)")
+    pg_conn.execute(f"create table {slot_name}_added (id int primary key)")
+    pg_conn.execute(f"insert into {slot_name}_added select generate_series(1, 30)")
+    create_slot(pg_conn, slot_name)
+    for t in range(20):
+        pg_conn.execute(
+            f"insert into {slot_name} select g, repeat('x', 200) from generate_series({t * 10}, {t * 10 + 9}) g"
+        )
+    request_table_snapshot(tmp_path, slot_name, [f"{slot_name}_added"], "add-table", chunk_rows=100)
+
+    batches = drain(
+        pg_conn, slot_name, tmp_path, BatchBounds(max_changes=None, max_wal_bytes=16384), tables=[f"public.{slot_name}"]
+    )
+
+    chunked = [i for i, b in enumerate(batches) if b.snapshot_chunks]
+    assert len(batches) >= 3 and chunked == [len(batches) - 1]  # only once the backlog was drained
+    assert sum(c["rows"] for c in batches[-1].snapshot_chunks) == 30
+    assert replay(batches, slot_name) == dict(pg_conn.execute(f"select id, v from {slot_name}").fetchall())
