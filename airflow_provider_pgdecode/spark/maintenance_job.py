@@ -290,6 +290,9 @@ def discover_tables(spark: SparkSession, delta_root: str) -> list[TableRef]:
     properties name its source (``pgdecode.source``). Other directories are left alone."""
     root = _root_storage(delta_root)
     found: list[TableRef] = []
+    if not root.exists():
+        log.warning("the Delta root %s does not exist: no table to maintain", delta_root)
+        return found
     for schema_dir, is_dir in sorted(root.list_dir()):
         if not is_dir or schema_dir.startswith(("_", ".")):
             continue

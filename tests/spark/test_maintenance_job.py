@@ -18,11 +18,12 @@ import pytest
 
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.capture.extract import extract_batch
-from airflow_provider_pgdecode.errors import MaintenanceRefusedError
+from airflow_provider_pgdecode.errors import ConfigurationError, MaintenanceRefusedError
 from airflow_provider_pgdecode.spark.maintenance_job import (
     MaintenanceOptions,
     discover_tables,
     maintain_tables,
+    parse_interval_hours,
     read_log_state,
 )
 from airflow_provider_pgdecode.spark.merge_job import app_id, delta_ref, merge_batches, transaction_id
@@ -140,6 +141,16 @@ def test_optimize_and_vacuum_keep_the_rows_and_the_watermarks_and_replays_stay_n
 
 
 COLUMNS = [("id", "integer", pa.int32()), ("name", "text", pa.string())]
+
+
+def test_intervals_and_an_absent_root() -> None:
+    assert parse_interval_hours("interval 1 week") == 168
+    assert parse_interval_hours("interval 2 days 12 hours") == 60
+    assert parse_interval_hours("30 days") == 720
+    assert parse_interval_hours("INTERVAL 90 MINUTES") == 1.5
+    with pytest.raises(ConfigurationError, match="unit 'month'"):
+        parse_interval_hours("interval 1 month")
+    assert discover_tables(None, "/nonexistent/pgdecode/delta") == []  # type: ignore[arg-type]
 
 
 def _small_table(connect: Any, root: Path, slot: str) -> Path:
