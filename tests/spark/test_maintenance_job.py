@@ -192,3 +192,63 @@ def test_unsafe_retentions_are_refused_before_any_write(connect: Any, tmp_path: 
     summary = maintain_tables(connect, root, options=MaintenanceOptions(vacuum=False))
     entry = summary["tables"]["public.mt_small"]
     assert entry["transactions_after"] == entry["transactions_before"] == {app_id("pgdecode_mt_refuse"): 200}
+
+
+@pytest.mark.s3
+def test_tables_on_object_storage_are_found_compacted_and_vacuumed(
+    connect: Any, tmp_path: Path, s3_bucket: str, s3_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Delta root on the session's S3 server: the tables are found by listing it, compacted,
+    vacuumed (the files removed counted on the store), their watermarks kept."""
+    for name, value in s3_server.settings.to_env().items():  # how the job gets the store's settings
+        monkeypatch.setenv(name, value)
+    slot, root = "pgdecode_mt_s3", f"{s3_bucket}/delta"
+    for run in range(3):
+        changes = TableChanges("public", "mt_s3", COLUMNS)
+        for i in range(1, 6):
+            changes.insert(100 * run + 10 + i, id=run * 10 + i, name=f"row {i}")
+        merge_batches(connect, [write_batch(tmp_path / "staging", slot, 100 * run, 100 * run + 100, [changes])], root)
+    rows = sorted(tuple(r) for r in connect.read.format("delta").load(f"s3a://{root[5:]}/public/mt_s3").collect())
+    summary = maintain_tables(connect, root, options=MaintenanceOptions(retention_hours=0, allow_short_retention=True))
+    entry = summary["tables"]["public.mt_s3"]
+    assert entry["delta_path"] == f"s3a://{root[5:]}/public/mt_s3"
+    assert entry["files_before"] == 3 and entry["files_after"] == 1 and entry["files_removed"] == 3, entry
+    assert entry["transactions_before"] == entry["transactions_after"] == {app_id(slot): 300}
+    assert sorted(tuple(r) for r in connect.read.format("delta").load(entry["delta_path"]).collect()) == rows
+
+
+class _Conflicting:
+    """A session whose first OPTIMIZEs lose a Delta conflict (the error text a Connect client gets)."""
+
+    def __init__(
+        self, conflicts: int, error: str = "[DELTA_CONCURRENT_DELETE_READ] ConcurrentDeleteReadException"
+    ) -> None:
+        self.conflicts, self.error, self.statements = conflicts, error, []
+
+    def sql(self, statement: str) -> Any:
+        self.statements.append(statement)
+        if self.conflicts:
+            self.conflicts -= 1
+            raise RuntimeError(f"{self.error}: a concurrent transaction removed a file this one read")
+
+        class Result:
+            def collect(self) -> list[Any]:
+                return []
+
+        return Result()
+
+
+def test_an_optimize_that_loses_a_conflict_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_pgdecode.spark import maintenance_job
+
+    monkeypatch.setattr(maintenance_job.time, "sleep", lambda seconds: None)
+    ref = maintenance_job.TableRef("public", "t", "/data/delta/public/t")
+    session = _Conflicting(2)
+    assert maintenance_job.optimize_with_retries(session, ref, ["id"], 3) == ({}, 3)  # type: ignore[arg-type]
+    assert session.statements == ["OPTIMIZE delta.`/data/delta/public/t` ZORDER BY (`id`)"] * 3
+    with pytest.raises(RuntimeError, match="DELTA_CONCURRENT"):
+        maintenance_job.optimize_with_retries(_Conflicting(3), ref, [], 3)  # type: ignore[arg-type]
+    other = _Conflicting(1, error="[DELTA_TABLE_NOT_FOUND]")
+    with pytest.raises(RuntimeError, match="TABLE_NOT_FOUND"):  # anything else is not retried
+        maintenance_job.optimize_with_retries(other, ref, [], 3)  # type: ignore[arg-type]
+    assert len(other.statements) == 1
