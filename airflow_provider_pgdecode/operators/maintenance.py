@@ -265,6 +265,8 @@ class PgDecodeDeltaMaintenanceOperator(BaseOperator):
         if summary is not None and "error" in summary:
             if summary["error"] == MaintenanceRefusedError.__name__:
                 raise MaintenanceRefusedError(str(summary.get("message")))
+            if summary["error"] == MaintenanceError.__name__:
+                raise MaintenanceError(str(summary.get("message")))
             raise ConfigurationError(f"the maintenance job refused: {summary['error']}: {summary.get('message')}")
         if summary is None or "tables" not in summary:
             raise MaintenanceError(f"the maintenance job wrote no summary for {self.delta_root} (its log says why)")

@@ -204,7 +204,10 @@ def read_log_state(spark: SparkSession, path: str) -> LogState:
     commits = sorted(v for v in (_log_version(n, ".json") for n in names) if v is not None)
     checkpoints = _checkpoint_files(names)
     if not commits and not checkpoints:
-        raise MaintenanceError(f"no Delta table at {path} (its _delta_log holds no commit)")
+        raise MaintenanceError(
+            f"no Delta table at {path} (no commit in its _delta_log): check the table's name (schema.table) and the "
+            "Delta root, or give no tables to maintain every pgdecode table under the root"
+        )
     version = max([*commits, *checkpoints])
     base = max((v for v in checkpoints if v <= version), default=-1)
     transactions: dict[str, int] = {}
@@ -558,8 +561,8 @@ def table_line(name: str, entry: Mapping[str, Any]) -> str:
 # Entry points
 # --------------------------------------------------------------------------------------------
 
-#: What the maintenance job refuses (final: a retry meets the same table), as against a crash.
-REFUSALS = (MaintenanceRefusedError, ConfigurationError)
+#: What the maintenance job refuses or reports as final (a retry meets the same table), as against a crash.
+REFUSALS = (MaintenanceError, ConfigurationError)
 
 
 def build_argument_parser() -> argparse.ArgumentParser:

@@ -75,3 +75,9 @@ def test_a_refused_table_fails_the_task_without_retry(
     with pytest.raises(AirflowFailException, match=r"table public\.mt_op .*24 hours .*allow_short_retention"):
         operator.execute({})
     assert sorted(p.name for p in log.iterdir()) == commits  # nothing written
+    if path == "spark-connect":  # a table named that is not there: final too, and says what to check
+        operator = PgDecodeDeltaMaintenanceOperator(
+            task_id="maintenance", delta_root=str(delta), tables=["public.nope"]
+        )
+        with pytest.raises(AirflowFailException, match=r"no Delta table at .*public/nope.*schema\.table"):
+            operator.execute({})
