@@ -336,6 +336,19 @@ def table_key(state: LogState) -> list[str]:
     return [str(column) for column in key] if isinstance(key, list) else []
 
 
+MAX_ZORDER_COLUMNS = 4
+"""Z-ordering by more columns clusters by none of them well (and a keyless table's "key" is all its columns)."""
+
+
+def zorder_columns(ref: TableRef, state: LogState) -> list[str]:
+    """The columns to Z-order ``ref`` by: its key, when it has one of at most :data:`MAX_ZORDER_COLUMNS`."""
+    key = table_key(state)
+    if len(key) > MAX_ZORDER_COLUMNS:
+        log.warning("table %s: key of %d columns, not Z-ordered (a plain OPTIMIZE instead)", ref.name, len(key))
+        return []
+    return key
+
+
 def detail(spark: SparkSession, path: str) -> tuple[int, int]:
     """The table's live files and their bytes (``DESCRIBE DETAIL``: Delta's own count)."""
     row = spark.sql(f"DESCRIBE DETAIL {delta_ref(path)}").collect()[0]
@@ -489,7 +502,7 @@ def maintain_table(spark: SparkSession, ref: TableRef, state: LogState, options:
     result.files_before, result.bytes_before = detail(spark, ref.path)
     safe = deleted_file_retention_hours(state)
     if options.optimize:
-        zorder_by = table_key(state) if options.zorder else []
+        zorder_by = zorder_columns(ref, state) if options.zorder else []
         metrics, result.optimize_attempts = optimize_with_retries(spark, ref, zorder_by, options.optimize_attempts)
         result.optimized = True
         result.zorder_by = list(zorder_by)

@@ -20,11 +20,14 @@ from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.errors import ConfigurationError, MaintenanceRefusedError
 from airflow_provider_pgdecode.spark.maintenance_job import (
+    LogState,
     MaintenanceOptions,
+    TableRef,
     discover_tables,
     maintain_tables,
     parse_interval_hours,
     read_log_state,
+    zorder_columns,
 )
 from airflow_provider_pgdecode.spark.merge_job import app_id, delta_ref, merge_batches, transaction_id
 from airflow_provider_pgdecode.spark.session import build_connect_session
@@ -151,6 +154,10 @@ def test_intervals_and_an_absent_root() -> None:
     with pytest.raises(ConfigurationError, match="unit 'month'"):
         parse_interval_hours("interval 1 month")
     assert discover_tables(None, "/nonexistent/pgdecode/delta") == []  # type: ignore[arg-type]
+    ref = TableRef("public", "t", "/data/delta/public/t")
+    assert zorder_columns(ref, LogState(0, {}, {"pgdecode.key": '["id"]'})) == ["id"]
+    assert zorder_columns(ref, LogState(0, {}, {})) == []  # append_only: no key
+    assert zorder_columns(ref, LogState(0, {}, {"pgdecode.key": json.dumps(list("abcde"))})) == []  # keyless FULL
 
 
 def _small_table(connect: Any, root: Path, slot: str) -> Path:
