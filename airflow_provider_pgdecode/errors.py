@@ -162,6 +162,15 @@ class VerifyMismatchError(VerifyError):
     """A verify run compared Delta with PostgreSQL at one LSN and found tables that differ."""
 
 
+class MaintenanceError(PgDecodeError):
+    """OPTIMIZE/VACUUM of a Delta table went wrong in a way that touches exactly-once (docs/maintenance.md)."""
+
+
+class MaintenanceRefusedError(MaintenanceError):
+    """A maintenance run refused a table before writing anything: a retention that would expire the
+    slots' transaction ids, or a VACUUM retention below Delta's safety check without an opt-in."""
+
+
 def is_deterministic(exc: BaseException) -> bool:
     """True when retrying cannot help: a pgdecode error not marked ``retryable``.
 

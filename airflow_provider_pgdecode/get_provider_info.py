@@ -47,6 +47,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_pgdecode.operators.replay",
                     "airflow_provider_pgdecode.operators.verify_snapshot",
                     "airflow_provider_pgdecode.operators.verify",
+                    "airflow_provider_pgdecode.operators.maintenance",
                 ],
             }
         ],

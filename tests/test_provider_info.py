@@ -69,7 +69,7 @@ def test_provider_info_is_valid_and_its_modules_import() -> None:
         for kind in ("hooks", "operators", "sensors", "triggers")
     }
     assert all(entry["integration-name"] in integrations for kind in modules for entry in info[kind])
-    assert len(modules["operators"]) == 10 and len(modules["sensors"]) == 3 and len(modules["triggers"]) == 2
+    assert len(modules["operators"]) == 11 and len(modules["sensors"]) == 3 and len(modules["triggers"]) == 2
     for module in (m for ms in modules.values() for m in ms):
         importlib.import_module(module)
     assert info["documentation-url"] == "https://github.com/pgdecode/airflow-provider-pgdecode"

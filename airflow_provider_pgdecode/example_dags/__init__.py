@@ -3,8 +3,9 @@
 Each module defines one DAG object, ``dag``: ``pgdecode_incremental`` (the CDC cycle),
 ``pgdecode_backfill`` (initial load, add or re-snapshot tables, replay), ``pgdecode_verify``
 (Delta against PostgreSQL at one LSN), ``pgdecode_delta_consumer`` (a DAG triggered by the
-merge's Asset events) and ``pgdecode_event_driven`` (the incremental cycle, scheduled on the
-slot's Asset: it runs when the slot has changes). ``cycle`` builds the cycle's tasks for both
+merge's Asset events), ``pgdecode_event_driven`` (the incremental cycle, scheduled on the
+slot's Asset: it runs when the slot has changes) and ``pgdecode_maintenance`` (weekly
+OPTIMIZE and VACUUM of the Delta tables). ``cycle`` builds the cycle's tasks for both
 cycle DAGs. Put them in Airflow by a file in your ``dags_folder`` that imports the
 DAG (Airflow's safe mode looks for the words "airflow" and "dag" in it)::
 

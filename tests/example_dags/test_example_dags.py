@@ -19,6 +19,7 @@ NAMES = (
     "pgdecode_verify",
     "pgdecode_delta_consumer",
     "pgdecode_event_driven",
+    "pgdecode_maintenance",
 )
 
 
@@ -57,6 +58,11 @@ def test_the_settings_reach_the_parsed_dags(bag, tmp_path: Path) -> None:
     assert incremental.get_task("confirm").retention_days == 3
     assert bag.dags["pgdecode_backfill"].params["staging_uri"] == f"{tmp_path}/staging"
     assert bag.dags["pgdecode_verify"].params["delta_root"] == f"{tmp_path}/delta"
+    maintenance = bag.dags["pgdecode_maintenance"]
+    assert maintenance.params["delta_root"] == f"{tmp_path}/delta"
+    assert maintenance.timetable.expression == "0 0 * * 0" and maintenance.max_active_runs == 1
+    # a watermark outlives the staged batches: 30 days, or retention_days when longer
+    assert maintenance.get_task("maintenance").min_txn_retention_hours == 720
 
 
 def test_every_dag_has_doc_md_and_every_param_a_description(bag) -> None:

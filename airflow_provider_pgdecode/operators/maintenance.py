@@ -1,0 +1,321 @@
+"""OPTIMIZE and VACUUM pgdecode's Delta tables with the maintenance job shipped in the package.
+
+The job (``spark/maintenance_job.py``) runs by spark-submit or in this task as a client session of a
+Spark Connect server, as the merge and verify jobs do. docs/maintenance.md says what it runs, why its
+retention settings are safe for exactly-once, and how it lives beside the incremental DAG.
+
+Example::
+
+    from airflow_provider_pgdecode.operators.maintenance import PgDecodeDeltaMaintenanceOperator
+
+    maintenance = PgDecodeDeltaMaintenanceOperator(
+        task_id="maintenance",
+        delta_root="/data/delta",
+        tables=[],  # every pgdecode table under delta_root
+        zorder=False,
+        retention_hours=None,  # each table's delta.deletedFileRetentionDuration (7 days by default)
+    )
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.sdk import BaseOperator, Context
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings
+from airflow_provider_pgdecode.errors import ConfigurationError, MaintenanceError, MaintenanceRefusedError
+from airflow_provider_pgdecode.hooks.object_store import object_store_settings
+from airflow_provider_pgdecode.operators.merge import (
+    SPARK_CONNECT_CONN_TYPE,
+    connect_session,
+    default_env_vars,
+    default_spark_binary,
+    hook_master,
+    interrupt_connect_session,
+    object_store_env,
+    parse_batch_paths,
+    spark_connection_type,
+    spark_submit_settings,
+    uses_object_store,
+)
+from airflow_provider_pgdecode.utils.fail_fast import fail_fast
+
+MAINTENANCE_JOB_MODULE = "airflow_provider_pgdecode.spark.maintenance_job"
+
+
+def maintenance_job_path() -> str:
+    """The file of the maintenance job inside the installed package (what spark-submit runs)."""
+    spec = importlib.util.find_spec(MAINTENANCE_JOB_MODULE)
+    if spec is None or not spec.origin:
+        raise ConfigurationError(f"cannot find {MAINTENANCE_JOB_MODULE} in the installed airflow-provider-pgdecode")
+    return spec.origin
+
+
+def _flag(value: Any) -> bool:
+    """A boolean argument, also as a rendered template (``"False"``, ``"true"``)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def _hours(value: Any) -> float | None:
+    """Hours from a number, or a rendered template of one; ``None``/empty: the table's own."""
+    if value is None or (isinstance(value, str) and value.strip() in ("", "None", "null")):
+        return None
+    return float(value)
+
+
+class PgDecodeDeltaMaintenanceOperator(BaseOperator):
+    """OPTIMIZE (optionally ``ZORDER BY`` the key) and VACUUM pgdecode's Delta tables, keeping every
+    slot's transaction id (the merge's exactly-once watermark).
+
+    As the merge operator's job: by spark-submit when ``conn_id`` is a ``spark`` connection, or in
+    this task as a client session of the server of a ``spark_connect`` connection.
+
+    Every table is checked before anything is written, and the task fails without a retry
+    (:class:`~airflow_provider_pgdecode.errors.MaintenanceRefusedError`) naming the table and the
+    way forward when a table's ``delta.setTransactionRetentionDuration`` is shorter than
+    ``min_txn_retention_hours`` (Delta would forget a slot's watermark, and a batch merged again
+    would be applied twice), or when ``retention_hours`` is below Delta's VACUUM safety check (the
+    table's ``delta.deletedFileRetentionDuration``) and ``allow_short_retention`` is not set. After
+    each table the slots' transaction ids are read again: a lost one fails the task.
+
+    An OPTIMIZE that conflicts with a concurrent merge of the same table is retried by the job
+    (``optimize_attempts`` in ``maintenance_args``); a merge that loses the conflict fails its own
+    task, which Airflow retries, and its slot is not advanced before it succeeds.
+
+    Returns (to XCom) ``{"delta_root", "tables": {"schema.table": {...}}, "seconds"}``, per table:
+    ``files_before``/``files_after``, ``bytes_before``/``bytes_after``,
+    ``version_before``/``version_after``, ``files_compacted``, ``files_written``, ``zorder_by``,
+    ``files_removed`` (by VACUUM), ``retention_hours``, and ``transactions_before`` /
+    ``transactions_after`` (each slot's app id and version: equal, or higher after a concurrent merge).
+
+    Example::
+
+        from airflow_provider_pgdecode.operators.maintenance import PgDecodeDeltaMaintenanceOperator
+
+        maintenance = PgDecodeDeltaMaintenanceOperator(
+            task_id="maintenance",
+            delta_root="/data/delta",
+            tables=["public.orders"],  # empty: every pgdecode table under delta_root
+            zorder=True,
+            conn_id="spark_default",
+        )
+
+    :param delta_root: the root of the pipeline's Delta tables. (templated)
+    :param tables: ``schema.table`` names, a JSON list of them, or empty for every pgdecode table
+        under ``delta_root`` (found by their ``pgdecode.source`` property). (templated)
+    :param conn_id: the Spark connection: ``spark`` (spark-submit) or ``spark_connect`` (a client
+        session of that server; ``conf`` entries become settings of the session). (templated)
+    :param optimize: run OPTIMIZE. (templated)
+    :param zorder: OPTIMIZE ... ZORDER BY the table's key (rewrites the whole table each run). (templated)
+    :param purge_deletion_vectors: also ``REORG TABLE ... APPLY (PURGE)`` (rewrite every file that
+        still has a deletion vector). (templated)
+    :param vacuum: run VACUUM. (templated)
+    :param retention_hours: VACUUM's retention; ``None``: each table's
+        ``delta.deletedFileRetentionDuration`` (7 days unless set). (templated)
+    :param allow_short_retention: allow a retention below Delta's safety check (only when no job reads
+        versions that old). (templated)
+    :param min_txn_retention_hours: the shortest ``delta.setTransactionRetentionDuration`` accepted
+        (default 720, 30 days; unset never expires). (templated)
+    :param maintenance_args: more arguments of the job, e.g. ``["--optimize-attempts", "5"]``. (templated)
+    :param spark_binary: the ``spark-submit`` to run; default the one beside ``sys.executable``.
+    :param packages: Maven coordinates for ``--packages``; default Delta's. (templated)
+    :param conf: Spark configuration, merged over pgdecode's defaults. (templated)
+    :param env_vars: environment of spark-submit, merged over the defaults. (templated)
+    :param storage_conn_id: the ``aws`` connection of an ``s3://`` Delta root, as the merge
+        operator's; its settings reach spark-submit as ``AWS_*`` environment only. (templated)
+    :param driver_memory: ``--driver-memory``.
+    :param executor_memory: ``--executor-memory``.
+    """
+
+    template_fields: Sequence[str] = (
+        "delta_root",
+        "tables",
+        "conn_id",
+        "optimize",
+        "zorder",
+        "purge_deletion_vectors",
+        "vacuum",
+        "retention_hours",
+        "allow_short_retention",
+        "min_txn_retention_hours",
+        "maintenance_args",
+        "packages",
+        "conf",
+        "env_vars",
+        "storage_conn_id",
+    )
+    template_fields_renderers = {"conf": "json", "env_vars": "json"}
+    ui_color = "#e4e4f0"
+
+    def __init__(
+        self,
+        *,
+        delta_root: str,
+        tables: str | Sequence[str] | None = None,
+        conn_id: str = "spark_default",
+        optimize: bool | str = True,
+        zorder: bool | str = False,
+        purge_deletion_vectors: bool | str = False,
+        vacuum: bool | str = True,
+        retention_hours: float | str | None = None,
+        allow_short_retention: bool | str = False,
+        min_txn_retention_hours: float | str = 720,
+        maintenance_args: Sequence[str] | None = None,
+        spark_binary: str | None = None,
+        packages: str | None = None,
+        conf: Mapping[str, Any] | None = None,
+        env_vars: Mapping[str, str] | None = None,
+        driver_memory: str | None = "1g",
+        executor_memory: str | None = None,
+        storage_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.delta_root = delta_root
+        self.tables = tables
+        self.conn_id = conn_id
+        self.optimize = optimize
+        self.zorder = zorder
+        self.purge_deletion_vectors = purge_deletion_vectors
+        self.vacuum = vacuum
+        self.retention_hours = retention_hours
+        self.allow_short_retention = allow_short_retention
+        self.min_txn_retention_hours = min_txn_retention_hours
+        self.maintenance_args = list(maintenance_args or [])
+        self.spark_binary = spark_binary
+        self.packages = packages
+        self.conf = dict(conf or {})
+        self.env_vars = dict(env_vars or {})
+        self.driver_memory = driver_memory
+        self.executor_memory = executor_memory
+        self.storage_conn_id = storage_conn_id
+        self._hook: SparkSubmitHook | None = None
+        self._connect_session: Any = None
+
+    def job_args(self, summary_path: str | None = None) -> list[str]:
+        """The maintenance job's arguments (spark-submit's command line, or parsed for a Connect session)."""
+        args = ["--delta-root", str(self.delta_root)]
+        for table in parse_batch_paths(self.tables):  # a name, a list, or a JSON list of names
+            args += ["--table", table]
+        if not _flag(self.optimize):
+            args.append("--no-optimize")
+        if _flag(self.zorder):
+            args.append("--zorder")
+        if _flag(self.purge_deletion_vectors):
+            args.append("--purge-deletion-vectors")
+        if not _flag(self.vacuum):
+            args.append("--no-vacuum")
+        hours = _hours(self.retention_hours)
+        if hours is not None:
+            args += ["--retention-hours", f"{hours:g}"]
+        if _flag(self.allow_short_retention):
+            args.append("--allow-short-retention")
+        args += ["--min-txn-retention-hours", f"{float(self.min_txn_retention_hours):g}"]
+        if summary_path is not None:
+            args += ["--summary-json", summary_path]
+        return args + [str(a) for a in self.maintenance_args]
+
+    def get_hook(self, summary_path: str, settings: ObjectStoreSettings | None = None) -> SparkSubmitHook:
+        """The SparkSubmitHook that runs the maintenance job (settings as the merge operator's)."""
+        conf, packages = spark_submit_settings(
+            self.conn_id, self.conf, self.packages, object_store=uses_object_store(str(self.delta_root))
+        )
+        args = self.job_args(summary_path)
+
+        def build(env_vars: dict[str, str]) -> SparkSubmitHook:
+            return SparkSubmitHook(
+                conf=conf,
+                conn_id=self.conn_id,
+                packages=packages or None,
+                driver_memory=self.driver_memory,
+                executor_memory=self.executor_memory,
+                name="pgdecode-maintenance",
+                application_args=args,
+                env_vars=env_vars,
+                spark_binary=self.spark_binary or default_spark_binary(),
+            )
+
+        hook = build(dict(self.env_vars))
+        env_vars = {**default_env_vars(hook_master(hook)), **self.env_vars}
+        return build({**env_vars, **object_store_env(hook, settings, self.storage_conn_id)})
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        with fail_fast():
+            return self._maintain()
+
+    def _maintain(self) -> dict[str, Any]:
+        settings = object_store_settings(self.storage_conn_id)
+        self.log.info("Maintaining the pgdecode Delta tables under %s: %s", self.delta_root, self.job_args())
+        summary: dict[str, Any] | None
+        if spark_connection_type(self.conn_id) == SPARK_CONNECT_CONN_TYPE:
+            summary = self._maintain_connect(settings)
+        else:
+            summary = self._maintain_submit(settings)
+        if summary is not None and "error" in summary:
+            if summary["error"] == MaintenanceRefusedError.__name__:
+                raise MaintenanceRefusedError(str(summary.get("message")))
+            if summary["error"] == MaintenanceError.__name__:
+                raise MaintenanceError(str(summary.get("message")))
+            raise ConfigurationError(f"the maintenance job refused: {summary['error']}: {summary.get('message')}")
+        if summary is None or "tables" not in summary:
+            raise MaintenanceError(f"the maintenance job wrote no summary for {self.delta_root} (its log says why)")
+        from airflow_provider_pgdecode.spark.maintenance_job import table_line
+
+        for name, entry in sorted(summary["tables"].items()):
+            self.log.info("%s", table_line(name, entry))
+        if not summary["tables"]:
+            self.log.warning("No pgdecode Delta table under %s: nothing to do", self.delta_root)
+        return summary
+
+    def _maintain_submit(self, settings: ObjectStoreSettings | None) -> dict[str, Any] | None:
+        workdir = tempfile.mkdtemp(prefix="pgdecode-maintenance-")
+        try:
+            summary_path = str(Path(workdir) / "summary.json")
+            self._hook = self.get_hook(summary_path, settings)
+            try:
+                self._hook.submit(maintenance_job_path())
+            except AirflowException:
+                refusal = _read_json(summary_path)
+                if refusal is not None and "error" in refusal:
+                    return refusal
+                raise
+            return _read_json(summary_path)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def _maintain_connect(self, settings: ObjectStoreSettings | None) -> dict[str, Any]:
+        from airflow_provider_pgdecode.spark.maintenance_job import build_argument_parser, run_maintenance_job
+
+        args = build_argument_parser().parse_args(self.job_args())
+        with connect_session(self.conn_id, self.conf, settings, self.log) as spark:
+            self._connect_session = spark
+            try:
+                return run_maintenance_job(spark, args)[1]
+            finally:
+                self._connect_session = None
+
+    def on_kill(self) -> None:
+        """Stop the spark-submit process, or this task's Spark work on a Spark Connect server."""
+        if self._hook is not None:
+            self._hook.on_kill()
+        interrupt_connect_session(self._connect_session)
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
