@@ -60,9 +60,11 @@ CHANGES = "changes"
 WAL_BYTES = "wal_bytes"
 
 _INT4_MAX = 2**31 - 1
-# PostgreSQL counts rows, BEGIN and COMMIT included: room for transactions of one change each
-# would take three rows per change; two keeps the server's overshoot past a cut small.
-_ROWS_PER_CHANGE = 2
+# PostgreSQL counts rows, BEGIN and COMMIT included, and decodes every row it is allowed before
+# the client can cut: rows past the cut are decoded in vain. A quarter more rows than changes
+# fills a batch of transactions of ten changes or more; one of single-change transactions (three
+# rows each) holds about 40% of the bound.
+_ROWS_PER_CHANGE = 1.25
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ class BatchBounds:
         """The row limit handed to the server (``upto_nchanges``)."""
         if self.max_changes is None:
             return None
-        return min(self.max_changes * _ROWS_PER_CHANGE + 2, _INT4_MAX)
+        return min(int(self.max_changes * _ROWS_PER_CHANGE) + 2, _INT4_MAX)
 
 
 class BatchCut:

@@ -167,7 +167,7 @@ def test_bounds_refuse_what_is_not_a_positive_count() -> None:
     with pytest.raises(ConfigurationError, match="max_batch_wal_bytes"):
         BatchBounds(max_wal_bytes=0)
     assert not BatchBounds.unbounded().bounded
-    assert BatchBounds(10, None).peek_rows() == 22
+    assert BatchBounds(100, None).peek_rows() == 127
 
 
 def test_the_first_transaction_is_taken_however_large() -> None:
