@@ -37,14 +37,10 @@ from airflow_provider_pgdecode.hooks.object_store import object_store_settings
 from airflow_provider_pgdecode.operators.merge import (
     SPARK_CONNECT_CONN_TYPE,
     connect_session,
-    default_env_vars,
-    default_spark_binary,
-    hook_master,
     interrupt_connect_session,
-    object_store_env,
     parse_batch_paths,
     spark_connection_type,
-    spark_submit_settings,
+    submit_hook,
     uses_object_store,
 )
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
@@ -228,27 +224,13 @@ class PgDecodeDeltaMaintenanceOperator(BaseOperator):
 
     def get_hook(self, summary_path: str, settings: ObjectStoreSettings | None = None) -> SparkSubmitHook:
         """The SparkSubmitHook that runs the maintenance job (settings as the merge operator's)."""
-        conf, packages = spark_submit_settings(
-            self.conn_id, self.conf, self.packages, object_store=uses_object_store(str(self.delta_root))
+        return submit_hook(
+            self,
+            name="pgdecode-maintenance",
+            args=self.job_args(summary_path),
+            object_store=uses_object_store(str(self.delta_root)),
+            settings=settings,
         )
-        args = self.job_args(summary_path)
-
-        def build(env_vars: dict[str, str]) -> SparkSubmitHook:
-            return SparkSubmitHook(
-                conf=conf,
-                conn_id=self.conn_id,
-                packages=packages or None,
-                driver_memory=self.driver_memory,
-                executor_memory=self.executor_memory,
-                name="pgdecode-maintenance",
-                application_args=args,
-                env_vars=env_vars,
-                spark_binary=self.spark_binary or default_spark_binary(),
-            )
-
-        hook = build(dict(self.env_vars))
-        env_vars = {**default_env_vars(hook_master(hook)), **self.env_vars}
-        return build({**env_vars, **object_store_env(hook, settings, self.storage_conn_id)})
 
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():

@@ -179,6 +179,45 @@ def spark_submit_settings(
     return merged, packages or jars
 
 
+def submit_hook(
+    operator: Any,
+    *,
+    name: str,
+    args: Sequence[str],
+    object_store: bool,
+    settings: ObjectStoreSettings | None,
+    **spark: Any,
+) -> SparkSubmitHook:
+    """The SparkSubmitHook that runs one of pgdecode's Spark jobs for ``operator`` (its ``conn_id``,
+    ``conf``, ``packages``, ``driver_memory``, ``executor_memory``, ``env_vars``, ``spark_binary``
+    and ``storage_conn_id``); ``spark``: more SparkSubmitHook arguments. ``settings`` (the storage
+    connection's) reach the spark-submit process as ``AWS_*`` environment only, once the Spark
+    connection says they stay off the command line (never ``env_vars``: a template field, which
+    Airflow stores rendered)."""
+    conf, packages = spark_submit_settings(
+        operator.conn_id, operator.conf, operator.packages, object_store=object_store
+    )
+
+    def build(env_vars: dict[str, str]) -> SparkSubmitHook:
+        return SparkSubmitHook(
+            conf=conf,
+            conn_id=operator.conn_id,
+            packages=packages or None,
+            driver_memory=operator.driver_memory,
+            executor_memory=operator.executor_memory,
+            name=name,
+            application_args=list(args),
+            env_vars=env_vars,
+            spark_binary=operator.spark_binary or default_spark_binary(),
+            **spark,
+        )
+
+    hook = build(dict(operator.env_vars))
+    # Loopback for the driver only with a local master (the hook resolved it from the connection).
+    env_vars = {**default_env_vars(hook_master(hook)), **operator.env_vars}
+    return build({**env_vars, **object_store_env(hook, settings, operator.storage_conn_id)})
+
+
 def object_store_env(
     hook: SparkSubmitHook, settings: ObjectStoreSettings | None, storage_conn_id: str | None
 ) -> dict[str, str]:
@@ -378,40 +417,23 @@ class PgDecodeMergeOperator(BaseOperator):
     ) -> SparkSubmitHook:
         """The SparkSubmitHook that runs the merge job over ``batches``; ``settings`` (the storage
         connection's) reach it as ``AWS_*`` environment of the spark-submit process only."""
-        object_store = uses_object_store(str(self.delta_root), *map(str, batches))
-        conf, packages = spark_submit_settings(self.conn_id, self.conf, self.packages, object_store=object_store)
         args = ["--delta-root", str(self.delta_root)]
         for batch in batches:
             args += ["--batch", str(batch)]
         if summary_path:
             args += ["--summary-json", summary_path]
         args += [str(a) for a in self.merge_args]
-
-        def build(env_vars: dict[str, str]) -> SparkSubmitHook:
-            return SparkSubmitHook(
-                conf=conf,
-                conn_id=self.conn_id,
-                packages=packages or None,
-                driver_memory=self.driver_memory,
-                executor_memory=self.executor_memory,
-                executor_cores=self.executor_cores,
-                total_executor_cores=self.total_executor_cores,
-                num_executors=self.num_executors,
-                name=self.spark_name,
-                application_args=args,
-                env_vars=env_vars,
-                spark_binary=self.spark_binary or default_spark_binary(),
-                verbose=self.verbose,
-            )
-
-        hook = build(dict(self.env_vars))
-        # Loopback for the driver only with a local master (the hook resolved it from the connection).
-        env_vars = {**default_env_vars(hook_master(hook)), **self.env_vars}
-        # The store's settings join the hook's environment only (never self.env_vars: a template
-        # field, which Airflow stores rendered), once the Spark connection says they stay off the
-        # command line.
-        store_env = object_store_env(hook, settings, self.storage_conn_id)
-        return build({**env_vars, **store_env})
+        return submit_hook(
+            self,
+            name=self.spark_name,
+            args=args,
+            object_store=uses_object_store(str(self.delta_root), *map(str, batches)),
+            settings=settings,
+            executor_cores=self.executor_cores,
+            total_executor_cores=self.total_executor_cores,
+            num_executors=self.num_executors,
+            verbose=self.verbose,
+        )
 
     def execute(self, context: Context) -> dict[str, Any]:
         return self.merge(context)

@@ -45,14 +45,10 @@ from airflow_provider_pgdecode.hooks.object_store import object_store_settings
 from airflow_provider_pgdecode.operators.merge import (
     SPARK_CONNECT_CONN_TYPE,
     connect_session,
-    default_env_vars,
-    default_spark_binary,
-    hook_master,
     interrupt_connect_session,
     location_asset,
-    object_store_env,
     spark_connection_type,
-    spark_submit_settings,
+    submit_hook,
     uses_object_store,
 )
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
@@ -274,27 +270,13 @@ class PgDecodeVerifyOperator(BaseOperator):
     ) -> SparkSubmitHook:
         """The SparkSubmitHook that runs the verify job (settings as the merge operator's; the
         storage connection's reach it as ``AWS_*`` environment only)."""
-        object_store = uses_object_store(snapshot.path, str(self.delta_root))
-        conf, packages = spark_submit_settings(self.conn_id, self.conf, self.packages, object_store=object_store)
-        args = self._job_args(snapshot, report_path)
-
-        def build(env_vars: dict[str, str]) -> SparkSubmitHook:
-            return SparkSubmitHook(
-                conf=conf,
-                conn_id=self.conn_id,
-                packages=packages or None,
-                driver_memory=self.driver_memory,
-                executor_memory=self.executor_memory,
-                name="pgdecode-verify",
-                application_args=args,
-                env_vars=env_vars,
-                spark_binary=self.spark_binary or default_spark_binary(),
-            )
-
-        hook = build(dict(self.env_vars))
-        env_vars = {**default_env_vars(hook_master(hook)), **self.env_vars}
-        store_env = object_store_env(hook, settings, self.storage_conn_id)
-        return build({**env_vars, **store_env})
+        return submit_hook(
+            self,
+            name="pgdecode-verify",
+            args=self._job_args(snapshot, report_path),
+            object_store=uses_object_store(snapshot.path, str(self.delta_root)),
+            settings=settings,
+        )
 
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():
