@@ -28,6 +28,8 @@ class Checkpoint:
         (:mod:`airflow_provider_pgdecode.capture.table_snapshot`).
     :param table_oids: the staged tables by OID, their names and Delta tables
         (:attr:`BatchManifest.table_oids`): how a renamed table is followed.
+    :param rows_per_change: the batch's rows per change (:attr:`BatchManifest.rows_per_change`):
+        the next batch sizes the server's row limit by it.
     """
 
     slot: str
@@ -36,6 +38,7 @@ class Checkpoint:
     batch_path: str | None = None
     snapshots: dict[str, Any] = field(default_factory=dict)
     table_oids: dict[str, Any] = field(default_factory=dict)
+    rows_per_change: float | None = None
 
     @classmethod
     def from_manifest(cls, manifest: BatchManifest) -> Checkpoint:
@@ -49,6 +52,7 @@ class Checkpoint:
             str(manifest.path),
             dict(manifest.snapshots),
             dict(manifest.table_oids),
+            manifest.rows_per_change,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -59,6 +63,7 @@ class Checkpoint:
             "batch_path": self.batch_path,
             "snapshots": self.snapshots,
             "table_oids": self.table_oids,
+            "rows_per_change": self.rows_per_change,
         }
 
     @classmethod
@@ -71,6 +76,7 @@ class Checkpoint:
                 data.get("batch_path"),
                 dict(data.get("snapshots") or {}),
                 dict(data.get("table_oids") or {}),
+                float(data["rows_per_change"]) if data.get("rows_per_change") is not None else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StagingError(f"malformed checkpoint {data!r}: {exc}") from None

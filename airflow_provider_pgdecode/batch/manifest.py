@@ -157,6 +157,9 @@ class BatchManifest:
     #: Which batch bound ended the batch before its ceiling (``"changes"`` or ``"wal_bytes"``,
     #: capture/bounds.py); ``None``: it read up to the ceiling, the slot was caught up.
     bounded_by: str | None = None
+    #: Rows the server sent per change of the batch's transactions, up to its end (None: no
+    #: change): the next batch's row limit is sized by it (capture/bounds.py).
+    rows_per_change: float | None = None
     format: str = FORMAT
     complete: bool = True
     #: Where the batch lives, an absolute local path or an ``s3://`` URI (not stored in the file).
@@ -196,6 +199,7 @@ class BatchManifest:
         data.pop("ceiling_lsn")
         data.pop("skipped")
         data.pop("bounded_by")
+        data.pop("rows_per_change")
         return data
 
     def summary(self) -> dict[str, Any]:

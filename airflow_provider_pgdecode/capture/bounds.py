@@ -61,10 +61,14 @@ WAL_BYTES = "wal_bytes"
 
 _INT4_MAX = 2**31 - 1
 # PostgreSQL counts rows, BEGIN and COMMIT included, and decodes every row it is allowed before
-# the client can cut: rows past the cut are decoded in vain. A quarter more rows than changes
-# fills a batch of transactions of ten changes or more; one of single-change transactions (three
-# rows each) holds about 40% of the bound.
+# the client can cut: rows past the cut are decoded in vain. Without a measure of the slot's rows
+# per change (the previous batch's, carried by the checkpoint), a quarter more rows than changes:
+# it fills a batch of transactions of ten changes or more.
 _ROWS_PER_CHANGE = 1.25
+# With the previous batch's measure: 5% more than it, at least one row per change, at most three
+# (single-change transactions).
+_MARGIN = 1.05
+_MAX_ROWS_PER_CHANGE = 3.0
 
 
 @dataclass(frozen=True)
@@ -100,11 +104,16 @@ class BatchBounds:
         """The last LSN a batch starting at ``start`` may end at."""
         return None if self.max_wal_bytes is None else Lsn(int(start) + self.max_wal_bytes)
 
-    def peek_rows(self) -> int | None:
-        """The row limit handed to the server (``upto_nchanges``)."""
+    def peek_rows(self, rows_per_change: float | None = None) -> int | None:
+        """The row limit handed to the server (``upto_nchanges``): ``rows_per_change``, the
+        previous batch's rows per change (:attr:`Checkpoint.rows_per_change`), sizes it to the
+        slot's transactions."""
         if self.max_changes is None:
             return None
-        return min(int(self.max_changes * _ROWS_PER_CHANGE) + 2, _INT4_MAX)
+        factor = _ROWS_PER_CHANGE
+        if rows_per_change is not None and rows_per_change > 0:
+            factor = min(max(rows_per_change * _MARGIN, _MARGIN), _MAX_ROWS_PER_CHANGE)
+        return min(int(self.max_changes * factor) + 2, _INT4_MAX)
 
 
 class BatchCut:

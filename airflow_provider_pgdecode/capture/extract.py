@@ -183,7 +183,7 @@ def extract_batch(
         floor = snapshotter.high_watermark() if snapshotter is not None else None
         limit = bounds.commit_limit(start_lsn)
         upto = ceiling if limit is None else min(ceiling, max(limit, floor or limit))
-        peek_rows = bounds.peek_rows()
+        peek_rows = bounds.peek_rows(checkpoint.rows_per_change if checkpoint is not None else None)
         started = time.monotonic()
         while True:
             assembler = TransactionAssembler(pending, memory_items, spill_dir, resume_after=resume_after)
@@ -244,6 +244,14 @@ def extract_batch(
             bounded_by = WAL_BYTES
         elif bounded_by is None and peek_rows is not None and rows >= peek_rows:
             bounded_by = CHANGES
+        # Rows per change of this batch up to its end: the next batch sizes the server's row limit
+        # by it. Past a cut the rows read include some of the next transaction: count BEGIN and
+        # COMMIT of each transaction taken instead.
+        stats = assembler.stats
+        changes_used = stats.changes
+        rows_used = rows
+        if cut is not None and cut.cut_by is not None:
+            rows_used = changes_used + 2 * (stats.transactions + stats.empty_transactions)
         tables_staged, messages = writer.close()
         end_lsn = max(start_lsn, assembler.safe_lsn) if assembler.safe_lsn is not None else start_lsn
         chunk_records: list[dict] = []
@@ -266,7 +274,6 @@ def extract_batch(
         still_pending = assembler.pending()
         prepared_entries = writer.save_prepared(still_pending)
         shutil.rmtree(spill_dir, ignore_errors=True)
-        stats = assembler.stats
         manifest = BatchManifest(
             slot=slot_name,
             plugin=plugin,
@@ -300,6 +307,7 @@ def extract_batch(
             excluded_tables=sorted(f"{schema}.{table}" for schema, table in excluded_names),
             table_oids=followed.known.record(),
             bounded_by=bounded_by,
+            rows_per_change=round(rows_used / changes_used, 3) if changes_used else None,
         )
         if followed.dropped_changes:
             manifest.skipped["dropped_table_changes"] = followed.dropped_changes

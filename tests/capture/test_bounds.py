@@ -91,6 +91,8 @@ def test_a_backlog_drains_in_batches_within_the_change_bound(pg_conn, slot_name,
     )
 
     assert len(batches) >= 6
+    # each batch measures its rows per change for the next one's row limit (30-change transactions: 32 rows)
+    assert all(1.0 < b.rows_per_change < 1.1 for b in batches[:2])
     for manifest in batches:
         sizes = transactions_of(manifest, slot_name)
         if sum(sizes) > 100:
@@ -168,6 +170,10 @@ def test_bounds_refuse_what_is_not_a_positive_count() -> None:
         BatchBounds(max_wal_bytes=0)
     assert not BatchBounds.unbounded().bounded
     assert BatchBounds(100, None).peek_rows() == 127
+    # sized by the previous batch's rows per change: 5% more, between one and three rows
+    assert BatchBounds(100, None).peek_rows(1.002) == 107
+    assert BatchBounds(100, None).peek_rows(0.5) == 107
+    assert BatchBounds(100, None).peek_rows(10.0) == 302
 
 
 def test_the_first_transaction_is_taken_however_large() -> None:
