@@ -905,11 +905,21 @@ def _decimal_type(column: ColumnInfo) -> pa.Decimal128Type | None:
     return pa.decimal128(int(match.group(1)), int(match.group(2))) if match else None
 
 
+_NAIVE_TIMESTAMP = pa.timestamp("us")
+_UTC_TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+
 def _staged_type(column: ColumnInfo, arrays: str = ARRAYS_AS_LIST) -> pa.DataType:
-    """A snapshot column's staged Arrow type: Delta's decimal for bounded numeric, else as
-    incremental batches stage it (:func:`~airflow_provider_pgdecode.batch.values.arrow_type`)."""
+    """A snapshot column's staged Arrow type, the one Spark reads as the column's Delta type:
+    Delta's decimal for bounded numeric, ``timestamp[us, tz=UTC]`` for ``timestamp without time
+    zone`` (its wall-clock time read as UTC, the type map's rule: the same microseconds, only the
+    annotation differs), else as incremental batches stage it
+    (:func:`~airflow_provider_pgdecode.batch.values.arrow_type`)."""
     decimal = _decimal_type(column)
-    return decimal if decimal is not None else arrow_type(column.type_name, arrays)
+    if decimal is not None:
+        return decimal
+    staged = arrow_type(column.type_name, arrays)
+    return _UTC_TIMESTAMP if staged == _NAIVE_TIMESTAMP else staged
 
 
 def _part_schema(columns: list[ColumnInfo], arrays: str = ARRAYS_AS_LIST) -> pa.Schema:
@@ -976,6 +986,8 @@ def _part_table(
             value, nulled = _as_decimal(value, decimal)
             if specials is not None:
                 specials[column.name] = specials.get(column.name, 0) + nulled
+        elif value.type == _NAIVE_TIMESTAMP:
+            value = value.cast(_UTC_TIMESTAMP)  # the wall-clock time as UTC: same values
         data.append(value)
     return pa.Table.from_arrays(data, schema=schema)
 
