@@ -41,9 +41,17 @@ ranges, because
 Within a chunk rows come in physical order (synchronized and parallel scans are switched off),
 so a part's contents depend only on the snapshot and the chunk plan, never on worker count or
 timing. Parts are named by chunk index (``part-00007.parquet``); a chunk with no visible row
-writes no part (except the first chunk of a table, which carries the TRUNCATE row when
-``replace``). Two plans of one snapshot can differ only in trailing empty chunks (when the
-table grew meanwhile), so they stage the same manifest.
+writes no part. With ``replace`` the table's TRUNCATE row is a part of its own
+(``part-truncate.parquet``, written with chunk 0). Two plans of one snapshot can differ only in
+trailing empty chunks (when the table grew meanwhile), so they stage the same manifest.
+
+Delta's types. The chunks' parts hold only rows, with every column in the type Spark reads as
+its Delta type: bounded ``numeric`` as its ``decimal128`` (NaN/Infinity, which a decimal cannot
+hold, staged as null and counted in the manifest's ``numeric_specials``), ``timestamp without
+time zone`` as UTC-annotated microseconds, everything else as incremental batches stage it. The
+manifest lists them as ``snapshot_files``: the merge job commits them into a Delta table it
+creates as they are, without reading and writing them again (spark/delta_commit.py), and all
+checks on the values happen here, in the pass that writes them.
 
 Workers. ``workers`` threads each open their own connection that imports the snapshot
 (:func:`~airflow_provider_pgdecode.postgres.snapshot_queries.import_snapshot`) and take chunks
