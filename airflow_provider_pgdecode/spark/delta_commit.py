@@ -86,18 +86,41 @@ def template_actions(log_text: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return protocol, metadata
 
 
-def physical_names_as_names(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """``metadata`` with a new table id and every top-level column's physical name set to its name
-    (a staged part names its columns so). Ids and ``maxColumnId`` are kept as Delta chose them."""
-    schema = json.loads(metadata["schemaString"])
-    for field in schema["fields"]:
-        mapping = field.get("metadata") or {}
-        if "delta.columnMapping.physicalName" in mapping:
-            mapping["delta.columnMapping.physicalName"] = field["name"]
+_INVALID_NAME_CHARACTERS = set(" ,;{}()\n\t=")
+
+
+def table_metadata(
+    template: Mapping[str, Any], fields: Sequence[Mapping[str, Any]], properties: Mapping[str, str]
+) -> dict[str, Any]:
+    """The new table's ``metaData``: ``fields`` (Spark's JSON of each column: name, type,
+    nullability, comment) with column mapping as Delta assigns it on ``CREATE TABLE`` (ids 1, 2,
+    ... in column order, ``maxColumnId``), except that each physical name is the column's name,
+    the name the staged part uses (Delta reads column-mapped files by physical name, any name);
+    ``properties`` as given; format and the rest as in the ``template``'s metaData."""
+    configuration = {k: v for k, v in (template.get("configuration") or {}).items() if not k.startswith("pgdecode.")}
+    configuration.update(properties)
+    mode = configuration.get("delta.columnMapping.mode", "none")
+    schema_fields = []
+    for index, field in enumerate(fields, 1):
+        field = json.loads(json.dumps(field))  # a copy
+        metadata = field.setdefault("metadata", {})
+        if mode == "name":
+            metadata["delta.columnMapping.id"] = index
+            metadata["delta.columnMapping.physicalName"] = field["name"]
+        elif mode == "none":
+            if _INVALID_NAME_CHARACTERS & set(field["name"]):
+                raise TemplateRefused(f"column {field['name']!r} needs column mapping")
+        else:  # "id": files are read by Parquet field id, which the staged parts do not carry
+            raise TemplateRefused(f"column mapping mode {mode!r}")
+        schema_fields.append(field)
+    if mode == "name":
+        configuration["delta.columnMapping.maxColumnId"] = str(len(schema_fields))
     return {
-        **metadata,
         "id": str(uuid.uuid4()),
-        "schemaString": json.dumps(schema, separators=(",", ":")),
+        "format": template.get("format") or {"provider": "parquet", "options": {}},
+        "schemaString": json.dumps({"type": "struct", "fields": schema_fields}, separators=(",", ":")),
+        "partitionColumns": [],
+        "configuration": configuration,
         "createdTime": int(time.time() * 1000),
     }
 
@@ -129,9 +152,11 @@ def file_stats(metadata: pq.FileMetaData, columns: Sequence[str], record_count: 
     nulls: dict[str, int] = {}
     for name in columns:
         position = index.get(name)  # a top-level primitive column: its path is its name
-        if position is None:
+        if position is None or schema.get_field_index(name) < 0:
             continue
         arrow_type = schema.field(name).type
+        if pa.types.is_nested(arrow_type):
+            continue
         null_count = 0
         low: Any = None
         high: Any = None
@@ -226,6 +251,6 @@ __all__ = [
     "commit_lines",
     "file_stats",
     "indexed_columns",
-    "physical_names_as_names",
+    "table_metadata",
     "template_actions",
 ]

@@ -59,6 +59,7 @@ from pyspark.sql.types import (
     ShortType,
     StructField,
     StructType,
+    TimestampNTZType,
     TimestampType,
 )
 
@@ -1049,22 +1050,33 @@ def _ddl_field(field_: StructField) -> str:
     )
 
 
-def create_table_statement(plan: TablePlan, options: MergeOptions, path: str) -> str:
-    """``CREATE TABLE IF NOT EXISTS delta.`path``` with the table's columns (comments, the key NOT
-    NULL), the metadata columns and its properties: the one definition of a new table."""
-
-    def field_of(column: str) -> StructField:
-        return StructField(
+def table_fields(plan: TablePlan) -> list[StructField]:
+    """A new table's columns: the source columns (comment ``PostgreSQL <catalog type>``, the key
+    NOT NULL unless matched as a multiset), then the metadata columns."""
+    return [
+        StructField(
             column,
             plan.types[column].delta_type,
             column not in plan.key or plan.multiset,
             {"comment": f"PostgreSQL {plan.types[column].catalog_type}"},
         )
+        for column in plan.columns
+    ] + list(METADATA_FIELDS)
 
-    fields = [field_of(c) for c in plan.columns] + list(METADATA_FIELDS)
+
+def table_properties(plan: TablePlan, options: MergeOptions) -> dict[str, str]:
+    """A new table's properties: the options' and the key and source of pgdecode."""
     properties = dict(options.table_properties)
     properties[KEY_PROPERTY] = json.dumps(list(plan.key))
     properties[SOURCE_PROPERTY] = plan.name
+    return properties
+
+
+def create_table_statement(plan: TablePlan, options: MergeOptions, path: str) -> str:
+    """``CREATE TABLE IF NOT EXISTS delta.`path``` with the table's columns (comments, the key NOT
+    NULL), the metadata columns and its properties: the one definition of a new table."""
+    fields = table_fields(plan)
+    properties = table_properties(plan, options)
     return (
         f"CREATE TABLE IF NOT EXISTS {delta_ref(path)} ({', '.join(_ddl_field(f) for f in fields)}) "
         "USING delta TBLPROPERTIES ("
@@ -1264,25 +1276,72 @@ def committable_snapshot(plan: TablePlan, options: MergeOptions) -> TableSummary
 
 
 def snapshot_template(
-    spark: SparkSession, plan: TablePlan, options: MergeOptions, delta_root: str
+    spark: SparkSession,
+    plan: TablePlan,
+    options: MergeOptions,
+    delta_root: str,
+    cache: dict[Any, tuple[dict[str, Any], dict[str, Any]] | None],
 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """The protocol and metaData Delta writes for the new table (:func:`create_table_statement` on a
-    throwaway location under ``<delta_root>/_pgdecode_templates``, removed again), or ``None`` when
-    a hand-written commit could not carry them (:func:`delta_commit.template_actions`)."""
+    """The protocol and metaData of the new table's first commit, or ``None`` when a hand-written
+    commit could not carry them (:func:`delta_commit.template_actions`).
+
+    The protocol (table features) and the properties Delta settles on come from Delta itself:
+    ``CREATE TABLE`` of the metadata columns with the options' properties (and a
+    ``timestamp_ntz`` column when the table has one, the one column type with a table feature of
+    its own) on a throwaway location under ``<delta_root>/_pgdecode_templates``, removed again.
+    It costs a Spark statement (about 0.4 s warm), so its protocol and metaData are kept beside,
+    in ``_pgdecode_templates/<digest>.json`` (the digest of the properties, that column and the
+    Spark version), and in ``cache`` for the run. The columns are :func:`table_fields`, as
+    ``CREATE TABLE`` of the table would declare them."""
+    import hashlib
     import uuid
 
-    location = join_path(delta_root, TEMPLATE_DIR, uuid.uuid4().hex)
-    store = _table_storage(location)
-    if store is None:
+    fields = table_fields(plan)
+    ntz = any(isinstance(f.dataType, TimestampNTZType) for f in fields)
+    kind = (tuple(sorted(options.table_properties.items())), ntz, spark.version)
+    templates = _table_storage(join_path(delta_root, TEMPLATE_DIR))
+    if templates is None:
         return None
+    kept = hashlib.sha256(json.dumps(kind).encode("utf-8")).hexdigest()[:24] + ".json"
+    if kind not in cache and templates.is_file(kept):
+        try:
+            cache[kind] = delta_commit.template_actions(templates.read_text(kept))
+        except (ValueError, delta_commit.TemplateRefused):
+            pass  # unreadable: made again below
+    if kind not in cache:
+        store = templates.child(uuid.uuid4().hex)
+        location = join_path(delta_root, TEMPLATE_DIR, store.root.rsplit("/", 1)[1])
+        columns = [*METADATA_FIELDS, *([StructField("ntz", TimestampNTZType())] if ntz else [])]
+        try:
+            spark.sql(
+                f"CREATE TABLE {delta_ref(location)} ({', '.join(_ddl_field(f) for f in columns)}) USING delta"
+                + (
+                    " TBLPROPERTIES ("
+                    + ", ".join(f"{_literal(k)} = {_literal(v)}" for k, v in options.table_properties.items())
+                    + ")"
+                    if options.table_properties
+                    else ""
+                )
+            )
+            first = store.child("_delta_log").read_text(delta_commit.FIRST_COMMIT)
+            cache[kind] = delta_commit.template_actions(first)
+            templates.write_text(kept, first)
+        except delta_commit.TemplateRefused as refused:
+            log.info("table %s: %s; the snapshot is appended through Spark", plan.name, refused)
+            cache[kind] = None
+        finally:
+            store.delete_tree()
+    template = cache[kind]
+    if template is None:
+        return None
+    protocol, metadata = template
     try:
-        spark.sql(create_table_statement(plan, options, location))
-        return delta_commit.template_actions(store.child("_delta_log").read_text(delta_commit.FIRST_COMMIT))
+        return protocol, delta_commit.table_metadata(
+            metadata, [f.jsonValue() for f in fields], table_properties(plan, options)
+        )
     except delta_commit.TemplateRefused as refused:
         log.info("table %s: %s; the snapshot is appended through Spark", plan.name, refused)
         return None
-    finally:
-        store.delete_tree()
 
 
 def _place_part(source: str, store: Storage, name: str) -> None:
@@ -1345,7 +1404,6 @@ def commit_snapshot(
     watermark (:mod:`.delta_commit`). Returns the rows committed, or ``None`` when the table's first
     commit exists already (another run created the table meanwhile)."""
     protocol, metadata = template
-    metadata = delta_commit.physical_names_as_names(metadata)
     store = _table_storage(plan.path)
     assert store is not None and entry.location is not None and entry.snapshot_files is not None
     columns = delta_commit.indexed_columns(metadata)
@@ -1503,13 +1561,14 @@ def _merge_batches(
     prepared: list[tuple[TablePlan, DataFrame | None, Profile | None, float]] = []
     # Tables whose snapshot parts are committed as staged: no read, no profile, no rewrite.
     direct: dict[str, tuple[TableSummary, tuple[dict[str, Any], dict[str, Any]]]] = {}
+    templates: dict[Any, tuple[dict[str, Any], dict[str, Any]] | None] = {}
     for plan in plans:
         if not plan.segments:
             prepared.append((plan, None, None, 0.0))
             continue
         table_started = time.monotonic()
         entry = committable_snapshot(plan, options) if not chunked else None
-        template = snapshot_template(spark, plan, options, delta_root) if entry is not None else None
+        template = snapshot_template(spark, plan, options, delta_root, templates) if entry is not None else None
         if entry is not None and template is not None:
             direct[plan.name] = (entry, template)
             prepared.append((plan, None, None, time.monotonic() - table_started))
