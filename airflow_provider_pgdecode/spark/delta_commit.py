@@ -7,11 +7,12 @@ already converted. Instead the merge job (:func:`~airflow_provider_pgdecode.spar
 copies the parts into the table's directory (a hard link on one local filesystem) and writes the
 table's first commit itself, version 0, holding:
 
-* the ``protocol`` and ``metaData`` actions Delta itself wrote for ``CREATE TABLE`` with the
-  table's columns, comments, nullability and properties, run on a throwaway *template* location
-  (so table features, column mapping ids, ``maxColumnId`` and every property are Delta's own), with
-  one change: each column's ``delta.columnMapping.physicalName`` is its name, the name the staged
-  part uses (Delta reads column-mapped files by physical name, any name);
+* the ``protocol`` Delta itself wrote for ``CREATE TABLE`` with the run's table properties, run
+  on a throwaway *template* location (so table features and the properties Delta settles on are
+  Delta's own; the merge job keeps that first commit for later runs), and a ``metaData`` action of
+  the table's columns as ``CREATE TABLE`` would declare them (:func:`table_metadata`), each
+  column's ``delta.columnMapping.physicalName`` being its name, the name the staged part uses
+  (Delta reads column-mapped files by physical name, any name);
 * an ``add`` action per part with statistics from its Parquet footer (:func:`file_stats`);
 * the ``txn`` action (app id of the slot, version = the batch's end LSN) that every pgdecode
   commit carries;
