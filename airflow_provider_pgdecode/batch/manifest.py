@@ -77,6 +77,16 @@ class TableSummary:
     #: ``[schema, table]`` of the Delta table these changes flow into when it is not the staged
     #: name (a renamed source table keeps its Delta table, docs/merge.md); ``None``: the staged name.
     delta_table: list[str] | None = None
+    #: Snapshot batches (``capture/snapshot.py``, ``pgdecode.snapshot/3``): the ``files`` that hold
+    #: only the snapshot's rows (op ``I``, commit LSN = the batch's end LSN, no old image), the
+    #: TRUNCATE row being in a part of its own. Their columns are staged with the types Delta
+    #: keeps (bounded ``numeric`` as ``decimal128``), so a merge that creates the Delta table may
+    #: commit these files into its log as they are (docs/merge.md, "Initial load"). ``None``
+    #: (absent from the file): any other batch, or a snapshot staged before this existed.
+    snapshot_files: list[str] | None = None
+    #: Snapshot batches: per column, the numeric ``NaN``/``Infinity`` values staged as null in a
+    #: column staged as ``decimal128`` (a decimal cannot hold them). Absent: none.
+    numeric_specials: dict[str, int] = field(default_factory=dict)
     #: The table's directory once read from a batch (not stored in the file).
     location: str | None = field(default=None, compare=False)
 
@@ -113,6 +123,11 @@ class TableSummary:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("location")
+        # Written only when set: every other batch's manifest stays byte for byte as before.
+        if data["snapshot_files"] is None:
+            data.pop("snapshot_files")
+        if not data["numeric_specials"]:
+            data.pop("numeric_specials")
         return data
 
     @classmethod

@@ -41,9 +41,17 @@ ranges, because
 Within a chunk rows come in physical order (synchronized and parallel scans are switched off),
 so a part's contents depend only on the snapshot and the chunk plan, never on worker count or
 timing. Parts are named by chunk index (``part-00007.parquet``); a chunk with no visible row
-writes no part (except the first chunk of a table, which carries the TRUNCATE row when
-``replace``). Two plans of one snapshot can differ only in trailing empty chunks (when the
-table grew meanwhile), so they stage the same manifest.
+writes no part. With ``replace`` the table's TRUNCATE row is a part of its own
+(``part-truncate.parquet``, written with chunk 0). Two plans of one snapshot can differ only in
+trailing empty chunks (when the table grew meanwhile), so they stage the same manifest.
+
+Delta's types. The chunks' parts hold only rows, with every column in the type Spark reads as
+its Delta type: bounded ``numeric`` as its ``decimal128`` (NaN/Infinity, which a decimal cannot
+hold, staged as null and counted in the manifest's ``numeric_specials``), ``timestamp without
+time zone`` as UTC-annotated microseconds, everything else as incremental batches stage it. The
+manifest lists them as ``snapshot_files``: the merge job commits them into a Delta table it
+creates as they are, without reading and writing them again (spark/delta_commit.py), and all
+checks on the values happen here, in the pass that writes them.
 
 Workers. ``workers`` threads each open their own connection that imports the snapshot
 (:func:`~airflow_provider_pgdecode.postgres.snapshot_queries.import_snapshot`) and take chunks
@@ -148,14 +156,22 @@ from airflow_provider_pgdecode.postgres.snapshot_queries import (
     import_snapshot,
     lock_and_measure,
 )
-from airflow_provider_pgdecode.typemap import ARRAYS_AS_LIST
+from airflow_provider_pgdecode.typemap import (
+    ARRAYS_AS_LIST,
+    NUMERIC_SPECIAL_VALUES,
+    array_element,
+    numeric_delta_type,
+    numeric_typmod,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SNAPSHOT_CHUNK_ROWS = 100_000
 #: Copying connections (threads) by default: a few, never more than the cores.
 DEFAULT_SNAPSHOT_WORKERS = max(1, min(4, os.cpu_count() or 1))
-SNAPSHOT_FORMAT = "pgdecode.snapshot/2"
+SNAPSHOT_FORMAT = "pgdecode.snapshot/3"
+#: The part holding a table's TRUNCATE row (``replace``), apart from the rows.
+TRUNCATE_PART = "part-truncate.parquet"
 SNAPSHOT_INFO_NAME = "snapshot.json"
 PROGRESS_NAME = "progress.json"
 #: Pages at the start of a table whose visible rows are counted to size its chunks.
@@ -260,8 +276,22 @@ class _TablePlan:
         return sum(int(d["rows"]) for d in self.state["done"].values())
 
     def files(self) -> list[str]:
+        """Every part: the TRUNCATE part first (``replace``), then the chunks' parts in chunk order."""
+        done = self.state["done"]
+        truncate = [done[i]["truncate"] for i in sorted(done, key=int) if done[i].get("truncate")]
+        return truncate + self.row_files()
+
+    def row_files(self) -> list[str]:
+        """The chunks' parts (op I rows only), in chunk order."""
         done = self.state["done"]
         return [done[i]["file"] for i in sorted(done, key=int) if done[i]["file"]]
+
+    def numeric_specials(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for record in self.state["done"].values():
+            for column, count in (record.get("specials") or {}).items():
+                total[column] = total.get(column, 0) + int(count)
+        return {column: count for column, count in total.items() if count}
 
 
 def stage_snapshot(
@@ -534,15 +564,15 @@ def _summary(plan: _TablePlan, lsn: Lsn, replace: bool) -> TableSummary:
         min_commit_lsn=str(lsn),
         max_commit_lsn=str(lsn),
         columns=[
-            ColumnSummary(
-                c.name, c.type_name, str(arrow_type(c.type_name, plan.options.arrays)), c.catalog_type, c.user_type
-            )
+            ColumnSummary(c.name, c.type_name, str(_staged_type(c, plan.options.arrays)), c.catalog_type, c.user_type)
             for c in plan.columns
         ],
         key=list(plan.key),
         replica_identity=plan.identity,
         key_source=plan.key_source,
         mode=plan.mode,
+        snapshot_files=plan.row_files(),
+        numeric_specials=plan.numeric_specials(),
     )
 
 
@@ -632,9 +662,16 @@ class _Copier:
             import_snapshot(conn, self.snapshot_name, self.slot_name, extra_settings=SCAN_GUCS)
             while (item := self._next()) is not None:
                 plan, index = item
-                rows, file = _copy_chunk(conn, plan, index, self.tmp, self.lsn, self.chunk_rows, self.replace)
+                rows, file, truncate, specials = _copy_chunk(
+                    conn, plan, index, self.tmp, self.lsn, self.chunk_rows, self.replace
+                )
                 with self.lock:
-                    plan.state["done"][str(index)] = {"rows": rows, "file": file}
+                    record: dict[str, Any] = {"rows": rows, "file": file}
+                    if truncate:
+                        record["truncate"] = truncate
+                    if specials:
+                        record["specials"] = specials
+                    plan.state["done"][str(index)] = record
                     _save_progress(self.tmp, self.progress)
                     self.report.chunk_done(plan, index, rows)
                     if self.on_chunk is not None:
@@ -777,16 +814,26 @@ def _copy_chunk(
     lsn: Lsn,
     chunk_rows: int,
     replace: bool,
-) -> tuple[int, str | None]:
-    """Copy one chunk into its part (written under ``.part``, fsynced, renamed); its rows and file name."""
+) -> tuple[int, str | None, str | None, dict[str, int]]:
+    """Copy one chunk into its part (written under ``.part``, fsynced, renamed); its rows, file
+    name, the TRUNCATE part's name (chunk 0 of a ``replace`` copy) and the numeric NaN/Infinity
+    values staged as null, per column."""
     first, stop = plan.bounds(index)
     names = [c.name for c in plan.columns]
     name = f"part-{index:05d}.parquet"
     path = tmp / plan.relpath / name
     part = path.with_name(name + ".part")
-    leading_truncate = replace and index == 0
+    truncate = None
     seq_start = (1 if replace else 0) + index * int(plan.state["seq_stride"])
     schema = _part_schema(plan.columns, plan.options.arrays)
+    specials: dict[str, int] = {}
+    if replace and index == 0:
+        # The TRUNCATE row in a part of its own: the chunks' parts hold rows only, so that a
+        # merge creating the Delta table can commit them as they are.
+        empty = [pa.array([], pa.string())] * len(plan.columns)
+        table = _part_table(plan.columns, empty, 0, lsn, 0, True, plan.name, schema, plan.options)
+        _write_table(tmp / plan.relpath / TRUNCATE_PART, table)
+        truncate = TRUNCATE_PART
     writer: pq.ParquetWriter | None = None
     rows = 0
     try:
@@ -795,37 +842,14 @@ def _copy_chunk(
         with copy_pages_csv(conn, plan.schema, plan.table, names, *pages) as copy:
             for texts, count in _read_csv(copy, names, chunk_rows):
                 table = _part_table(
-                    plan.columns,
-                    texts,
-                    count,
-                    lsn,
-                    seq_start + rows,
-                    leading_truncate and rows == 0,
-                    plan.name,
-                    schema,
-                    plan.options,
+                    plan.columns, texts, count, lsn, seq_start + rows, False, plan.name, schema, plan.options, specials
                 )
                 if writer is None:
                     writer = pq.ParquetWriter(part, schema, **PARQUET_OPTIONS)
                 writer.write_table(table)
                 rows += count
         if writer is None:
-            if not leading_truncate:
-                return 0, None
-            writer = pq.ParquetWriter(part, schema, **PARQUET_OPTIONS)
-            writer.write_table(
-                _part_table(
-                    plan.columns,
-                    [pa.array([], pa.string())] * len(plan.columns),
-                    0,
-                    lsn,
-                    seq_start,
-                    True,
-                    plan.name,
-                    schema,
-                    plan.options,
-                )
-            )
+            return 0, None, truncate, {}
         writer.close()
         writer = None
         with open(part, "rb") as f:
@@ -834,7 +858,7 @@ def _copy_chunk(
     finally:
         if writer is not None:
             writer.close()
-    return rows, name
+    return rows, name, truncate, {column: count for column, count in specials.items() if count}
 
 
 def _read_csv(copy: Iterable[Any], names: list[str], chunk_rows: int) -> Iterator[tuple[list[pa.Array], int]]:
@@ -875,9 +899,52 @@ def _read_csv(copy: Iterable[Any], names: list[str], chunk_rows: int) -> Iterato
         yield parse(data), count
 
 
+def _decimal_type(column: ColumnInfo) -> pa.Decimal128Type | None:
+    """The ``decimal128`` a bounded ``numeric(p,s)`` column is staged as in a snapshot (the Delta
+    type of the type map, :func:`~airflow_provider_pgdecode.typemap.numeric_delta_type`), or
+    ``None``: every other column, unbounded ``numeric``, precision above 38 and arrays keep the
+    staging of incremental batches (text)."""
+    if array_element(column.catalog_type) is not None:
+        return None
+    typmod = numeric_typmod(column.catalog_type)
+    if typmod is None or typmod[0] is None:
+        return None
+    match = re.fullmatch(r"decimal\((\d+),(\d+)\)", numeric_delta_type(*typmod))
+    return pa.decimal128(int(match.group(1)), int(match.group(2))) if match else None
+
+
+_NAIVE_TIMESTAMP = pa.timestamp("us")
+_UTC_TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+
+def _staged_type(column: ColumnInfo, arrays: str = ARRAYS_AS_LIST) -> pa.DataType:
+    """A snapshot column's staged Arrow type, the one Spark reads as the column's Delta type:
+    Delta's decimal for bounded numeric, ``timestamp[us, tz=UTC]`` for ``timestamp without time
+    zone`` (its wall-clock time read as UTC, the type map's rule: the same microseconds, only the
+    annotation differs), else as incremental batches stage it
+    (:func:`~airflow_provider_pgdecode.batch.values.arrow_type`)."""
+    decimal = _decimal_type(column)
+    if decimal is not None:
+        return decimal
+    staged = arrow_type(column.type_name, arrays)
+    return _UTC_TIMESTAMP if staged == _NAIVE_TIMESTAMP else staged
+
+
 def _part_schema(columns: list[ColumnInfo], arrays: str = ARRAYS_AS_LIST) -> pa.Schema:
-    values = [(c.name, arrow_type(c.type_name, arrays)) for c in columns]
+    values = [(c.name, _staged_type(c, arrays)) for c in columns]
     return part_schema(pa.struct(values), values)
+
+
+def _as_decimal(text: pa.Array, decimal: pa.Decimal128Type) -> tuple[pa.Array, int]:
+    """Numeric text as ``decimal``, in the pass that writes the part: NaN/Infinity (which a
+    decimal cannot hold) become null and are counted. PostgreSQL already rounded every value to
+    the column's scale and checked its precision, so the cast never loses a digit (it raises if
+    it would)."""
+    special = pc.fill_null(pc.is_in(text, pa.array(NUMERIC_SPECIAL_VALUES)), False)
+    count = pc.sum(special).as_py() or 0
+    if count:
+        text = pc.if_else(special, pa.scalar(None, pa.string()), text)
+    return pc.cast(text, decimal), int(count)
 
 
 def _part_table(
@@ -890,11 +957,13 @@ def _part_table(
     where: str,
     schema: pa.Schema | None = None,
     options: TableOptions = DEFAULT_OPTIONS,
+    specials: dict[str, int] | None = None,
 ) -> pa.Table:
     """Rows of one part in the layout of batch/writer.py: op I rows (after an op T row).
 
     ``_pg_seq`` is 0 for the TRUNCATE, then ``seq_start``, ``seq_start + 1``, ... (capped at
     int32: each key occurs once in a snapshot, so only the order against the TRUNCATE matters).
+    Numeric NaN/Infinity staged as null in a decimal column are added to ``specials``.
     """
     schema = schema or _part_schema(columns, options.arrays)
     count = rows + (1 if leading_truncate else 0)
@@ -919,8 +988,25 @@ def _part_table(
     for column, text in zip(columns, texts):
         if leading_truncate:
             text = pa.concat_arrays([pa.nulls(1, pa.string()), text.cast(pa.string())])
-        data.append(convert_snapshot_column(where, column.name, column.type_name, text, options, int(lsn)))
+        value = convert_snapshot_column(where, column.name, column.type_name, text, options, int(lsn))
+        decimal = _decimal_type(column)
+        if decimal is not None:
+            value, nulled = _as_decimal(value, decimal)
+            if specials is not None:
+                specials[column.name] = specials.get(column.name, 0) + nulled
+        elif value.type == _NAIVE_TIMESTAMP:
+            value = value.cast(_UTC_TIMESTAMP)  # the wall-clock time as UTC: same values
+        data.append(value)
     return pa.Table.from_arrays(data, schema=schema)
+
+
+def _write_table(path: Path, table: pa.Table) -> None:
+    """One Parquet part, written under ``.part``, fsynced, renamed."""
+    part = path.with_name(path.name + ".part")
+    pq.write_table(table, part, **PARQUET_OPTIONS)
+    with open(part, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(part, path)
 
 
 def _write_part(
@@ -935,12 +1021,7 @@ def _write_part(
     """One Parquet part from text rows (``None`` = NULL), written under ``.part``, fsynced, renamed."""
     texts = [pa.array([row[index] for row in rows], pa.string()) for index in range(len(columns))]
     first = 1 if leading_truncate else 0
-    table = _part_table(columns, texts, len(rows), lsn, first + rows_before, leading_truncate, where)
-    part = path.with_name(path.name + ".part")
-    pq.write_table(table, part, **PARQUET_OPTIONS)
-    with open(part, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(part, path)
+    _write_table(path, _part_table(columns, texts, len(rows), lsn, first + rows_before, leading_truncate, where))
 
 
 __all__ = [

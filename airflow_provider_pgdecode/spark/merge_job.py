@@ -36,12 +36,15 @@ import functools
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import pyarrow.parquet
 
 if __package__ in (None, ""):  # run as a file by spark-submit: make the package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -56,13 +59,14 @@ from pyspark.sql.types import (
     ShortType,
     StructField,
     StructType,
+    TimestampNTZType,
     TimestampType,
 )
 
 from airflow_provider_pgdecode.batch import format as staged
 from airflow_provider_pgdecode.batch.format import COMMIT_LSN, COMMIT_TIME, XID, is_local_path, join_path, local_path
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, read_batches
-from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage, is_object_store, spark_uri
+from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage, fsync_dir, is_object_store, spark_uri
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import (
     BatchError,
@@ -71,13 +75,14 @@ from airflow_provider_pgdecode.errors import (
     MergeOutOfMemoryError,
     UnmappedTypeError,
 )
-from airflow_provider_pgdecode.spark import collapse, multiset
+from airflow_provider_pgdecode.spark import collapse, delta_commit, multiset
 from airflow_provider_pgdecode.spark.collapse import KEEP, KIND, LSN, OP, SEQ, CollapseInput, col, old_key_name
 from airflow_provider_pgdecode.spark.session import active_connect_session, configure_object_store, is_connect_session
 from airflow_provider_pgdecode.spark.types import (
     DEFAULT_UNBOUNDED_NUMERIC,
     NUMERIC_SPECIAL_VALUES,
     ColumnType,
+    delta_ready,
     map_catalog_type,
     parse_unbounded_numeric_rule,
     staged_type_matches,
@@ -131,6 +136,9 @@ class MergeOptions:
     codegen_min_changes: int = DEFAULT_CODEGEN_MIN_CHANGES
     """Runs with fewer staged changes evaluate Spark expressions interpreted (:func:`expression_evaluation`);
     0: always compile."""
+    snapshot_commit: bool = True
+    """Into a Delta table this run creates, commit a snapshot batch's parts as they are staged
+    (:mod:`.delta_commit`) instead of reading and appending them through Spark."""
 
     def __post_init__(self) -> None:
         if self.numeric_special not in ("null", "error"):
@@ -273,15 +281,21 @@ def app_id(slot: str) -> str:
     return f"{APP_ID_PREFIX}{slot}"
 
 
-def _delta_log_storage(path: str) -> Storage | None:
-    """The table's ``_delta_log`` through the batch format's storage layer (a local path or an
+def _table_storage(path: str) -> Storage | None:
+    """The table's directory through the batch format's storage layer (a local path or an
     ``s3a://`` location), or ``None`` for a location only Spark's filesystems reach."""
     if is_local_path(path):
-        return Storage(join_path(local_path(path), "_delta_log"))
+        return Storage(local_path(path))
     if is_object_store(path):
         bucket, _, key = path.split("://", 1)[1].partition("/")
-        return _bucket_storage(bucket, ObjectStoreSettings.from_env()).child(key.strip("/"), "_delta_log")
+        return _bucket_storage(bucket, ObjectStoreSettings.from_env()).child(key.strip("/"))
     return None
+
+
+def _delta_log_storage(path: str) -> Storage | None:
+    """The table's ``_delta_log`` through the batch format's storage layer, or ``None`` (:func:`_table_storage`)."""
+    store = _table_storage(path)
+    return store.child("_delta_log") if store is not None else None
 
 
 def _log_version(name: str, suffix: str) -> int | None:
@@ -733,6 +747,12 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
                         f"but catalog type {plan.types[column].catalog_type!r} is staged as "
                         f"{' or '.join(t.simpleString() for t in plan.types[column].staged_types)}"
                     )
+            # A snapshot stages bounded numeric as its Delta decimal already (capture/snapshot.py).
+            typed = {
+                c
+                for c in present
+                if plan.types[c].is_numeric_text and frame.schema[c].dataType == plan.types[c].delta_type
+            }
             absent = [c for c in plan.value_columns if c not in present]
             missing_key = [k for k in plan.key if k not in present]
             if missing_key:
@@ -765,18 +785,27 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
             ]
             for column in plan.columns:
                 delta_type = plan.types[column].delta_type
-                value = _convert(col(column), plan.types[column]) if column in present else F.lit(None).cast(delta_type)
+                if column in typed:
+                    value = col(column)
+                elif column in present:
+                    value = _convert(col(column), plan.types[column])
+                else:
+                    value = F.lit(None).cast(delta_type)
                 selected.append(value.alias(column))
             for index, key_column in enumerate(plan.key):
                 old = (
-                    _convert(F.col(staged.OLD).getField(key_column), plan.types[key_column])
+                    (
+                        F.col(staged.OLD).getField(key_column)
+                        if key_column in typed
+                        else _convert(F.col(staged.OLD).getField(key_column), plan.types[key_column])
+                    )
                     if key_column in old_fields
                     else F.lit(None).cast(plan.types[key_column].delta_type)
                 )
                 selected.append(old.alias(old_key_name(index)))
             selected.append((F.col(staged.OLD).isNotNull() if old_fields else F.lit(False)).alias(HAS_OLD))
             for index, column in enumerate(numeric_columns):
-                if column in present:
+                if column in present and column not in typed:
                     special, lossy = _diagnostics(col(column), plan.types[column])
                     if not plan.types[column].may_lose_digits:
                         # numeric(p,s): PostgreSQL already rounded to the scale, it always fits.
@@ -1021,31 +1050,48 @@ def _ddl_field(field_: StructField) -> str:
     )
 
 
-def ensure_table(spark: SparkSession, plan: TablePlan, options: MergeOptions) -> bool:
-    """Create the Delta table, or add the source's new columns. Returns True when created.
-
-    SQL only (``CREATE TABLE delta.`path```, ``ALTER TABLE``): the same statements run in a
-    spark-submit session and over Spark Connect, where Delta's Python API needs a server plugin."""
-
-    def field_of(column: str) -> StructField:
-        return StructField(
+def table_fields(plan: TablePlan) -> list[StructField]:
+    """A new table's columns: the source columns (comment ``PostgreSQL <catalog type>``, the key
+    NOT NULL unless matched as a multiset), then the metadata columns."""
+    return [
+        StructField(
             column,
             plan.types[column].delta_type,
             column not in plan.key or plan.multiset,
             {"comment": f"PostgreSQL {plan.types[column].catalog_type}"},
         )
+        for column in plan.columns
+    ] + list(METADATA_FIELDS)
 
+
+def table_properties(plan: TablePlan, options: MergeOptions) -> dict[str, str]:
+    """A new table's properties: the options' and the key and source of pgdecode."""
+    properties = dict(options.table_properties)
+    properties[KEY_PROPERTY] = json.dumps(list(plan.key))
+    properties[SOURCE_PROPERTY] = plan.name
+    return properties
+
+
+def create_table_statement(plan: TablePlan, options: MergeOptions, path: str) -> str:
+    """``CREATE TABLE IF NOT EXISTS delta.`path``` with the table's columns (comments, the key NOT
+    NULL), the metadata columns and its properties: the one definition of a new table."""
+    fields = table_fields(plan)
+    properties = table_properties(plan, options)
+    return (
+        f"CREATE TABLE IF NOT EXISTS {delta_ref(path)} ({', '.join(_ddl_field(f) for f in fields)}) "
+        "USING delta TBLPROPERTIES ("
+        + ", ".join(f"{_literal(name)} = {_literal(value)}" for name, value in properties.items())
+        + ")"
+    )
+
+
+def ensure_table(spark: SparkSession, plan: TablePlan, options: MergeOptions) -> bool:
+    """Create the Delta table, or add the source's new columns. Returns True when created.
+
+    SQL only (``CREATE TABLE delta.`path```, ``ALTER TABLE``): the same statements run in a
+    spark-submit session and over Spark Connect, where Delta's Python API needs a server plugin."""
     if not plan.state.exists:
-        fields = [field_of(c) for c in plan.columns] + list(METADATA_FIELDS)
-        properties = dict(options.table_properties)
-        properties[KEY_PROPERTY] = json.dumps(list(plan.key))
-        properties[SOURCE_PROPERTY] = plan.name
-        spark.sql(
-            f"CREATE TABLE IF NOT EXISTS {delta_ref(plan.path)} ({', '.join(_ddl_field(f) for f in fields)}) "
-            "USING delta TBLPROPERTIES ("
-            + ", ".join(f"{_literal(name)} = {_literal(value)}" for name, value in properties.items())
-            + ")"
-        )
+        spark.sql(create_table_statement(plan, options, plan.path))
         log.info("table %s: created Delta table %s", plan.name, plan.path)
         return True
     if plan.new_columns:
@@ -1198,6 +1244,187 @@ def append_inserts(spark: SparkSession, plan: TablePlan, events: DataFrame, prof
     append_rows(spark, plan.path, rows, slot, plan.watermark_after)
 
 
+# --------------------------------------------------------------------------------------------
+# An initial load committed as staged (delta_commit.py)
+# --------------------------------------------------------------------------------------------
+
+TEMPLATE_DIR = "_pgdecode_templates"
+"""Under the Delta root: throwaway tables whose first commit gives a new table's protocol and metadata."""
+
+
+def committable_snapshot(plan: TablePlan, options: MergeOptions) -> TableSummary | None:
+    """The staged snapshot whose parts can become the new table's first commit as they are, or
+    ``None`` (the table is appended or merged through Spark): the table does not exist yet, this
+    run holds only one snapshot batch of it (``snapshot_files``, nothing applied before), and every
+    column is staged with its Delta type under this run's options."""
+    if not options.snapshot_commit or plan.state.exists or len(plan.segments) != 1:
+        return None
+    segment = plan.segments[0]
+    entry = segment.staged
+    if entry.snapshot_files is None or segment.applied_through >= 0 or segment.batch.snapshot_chunks:
+        return None
+    if entry.updates or entry.deletes or _table_storage(plan.path) is None:
+        return None
+    if entry.numeric_specials and options.numeric_special == "error":
+        return None  # the Spark path refuses the batch, naming the columns
+    staged_columns = {c.name: c for c in entry.columns}
+    if set(staged_columns) != set(plan.columns):
+        return None
+    if not all(delta_ready(plan.types[c], staged_columns[c].arrow) for c in plan.columns):
+        return None
+    return entry
+
+
+def snapshot_template(
+    spark: SparkSession,
+    plan: TablePlan,
+    options: MergeOptions,
+    delta_root: str,
+    cache: dict[Any, tuple[dict[str, Any], dict[str, Any]] | None],
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The protocol and metaData of the new table's first commit, or ``None`` when a hand-written
+    commit could not carry them (:func:`delta_commit.template_actions`).
+
+    The protocol (table features) and the properties Delta settles on come from Delta itself:
+    ``CREATE TABLE`` of the metadata columns with the options' properties (and a
+    ``timestamp_ntz`` column when the table has one, the one column type with a table feature of
+    its own) on a throwaway location under ``<delta_root>/_pgdecode_templates``, removed again.
+    It costs a Spark statement (about 0.4 s warm), so its protocol and metaData are kept beside,
+    in ``_pgdecode_templates/<digest>.json`` (the digest of the properties, that column and the
+    Spark version), and in ``cache`` for the run. The columns are :func:`table_fields`, as
+    ``CREATE TABLE`` of the table would declare them."""
+    import hashlib
+    import uuid
+
+    fields = table_fields(plan)
+    ntz = any(isinstance(f.dataType, TimestampNTZType) for f in fields)
+    kind = (tuple(sorted(options.table_properties.items())), ntz, spark.version)
+    templates = _table_storage(join_path(delta_root, TEMPLATE_DIR))
+    if templates is None:
+        return None
+    kept = hashlib.sha256(json.dumps(kind).encode("utf-8")).hexdigest()[:24] + ".json"
+    if kind not in cache and templates.is_file(kept):
+        try:
+            cache[kind] = delta_commit.template_actions(templates.read_text(kept))
+        except (ValueError, delta_commit.TemplateRefused):
+            pass  # unreadable: made again below
+    if kind not in cache:
+        store = templates.child(uuid.uuid4().hex)
+        location = join_path(delta_root, TEMPLATE_DIR, store.root.rsplit("/", 1)[1])
+        columns = [*METADATA_FIELDS, *([StructField("ntz", TimestampNTZType())] if ntz else [])]
+        try:
+            spark.sql(
+                f"CREATE TABLE {delta_ref(location)} ({', '.join(_ddl_field(f) for f in columns)}) USING delta"
+                + (
+                    " TBLPROPERTIES ("
+                    + ", ".join(f"{_literal(k)} = {_literal(v)}" for k, v in options.table_properties.items())
+                    + ")"
+                    if options.table_properties
+                    else ""
+                )
+            )
+            first = store.child("_delta_log").read_text(delta_commit.FIRST_COMMIT)
+            cache[kind] = delta_commit.template_actions(first)
+            templates.write_text(kept, first)
+        except delta_commit.TemplateRefused as refused:
+            log.info("table %s: %s; the snapshot is appended through Spark", plan.name, refused)
+            cache[kind] = None
+        finally:
+            store.delete_tree()
+    template = cache[kind]
+    if template is None:
+        return None
+    protocol, metadata = template
+    try:
+        return protocol, delta_commit.table_metadata(
+            metadata, [f.jsonValue() for f in fields], table_properties(plan, options)
+        )
+    except delta_commit.TemplateRefused as refused:
+        log.info("table %s: %s; the snapshot is appended through Spark", plan.name, refused)
+        return None
+
+
+def _place_part(source: str, store: Storage, name: str) -> None:
+    """``source`` (a staged part) as ``name`` in the table's directory: a hard link on one local
+    filesystem (the batch keeps its copy), else a byte copy. An earlier copy is replaced."""
+    if is_local_path(source) and store.is_local:
+        target = os.path.join(store.root, name)
+        os.makedirs(store.root, exist_ok=True)
+        try:
+            os.unlink(target)
+        except FileNotFoundError:
+            pass
+        try:
+            os.link(local_path(source), target)
+            return
+        except OSError:
+            pass  # another filesystem: copy
+    with open_part(source) as handle:
+        src = open(handle, "rb") if isinstance(handle, str) else handle
+        try:
+            with store.open_output(name) as dst:
+                shutil.copyfileobj(src, dst, 8 << 20)
+        finally:
+            if isinstance(handle, str):
+                src.close()
+
+
+def _create_if_absent(store: Storage, name: str, data: bytes) -> bool:
+    """Create ``name`` holding ``data`` unless it exists; False when it did. On a local disk a
+    finished, fsynced temporary file is hard-linked (atomic, fails if the name exists); on object
+    storage a look-up then one PUT."""
+    if not store.is_local:
+        if store.exists(name):
+            return False
+        store.write_bytes(name, data)
+        return True
+    import tempfile
+
+    os.makedirs(store.root, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=store.root, prefix=f".{name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, os.path.join(store.root, name))
+        except FileExistsError:
+            return False
+        fsync_dir(store.root)
+        return True
+    finally:
+        os.unlink(tmp)
+
+
+def commit_snapshot(
+    plan: TablePlan, entry: TableSummary, template: tuple[dict[str, Any], dict[str, Any]], slot: str
+) -> int | None:
+    """The snapshot's parts placed in the table's directory and committed as its version 0 with the
+    watermark (:mod:`.delta_commit`). Returns the rows committed, or ``None`` when the table's first
+    commit exists already (another run created the table meanwhile)."""
+    protocol, metadata = template
+    store = _table_storage(plan.path)
+    assert store is not None and entry.location is not None and entry.snapshot_files is not None
+    columns = delta_commit.indexed_columns(metadata)
+    adds: list[dict[str, Any]] = []
+    rows = 0
+    for file in entry.snapshot_files:
+        name = f"pgdecode-snapshot-{plan.watermark_after:016X}-{file}"
+        _place_part(join_path(entry.location, file), store, name)
+        with open_part(store.uri(name)) as handle:
+            footer = pyarrow.parquet.read_metadata(handle)
+        size = store.filesystem.get_file_info(store._path(name)).size
+        adds.append(delta_commit.add_action(name, int(size), delta_commit.file_stats(footer, columns)))
+        rows += footer.num_rows
+    if store.is_local and adds:
+        fsync_dir(store.root)
+    text = delta_commit.commit_lines(protocol, metadata, adds, app_id(slot), plan.watermark_after, rows)
+    if not _create_if_absent(store.child("_delta_log"), delta_commit.FIRST_COMMIT, text.encode("utf-8")):
+        return None
+    return rows
+
+
 def append_only_write(spark: SparkSession, plan: TablePlan, events: DataFrame, profile: Profile, slot: str) -> None:
     """An ``append_only`` table: its inserts after the last TRUNCATE are appended (one commit with
     the watermark). A TRUNCATE in the batch makes it one MERGE that inserts the rows and deletes
@@ -1332,11 +1559,20 @@ def _merge_batches(
     check_staged_parts(plans)
 
     prepared: list[tuple[TablePlan, DataFrame | None, Profile | None, float]] = []
+    # Tables whose snapshot parts are committed as staged: no read, no profile, no rewrite.
+    direct: dict[str, tuple[TableSummary, tuple[dict[str, Any], dict[str, Any]]]] = {}
+    templates: dict[Any, tuple[dict[str, Any], dict[str, Any]] | None] = {}
     for plan in plans:
         if not plan.segments:
             prepared.append((plan, None, None, 0.0))
             continue
         table_started = time.monotonic()
+        entry = committable_snapshot(plan, options) if not chunked else None
+        template = snapshot_template(spark, plan, options, delta_root, templates) if entry is not None else None
+        if entry is not None and template is not None:
+            direct[plan.name] = (entry, template)
+            prepared.append((plan, None, None, time.monotonic() - table_started))
+            continue
         try:
             table_events = staged_events(spark, plan)
             table_profile = profile_events(table_events, plan, staged_key_bounds(plan))
@@ -1347,6 +1583,9 @@ def _merge_batches(
             if error is None:
                 raise
             raise error from exc
+        for segment in plan.segments:  # a snapshot's NaN/Infinity, staged as null in a decimal column
+            for column, count in segment.staged.numeric_specials.items():
+                table_profile.specials[column] = table_profile.specials.get(column, 0) + count
         check_profile(plan, table_profile, options)
         prepared.append((plan, table_events, table_profile, time.monotonic() - table_started))
 
@@ -1371,6 +1610,43 @@ def _merge_batches(
             columns_not_written=list(plan.not_written),
         )
         results[plan.name] = result
+        if plan.name in direct:
+            entry, template = direct[plan.name]
+            result.changes = entry.rows
+            if entry.numeric_specials:
+                log.warning(
+                    "table %s: numeric NaN/Infinity stored as NULL (decimal cannot hold them): %s",
+                    plan.name,
+                    entry.numeric_specials,
+                )
+                result.numeric_specials_nulled = dict(entry.numeric_specials)
+            committed = commit_snapshot(plan, entry, template, slot)
+            result.seconds = round(time.monotonic() - table_started, 3)
+            if committed is None:
+                state = read_delta_state(spark, plan.path, app_id(slot))
+                result.delta_version = state.version
+                if state.watermark is not None and state.watermark >= plan.watermark_after:
+                    result.reason = "already applied (Delta transaction id)"
+                    continue
+                raise MergeInputError(
+                    f"table {plan.name}: the Delta table {plan.path} was created by another writer while this run "
+                    "loaded the snapshot into it; nothing of this run is in it. Run the merge again."
+                )
+            result.created = True
+            result.delta_version = 0
+            result.watermark_lsn = str(Lsn(plan.watermark_after))
+            result.status = "merged"
+            result.truncated = entry.truncates > 0
+            result.inserted = committed
+            log.info(
+                "table %s: committed the snapshot's %d row(s) in %d staged part(s) as they are, through LSN %s "
+                "(Delta version 0)",
+                plan.name,
+                committed,
+                len(entry.snapshot_files or ()),
+                result.watermark_lsn,
+            )
+            continue
         if events is None or profile is None:
             result.reason = "already applied" if plan.skipped else "no changes"
             result.changes_already_applied = skipped_rows

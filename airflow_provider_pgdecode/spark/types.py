@@ -107,6 +107,7 @@ _SPARK_READS: dict[str, tuple[DataType, ...]] = {
     "string": (StringType(),),
 }
 _LIST_PREFIX = "list<item: "
+_ARROW_DECIMAL = re.compile(r"^decimal128\((\d+), ?(\d+)\)$")
 
 
 def spark_type(delta_type: str) -> DataType:
@@ -128,6 +129,9 @@ def staged_spark_types(arrow: str) -> tuple[DataType, ...]:
     """The Spark types a staged Parquet column of Arrow type ``arrow`` may read as."""
     if arrow.startswith(_LIST_PREFIX) and arrow.endswith(">"):
         return tuple(ArrayType(t, True) for t in staged_spark_types(arrow[len(_LIST_PREFIX) : -1]))
+    match = _ARROW_DECIMAL.match(arrow)
+    if match:  # a snapshot's bounded numeric, staged with its Delta type
+        return (DecimalType(int(match.group(1)), int(match.group(2))),)
     try:
         return _SPARK_READS[arrow]
     except KeyError:
@@ -188,8 +192,22 @@ def map_catalog_type(
 
 
 def staged_type_matches(column_type: ColumnType, staged: DataType) -> bool:
-    """True when a staged Parquet column read as ``staged`` is what ``column_type`` expects."""
+    """True when a staged Parquet column read as ``staged`` is what ``column_type`` expects: one
+    of its staged types, or, for a numeric staged as text elsewhere, its Delta decimal itself (a
+    snapshot stages bounded numeric so, capture/snapshot.py)."""
+    if column_type.is_numeric_text and column_type.element is None and staged == column_type.delta_type:
+        return True
     return any(staged == expected for expected in column_type.staged_types)
+
+
+def delta_ready(column_type: ColumnType, arrow: str) -> bool:
+    """True when a column staged as Arrow type ``arrow`` (the manifest's) reads in Spark exactly
+    as its Delta type, so a staged part can be committed into the Delta table as it is."""
+    try:
+        reads = staged_spark_types(arrow)
+    except ValueError:
+        return False
+    return reads[0] == column_type.delta_type
 
 
 def delta_type_sql(data_type: DataType) -> str:
@@ -202,6 +220,7 @@ __all__ = [
     "NUMERIC_SPECIAL_VALUES",
     "SPARK_MAX_DECIMAL_PRECISION",
     "ColumnType",
+    "delta_ready",
     "delta_type_sql",
     "map_catalog_type",
     "numeric_delta_type",
