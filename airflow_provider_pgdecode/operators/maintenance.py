@@ -20,7 +20,6 @@ Example::
 from __future__ import annotations
 
 import importlib.util
-import json
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -39,6 +38,7 @@ from airflow_provider_pgdecode.operators.merge import (
     connect_session,
     interrupt_connect_session,
     parse_batch_paths,
+    read_json_object,
     spark_connection_type,
     submit_hook,
     uses_object_store,
@@ -268,11 +268,11 @@ class PgDecodeDeltaMaintenanceOperator(BaseOperator):
             try:
                 self._hook.submit(maintenance_job_path())
             except AirflowException:
-                refusal = _read_json(summary_path)
+                refusal = read_json_object(summary_path)
                 if refusal is not None and "error" in refusal:
                     return refusal
                 raise
-            return _read_json(summary_path)
+            return read_json_object(summary_path)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
@@ -292,12 +292,3 @@ class PgDecodeDeltaMaintenanceOperator(BaseOperator):
         if self._hook is not None:
             self._hook.on_kill()
         interrupt_connect_session(self._connect_session)
-
-
-def _read_json(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

@@ -637,14 +637,21 @@ def delta_table_asset(delta_root: str | Path, schema: str, table: str) -> Asset:
     return location_asset(Path(root) / delta_path_part(schema) / delta_path_part(table))
 
 
-def _read_refusal(path: str) -> tuple[str, str] | None:
-    """The error (class name, message) the merge job wrote when it refused its input or ran out of
-    memory, if it did."""
+def read_json_object(path: str) -> dict[str, Any] | None:
+    """The JSON object a Spark job wrote to ``path`` (its summary or refusal); ``None`` when the
+    file is missing, unreadable or not an object."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError):
         return None
-    if isinstance(data, dict) and "error" in data:
+    return data if isinstance(data, dict) else None
+
+
+def _read_refusal(path: str) -> tuple[str, str] | None:
+    """The error (class name, message) the merge job wrote when it refused its input or ran out of
+    memory, if it did."""
+    data = read_json_object(path)
+    if data is not None and "error" in data:
         return str(data["error"]), str(data.get("message"))
     return None

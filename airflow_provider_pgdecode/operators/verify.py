@@ -47,6 +47,7 @@ from airflow_provider_pgdecode.operators.merge import (
     connect_session,
     interrupt_connect_session,
     location_asset,
+    read_json_object,
     spark_connection_type,
     submit_hook,
     uses_object_store,
@@ -325,11 +326,11 @@ class PgDecodeVerifyOperator(BaseOperator):
             try:
                 self._hook.submit(verify_job_path())
             except AirflowException:
-                refusal = _read_json(job_report)
+                refusal = read_json_object(job_report)
                 if refusal is not None and "error" in refusal:
                     return refusal
                 raise
-            return _read_json(job_report)
+            return read_json_object(job_report)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
@@ -389,12 +390,3 @@ class PgDecodeVerifyOperator(BaseOperator):
         if self._hook is not None:
             self._hook.on_kill()
         interrupt_connect_session(self._connect_session)
-
-
-def _read_json(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

@@ -57,11 +57,10 @@ from airflow_provider_pgdecode.spark.merge_job import (
     KEY_PROPERTY,
     SOURCE_PROPERTY,
     _bucket_storage,
-    _checkpoint_files,
     _delta_log_storage,
-    _log_version,
     delta_ref,
     delta_table_path,
+    log_actions,
     quote,
     uses_object_store,
 )
@@ -200,45 +199,22 @@ def read_log_state(spark: SparkSession, path: str) -> LogState:
     store = _delta_log_storage(path)
     if store is None:
         return _read_log_state_jvm(spark, path)
-    names = [name for name, is_dir in store.list_dir() if not is_dir]
-    commits = sorted(v for v in (_log_version(n, ".json") for n in names) if v is not None)
-    checkpoints = _checkpoint_files(names)
-    if not commits and not checkpoints:
+    log = log_actions(store)
+    if log is None:
         raise MaintenanceError(
             f"no Delta table at {path} (no commit in its _delta_log): check the table's name (schema.table) and the "
             "Delta root, or give no tables to maintain every pgdecode table under the root"
         )
-    version = max([*commits, *checkpoints])
-    base = max((v for v in checkpoints if v <= version), default=-1)
+    version, actions = log
     transactions: dict[str, int] = {}
     metadata: dict[str, Any] | None = None
-
-    def apply(action: Mapping[str, Any]) -> None:
-        nonlocal metadata
+    for action in actions:
         txn = action.get("txn")
         if txn and txn.get("appId") is not None and txn.get("version") is not None:
             app, number = str(txn["appId"]), int(txn["version"])
             transactions[app] = max(number, transactions.get(app, -1))
         if action.get("metaData"):
             metadata = dict(action["metaData"])
-
-    if base >= 0:
-        import pyarrow.parquet as pq
-
-        for name in checkpoints[base]:
-            if name.endswith(".json"):
-                actions = [json.loads(line) for line in store.read_text(name).splitlines() if line.strip()]
-            else:
-                with store.open_input(name) as handle:
-                    columns = [c for c in ("txn", "metaData") if c in pq.read_schema(handle).names]
-                with store.open_input(name) as handle:
-                    actions = pq.read_table(handle, columns=columns).to_pylist()
-            for action in actions:
-                apply(action)
-    for commit in (v for v in commits if v > base):
-        for line in store.read_text(f"{commit:020d}.json").splitlines():
-            if line.strip():
-                apply(json.loads(line))
     configuration: Any = (metadata or {}).get("configuration") or {}
     if isinstance(configuration, list):  # a map column read from a checkpoint: (key, value) pairs
         configuration = dict(configuration)

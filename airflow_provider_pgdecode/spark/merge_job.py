@@ -325,6 +325,38 @@ def _checkpoint_files(names: Sequence[str]) -> dict[int, list[str]]:
     return found
 
 
+def log_actions(store: Storage) -> tuple[int, Iterator[Mapping[str, Any]]] | None:
+    """The table's version and the ``txn`` and ``metaData`` actions that make up its state, oldest
+    first: those of the newest complete checkpoint, then every commit after it. ``None`` when the
+    ``_delta_log`` holds no commit."""
+    names = [name for name, is_dir in store.list_dir() if not is_dir]
+    commits = sorted(v for v in (_log_version(n, ".json") for n in names) if v is not None)
+    checkpoints = _checkpoint_files(names)
+    if not commits and not checkpoints:
+        return None
+    version = max([*commits, *checkpoints])
+    base = max((v for v in checkpoints if v <= version), default=-1)
+
+    def actions() -> Iterator[Mapping[str, Any]]:
+        if base >= 0:
+            import pyarrow.parquet as pq
+
+            for name in checkpoints[base]:
+                if name.endswith(".json"):
+                    yield from (json.loads(line) for line in store.read_text(name).splitlines() if line.strip())
+                    continue
+                with store.open_input(name) as handle:
+                    columns = [c for c in ("txn", "metaData") if c in pq.read_schema(handle).names]
+                with store.open_input(name) as handle:
+                    yield from pq.read_table(handle, columns=columns).to_pylist()
+        for commit in (v for v in commits if v > base):
+            for line in store.read_text(f"{commit:020d}.json").splitlines():
+                if line.strip():
+                    yield json.loads(line)
+
+    return version, actions()
+
+
 def read_delta_state(spark: SparkSession, path: str, slot_app_id: str) -> DeltaState:
     """Version, watermark, schema and properties of the Delta table at ``path`` (if any).
 
@@ -338,32 +370,14 @@ def read_delta_state(spark: SparkSession, path: str, slot_app_id: str) -> DeltaS
     store = _delta_log_storage(path)
     if store is None:
         return _read_delta_state_jvm(spark, path, slot_app_id)
-    names = [name for name, is_dir in store.list_dir() if not is_dir]
-    commits = sorted(v for v in (_log_version(n, ".json") for n in names) if v is not None)
-    checkpoints = _checkpoint_files(names)
-    if not commits and not checkpoints:
+    log = log_actions(store)
+    if log is None:
         return DeltaState(False, -1, None, None, {})
-    version = max([*commits, *checkpoints])
-    base = max((v for v in checkpoints if v <= version), default=-1)
+    version, actions = log
     watermark: int | None = None
     metadata: dict[str, Any] | None = None
-    if base >= 0:
-        import pyarrow.parquet as pq
-
-        for name in checkpoints[base]:
-            if name.endswith(".json"):
-                actions = [json.loads(line) for line in store.read_text(name).splitlines() if line.strip()]
-            else:
-                with store.open_input(name) as handle:
-                    columns = [c for c in ("txn", "metaData") if c in pq.read_schema(handle).names]
-                with store.open_input(name) as handle:
-                    actions = pq.read_table(handle, columns=columns).to_pylist()
-            for action in actions:
-                watermark, metadata = _apply_action(action, slot_app_id, watermark, metadata)
-    for commit in (v for v in commits if v > base):
-        for line in store.read_text(f"{commit:020d}.json").splitlines():
-            if line.strip():
-                watermark, metadata = _apply_action(json.loads(line), slot_app_id, watermark, metadata)
+    for action in actions:
+        watermark, metadata = _apply_action(action, slot_app_id, watermark, metadata)
     if metadata is None:
         raise MergeInputError(
             f"the Delta log at {path} (version {version}) holds no table metadata: it is damaged or still being "
