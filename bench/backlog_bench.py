@@ -74,7 +74,13 @@ def child(dsn: str, plugin: str, staging: str, bound: str) -> None:
             )
             conn.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (SLOTS[plugin], manifest.end_lsn))
             checkpoint = Checkpoint.from_manifest(manifest)
-            batches.append({"changes": manifest.changes, "seconds": time.perf_counter() - began})
+            batches.append(
+                {
+                    "changes": manifest.changes,
+                    "seconds": time.perf_counter() - began,
+                    "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                }
+            )
             shutil.rmtree(str(manifest.path), ignore_errors=True)  # staging space is not what is measured
             if manifest.bounded_by is None:
                 break
@@ -134,6 +140,7 @@ def main() -> int:
                         "largest_batch": max(sizes),
                         "staged_changes": result["changes"],
                         "peak_rss_mib": round(result["peak_rss_mib"]),
+                        "peak_rss_mib_by_batch": [round(b["peak_rss_mib"]) for b in result["batches"]],
                         "rss_before_mib": round(result["rss_before_mib"]),
                     }
                     print(
@@ -141,7 +148,8 @@ def main() -> int:
                         f"drained {result['changes']:,} changes in {len(sizes)} batches (largest {max(sizes):,}, "
                         f"bound {args.bound:,}) in {result['seconds']:.1f} s ({rate:,.0f} changes/s) = "
                         f"{rate / raw_rate:.2f} of raw; peak RSS {result['peak_rss_mib']:.0f} MiB "
-                        f"({result['rss_before_mib']:.0f} MiB before the first batch)",
+                        f"({result['rss_before_mib']:.0f} MiB before the first batch; after each batch "
+                        f"{', '.join(str(round(b['peak_rss_mib'])) for b in result['batches'])})",
                         flush=True,
                     )
                     assert result["changes"] == args.changes, (result["changes"], args.changes)
