@@ -40,6 +40,8 @@ MARKERS: dict[str, str] = {
     "commit": r"airflow_provider_pgdecode\.spark\.merge: table \S+: (merged|appended|created)",
     # the confirm task: advance the slot, push the checkpoint
     "confirm": r"\[DAG TEST\] starting task_id=confirm",
+    # the drain task's loop of bounded batches (extract, merge, confirm each), after the cycle's own
+    "drain": r"draining the backlog batch by batch",
 }
 
 
@@ -100,12 +102,13 @@ class DagProcess:
         self.log_dir = log_dir
         self.runs = 0
 
-    def run(self, kill: KillPlan | None = None, timeout: float = 300) -> RunResult:
+    def run(self, kill: KillPlan | None = None, timeout: float = 300, conf: dict[str, Any] | None = None) -> RunResult:
+        """One cycle; ``conf`` overrides this process's DAG run conf for this cycle only."""
         self.runs += 1
         log = self.log_dir / f"run-{self.runs:03d}.log"
         started = time.monotonic()
         proc = subprocess.Popen(
-            [AIRFLOW, "dags", "test", "pgdecode_incremental", "-c", json.dumps(self.conf)],
+            [AIRFLOW, "dags", "test", "pgdecode_incremental", "-c", json.dumps({**self.conf, **(conf or {})})],
             env=self.env,
             cwd=str(REPO),
             stdin=subprocess.DEVNULL,

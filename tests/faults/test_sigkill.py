@@ -3,7 +3,7 @@
 Each cycle is ``airflow dags test pgdecode_incremental`` in its own process group; a kill takes
 the whole group (the CLI, the in-process tasks, spark-submit, the Spark JVM and its Python
 driver) at once. Kills are aimed at the phases of a cycle (the sensors, the extract, the merge,
-just after a table's Delta commit, the confirm) with seeded random delays after the line that
+just after a table's Delta commit, the confirm, the drain's loop of bounded batches) with seeded random delays after the line that
 starts the phase, so most land mid-extract, mid-merge or around the confirm and few cycles run
 in full. After the kills the writer stops, its prepared transactions are resolved, and clean
 cycles catch Delta up: every table must equal its source with no key twice.
@@ -35,8 +35,12 @@ log = logging.getLogger(__name__)
 # cycle); a kill in the merge, after a Delta commit or in the confirm costs a whole merge, so there
 # are few of those. `make test` lands one or two in each phase (~4 min on 2 cores);
 # PGDECODE_FULL_TESTS=1 lands the longer plan (was 4/9/3/2/2 before that, ~6 min a run).
-QUICK_KILLS = {"sensors": 1, "extract": 3, "merge": 1, "commit": 2, "confirm": 2}  # 9
-FULL_KILLS = {"sensors": 2, "extract": 5, "merge": 2, "commit": 2, "confirm": 2}  # 13
+QUICK_KILLS = {"sensors": 1, "extract": 2, "merge": 1, "commit": 2, "confirm": 2, "drain": 1}  # 9
+FULL_KILLS = {"sensors": 2, "extract": 5, "merge": 2, "commit": 2, "confirm": 2, "drain": 2}  # 15
+# A cycle aimed at the drain bounds its batches to a few of the writer's changes, so the changes
+# made since the last cycle are several batches and the drain task loops over them; the kill
+# lands in its first or second batch (an extract, a merge or a confirm of the loop).
+DRAIN_CONF = {"max_batch_changes": 25}
 KILLS = FULL_KILLS if FULL_TESTS else QUICK_KILLS
 CLEAN_RUNS = 0  # full cycles between the kills, besides the first and the last ones
 
@@ -61,6 +65,8 @@ def delay_for(phase: str, rng: random.Random, timings: dict[str, float]) -> floa
         return fraction * 1.5
     if phase == "confirm":
         return fraction * 0.6
+    if phase == "drain":
+        return fraction * 1.5 * (max(timings.get("extract", 1.0), 0.3) + max(timings.get("merge", 20.0), 5.0))
     return fraction * 0.5
 
 
@@ -96,7 +102,7 @@ def test_sigkill_at_random_points_of_random_cycles(dag_process: DagProcess, pg_c
         while schedule:
             phase = schedule[0]
             plan = KillPlan(phase, delay_for(phase, rng, timings)) if phase else None
-            result = dag_process.run(plan)
+            result = dag_process.run(plan, conf=DRAIN_CONF if phase == "drain" else None)
             line = (
                 f"cycle {dag_process.runs}: {plan.describe() if plan else 'clean'} -> "
                 f"{'KILLED' if result.killed else f'exit {result.returncode}'} after {result.seconds:.1f}s, "
