@@ -69,6 +69,11 @@ with DAG(
             description="allow a retention below Delta's safety check (only when no job reads versions that old)",
         ),
         "zorder": Param(False, type="boolean", description="OPTIMIZE ... ZORDER BY the key (rewrites whole tables)"),
+        "purge_deletion_vectors": Param(
+            False,
+            type="boolean",
+            description="REORG TABLE ... APPLY (PURGE): rewrite every file with deleted rows, so VACUUM removes them",
+        ),
         "storage_conn_id": Param(
             "",
             type="string",
@@ -87,6 +92,7 @@ with DAG(
         retention_hours="{{ params.retention_hours }}",
         allow_short_retention="{{ params.allow_short_retention }}",
         zorder="{{ params.zorder }}",
+        purge_deletion_vectors="{{ params.purge_deletion_vectors }}",
         min_txn_retention_hours=MIN_TXN_RETENTION_HOURS,
         conn_id="{{ params.spark_conn_id }}",
         storage_conn_id="{{ params.storage_conn_id }}",

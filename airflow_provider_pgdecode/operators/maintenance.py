@@ -20,25 +20,20 @@ Example::
 from __future__ import annotations
 
 import importlib.util
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import BaseOperator, Context
-from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings
 from airflow_provider_pgdecode.errors import ConfigurationError, MaintenanceError, MaintenanceRefusedError
 from airflow_provider_pgdecode.hooks.object_store import object_store_settings
 from airflow_provider_pgdecode.operators.merge import (
     SPARK_CONNECT_CONN_TYPE,
+    SparkJobTask,
     connect_session,
-    interrupt_connect_session,
     parse_batch_paths,
-    read_json_object,
     spark_connection_type,
     submit_hook,
     uses_object_store,
@@ -70,7 +65,7 @@ def _hours(value: Any) -> float | None:
     return float(value)
 
 
-class PgDecodeDeltaMaintenanceOperator(BaseOperator):
+class PgDecodeDeltaMaintenanceOperator(SparkJobTask, BaseOperator):
     """OPTIMIZE (optionally ``ZORDER BY`` the key) and VACUUM pgdecode's Delta tables, keeping every
     slot's transaction id (the merge's exactly-once watermark).
 
@@ -196,8 +191,6 @@ class PgDecodeDeltaMaintenanceOperator(BaseOperator):
         self.driver_memory = driver_memory
         self.executor_memory = executor_memory
         self.storage_conn_id = storage_conn_id
-        self._hook: SparkSubmitHook | None = None
-        self._connect_session: Any = None
 
     def job_args(self, summary_path: str | None = None) -> list[str]:
         """The maintenance job's arguments (spark-submit's command line, or parsed for a Connect session)."""
@@ -261,20 +254,7 @@ class PgDecodeDeltaMaintenanceOperator(BaseOperator):
         return summary
 
     def _maintain_submit(self, settings: ObjectStoreSettings | None) -> dict[str, Any] | None:
-        workdir = tempfile.mkdtemp(prefix="pgdecode-maintenance-")
-        try:
-            summary_path = str(Path(workdir) / "summary.json")
-            self._hook = self.get_hook(summary_path, settings)
-            try:
-                self._hook.submit(maintenance_job_path())
-            except AirflowException:
-                refusal = read_json_object(summary_path)
-                if refusal is not None and "error" in refusal:
-                    return refusal
-                raise
-            return read_json_object(summary_path)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+        return self.submit_job(lambda path: self.get_hook(path, settings), maintenance_job_path(), "maintenance")
 
     def _maintain_connect(self, settings: ObjectStoreSettings | None) -> dict[str, Any]:
         from airflow_provider_pgdecode.spark.maintenance_job import build_argument_parser, run_maintenance_job
@@ -286,9 +266,3 @@ class PgDecodeDeltaMaintenanceOperator(BaseOperator):
                 return run_maintenance_job(spark, args)[1]
             finally:
                 self._connect_session = None
-
-    def on_kill(self) -> None:
-        """Stop the spark-submit process, or this task's Spark work on a Spark Connect server."""
-        if self._hook is not None:
-            self._hook.on_kill()
-        interrupt_connect_session(self._connect_session)

@@ -8,7 +8,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -218,6 +218,44 @@ def submit_hook(
     return build({**env_vars, **object_store_env(hook, settings, operator.storage_conn_id)})
 
 
+class SparkJobTask:
+    """What pgdecode's Spark-job operators (merge, verify, maintenance) share: the spark-submit of
+    a job that writes its result as JSON, and ``on_kill`` stopping the job they run (spark-submit
+    or a Spark Connect client session)."""
+
+    _hook: SparkSubmitHook | None = None
+    _connect_session: Any = None
+
+    def submit_job(
+        self, get_hook: Callable[[str], SparkSubmitHook], application: str, kind: str
+    ) -> dict[str, Any] | None:
+        """spark-submit ``application`` and read the JSON object it writes to the path given to
+        ``get_hook``: its summary, or its refusal (an object with ``error`` and ``message``) when it
+        refused its input and exited non-zero. Any other failure of the submit raises. ``None``:
+        nothing readable here (cluster deploy mode: the driver wrote it on another machine)."""
+        workdir = tempfile.mkdtemp(prefix=f"pgdecode-{kind}-")
+        try:
+            path = str(Path(workdir) / f"{kind}.json")
+            self._hook = get_hook(path)
+            try:
+                self._hook.submit(application)
+            except AirflowException:
+                refusal = read_json_object(path)
+                if refusal is not None and "error" in refusal:
+                    return refusal
+                raise
+            return read_json_object(path)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def on_kill(self) -> None:
+        """Stop the spark-submit process (and the driver or application in cluster modes), or this
+        task's Spark work on a Spark Connect server."""
+        if self._hook is not None:
+            self._hook.on_kill()
+        interrupt_connect_session(self._connect_session)
+
+
 def object_store_env(
     hook: SparkSubmitHook, settings: ObjectStoreSettings | None, storage_conn_id: str | None
 ) -> dict[str, str]:
@@ -271,7 +309,7 @@ def parse_batch_paths(value: str | Sequence[str] | None) -> list[str]:
     return [str(p) for p in value if p]
 
 
-class PgDecodeMergeOperator(BaseOperator):
+class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
     """Submit the merge job (``spark/merge_job.py``) for one or more staged batches.
 
     Thin over :class:`~airflow.providers.apache.spark.hooks.spark_submit.SparkSubmitHook`:
@@ -392,8 +430,6 @@ class PgDecodeMergeOperator(BaseOperator):
         self.num_executors = num_executors
         self.spark_name = spark_name
         self.verbose = verbose
-        self._hook: SparkSubmitHook | None = None
-        self._connect_session: Any = None
 
     def read_batches(
         self, settings: ObjectStoreSettings | None = None
@@ -485,27 +521,19 @@ class PgDecodeMergeOperator(BaseOperator):
             result["summary"] = connect_summary
             self._emit_assets(context, connect_summary)
             return result
-        workdir = tempfile.mkdtemp(prefix="pgdecode-merge-")
-        summary_path = str(Path(workdir) / "summary.json")
-        try:
-            self._hook = self.get_hook([str(m.path) for m in to_merge], summary_path, settings)
-            try:
-                self._hook.submit(merge_job_path())
-            except AirflowException:
-                refusal = _read_refusal(summary_path)
-                if refusal is not None and refusal[0] == MergeOutOfMemoryError.__name__:
-                    # Retrying with the same memory fails the same way.
-                    raise MergeOutOfMemoryError(
-                        f"{refusal[1]} (this task: driver_memory={self.driver_memory!r}, "
-                        f"executor_memory={self.executor_memory!r}, conf={self._memory_conf()})"
-                    ) from None
-                if refusal is not None:
-                    # The job refused the input and left Delta unchanged: retrying cannot help.
-                    raise MergeInputError(f"the merge job refused the batch: {refusal[0]}: {refusal[1]}") from None
-                raise
-            summary = self._read_summary(summary_path)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+        paths = [str(m.path) for m in to_merge]
+        summary = self.submit_job(lambda path: self.get_hook(paths, path, settings), merge_job_path(), "merge")
+        if summary is not None and "error" in summary:
+            kind, message = str(summary["error"]), str(summary.get("message"))
+            if kind == MergeOutOfMemoryError.__name__:
+                # Retrying with the same memory fails the same way.
+                raise MergeOutOfMemoryError(
+                    f"{message} (this task: driver_memory={self.driver_memory!r}, "
+                    f"executor_memory={self.executor_memory!r}, conf={self._memory_conf()})"
+                )
+            # The job refused the input and left Delta unchanged: retrying cannot help.
+            raise MergeInputError(f"the merge job refused the batch: {kind}: {message}")
+        summary = self._report_summary(summary)
         result["summary"] = summary
         self._emit_assets(context, summary)
         return result
@@ -528,7 +556,7 @@ class PgDecodeMergeOperator(BaseOperator):
             refusal_path = str(Path(workdir) / "summary.json")
             try:
                 code, summary = run_merge_job(spark, list(batches), str(self.delta_root), options, refusal_path)
-                refusal = _read_refusal(refusal_path) if code else None
+                refusal = read_json_object(refusal_path) if code else None
             except Exception as error:
                 from airflow_provider_pgdecode.spark.merge_job import out_of_memory_error
 
@@ -540,11 +568,13 @@ class PgDecodeMergeOperator(BaseOperator):
                 shutil.rmtree(workdir, ignore_errors=True)
                 self._connect_session = None
         if summary is None:
-            kind, message = refusal or ("error", "see the merge job's error above")
+            kind, message = ("error", "see the merge job's error above")
+            if refusal is not None and "error" in refusal:
+                kind, message = str(refusal["error"]), str(refusal.get("message"))
             if code == 3:
                 raise MergeOutOfMemoryError(f"{message} (this task: conf={self._memory_conf()})")
             raise MergeInputError(f"the merge job refused the batch: {kind}: {message}")
-        self._log_summary(summary)
+        self._report_summary(summary)
         return summary
 
     def _log_summary(self, summary: Mapping[str, Any]) -> None:
@@ -572,20 +602,16 @@ class PgDecodeMergeOperator(BaseOperator):
                 extra={k: info.get(k) for k in ("inserted", "updated", "deleted", "delta_version", "watermark_lsn")},
             )
 
-    def _read_summary(self, path: str) -> dict[str, Any] | None:
-        try:
-            with open(path, encoding="utf-8") as f:
-                summary = json.load(f)
-        except FileNotFoundError:
+    def _report_summary(self, summary: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Log the job's summary: a line per table and the total, and a warning per table with
+        quarantined changes; the same from spark-submit and from Spark Connect."""
+        if summary is None:
             # Cluster deploy mode: the driver wrote it on another machine.
             self.log.info("The merge job's summary is not on this machine; see the Spark driver's log")
             return None
-        except ValueError as exc:
-            self.log.warning("Unreadable merge summary %s: %s", path, exc)
-            return None
-        if isinstance(summary, dict) and isinstance(summary.get("tables"), dict):
+        if isinstance(summary.get("tables"), dict):
             self._log_summary(summary)
-        quarantine = summary.get("quarantine") if isinstance(summary, dict) else None
+        quarantine = summary.get("quarantine")
         if isinstance(quarantine, dict):
             for name, count in sorted((quarantine.get("tables") or {}).items()):
                 self.log.warning(
@@ -597,16 +623,10 @@ class PgDecodeMergeOperator(BaseOperator):
                     quarantine.get("status"),
                     quarantine.get("path"),
                 )
-        return summary if isinstance(summary, dict) else None
+        return summary
 
     def _memory_conf(self) -> dict[str, str]:
         return {k: str(v) for k, v in self.conf.items() if k in ("spark.driver.memory", "spark.executor.memory")}
-
-    def on_kill(self) -> None:
-        """Stop the spark-submit process (and the driver or application in cluster modes)."""
-        if self._hook is not None:
-            self._hook.on_kill()
-        interrupt_connect_session(getattr(self, "_connect_session", None))
 
 
 def location_asset(location: str | Path) -> Asset:
@@ -646,12 +666,3 @@ def read_json_object(path: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _read_refusal(path: str) -> tuple[str, str] | None:
-    """The error (class name, message) the merge job wrote when it refused its input or ran out of
-    memory, if it did."""
-    data = read_json_object(path)
-    if data is not None and "error" in data:
-        return str(data["error"]), str(data.get("message"))
-    return None

@@ -24,15 +24,12 @@ import ast
 import importlib.util
 import json
 import posixpath
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import Asset, AssetAlias, BaseOperator, Context
-from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage, is_object_store
 from airflow_provider_pgdecode.capture.verify import (
@@ -44,10 +41,9 @@ from airflow_provider_pgdecode.errors import ConfigurationError, VerifyError, Ve
 from airflow_provider_pgdecode.hooks.object_store import object_store_settings
 from airflow_provider_pgdecode.operators.merge import (
     SPARK_CONNECT_CONN_TYPE,
+    SparkJobTask,
     connect_session,
-    interrupt_connect_session,
     location_asset,
-    read_json_object,
     spark_connection_type,
     submit_hook,
     uses_object_store,
@@ -137,7 +133,7 @@ def mismatch_message(report: Mapping[str, Any], report_path: str) -> str:
     )
 
 
-class PgDecodeVerifyOperator(BaseOperator):
+class PgDecodeVerifyOperator(SparkJobTask, BaseOperator):
     """Run the verify job for a verify snapshot and the Delta tables; report, emit, fail on a difference.
 
     As the merge operator's job: by spark-submit when ``conn_id`` is a ``spark`` connection, or
@@ -250,8 +246,6 @@ class PgDecodeVerifyOperator(BaseOperator):
         self.driver_memory = driver_memory
         self.executor_memory = executor_memory
         self.storage_conn_id = storage_conn_id
-        self._hook: SparkSubmitHook | None = None
-        self._connect_session: Any = None
 
     def _job_args(self, snapshot: VerifySnapshot, report_path: str | None = None) -> list[str]:
         """The verify job's arguments (spark-submit's command line, or parsed for a Connect session)."""
@@ -319,20 +313,7 @@ class PgDecodeVerifyOperator(BaseOperator):
     def _verify_submit(self, snapshot: VerifySnapshot, settings: ObjectStoreSettings | None) -> dict[str, Any] | None:
         """The report (or the job's refusal) of the verify job run by spark-submit; a crash raises
         and the copy stays for the retry."""
-        workdir = tempfile.mkdtemp(prefix="pgdecode-verify-")
-        try:
-            job_report = str(Path(workdir) / "report.json")
-            self._hook = self.get_hook(snapshot, job_report, settings)
-            try:
-                self._hook.submit(verify_job_path())
-            except AirflowException:
-                refusal = read_json_object(job_report)
-                if refusal is not None and "error" in refusal:
-                    return refusal
-                raise
-            return read_json_object(job_report)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+        return self.submit_job(lambda path: self.get_hook(snapshot, path, settings), verify_job_path(), "verify")
 
     def _verify_connect(self, snapshot: VerifySnapshot, settings: ObjectStoreSettings | None) -> dict[str, Any]:
         """The report (or the job's refusal) of the verify job's core run in this task as a client
@@ -383,10 +364,3 @@ class PgDecodeVerifyOperator(BaseOperator):
 
         events = context["outlet_events"][AssetAlias(self.asset_alias)]
         events.add(verify_asset(snapshot), extra={**summarize(report), "report": path})
-
-    def on_kill(self) -> None:
-        """Stop the spark-submit process (and the driver in cluster modes), or this task's Spark
-        work on a Spark Connect server."""
-        if self._hook is not None:
-            self._hook.on_kill()
-        interrupt_connect_session(self._connect_session)
