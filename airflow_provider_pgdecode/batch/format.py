@@ -30,6 +30,12 @@ BATCH_NAME = re.compile(r"^([0-9A-F]{16})-([0-9A-F]{16})$")
 SNAPSHOT_START_LSN = Lsn(0)
 """Where an initial load's batch starts: it holds the tables as of its end (the consistent point)."""
 PARQUET_OPTIONS: dict[str, Any] = {"compression": "snappy", "write_statistics": True}
+CHANGE_PART_PARQUET_OPTIONS: dict[str, Any] = {**PARQUET_OPTIONS, "use_dictionary": ["_pg_op"]}
+"""How the extract writes a table part of changes (both writers): dictionary encoding only for
+``_pg_op``. A part is read once by the merge and deleted; building dictionaries for every column
+was a third of the extract's CPU (hashing each value of key, LSN, numeric and array columns, most
+of which fall back to plain encoding), and the plain pages compress as small with snappy
+(bench/extract_bench.py's 100k-row part: 26 ms instead of 44 ms, 2.7 MB instead of 3.5 MB)."""
 
 METADATA_PREFIX = "_pg_"
 COMMIT_LSN = "_pg_commit_lsn"

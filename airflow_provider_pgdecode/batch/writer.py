@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from airflow_provider_pgdecode.batch.badvalues import StagedValues, stage_values
 from airflow_provider_pgdecode.batch.format import (
     CHANGE_LSN,
+    CHANGE_PART_PARQUET_OPTIONS,
     COMMIT_LSN,
     MESSAGE_LSN,
     OLD,
@@ -145,7 +146,7 @@ class _TableBuffer:
         file_name = f"part-{len(self.files):05d}.parquet"
         with staging_io(self.directory / file_name, "write Parquet part"):
             self.directory.mkdir(parents=True, exist_ok=True)
-            pq.write_table(table, self.directory / file_name, **PARQUET_OPTIONS)
+            pq.write_table(table, self.directory / file_name, **CHANGE_PART_PARQUET_OPTIONS)
         self.files.append(file_name)
 
     def _quarantine(self, staged: StagedValues) -> None:
