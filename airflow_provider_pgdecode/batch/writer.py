@@ -26,7 +26,6 @@ import pyarrow.parquet as pq
 from airflow_provider_pgdecode.batch.badvalues import StagedValues, stage_values
 from airflow_provider_pgdecode.batch.format import (
     CHANGE_LSN,
-    CHANGE_PART_PARQUET_OPTIONS,
     COMMIT_LSN,
     MESSAGE_LSN,
     OLD,
@@ -34,6 +33,7 @@ from airflow_provider_pgdecode.batch.format import (
     PARQUET_OPTIONS,
     SEQ,
     XID,
+    change_part_options,
     check_column_names,
     metadata_columns,
     quarantine_path,
@@ -169,7 +169,7 @@ class _TableBuffer:
         file_name = f"part-{len(self.files):05d}.parquet"
         with staging_io(self.directory / file_name, "write Parquet part"):
             self.directory.mkdir(parents=True, exist_ok=True)
-            pq.write_table(table, self.directory / file_name, **CHANGE_PART_PARQUET_OPTIONS)
+            pq.write_table(table, self.directory / file_name, **change_part_options(table.schema))
         self.files.append(file_name)
 
     def _quarantine(self, staged: StagedValues) -> None:

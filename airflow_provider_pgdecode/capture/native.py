@@ -74,10 +74,10 @@ import pyarrow.parquet as pq
 
 from airflow_provider_pgdecode.batch.badvalues import stage_values
 from airflow_provider_pgdecode.batch.format import (
-    CHANGE_PART_PARQUET_OPTIONS,
     COMMIT_LSN,
     METADATA_PREFIX,
     OLD,
+    change_part_options,
     check_column_names,
     metadata_columns,
     quarantine_path,
@@ -404,7 +404,7 @@ class NativeWriter:
         file_name = f"part-{len(state.files):05d}.parquet"
         with staging_io(state.directory / file_name, "write Parquet part"):
             state.directory.mkdir(parents=True, exist_ok=True)
-            pq.write_table(table, state.directory / file_name, **CHANGE_PART_PARQUET_OPTIONS)
+            pq.write_table(table, state.directory / file_name, **change_part_options(table.schema))
         state.files.append(file_name)
 
     @staticmethod
