@@ -643,6 +643,10 @@ def extract_native(
         out.abort()
         raise
     stats = reader.stats()
+    # The relation callback refers to the reader through this frame's cell, and the reader to the
+    # callback: break the cycle here, so the reader's buffers go with its writer, not at the cycle
+    # collector's next full pass (a drain's batches piled up 17 MiB each).
+    reader = None
     log.info("Native extract: %d rows read, %d of them handed to the Python path", stats["rows_read"], handed)
     assembler.add_fast_totals(
         safe_lsn=None if stats["safe_lsn"] is None else Lsn(stats["safe_lsn"]),
