@@ -16,7 +16,8 @@ plugin (a ``test_decoding`` slot and a ``pgoutput`` slot over the same WAL):
 
 The raw decode is measured right before and right after each extract (after one warm-up run),
 under the same conditions, and the extract's ratio is taken against their mean, so that a
-change of the machine's other load during the run weighs on both sides alike. Prints the rates,
+change of the machine's other load during the run weighs on both sides alike; ``--repeat``
+(default 3) such extracts per plugin and mode, the median ratio shown. Prints the rates,
 the native extract's ratio to the raw decode, quiet and busy, with the load average, and the
 peak memory of the extracts. Usage::
 
@@ -121,20 +122,31 @@ class CpuLoad:
             proc.wait()
 
 
-def measure(dsn: str, plugin: str, ceiling: Lsn, staging: Path) -> dict:
-    """One native extract bracketed by two raw decodes (after a warm-up raw decode)."""
+def measure(dsn: str, plugin: str, ceiling: Lsn, staging: Path, repeat: int) -> dict:
+    """``repeat`` native extracts, each between two raw decodes (after a warm-up raw decode).
+
+    Each extract's ratio is taken against the mean of the raw decodes just before and after it;
+    the result holds the median ratio, and the extract and raw times of that median pair.
+    """
     with psycopg.connect(dsn, autocommit=True) as conn:
         raw_decode(conn, plugin, ceiling)  # warm the caches for both contenders
-        raw_rows, before = raw_decode(conn, plugin, ceiling)
-    full = extract_in_child(dsn, plugin, ceiling, staging)
-    shutil.rmtree(staging, ignore_errors=True)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        _, after = raw_decode(conn, plugin, ceiling)
+        raw_rows, first = raw_decode(conn, plugin, ceiling)
+    raws = [first]
+    pairs = []
+    for _ in range(repeat):
+        full = extract_in_child(dsn, plugin, ceiling, staging)
+        shutil.rmtree(staging, ignore_errors=True)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            raws.append(raw_decode(conn, plugin, ceiling)[1])
+        raw_seconds = (raws[-2] + raws[-1]) / 2
+        ratio = (full["rows"] / full["seconds"]) / (raw_rows / raw_seconds)
+        pairs.append({"ratio": ratio, "raw_seconds": raw_seconds, "raw_each": (raws[-2], raws[-1]), "full": full})
+    pairs.sort(key=lambda pair: pair["ratio"])
+    median = pairs[len(pairs) // 2]
     return {
+        **median,
         "raw_rows": raw_rows,
-        "raw_seconds": (before + after) / 2,
-        "raw_each": (before, after),
-        "full": full,
+        "ratios": [pair["ratio"] for pair in pairs],
         "loadavg": os.getloadavg()[0],
     }
 
@@ -199,6 +211,7 @@ def main() -> int:
     parser.add_argument("--txn-size", type=int, default=1_000)
     parser.add_argument("--no-python", action="store_true", help="skip the pure-Python extract")
     parser.add_argument("--no-busy", action="store_true", help="skip the runs under a competing CPU load")
+    parser.add_argument("--repeat", type=int, default=3, help="extracts per plugin and mode (the median is shown)")
     parser.add_argument("--load", type=int, default=os.cpu_count() or 1, help="busy-loop processes of the busy runs")
     parser.add_argument(
         "--child", nargs=5, metavar=("DSN", "PLUGIN", "CEILING", "STAGING", "NATIVE"), help=argparse.SUPPRESS
@@ -229,7 +242,7 @@ def main() -> int:
                     )
                 )
             for plugin in SLOTS:
-                quiet = measure(dsn, plugin, ceiling, work / plugin / "full")
+                quiet = measure(dsn, plugin, ceiling, work / plugin / "full", args.repeat)
                 part = extract_in_child(dsn, plugin, fifth, work / plugin / "fifth")
                 python = None if args.no_python else extract_in_child(dsn, plugin, ceiling, work / plugin / "py", False)
                 results[plugin] = {"quiet": quiet, "fifth": part, "python": python, "busy": None}
@@ -237,7 +250,7 @@ def main() -> int:
                 print(f"busy runs: {args.load} busy-loop processes ...", flush=True)
                 with CpuLoad(args.load):
                     for plugin in SLOTS:
-                        results[plugin]["busy"] = measure(dsn, plugin, ceiling, work / plugin / "busy")
+                        results[plugin]["busy"] = measure(dsn, plugin, ceiling, work / plugin / "busy", args.repeat)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -265,7 +278,11 @@ def main() -> int:
                 f"{mode:5s} extract to Parquet: {m['full']['seconds']:8.2f} s  {ours:12,.0f} rows/s  (native fast path)"
             )
             aim = 0.8 if mode == "quiet" else 0.6
-            print(f"{mode:5s} ratio extract/raw : {ours / raw:.2f}  (aim: >= {aim}; load average {m['loadavg']:.1f})")
+            every = ", ".join(f"{r:.2f}" for r in m["ratios"])
+            print(
+                f"{mode:5s} ratio extract/raw : {ours / raw:.2f}  (median of {every}; aim: >= {aim}; "
+                f"load average {m['loadavg']:.1f})"
+            )
             if m["raw_rows"] != m["full"]["rows"]:
                 print(f"WARNING: raw and extract read different row counts for {plugin} ({mode})", file=sys.stderr)
                 status = 1
