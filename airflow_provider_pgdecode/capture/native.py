@@ -41,9 +41,14 @@ Memory is bounded by configuration, whatever the batch size: ``part_rows`` buffe
 part being written, and one open transaction of fewer than ``memory_items`` rows (kept twice:
 parsed and raw).
 
-Measured (bench/extract_bench.py, 500,000 changes, 2 cores): the server decodes a row in
-~1-2 µs; transfer plus C parsing costs ~0.4-0.5 µs per row, converting and writing Parquet
-~0.6-0.9 µs per row of CPU on the writer thread; the Python path spends ~12 µs per row.
+Measured (bench/extract_bench.py, 500,000 changes, 2 cores, 2026-11-25): the server decodes a
+row in ~1-2 µs, and sending it as COPY costs it another ~0.1-0.2 µs; on our side the reader
+thread (transfer, C parsing, take) spends ~0.3-0.4 µs of CPU per row and the writer thread
+~0.5 µs (conversion ~0.2, Parquet ~0.3, with jemalloc and the part options of
+:func:`~airflow_provider_pgdecode.batch.format.change_part_options`; before those ~0.8); the
+Python path spends ~12 µs per row. Since the server materialises the peek before sending its
+first row, all of this comes after the server's decode: on two cores, where reader, writer and
+the sending backend compete, the extract's ratio to the raw decode is bounded by that CPU.
 
 Known difference: a column of the old-key image whose type changes within one part takes the
 type first registered for the table while rows with it are buffered (the Python writer takes
@@ -77,7 +82,7 @@ from airflow_provider_pgdecode.batch.format import (
     COMMIT_LSN,
     METADATA_PREFIX,
     OLD,
-    PARQUET_OPTIONS,
+    change_part_options,
     check_column_names,
     metadata_columns,
     quarantine_path,
@@ -404,7 +409,7 @@ class NativeWriter:
         file_name = f"part-{len(state.files):05d}.parquet"
         with staging_io(state.directory / file_name, "write Parquet part"):
             state.directory.mkdir(parents=True, exist_ok=True)
-            pq.write_table(table, state.directory / file_name, **PARQUET_OPTIONS)
+            pq.write_table(table, state.directory / file_name, **change_part_options(table.schema))
         state.files.append(file_name)
 
     @staticmethod
@@ -643,6 +648,10 @@ def extract_native(
         out.abort()
         raise
     stats = reader.stats()
+    # The relation callback refers to the reader through this frame's cell, and the reader to the
+    # callback: break the cycle here, so the reader's buffers go with its writer, not at the cycle
+    # collector's next full pass (a drain's batches piled up 17 MiB each).
+    reader = None
     log.info("Native extract: %d rows read, %d of them handed to the Python path", stats["rows_read"], handed)
     assembler.add_fast_totals(
         safe_lsn=None if stats["safe_lsn"] is None else Lsn(stats["safe_lsn"]),

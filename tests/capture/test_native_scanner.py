@@ -190,3 +190,27 @@ def test_quoted_names_and_types_are_read_in_c() -> None:
     assert r.layout(tid) == (("Col A", "x[y]", "moods"), ("integer", "text", '"Odd Schema"."Mo]:od"[]'))
     b = r.take(tid, 1)
     assert [v[3] for v in b["values"]] == [b"1", b"a] b", b'{a,"b c"}']
+
+
+def test_a_reader_in_a_cycle_with_its_callback_is_freed() -> None:
+    """The extract's pgoutput relation callback refers back to its reader: the cycle collector
+    must free such a reader (and its buffers), or every batch of a drain stays in memory."""
+    import gc
+    import weakref
+
+    class Marker:
+        pass
+
+    marker = Marker()
+    freed = weakref.ref(marker)
+    holder: dict[str, Any] = {"marker": marker}
+
+    def relation(lsn: int, xid: int | None, data: bytes, holder: dict[str, Any] = holder) -> None:
+        holder["reader"].stats()
+
+    r = native.Reader("pgoutput", 1000, 1000, None, lambda s, t: True, relation, UNCHANGED_TOAST)
+    holder["reader"] = r  # reader -> relation -> holder -> reader
+    assert gc.is_tracked(r)
+    del r, relation, marker, holder
+    gc.collect()
+    assert freed() is None

@@ -305,7 +305,26 @@ static int Reader_init(Reader *r, PyObject *args, PyObject *kw) {
     return 0;
 }
 
+/* The callbacks may refer back to the reader (the extract's relation callback does, through its
+ * closure): the reader takes part in the cycle collector, or every pgoutput batch's reader, with
+ * its buffers, would stay in memory. */
+static int Reader_traverse(Reader *r, visitproc visit, void *arg) {
+    Py_VISIT(r->include_cb);
+    Py_VISIT(r->relation_cb);
+    Py_VISIT(r->toast_marker);
+    Py_VISIT(r->table_ids);
+    return 0;
+}
+
+static int Reader_clear(Reader *r) {
+    Py_CLEAR(r->include_cb);
+    Py_CLEAR(r->relation_cb);
+    Py_CLEAR(r->toast_marker);
+    return 0;
+}
+
 static void Reader_dealloc(Reader *r) {
+    PyObject_GC_UnTrack(r);
     for (Py_ssize_t i = 0; i < r->ntables; i++) table_free(&r->tables[i]);
     PyMem_Free(r->tables); PyMem_Free(r->order);
     for (Py_ssize_t i = 0; i < r->nrels; i++) relation_free(&r->rels[i]);
@@ -348,7 +367,9 @@ static PyMethodDef Reader_methods[] = {
 static PyTypeObject ReaderType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "airflow_provider_pgdecode.capture._native.Reader",
     .tp_basicsize = sizeof(Reader),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Reader_traverse,
+    .tp_clear = (inquiry)Reader_clear,
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Reader_init,
     .tp_dealloc = (destructor)Reader_dealloc,
