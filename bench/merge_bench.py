@@ -1,21 +1,30 @@
-"""Merge benchmark: our job against a bare Delta MERGE, and a 1M-row table against a 10M-row one.
+"""Merge benchmark: keys uniformly random over the whole table, 1M rows against 10M, job against bare MERGE.
 
     .venv/bin/python -m bench.merge_bench [--changes 100000] [--small 1000000] [--large 10000000]
+    .venv/bin/python -m bench.merge_bench --smoke          # 2,000 changes, 20,000 / 200,000 rows
 
 One run, one local Spark (local[*]):
 
-1. Two Delta tables are created the way the job creates them (a one-row batch), then filled with
-   ``spark.range`` (``--small`` and ``--large`` rows, ids in order, so files cover key ranges).
-   A copy of the small table is kept for the bare MERGE.
-2. One staged batch of ``--changes`` changes is written per docs/staging-format.md: 60% updates
-   (some keys several times), 10% deletes of existing keys, 30% inserts of new keys, each in its
-   own transaction, in random key order.
-3. Timed, each twice on fresh copies of the tables (the best run counts): the bare MERGE of the already-collapsed rows (the floor: no planning, collapse, TOAST
-   or exactly-once work) into the small table; our job into the small table; our job into the
-   large table. Each result is checked against the expected row count.
+1. For each size (``--small`` and ``--large`` rows), two Delta tables filled with ``spark.range``
+   (ids in key order, one file per 250,000 rows, so files cover key ranges):
+   * the job's table, created the way the job creates it (a one-row batch: its schema and the
+     table properties pgdecode sets, docs/merge.md "Table properties pgdecode sets, and why");
+   * the bare table: the same columns written by a plain ``df.write.format("delta")``, so it has
+     Delta's DEFAULT properties (no deletion vectors, no column mapping, default file sizes and
+     statistics on the first 32 columns) - the floor a user gets from Delta without pgdecode.
+2. For each size, one staged batch of ``--changes`` changes (docs/staging-format.md) whose update
+   and delete keys are uniformly random over THAT table's keys: 60% updates (some keys several
+   times), 10% deletes of existing keys, 30% inserts of new keys, each in its own transaction, in
+   random order. So every file of both tables is touched.
+3. Timed, each ``--repeats`` times on fresh copies of the tables (the best run counts), in this
+   order: bare MERGE of the already-collapsed rows (no planning, collapse, TOAST or exactly-once
+   work) into the 1M table; the job into the 1M table; the same two into the 10M table. Each
+   result is checked against the expected row count.
 
-Prints the times and the ratios job/bare (aim: at most 1.5) and large/small (aim: well under 10),
-and writes them to bench/results/merge_bench.json.
+Prints the four times and the ratios job/bare per size (aim: at most 1.2) and job 10M / job 1M
+(aim: at most 3), with the load average, and writes them to bench/results/merge_bench.json.
+``--table-property KEY=VALUE`` (the job's tables) and ``--conf KEY=VALUE`` (the session) measure
+other settings against the same floor.
 """
 
 from __future__ import annotations
@@ -35,7 +44,11 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from airflow_provider_pgdecode.spark.merge_job import merge_batches  # noqa: E402
+from airflow_provider_pgdecode.spark.merge_job import (  # noqa: E402
+    DEFAULT_TABLE_PROPERTIES,
+    MergeOptions,
+    merge_batches,
+)
 from airflow_provider_pgdecode.spark.session import build_spark_session  # noqa: E402
 
 SLOT = "bench"
@@ -132,15 +145,19 @@ def staged_table(ids: np.ndarray, ops: np.ndarray, lsns: np.ndarray) -> pa.Table
     )
 
 
-def make_changes(changes: int, small: int, seed: int = 42) -> tuple[pa.Table, pa.Table, dict[str, int]]:
-    """The staged rows, the same rows collapsed to the last state per key, and expected counts."""
+def make_changes(
+    changes: int, rows: int, seed: int = 42, new_keys_from: int = NEW_KEYS_FROM
+) -> tuple[pa.Table, pa.Table, dict[str, int]]:
+    """The staged rows, the same rows collapsed to the last state per key, and expected counts.
+    Update and delete keys are uniformly random over the table's ``rows`` keys (0 .. rows-1)."""
     rng = np.random.default_rng(seed)
     n_delete, n_insert = changes // 10, (changes * 3) // 10
     n_update = changes - n_delete - n_insert
-    deleted = rng.choice(small, size=n_delete, replace=False)
-    alive = np.setdiff1d(np.arange(small), deleted)
-    updated = rng.choice(alive, size=n_update, replace=True)  # repeats: collapsed to the last
-    inserted = NEW_KEYS_FROM + np.arange(n_insert)
+    deleted = rng.choice(rows, size=n_delete, replace=False)
+    updated = rng.integers(0, rows, size=n_update * 2)
+    updated = updated[~np.isin(updated, deleted)][:n_update]  # repeats: collapsed to the last
+    assert len(updated) == n_update
+    inserted = new_keys_from + np.arange(n_insert)
     ids = np.concatenate([updated, deleted, inserted]).astype(np.int64)
     ops = np.array(["U"] * n_update + ["D"] * n_delete + ["I"] * n_insert)
     order = rng.permutation(changes)
@@ -171,27 +188,32 @@ def make_changes(changes: int, small: int, seed: int = 42) -> tuple[pa.Table, pa
     return staged, collapsed, expected
 
 
-def create_table(spark: Any, work: Path, delta_root: str, rows: int, name: str) -> str:
-    """A table created by the job (its schema and properties), filled with ``rows`` rows in key order."""
-    seed = staged_table(np.array([-1]), np.array(["I"]), np.array([64]))
-    merge_batches(spark, [write_batch(work / f"seed-{name}", 1, 128, seed)], delta_root + "/" + name)
-    path = f"{delta_root}/{name}/public/items"
-    files = max(1, rows // 250_000)
-    (
-        spark.range(0, rows, 1, files)
-        .selectExpr(
-            "id",
-            "concat('name-', id) as name",
-            "cast((id % 100000) / 100 as decimal(12,2)) as amount",
-            "timestamp_micros(1600000000000000 + id) as updated_at",
-            "cast(96 as bigint) as _pg_commit_lsn",
-            "timestamp_micros(1600000000000000) as _pg_commit_time",
-            "cast(7 as bigint) as _pg_xid",
-        )
-        .write.format("delta")
-        .mode("append")
-        .save(path)
+def fill_rows(spark: Any, rows: int) -> Any:
+    """``rows`` rows, ids 0 .. rows-1 in order, one file per 250,000 rows."""
+    return spark.range(0, rows, 1, max(1, rows // 250_000)).selectExpr(
+        "id",
+        "concat('name-', id) as name",
+        "cast((id % 100000) / 100 as decimal(12,2)) as amount",
+        "timestamp_micros(1600000000000000 + id) as updated_at",
+        "cast(96 as bigint) as _pg_commit_lsn",
+        "timestamp_micros(1600000000000000) as _pg_commit_time",
+        "cast(7 as bigint) as _pg_xid",
     )
+
+
+def create_job_table(spark: Any, work: Path, delta_root: str, rows: int, options: MergeOptions) -> str:
+    """A table created by the job (its schema and properties, one seed row of key -1), then
+    filled with ``rows`` rows in key order."""
+    seed = staged_table(np.array([-1]), np.array(["I"]), np.array([64]))
+    merge_batches(spark, [write_batch(work / "seed", 1, 128, seed)], delta_root, options)
+    path = f"{delta_root}/public/items"
+    fill_rows(spark, rows).write.format("delta").mode("append").save(path)
+    return path
+
+
+def create_bare_table(spark: Any, path: str, rows: int) -> str:
+    """The same rows in a table with Delta's default properties (a plain write)."""
+    fill_rows(spark, rows).write.format("delta").save(path)
     return path
 
 
@@ -216,118 +238,162 @@ def timed(label: str, action: Any) -> float:
     return elapsed
 
 
+def _pairs(values: list[str], flag: str) -> dict[str, str]:
+    result = {}
+    for pair in values:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"{flag} takes KEY=VALUE, not {pair!r}")
+        result[key.strip()] = value.strip()
+    return result
+
+
+def _copy(path: str, to: Path) -> str:
+    return shutil.copytree(path, str(to))
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--changes", type=int, default=100_000)
     parser.add_argument("--small", type=int, default=1_000_000)
     parser.add_argument("--large", type=int, default=10_000_000)
+    parser.add_argument("--smoke", action="store_true", help="2,000 changes into 20,000 and 200,000 rows")
+    parser.add_argument("--repeats", type=int, default=REPEATS)
+    parser.add_argument("--table-property", action="append", default=[], help="KEY=VALUE for the job's tables")
+    parser.add_argument("--conf", action="append", default=[], help="KEY=VALUE for the Spark session")
     parser.add_argument("--work", default=str(Path(__file__).resolve().parent / ".work" / "merge"))
     parser.add_argument("--driver-memory", default="8g")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "merge_bench.json"))
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.changes, args.small, args.large = 2_000, 20_000, 200_000
 
+    properties = dict(DEFAULT_TABLE_PROPERTIES)
+    properties.update(_pairs(args.table_property, "--table-property"))
+    options = MergeOptions(table_properties=properties)
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    delta_root = str(work / "delta")
-    spark = build_spark_session(
-        "local[*]", app_name="pgdecode-merge-bench", extra_conf={"spark.driver.memory": args.driver_memory}
-    )
+    load_before = os.getloadavg()
+    conf = {"spark.driver.memory": args.driver_memory, **_pairs(args.conf, "--conf")}
+    spark = build_spark_session("local[*]", app_name="pgdecode-merge-bench", extra_conf=conf)
     spark.sparkContext.setLogLevel("ERROR")
+    sizes = {"small": args.small, "large": args.large}
+    new_keys_from = max(NEW_KEYS_FROM, 2 * max(sizes.values()))
     try:
         print(
-            f"building tables of {args.small:,} and {args.large:,} rows and a batch of {args.changes:,} changes",
+            f"building tables of {args.small:,} and {args.large:,} rows and per size a batch of {args.changes:,}"
+            " changes keyed uniformly over that table",
             flush=True,
         )
         started = time.perf_counter()
-        small = create_table(spark, work, delta_root, args.small, "small")
-        large = create_table(spark, work, delta_root, args.large, "large")
-        # Each measurement runs twice, on fresh copies of the same table; the best run counts.
-        copies = {
-            "bare": [shutil.copytree(small, str(work / f"bare-{i}" / "items")) for i in range(REPEATS)],
-            "small": [shutil.copytree(small, f"{delta_root}/small-{i}/public/items") for i in range(REPEATS)],
-            "large": [shutil.copytree(large, f"{delta_root}/large-{i}/public/items") for i in range(REPEATS)],
-        }
-        staged, collapsed, expected = make_changes(args.changes, args.small)
-        collapsed_file = str(work / "collapsed.parquet")
-        pq.write_table(collapsed, collapsed_file)
-        batch = write_batch(work / "staging", 0x1_0000_0000, 0x1_0000_0000 + (args.changes + 1) * 64, staged)
+        copies: dict[str, list[str]] = {}
+        batches: dict[str, str] = {}
+        collapsed_files: dict[str, str] = {}
+        expected: dict[str, dict[str, int]] = {}
+        collapsed_rows: dict[str, int] = {}
+        for size, rows in sizes.items():
+            job_table = create_job_table(
+                spark, work / f"base-{size}", str(work / f"base-{size}" / "delta"), rows, options
+            )
+            bare_table = create_bare_table(spark, str(work / f"base-{size}" / "bare"), rows)
+            # Each measurement runs on a fresh copy of its table.
+            copies[f"bare-{size}"] = [_copy(bare_table, work / f"bare-{size}-{i}") for i in range(args.repeats)]
+            copies[f"job-{size}"] = [
+                _copy(job_table, work / f"job-{size}-{i}" / "public" / "items") for i in range(args.repeats)
+            ]
+            staged, collapsed, expected[size] = make_changes(args.changes, rows, new_keys_from=new_keys_from)
+            collapsed_rows[size] = collapsed.num_rows
+            collapsed_files[size] = str(work / f"collapsed-{size}.parquet")
+            pq.write_table(collapsed, collapsed_files[size])
+            batches[size] = write_batch(
+                work / f"staging-{size}", 0x1_0000_0000, 0x1_0000_0000 + (args.changes + 1) * 64, staged
+            )
         print(f"  set-up {time.perf_counter() - started:.0f} s", flush=True)
 
-        # Warm the JVM (JIT, class loading) on a throwaway table so no measured run pays for it.
+        # Warm the JVM (JIT, class loading) on throwaway tables so no measured run pays for it.
         warm_staged, warm_collapsed, _ = make_changes(2_000, 10_000, seed=7)
-        warm = create_table(spark, work, str(work / "warm"), 10_000, "t")
+        create_job_table(spark, work / "warm", str(work / "warm" / "delta"), 10_000, options)
+        warm_bare = create_bare_table(spark, str(work / "warm" / "bare"), 10_000)
         pq.write_table(warm_collapsed, str(work / "warm.parquet"))
-        bare_merge(spark, warm, str(work / "warm.parquet"))
+        bare_merge(spark, warm_bare, str(work / "warm.parquet"))
         merge_batches(
             spark,
             [write_batch(work / "warm-staging", 0x1_0000_0000, 0x2_0000_0000, warm_staged)],
-            str(work / "warm" / "t"),
+            str(work / "warm" / "delta"),
+            options,
         )
 
         print("timings:", flush=True)
-        results: dict[str, Any] = {}
+        summaries: list[tuple[str, dict[str, Any]]] = []
         best: dict[str, float] = {}
-        for run in range(REPEATS):
-            best["bare"] = min(
-                best.get("bare", 1e9),
-                timed(
-                    f"bare MERGE of collapsed rows, {args.small:,} rows",
-                    lambda run=run: bare_merge(spark, copies["bare"][run], collapsed_file),
-                ),
-            )
-            best["small"] = min(
-                best.get("small", 1e9),
-                timed(
-                    f"pgdecode job, {args.small:,} rows",
-                    lambda run=run: results.__setitem__(
-                        f"small-{run}", merge_batches(spark, [batch], f"{delta_root}/small-{run}")
+        for run in range(args.repeats):
+            for size, rows in sizes.items():
+                best[f"bare-{size}"] = min(
+                    best.get(f"bare-{size}", 1e9),
+                    timed(
+                        f"bare MERGE, {rows:,} rows",
+                        lambda run=run, size=size: bare_merge(
+                            spark, copies[f"bare-{size}"][run], collapsed_files[size]
+                        ),
                     ),
-                ),
-            )
-            best["large"] = min(
-                best.get("large", 1e9),
-                timed(
-                    f"pgdecode job, {args.large:,} rows",
-                    lambda run=run: results.__setitem__(
-                        f"large-{run}", merge_batches(spark, [batch], f"{delta_root}/large-{run}")
+                )
+                best[f"job-{size}"] = min(
+                    best.get(f"job-{size}", 1e9),
+                    timed(
+                        f"pgdecode job, {rows:,} rows",
+                        lambda run=run, size=size: summaries.append(
+                            (size, merge_batches(spark, [batches[size]], str(work / f"job-{size}-{run}"), options))
+                        ),
                     ),
-                ),
-            )
-        bare_small, job_small, job_large = best["bare"], best["small"], best["large"]
+                )
 
-        for name, paths, base in (
-            ("bare", copies["bare"], args.small),
-            ("small", copies["small"], args.small),
-            ("large", copies["large"], args.large),
-        ):
-            for path in paths:
-                count = spark.read.format("delta").load(path).count()
-                want = base + 1 + expected["inserts"] - expected["deletes"]
-                assert count == want, f"{name}: {count} rows, expected {want}"
-        for summary in results.values():
+        for size, rows in sizes.items():
+            for kind, seed_rows in (("bare", 0), ("job", 1)):
+                for path in copies[f"{kind}-{size}"]:
+                    count = spark.read.format("delta").load(path).count()
+                    want = rows + seed_rows + expected[size]["inserts"] - expected[size]["deletes"]
+                    assert count == want, f"{kind}-{size}: {count} rows, expected {want}"
+        for size, summary in summaries:
             table = summary["tables"]["public.items"]
-            assert (table["inserted"], table["deleted"]) == (expected["inserts"], expected["deletes"]), table
-            assert table["updated"] == expected["updates"], table
+            want = expected[size]
+            assert (table["inserted"], table["updated"], table["deleted"]) == (
+                want["inserts"],
+                want["updates"],
+                want["deletes"],
+            ), (size, table, want)
 
         report = {
             "changes": args.changes,
             "small_rows": args.small,
             "large_rows": args.large,
-            "collapsed_rows": collapsed.num_rows,
-            "bare_merge_small_s": round(bare_small, 2),
-            "job_small_s": round(job_small, 2),
-            "job_large_s": round(job_large, 2),
-            "job_over_bare": round(job_small / bare_small, 2),
-            "large_over_small": round(job_large / job_small, 2),
+            "collapsed_rows_small": collapsed_rows["small"],
+            "collapsed_rows_large": collapsed_rows["large"],
+            "bare_merge_small_s": round(best["bare-small"], 2),
+            "job_small_s": round(best["job-small"], 2),
+            "bare_merge_large_s": round(best["bare-large"], 2),
+            "job_large_s": round(best["job-large"], 2),
+            "job_over_bare_small": round(best["job-small"] / best["bare-small"], 2),
+            "job_over_bare_large": round(best["job-large"] / best["bare-large"], 2),
+            "job_large_over_small": round(best["job-large"] / best["job-small"], 2),
+            "bare_large_over_small": round(best["bare-large"] / best["bare-small"], 2),
+            "repeats": args.repeats,
+            "table_properties": properties,
+            "conf": _pairs(args.conf, "--conf"),
             "cores": os.cpu_count(),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
         }
-        print(f"ratio job / bare MERGE ({args.small:,} rows):      {report['job_over_bare']:.2f}x  (aim <= 1.5x)")
         print(
-            f"ratio {args.large:,} / {args.small:,} rows (job):  {report['large_over_small']:.2f}x  (aim well under 10x)"
+            f"ratio job / bare MERGE, {args.small:,} rows:   {report['job_over_bare_small']:.2f}x  (aim <= 1.2x)\n"
+            f"ratio job / bare MERGE, {args.large:,} rows:  {report['job_over_bare_large']:.2f}x  (aim <= 1.2x)\n"
+            f"ratio job {args.large:,} / {args.small:,} rows: {report['job_large_over_small']:.2f}x  (aim <= 3x)\n"
+            f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}",
+            flush=True,
         )
-        out = Path(__file__).resolve().parent / "results"
-        out.mkdir(exist_ok=True)
-        (out / "merge_bench.json").write_text(json.dumps(report, indent=2))
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2))
         print(json.dumps(report))
     finally:
         spark.stop()
