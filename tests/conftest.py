@@ -173,6 +173,16 @@ def spark_connect_server(s3_server: LocalS3Server) -> Iterator[LocalConnectServe
 
 
 @pytest.fixture
+def connect(spark_connect_server: LocalConnectServer) -> Iterator[Any]:
+    """A client session of the session's Spark Connect server, stopped after the test."""
+    from airflow_provider_pgdecode.spark.session import build_connect_session
+
+    session = build_connect_session(spark_connect_server.url)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
 def unreachable_conn(monkeypatch: pytest.MonkeyPatch) -> Any:
     """``make(conn_type)``: an Airflow connection id (``nowhere``) whose port nothing listens on,
     and that port."""

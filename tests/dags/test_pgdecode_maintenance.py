@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +19,7 @@ from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.spark.maintenance_job import discover_tables, read_log_state
 from airflow_provider_pgdecode.spark.merge_job import app_id, delta_ref, merge_batches, transaction_id
-from airflow_provider_pgdecode.spark.session import build_connect_session
 from airflow_provider_pgdecode.testing.compare import compare_table
-from airflow_provider_pgdecode.testing.connect_server import LocalConnectServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
 
@@ -34,13 +31,6 @@ def airflow_db():
     from airflow.utils import db
 
     db.resetdb()
-
-
-@pytest.fixture
-def connect(spark_connect_server: LocalConnectServer) -> Iterator[Any]:
-    session = build_connect_session(spark_connect_server.url)
-    yield session
-    session.stop()
 
 
 def _log_files(table: Path) -> list[str]:

@@ -6,7 +6,6 @@ replays after a forced log cleanup: tests/dags/test_pgdecode_maintenance.py."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,28 +24,11 @@ from airflow_provider_pgdecode.spark.maintenance_job import (
     zorder_columns,
 )
 from airflow_provider_pgdecode.spark.merge_job import app_id, delta_ref, merge_batches
-from airflow_provider_pgdecode.spark.session import build_connect_session
-from airflow_provider_pgdecode.testing.connect_server import LocalConnectServer
 from tests.spark.staged import TableChanges, write_batch
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
 TABLES = ("mt_items", "mt_notes")
-
-
-@pytest.fixture
-def connect(spark_connect_server: LocalConnectServer) -> Iterator[Any]:
-    session = build_connect_session(spark_connect_server.url)
-    yield session
-    session.stop()
-
-
-def _log_files(table: Path) -> list[str]:
-    return sorted(p.name for p in (table / "_delta_log").iterdir() if p.is_file())
-
-
-def _data_files(table: Path) -> int:
-    return sum(1 for p in table.rglob("*.parquet") if "_delta_log" not in p.parts)
 
 
 COLUMNS = [("id", "integer", pa.int32()), ("name", "text", pa.string())]
