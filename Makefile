@@ -38,14 +38,14 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-# Two pytest-xdist workers, each taking a whole test file at a time (module fixtures stay whole;
-# each worker has its own throwaway PostgreSQL, Spark, Spark Connect and S3 servers, and Airflow
-# home). Most tests wait on a JVM, a PostgreSQL or an Airflow process as much as they compute, so
+# Two pytest-xdist workers, each taking a whole test file at a time, the longest files first
+# (tests/scheduling.py, tests/durations.json). Module fixtures stay whole; each worker has its own
+# throwaway PostgreSQL, Spark, Spark Connect and S3 servers, and Airflow home. Most tests wait on a JVM, a PostgreSQL or an Airflow process as much as they compute, so
 # two of them share two cores well. TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 
 test: $(STAMP) system-deps native delta-jars
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The README's first command: a throwaway PostgreSQL, the incremental DAG run with Airflow
 # several times, the merges through a warm Spark Connect server (started and stopped by the
@@ -66,7 +66,7 @@ demo-s3: $(STAMP) system-deps native delta-jars
 	$(PY) scripts/demo.py --s3 $(DEMO_SPARK)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow"
 
 bench: bench-extract bench-merge bench-snapshot bench-s3
 

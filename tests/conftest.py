@@ -56,6 +56,8 @@ def full_only(value: object, why: str) -> Any:
 
 TEST_DATABASE = "pgdecode_test"
 
+pytest_plugins = ["tests.scheduling"]
+
 
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[ThrowawayCluster]:
