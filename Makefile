@@ -40,8 +40,9 @@ lint: $(STAMP)
 
 # Two pytest-xdist workers, each taking a whole test file at a time, the longest files first
 # (tests/scheduling.py, tests/durations.json). Module fixtures stay whole; each worker has its own
-# throwaway PostgreSQL, Spark, Spark Connect and S3 servers, and Airflow home. Most tests wait on a JVM, a PostgreSQL or an Airflow process as much as they compute, so
-# two of them share two cores well. TEST_WORKERS=0 runs the suite in one process.
+# throwaway PostgreSQL, Spark, Spark Connect and S3 servers, and Airflow home. Most tests wait on
+# a JVM, a PostgreSQL or an Airflow process as much as they compute, so two of them share two
+# cores well. TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 
 test: $(STAMP) system-deps native delta-jars
