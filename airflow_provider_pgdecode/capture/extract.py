@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
+import pyarrow as pa
+
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, batch_dir_name
 from airflow_provider_pgdecode.batch.options import TableOptions, options_for, parse_table_options
@@ -55,6 +57,30 @@ from airflow_provider_pgdecode.postgres.slot import SlotClient
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_ROWS = 10_000
+#: Set once the extract has chosen Arrow's memory pool for this process.
+_pool_chosen = False
+
+
+def choose_memory_pool() -> None:
+    """Make jemalloc Arrow's default memory pool, once per process, unless the user chose one.
+
+    pyarrow's default on Linux, mimalloc, hands freed memory back to the kernel within
+    milliseconds, so every part's conversion and Parquet writing faults its buffers in again
+    (huge pages, zeroed): a fifth of the extract's CPU in page faults. jemalloc keeps them for
+    reuse: a 100k-row part writes in 25 ms instead of 33 ms, with a lower peak RSS. Set
+    ``ARROW_DEFAULT_MEMORY_POOL`` to keep another pool. The extract chooses, not the batch
+    writer: the pool is process-wide, so the decision belongs to the task's entry point.
+    """
+    global _pool_chosen
+    if _pool_chosen:
+        return
+    _pool_chosen = True
+    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        return
+    try:
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
+    except NotImplementedError:  # a pyarrow built without jemalloc
+        pass
 
 
 def extract_batch(
@@ -187,6 +213,7 @@ def extract_batch(
         started = time.monotonic()
         while True:
             assembler = TransactionAssembler(pending, memory_items, spill_dir, resume_after=resume_after)
+            choose_memory_pool()
             writer = BatchWriter(tmp, include, part_rows, table_options=options_by_table, identities=identities)
             cut = BatchCut(bounds, start_lsn, assembler, floor) if bounds.bounded else None
             log.info(
