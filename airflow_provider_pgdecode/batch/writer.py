@@ -28,6 +28,7 @@ from airflow_provider_pgdecode.batch.format import (
     CHANGE_LSN,
     COMMIT_LSN,
     MESSAGE_LSN,
+    MESSAGES_DIR,
     OLD,
     OP,
     PARQUET_OPTIONS,
@@ -416,7 +417,7 @@ class BatchWriter:
                 "content": pa.array(content, pa.binary()),
             }
         )
-        directory = self.directory / "messages"
+        directory = self.directory / MESSAGES_DIR
         name = f"part-{len(self._message_files):05d}.parquet"
         with staging_io(directory / name, "write Parquet part"):
             directory.mkdir(parents=True, exist_ok=True)
@@ -446,7 +447,7 @@ class BatchWriter:
         tables = [b.summary() for _, b in sorted(self._tables.items()) if b.files]
         self.quarantine = [e for _, b in sorted(self._tables.items()) if (e := b.quarantine_entry()) is not None]
         messages = (
-            {"path": "messages", "files": self._message_files, "rows": self._message_rows}
+            {"path": MESSAGES_DIR, "files": self._message_files, "rows": self._message_rows}
             if self._message_files
             else None
         )

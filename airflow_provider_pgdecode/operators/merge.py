@@ -328,7 +328,9 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
     transactions still pending) are not submitted; when no batch has rows the job is not run
     at all, and the confirm step can still advance the slot. Quarantined changes (a table's
     ``on_bad_value: quarantine``) are appended to ``<delta_root>/_pgdecode_quarantine`` and logged
-    per table. A refused batch fails the task without retry (``MergeInputError``), and so does a
+    per table. Logical decoding messages (``pg_logical_emit_message``: the non-transactional ones
+    and those of committed transactions) are appended to ``<delta_root>/_pgdecode_messages``
+    (docs/messages.md). A refused batch fails the task without retry (``MergeInputError``), and so does a
     Spark out-of-memory (``MergeOutOfMemoryError``, naming ``driver_memory`` / ``executor_memory``
     and ``spark.driver.memory`` / ``spark.executor.memory``). Returns (to XCom) ``batches``
     (the merged ones), ``skipped``, ``end_lsn`` and the job's ``summary``. ``on_kill`` stops
@@ -434,13 +436,14 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
     def read_batches(
         self, settings: ObjectStoreSettings | None = None
     ) -> tuple[list[BatchManifest], list[BatchManifest]]:
-        """The batches' manifests, split into those with rows to merge and those without."""
+        """The batches' manifests, split into those with rows to merge (table changes, quarantined
+        changes, logical decoding messages) and those without."""
         to_merge: list[BatchManifest] = []
         empty: list[BatchManifest] = []
         for path in parse_batch_paths(self.batch_paths):
             with fail_fast():
                 manifest = read_manifest(path, settings)
-            has_rows = any(t.rows for t in manifest.tables) or bool(manifest.quarantine)
+            has_rows = any(t.rows for t in manifest.tables) or bool(manifest.quarantine) or bool(manifest.messages)
             (to_merge if has_rows else empty).append(manifest)
         order = lambda m: (Lsn.parse(m.start_lsn), Lsn.parse(m.end_lsn))  # noqa: E731
         return sorted(to_merge, key=order), sorted(empty, key=order)

@@ -1752,12 +1752,14 @@ def _merge_batches(
         for name, count in quarantine["tables"].items():
             if name in results:
                 results[name].quarantined = count
+    messages = append_messages(spark, batches, delta_root)
     return {
         "slot": slot,
         "batches": [{"directory": b.directory, "start_lsn": b.start_lsn, "end_lsn": b.end_lsn} for b in batches],
         "end_lsn": str(max(b.end for b in batches)),
         "tables": {name: asdict(result) for name, result in results.items()},
         "quarantine": quarantine,
+        "messages": messages,
         "seconds": round(time.monotonic() - started, 3),
     }
 
@@ -1772,27 +1774,47 @@ def quarantine_table_path(delta_root: str) -> str:
     return join_path(delta_root, staged.QUARANTINE_TABLE)
 
 
-def append_quarantine(spark: SparkSession, batches: Sequence[BatchManifest], delta_root: str) -> dict[str, Any] | None:
-    """Append the batches' quarantine parts to the quarantine Delta table, exactly once.
+def messages_table_path(delta_root: str) -> str:
+    """``<delta_root>/_pgdecode_messages``: the logical decoding messages of the source (its slot)."""
+    return join_path(delta_root, staged.MESSAGES_TABLE)
 
-    The table keeps its own watermark under the slot's app id (as every merged table does): the
-    batches at or below it are already appended. Returns ``{"path", "status", "rows", "tables",
-    "delta_version"}`` (``tables``: quarantined changes per source table in these batches), or
-    ``None`` when no batch has a quarantine part.
+
+def append_once(
+    spark: SparkSession, path: str, parts: Sequence[tuple[BatchManifest, str]], slot_column: str
+) -> tuple[str, int, int | None]:
+    """Append staged parts (each with its batch) to the side table at ``path``, exactly once.
+
+    The table keeps its own watermark under the slot's app id, as every merged table does: the
+    parts of batches at or below it are already appended. Each row gets the slot's name in
+    ``slot_column``. Returns ``(status, rows appended, Delta version)``.
+    """
+    slot = parts[0][0].slot
+    state = read_delta_state(spark, path, app_id(slot))
+    applied = state.watermark if state.watermark is not None else -1
+    todo = [(batch, file) for batch, file in parts if int(batch.end) > applied]
+    if not todo:
+        return "already applied", 0, state.version
+    files = [spark_uri(join_path(batch.directory, file)) for batch, file in todo]
+    rows = spark.read.parquet(*files).withColumn(slot_column, F.lit(slot))
+    append_rows(spark, path, rows, slot, max(int(batch.end) for batch, _ in todo))
+    version, metrics = _last_commit(spark, path)
+    return "appended", metrics.get("inserted", 0), version
+
+
+def append_quarantine(spark: SparkSession, batches: Sequence[BatchManifest], delta_root: str) -> dict[str, Any] | None:
+    """Append the batches' quarantine parts to the quarantine Delta table, exactly once
+    (:func:`append_once`). Returns ``{"path", "status", "rows", "tables", "delta_version"}``
+    (``tables``: quarantined changes per source table in these batches), or ``None`` when no batch
+    has a quarantine part.
     """
     entries = [(batch, entry) for batch in batches for entry in batch.quarantine if entry.get("files")]
     if not entries:
         return None
-    slot = batches[0].slot
     path = quarantine_table_path(delta_root)
-    state = read_delta_state(spark, path, app_id(slot))
-    applied = state.watermark if state.watermark is not None else -1
     tables: dict[str, int] = {}
     for _, entry in entries:
         name = f"{entry['schema']}.{entry['table']}"
         tables[name] = tables.get(name, 0) + int(entry["rows"])
-    result: dict[str, Any] = {"path": path, "status": "already applied", "rows": 0, "tables": tables}
-    todo = [(batch, entry) for batch, entry in entries if int(batch.end) > applied]
     for name, count in sorted(tables.items()):
         log.warning(
             "table %s: %d change(s) held a value the pipeline cannot carry and are quarantined in %s",
@@ -1800,17 +1822,32 @@ def append_quarantine(spark: SparkSession, batches: Sequence[BatchManifest], del
             count,
             path,
         )
-    if not todo:
-        result["delta_version"] = state.version
-        return result
-    files = [
-        spark_uri(join_path(batch.directory, entry["path"], name)) for batch, entry in todo for name in entry["files"]
+    parts = [(batch, join_path(entry["path"], name)) for batch, entry in entries for name in entry["files"]]
+    status, rows, version = append_once(spark, path, parts, staged.QUARANTINE_SLOT)
+    return {"path": path, "status": status, "rows": rows, "tables": tables, "delta_version": version}
+
+
+def append_messages(spark: SparkSession, batches: Sequence[BatchManifest], delta_root: str) -> dict[str, Any] | None:
+    """Append the batches' logical decoding messages to the messages Delta table, exactly once
+    (:func:`append_once`): the messages of committed transactions and the non-transactional
+    ones, as the batches staged them. Returns ``{"path", "status", "rows", "staged",
+    "delta_version"}`` (``staged``: the messages these batches hold), or ``None`` when they hold
+    none.
+    """
+    entries = [batch for batch in batches if batch.messages and batch.messages.get("files")]
+    if not entries:
+        return None
+    path = messages_table_path(delta_root)
+    parts = [
+        (batch, join_path(batch.messages["path"], name))
+        for batch in entries
+        if batch.messages is not None
+        for name in batch.messages["files"]
     ]
-    rows = spark.read.parquet(*files).withColumn(staged.QUARANTINE_SLOT, F.lit(slot))
-    append_rows(spark, path, rows, slot, max(int(batch.end) for batch, _ in todo))
-    version, metrics = _last_commit(spark, path)
-    result.update(status="appended", rows=metrics.get("inserted", 0), delta_version=version)
-    return result
+    status, rows, version = append_once(spark, path, parts, staged.MESSAGES_SLOT)
+    total = sum(int(batch.messages["rows"]) for batch in entries if batch.messages is not None)
+    log.info("%d logical decoding message(s) in these batches: %s to %s", total, status, path)
+    return {"path": path, "status": status, "rows": rows, "staged": total, "delta_version": version}
 
 
 def drop_created_table(spark: SparkSession, path: str) -> None:
@@ -2026,9 +2063,17 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
             + (", after a TRUNCATE" if info.get("truncated") else "")
             + f", Delta version {info.get('delta_version')}, {float(info.get('seconds') or 0.0):.1f} s"
         )
+    tables = len(lines)
+    messages = summary.get("messages")
+    if isinstance(messages, Mapping):
+        lines.append(
+            f"messages: {int(messages.get('staged') or 0)} in these batches, {messages.get('status')} "
+            f"({int(messages.get('rows') or 0)} appended) to {messages.get('path')}, Delta version "
+            f"{messages.get('delta_version')}"
+        )
     seconds = summary.get("seconds")
     lines.append(
-        f"merge total: {merged} of {len(lines)} table(s) merged, {totals['inserted']} inserted, "
+        f"merge total: {merged} of {tables} table(s) merged, {totals['inserted']} inserted, "
         f"{totals['updated']} updated, {totals['deleted']} deleted, through LSN {summary.get('end_lsn')}"
         + (f", {float(seconds):.1f} s" if seconds is not None else "")
     )
