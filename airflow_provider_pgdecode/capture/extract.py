@@ -52,6 +52,7 @@ from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS, Te
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError, StagingError, staging_io
 from airflow_provider_pgdecode.postgres.catalog import Catalog, source_tables
 from airflow_provider_pgdecode.postgres.health import check_readable
+from airflow_provider_pgdecode.postgres.session import server_address
 from airflow_provider_pgdecode.postgres.slot import SlotClient
 
 log = logging.getLogger(__name__)
@@ -305,6 +306,7 @@ def extract_batch(
             slot=slot_name,
             plugin=plugin,
             database=info.database or conn.info.dbname,
+            server=server_address(conn),
             start_lsn=str(start_lsn),
             end_lsn=str(end_lsn),
             ceiling_lsn=str(ceiling),

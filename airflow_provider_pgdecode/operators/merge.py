@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
@@ -26,6 +26,9 @@ from airflow_provider_pgdecode.errors import ConfigurationError, MergeInputError
 from airflow_provider_pgdecode.hooks.object_store import object_store_settings
 from airflow_provider_pgdecode.utils.config import exported, pgdecode_env, pgdecode_environment
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
+
+if TYPE_CHECKING:
+    from airflow.providers.openlineage.extractors import OperatorLineage
 
 MERGE_JOB_MODULE = "airflow_provider_pgdecode.spark.merge_job"
 DEFAULT_ASSET_ALIAS = "pgdecode_delta_tables"
@@ -432,6 +435,7 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
         self.num_executors = num_executors
         self.spark_name = spark_name
         self.verbose = verbose
+        self._lineage: tuple[list[BatchManifest], dict[str, Any] | None] = ([], None)
 
     def read_batches(
         self, settings: ObjectStoreSettings | None = None
@@ -523,6 +527,7 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
             connect_summary = self._merge_connect([str(m.path) for m in to_merge], settings)
             result["summary"] = connect_summary
             self._emit_assets(context, connect_summary)
+            self._lineage = (to_merge, connect_summary)
             return result
         paths = [str(m.path) for m in to_merge]
         summary = self.submit_job(lambda path: self.get_hook(paths, path, settings), merge_job_path(), "merge")
@@ -539,7 +544,17 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
         summary = self._report_summary(summary)
         result["summary"] = summary
         self._emit_assets(context, summary)
+        self._lineage = (to_merge, summary)
         return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> OperatorLineage:
+        """OpenLineage of the run (Airflow's OpenLineage provider calls it after success): inputs,
+        the PostgreSQL tables the merged batches held; outputs, the Delta tables it changed, with
+        schemas, row counts and the ``pgdecode`` run facet (slot, LSN range). See docs/lineage.md."""
+        from airflow_provider_pgdecode.utils.openlineage import merge_lineage
+
+        batches, summary = self._lineage
+        return merge_lineage(batches, summary)
 
     def _merge_connect(self, batches: Sequence[str], settings: ObjectStoreSettings | None) -> dict[str, Any]:
         """The merge as a client session of the Spark Connect server of ``conn_id``: the merge job's

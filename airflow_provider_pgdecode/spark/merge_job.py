@@ -239,6 +239,8 @@ class TableResult:
     truncated: bool = False
     created: bool = False
     columns_added: list[str] = field(default_factory=list)
+    columns: dict[str, str] = field(default_factory=dict)
+    """The source columns this run wrote, with their Delta types (what lineage reports)."""
     columns_widened: dict[str, str] = field(default_factory=dict)
     """Columns whose Delta type this run widened: column -> ``"int -> bigint"``."""
     columns_not_written: list[str] = field(default_factory=list)
@@ -1668,6 +1670,7 @@ def _merge_batches(
             delta_version=plan.state.version,
             watermark_lsn=str(Lsn(plan.state.watermark)) if plan.state.watermark is not None else None,
             columns_not_written=list(plan.not_written),
+            columns={c: plan.types[c].delta_type.simpleString() for c in plan.columns},
         )
         results[plan.name] = result
         if plan.name in direct:
