@@ -37,8 +37,9 @@ from psycopg import sql  # noqa: E402
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+from airflow_provider_pgdecode.testing import postgres_binaries  # noqa: E402
 from airflow_provider_pgdecode.testing.connect_server import ConnectServerError, LocalConnectServer  # noqa: E402
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster  # noqa: E402
+from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster, debian_bindir  # noqa: E402
 from airflow_provider_pgdecode.testing.s3_server import LocalS3Server  # noqa: E402
 
 # `make test` keeps the suite within CI's budget: a few long tests repeat, on another plugin or with
@@ -59,7 +60,8 @@ TEST_DATABASE = "pgdecode_test"
 
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[ThrowawayCluster]:
-    """One throwaway cluster (wal_level=logical, 2PC on) for the whole session."""
+    """One throwaway cluster (wal_level=logical, 2PC on) for the whole session: Debian's
+    PostgreSQL, or the major ``PG_VERSION`` names (``PG_VERSION=17 make test``)."""
     with ThrowawayCluster() as cluster:
         yield cluster
 
@@ -70,6 +72,75 @@ def pg_dsn(pg_cluster: ThrowawayCluster) -> str:
     return pg_cluster.create_database(TEST_DATABASE)
 
 
+# --- the PostgreSQL version matrix ------------------------------------------------------------
+# A test marked ``pg_matrix`` runs on the session's cluster and again on every other supported
+# major (14 to 18) through ``pg_conn``/``slot_name``/``matrix_dsn``: only the tests whose outcome
+# depends on what the server sends (decoding, extract, a merge of what was extracted), since the
+# rest of the suite sees PostgreSQL only through them. One cluster per major per worker, started
+# by the first test that needs it and kept for the session.
+
+SESSION_MAJOR = postgres_binaries.requested_major() or postgres_binaries.DEBIAN_MAJOR
+MATRIX_MAJORS = tuple(m for m in postgres_binaries.SUPPORTED_MAJORS if m != SESSION_MAJOR)
+
+
+def _binaries_missing(major: int) -> str | None:
+    if debian_bindir(major) is not None or postgres_binaries.fetched(major):
+        return None
+    return f"PostgreSQL {major} binaries are not fetched: make fetch-postgres PG_VERSION={major} (make test does)"
+
+
+def on_major(major: int, value: object = None) -> Any:
+    """A parametrization that runs on PostgreSQL ``major`` only (skipped, saying how to fetch it,
+    when its binaries are not there)."""
+    missing = _binaries_missing(major)
+    return pytest.param(
+        major if value is None else value,
+        id=f"pg{major}",
+        marks=pytest.mark.skipif(missing is not None, reason=missing or ""),
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "pg_version" in metafunc.fixturenames and metafunc.definition.get_closest_marker("pg_matrix"):
+        default = pytest.param(None, id=f"pg{SESSION_MAJOR}")
+        metafunc.parametrize("pg_version", [default, *(on_major(m) for m in MATRIX_MAJORS)], indirect=True)
+
+
+@pytest.fixture
+def pg_version(request: pytest.FixtureRequest) -> int | None:
+    """The PostgreSQL major a ``pg_matrix`` test runs on; ``None``: the session's cluster."""
+    return getattr(request, "param", None)
+
+
+@pytest.fixture(scope="session")
+def pg_matrix_clusters() -> Iterator[dict[int, tuple[ThrowawayCluster, str]]]:
+    """The matrix's clusters by major, with their test database's DSN; stopped at the end."""
+    clusters: dict[int, tuple[ThrowawayCluster, str]] = {}
+    yield clusters
+    for cluster, _ in clusters.values():
+        cluster.stop()
+
+
+def major_cluster(clusters: dict[int, tuple[ThrowawayCluster, str]], major: int) -> tuple[ThrowawayCluster, str]:
+    """The worker's cluster of ``major`` (started on first use) and its test database's DSN."""
+    if major not in clusters:
+        missing = _binaries_missing(major)
+        if missing is not None:
+            pytest.skip(missing)
+        cluster = ThrowawayCluster(pg_version=major)
+        cluster.start()
+        clusters[major] = (cluster, cluster.create_database(TEST_DATABASE))
+    return clusters[major]
+
+
+@pytest.fixture
+def matrix_dsn(request: pytest.FixtureRequest, pg_version: int | None) -> str:
+    """The ``pgdecode_test`` database of the cluster the test runs on (see ``pg_matrix``)."""
+    if pg_version is None:
+        return str(request.getfixturevalue("pg_dsn"))
+    return major_cluster(request.getfixturevalue("pg_matrix_clusters"), pg_version)[1]
+
+
 def rollback_prepared(conn: psycopg.Connection[Any]) -> None:
     """Roll back the prepared transactions left in the connection's database: a test that failed
     before resolving its own would leave their locks to block the tests after it."""
@@ -78,20 +149,20 @@ def rollback_prepared(conn: psycopg.Connection[Any]) -> None:
 
 
 @pytest.fixture
-def pg_conn(pg_dsn: str) -> Iterator[psycopg.Connection[Any]]:
+def pg_conn(matrix_dsn: str) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit psycopg 3 connection to ``pgdecode_test`` (prepared transactions the test
-    left are rolled back afterwards)."""
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+    left are rolled back afterwards), on the test's matrix major when it has one."""
+    with psycopg.connect(matrix_dsn, autocommit=True) as conn:
         yield conn
         rollback_prepared(conn)
 
 
 @pytest.fixture
-def slot_name(pg_dsn: str) -> Iterator[str]:
+def slot_name(matrix_dsn: str) -> Iterator[str]:
     """A unique slot name; the slot is dropped afterwards, since an idle slot retains WAL."""
     name = f"t_{uuid.uuid4().hex[:16]}"
     yield name
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+    with psycopg.connect(matrix_dsn, autocommit=True) as conn:
         conn.execute(
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s AND NOT active",
             (name,),

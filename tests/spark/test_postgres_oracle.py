@@ -84,6 +84,7 @@ def round_two(c: psycopg.Connection) -> None:
     c.execute("insert into or_customers values (41, 'new', null, null)")
 
 
+@pytest.mark.pg_matrix
 @pytest.mark.parametrize("plugin", ["test_decoding", full_only("pgoutput", PLUGIN_REPEAT)])
 def test_delta_equals_postgres_across_batches_and_replays(pg_conn, source, spark, tmp_path: Path, plugin: str) -> None:
     slot = source if plugin == "test_decoding" else source + "_po"
