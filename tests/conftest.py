@@ -76,8 +76,9 @@ def pg_dsn(pg_cluster: ThrowawayCluster) -> str:
 # A test marked ``pg_matrix`` runs on the session's cluster and again on every other supported
 # major (14 to 18) through ``pg_conn``/``slot_name``/``matrix_dsn``: only the tests whose outcome
 # depends on what the server sends (decoding, extract, a merge of what was extracted), since the
-# rest of the suite sees PostgreSQL only through them. One cluster per major per worker, started
-# by the first test that needs it and kept for the session.
+# rest of the suite sees PostgreSQL only through them. ``pg_matrix(since=17)`` / ``(before=17)``
+# keep a test to the majors a behaviour concerns. One cluster per major per worker, started by
+# the first test that needs it and kept for the session.
 
 SESSION_MAJOR = postgres_binaries.requested_major() or postgres_binaries.DEBIAN_MAJOR
 MATRIX_MAJORS = tuple(m for m in postgres_binaries.SUPPORTED_MAJORS if m != SESSION_MAJOR)
@@ -100,16 +101,22 @@ def on_major(major: int, value: object = None) -> Any:
     )
 
 
+def matrix_majors(since: int = 14, before: int = 19) -> list[Any]:
+    """The parametrization of a ``pg_matrix`` test: the session's major, then the others."""
+    params = [pytest.param(SESSION_MAJOR, id=f"pg{SESSION_MAJOR}")] if since <= SESSION_MAJOR < before else []
+    return params + [on_major(m) for m in MATRIX_MAJORS if since <= m < before]
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "pg_version" in metafunc.fixturenames and metafunc.definition.get_closest_marker("pg_matrix"):
-        default = pytest.param(None, id=f"pg{SESSION_MAJOR}")
-        metafunc.parametrize("pg_version", [default, *(on_major(m) for m in MATRIX_MAJORS)], indirect=True)
+    marker = metafunc.definition.get_closest_marker("pg_matrix")
+    if marker is not None and "pg_version" in metafunc.fixturenames:
+        metafunc.parametrize("pg_version", matrix_majors(**marker.kwargs), indirect=True)
 
 
 @pytest.fixture
-def pg_version(request: pytest.FixtureRequest) -> int | None:
-    """The PostgreSQL major a ``pg_matrix`` test runs on; ``None``: the session's cluster."""
-    return getattr(request, "param", None)
+def pg_version(request: pytest.FixtureRequest) -> int:
+    """The PostgreSQL major the test runs on: a ``pg_matrix`` test's, else the session's."""
+    return int(getattr(request, "param", SESSION_MAJOR))
 
 
 @pytest.fixture(scope="session")
@@ -134,9 +141,9 @@ def major_cluster(clusters: dict[int, tuple[ThrowawayCluster, str]], major: int)
 
 
 @pytest.fixture
-def matrix_dsn(request: pytest.FixtureRequest, pg_version: int | None) -> str:
+def matrix_dsn(request: pytest.FixtureRequest, pg_version: int) -> str:
     """The ``pgdecode_test`` database of the cluster the test runs on (see ``pg_matrix``)."""
-    if pg_version is None:
+    if pg_version == SESSION_MAJOR:
         return str(request.getfixturevalue("pg_dsn"))
     return major_cluster(request.getfixturevalue("pg_matrix_clusters"), pg_version)[1]
 

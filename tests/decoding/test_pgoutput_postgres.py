@@ -168,6 +168,33 @@ def test_streamed_transaction_with_rolled_back_savepoint(pg_conn, pgoutput_slot)
     assert sorted(r[0] for r in c.execute("select id from po_stream")) == ids
 
 
+@pytest.mark.pg_matrix(since=16)
+def test_parallel_streaming_stream_abort_says_where_and_when(pg_conn, pgoutput_slot) -> None:
+    # pgdecode reads with streaming=on; a slot read with parallel (protocol 4, 16+) gets the
+    # abort's LSN and time too, which the parser must take rather than misread.
+    c = pg_conn
+    with c.transaction():
+        c.execute("insert into po_stream select g, repeat('a', 200) from generate_series(1, 600) g")
+        with pytest.raises(psycopg.errors.UniqueViolation), c.transaction():
+            c.execute("insert into po_stream select g, repeat('b', 200) from generate_series(5001, 5600) g")
+            c.execute("insert into po_stream values (1, 'dup')")
+    client = SlotClient(c)
+    version = client.server_version_num()
+    options = [
+        ("streaming", "parallel") if k == "streaming" else (k, v) for k, v in pgoutput_options(PUBLICATION, version)
+    ]
+    parser = PgOutputParser(max_proto_version(version), client.server_encoding())
+    events = [
+        parser.parse(lsn, xid, data)
+        for lsn, xid, data in client.peek(pgoutput_slot, client.current_flush_lsn(), options)
+    ]
+    (abort,) = [e for e in events if isinstance(e, StreamAbort)]
+    assert abort.subxid != abort.xid and abort.abort_lsn is not None and abort.abort_time is not None
+    stream = [e.lsn for e in events if isinstance(e, (StreamStart, StreamStop, Change))]
+    assert min(stream) < abort.abort_lsn <= abort.lsn
+    assert abs(abort.abort_time - c.execute("select now()").fetchone()[0]).total_seconds() < 3600
+
+
 @pytest.mark.pg_matrix
 def test_streamed_prepared_transaction_committed_later(pg_conn, pgoutput_slot) -> None:
     c = pg_conn
