@@ -80,7 +80,18 @@ def pg_dsn(pg_cluster: ThrowawayCluster) -> str:
 # keep a test to the majors a behaviour concerns. One cluster per major per worker, started by
 # the first test that needs it and kept for the session.
 
-SESSION_MAJOR = postgres_binaries.requested_major() or postgres_binaries.DEBIAN_MAJOR
+
+def _session_major() -> int:
+    """The major of the session's cluster: ``PG_VERSION``'s, else the installed Debian one's."""
+    asked = postgres_binaries.requested_major()
+    if asked is not None:
+        return asked
+    debian = debian_bindir()
+    name = debian.parent.name if debian is not None else ""
+    return int(name) if name.isdigit() else postgres_binaries.DEBIAN_MAJOR
+
+
+SESSION_MAJOR = _session_major()
 MATRIX_MAJORS = tuple(m for m in postgres_binaries.SUPPORTED_MAJORS if m != SESSION_MAJOR)
 
 
