@@ -444,3 +444,12 @@ def test_health_wording_of_each_invalidation_reason() -> None:
     assert "wal_level = logical" in str(slot_invalidated("s", "wal_level_insufficient"))
     assert "inactive since 2026-01-02T03:04:00+00:00" in str(slot_invalidated("s", "idle_timeout", since))
     assert "invalidation_reason = some_new_reason" in str(slot_invalidated("s", "some_new_reason"))
+
+
+@pytest.mark.pg_matrix(before=15)
+def test_a_two_phase_pgoutput_slot_on_14_is_refused_since_it_could_not_be_read(
+    client: SlotClient, slot_name: str
+) -> None:
+    with pytest.raises(ServerNotReadyError, match=r"PostgreSQL 15 or later with pgoutput \(protocol 3\)"):
+        client.create(slot_name, plugin="pgoutput", two_phase=True)
+    assert client.create(slot_name, plugin="test_decoding", two_phase=True).two_phase
