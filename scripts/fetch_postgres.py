@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from airflow_provider_pgdecode.testing import postgres_binaries  # noqa: E402
+from airflow_provider_pgdecode.testing.postgres_cluster import debian_bindir  # noqa: E402
 
 
 def check(major: int) -> str:
@@ -43,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         majors = [postgres_binaries.parse_major(m) for m in args.majors]
         for major in majors:
+            debian = debian_bindir(major)
+            if debian is not None and not args.force:
+                # find_bindir takes the system's own binaries of a major first: nothing to fetch.
+                print(f"PostgreSQL {major}: the system's, in {debian} (not fetched)")
+                continue
             was_there = postgres_binaries.fetched(major) and not args.force
             bindir = postgres_binaries.fetch(major, force=args.force)
             recorded = postgres_binaries.stamp(major)
