@@ -87,6 +87,10 @@ class TableSummary:
     #: Snapshot batches: per column, the numeric ``NaN``/``Infinity`` values staged as null in a
     #: column staged as ``decimal128`` (a decimal cannot hold them). Absent: none.
     numeric_specials: dict[str, int] = field(default_factory=dict)
+    #: Generated columns of the source table the slot did not send, so not staged (pgoutput sends
+    #: stored ones only with publish_generated_columns = stored, PostgreSQL 18; virtual ones never).
+    #: Absent: none.
+    generated_not_staged: list[str] | None = None
     #: The table's directory once read from a batch (not stored in the file).
     location: str | None = field(default=None, compare=False)
 
@@ -128,6 +132,8 @@ class TableSummary:
             data.pop("snapshot_files")
         if not data["numeric_specials"]:
             data.pop("numeric_specials")
+        if data["generated_not_staged"] is None:
+            data.pop("generated_not_staged")
         return data
 
     @classmethod
