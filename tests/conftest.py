@@ -37,8 +37,9 @@ from psycopg import sql  # noqa: E402
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+from airflow_provider_pgdecode.testing import postgres_binaries  # noqa: E402
 from airflow_provider_pgdecode.testing.connect_server import ConnectServerError, LocalConnectServer  # noqa: E402
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster  # noqa: E402
+from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster, debian_bindir  # noqa: E402
 from airflow_provider_pgdecode.testing.s3_server import LocalS3Server  # noqa: E402
 
 # `make test` keeps the suite within CI's budget: a few long tests repeat, on another plugin or with
@@ -61,7 +62,8 @@ pytest_plugins = ["tests.scheduling"]
 
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[ThrowawayCluster]:
-    """One throwaway cluster (wal_level=logical, 2PC on) for the whole session."""
+    """One throwaway cluster (wal_level=logical, 2PC on) for the whole session: Debian's
+    PostgreSQL, or the major ``PG_VERSION`` names (``PG_VERSION=17 make test``)."""
     with ThrowawayCluster() as cluster:
         yield cluster
 
@@ -72,6 +74,93 @@ def pg_dsn(pg_cluster: ThrowawayCluster) -> str:
     return pg_cluster.create_database(TEST_DATABASE)
 
 
+# --- the PostgreSQL version matrix ------------------------------------------------------------
+# A test marked ``pg_matrix`` runs on the session's cluster and again on every other supported
+# major (14 to 18) through ``pg_conn``/``slot_name``/``matrix_dsn``: only the tests whose outcome
+# depends on what the server sends (decoding, extract, a merge of what was extracted), since the
+# rest of the suite sees PostgreSQL only through them. ``pg_matrix(since=17)`` / ``(before=17)``
+# keep a test to the majors a behaviour concerns. One cluster per major per worker, started by
+# the first test that needs it and kept for the session.
+
+
+def _session_major() -> int:
+    """The major of the session's cluster: ``PG_VERSION``'s, else the installed Debian one's."""
+    asked = postgres_binaries.requested_major()
+    if asked is not None:
+        return asked
+    debian = debian_bindir()
+    name = debian.parent.name if debian is not None else ""
+    return int(name) if name.isdigit() else postgres_binaries.DEBIAN_MAJOR
+
+
+SESSION_MAJOR = _session_major()
+MATRIX_MAJORS = tuple(m for m in postgres_binaries.SUPPORTED_MAJORS if m != SESSION_MAJOR)
+
+
+def _binaries_missing(major: int) -> str | None:
+    if debian_bindir(major) is not None or postgres_binaries.fetched(major):
+        return None
+    return f"PostgreSQL {major} binaries are not fetched: make fetch-postgres PG_VERSION={major} (make test does)"
+
+
+def on_major(major: int, value: object = None) -> Any:
+    """A parametrization that runs on PostgreSQL ``major`` only (skipped, saying how to fetch it,
+    when its binaries are not there)."""
+    missing = _binaries_missing(major)
+    return pytest.param(
+        major if value is None else value,
+        id=f"pg{major}",
+        marks=pytest.mark.skipif(missing is not None, reason=missing or ""),
+    )
+
+
+def matrix_majors(since: int = 14, before: int = 19) -> list[Any]:
+    """The parametrization of a ``pg_matrix`` test: the session's major, then the others."""
+    params = [pytest.param(SESSION_MAJOR, id=f"pg{SESSION_MAJOR}")] if since <= SESSION_MAJOR < before else []
+    return params + [on_major(m) for m in MATRIX_MAJORS if since <= m < before]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("pg_matrix")
+    if marker is not None and "pg_version" in metafunc.fixturenames:
+        metafunc.parametrize("pg_version", matrix_majors(**marker.kwargs), indirect=True)
+
+
+@pytest.fixture
+def pg_version(request: pytest.FixtureRequest) -> int:
+    """The PostgreSQL major the test runs on: a ``pg_matrix`` test's, else the session's."""
+    return int(getattr(request, "param", SESSION_MAJOR))
+
+
+@pytest.fixture(scope="session")
+def pg_matrix_clusters() -> Iterator[dict[int, tuple[ThrowawayCluster, str]]]:
+    """The matrix's clusters by major, with their test database's DSN; stopped at the end."""
+    clusters: dict[int, tuple[ThrowawayCluster, str]] = {}
+    yield clusters
+    for cluster, _ in clusters.values():
+        cluster.stop()
+
+
+def major_cluster(clusters: dict[int, tuple[ThrowawayCluster, str]], major: int) -> tuple[ThrowawayCluster, str]:
+    """The worker's cluster of ``major`` (started on first use) and its test database's DSN."""
+    if major not in clusters:
+        missing = _binaries_missing(major)
+        if missing is not None:
+            pytest.skip(missing)
+        cluster = ThrowawayCluster(pg_version=major)
+        cluster.start()
+        clusters[major] = (cluster, cluster.create_database(TEST_DATABASE))
+    return clusters[major]
+
+
+@pytest.fixture
+def matrix_dsn(request: pytest.FixtureRequest, pg_version: int) -> str:
+    """The ``pgdecode_test`` database of the cluster the test runs on (see ``pg_matrix``)."""
+    if pg_version == SESSION_MAJOR:
+        return str(request.getfixturevalue("pg_dsn"))
+    return major_cluster(request.getfixturevalue("pg_matrix_clusters"), pg_version)[1]
+
+
 def rollback_prepared(conn: psycopg.Connection[Any]) -> None:
     """Roll back the prepared transactions left in the connection's database: a test that failed
     before resolving its own would leave their locks to block the tests after it."""
@@ -80,20 +169,20 @@ def rollback_prepared(conn: psycopg.Connection[Any]) -> None:
 
 
 @pytest.fixture
-def pg_conn(pg_dsn: str) -> Iterator[psycopg.Connection[Any]]:
+def pg_conn(matrix_dsn: str) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit psycopg 3 connection to ``pgdecode_test`` (prepared transactions the test
-    left are rolled back afterwards)."""
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+    left are rolled back afterwards), on the test's matrix major when it has one."""
+    with psycopg.connect(matrix_dsn, autocommit=True) as conn:
         yield conn
         rollback_prepared(conn)
 
 
 @pytest.fixture
-def slot_name(pg_dsn: str) -> Iterator[str]:
+def slot_name(matrix_dsn: str) -> Iterator[str]:
     """A unique slot name; the slot is dropped afterwards, since an idle slot retains WAL."""
     name = f"t_{uuid.uuid4().hex[:16]}"
     yield name
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+    with psycopg.connect(matrix_dsn, autocommit=True) as conn:
         conn.execute(
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s AND NOT active",
             (name,),

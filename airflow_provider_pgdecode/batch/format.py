@@ -58,6 +58,13 @@ DELTA_COLUMNS: tuple[str, ...] = (COMMIT_LSN, COMMIT_TIME, XID)
 """The metadata columns every Delta table keeps beside the source columns."""
 
 
+MESSAGES_DIR = "messages"
+"""The batch directory holding logical decoding messages: ``messages/part-NNNNN.parquet``."""
+MESSAGES_TABLE = "_pgdecode_messages"
+"""The messages Delta table's directory under the Delta root (one table per source: its slot)."""
+MESSAGES_SLOT = "_pg_slot"
+"""The column the merge adds to the messages Delta table: the slot the message came from."""
+
 QUARANTINE_DIR = "quarantine"
 """The batch directory holding quarantine parts: ``quarantine/<schema>/<table>/part-NNNNN.parquet``."""
 QUARANTINE_TABLE = "_pgdecode_quarantine"

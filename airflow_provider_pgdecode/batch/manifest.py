@@ -87,6 +87,10 @@ class TableSummary:
     #: Snapshot batches: per column, the numeric ``NaN``/``Infinity`` values staged as null in a
     #: column staged as ``decimal128`` (a decimal cannot hold them). Absent: none.
     numeric_specials: dict[str, int] = field(default_factory=dict)
+    #: Generated columns of the source table the slot did not send, so not staged (pgoutput sends
+    #: stored ones only with publish_generated_columns = stored, PostgreSQL 18; virtual ones never).
+    #: Absent: none.
+    generated_not_staged: list[str] | None = None
     #: The table's directory once read from a batch (not stored in the file).
     location: str | None = field(default=None, compare=False)
 
@@ -128,6 +132,8 @@ class TableSummary:
             data.pop("snapshot_files")
         if not data["numeric_specials"]:
             data.pop("numeric_specials")
+        if data["generated_not_staged"] is None:
+            data.pop("generated_not_staged")
         return data
 
     @classmethod
@@ -175,6 +181,9 @@ class BatchManifest:
     #: Rows the server sent per change of the batch's transactions, up to its end (None: no
     #: change): the next batch's row limit is sized by it (capture/bounds.py).
     rows_per_change: float | None = None
+    #: ``host:port`` of the PostgreSQL server the batch was read from, as the extract connected
+    #: to it (None in batches staged before it was recorded): its tables' lineage namespace.
+    server: str | None = None
     format: str = FORMAT
     complete: bool = True
     #: Where the batch lives, an absolute local path or an ``s3://`` URI (not stored in the file).

@@ -147,6 +147,7 @@ from airflow_provider_pgdecode.postgres.session import (
     DatabaseError,
     commit,
     database_name,
+    server_address,
 )
 from airflow_provider_pgdecode.postgres.session import connect as _connect
 from airflow_provider_pgdecode.postgres.snapshot_queries import (
@@ -397,6 +398,7 @@ def stage_snapshot(
                 plan.options = options_for(options_by_table, plan.schema, plan.table)
             loaded = record_tables(catalog, names)
             database = database_name(planner)
+            server = server_address(planner)
         except DatabaseError as exc:
             raise StagingError(f"planning the snapshot copy for slot {slot_name!r} failed: {str(exc).strip()}") from exc
         _save_progress(tmp, progress)
@@ -418,6 +420,7 @@ def stage_snapshot(
         slot=slot_name,
         plugin=plugin,
         database=database,
+        server=server,
         start_lsn=str(SNAPSHOT_START_LSN),
         end_lsn=str(lsn),
         ceiling_lsn=str(lsn),

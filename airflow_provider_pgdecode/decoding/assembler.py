@@ -16,7 +16,10 @@ Rules (DESIGN.md, invariant 3):
   its children, which follow them), of the top-level xid the whole transaction; Stream Commit
   emits it, Stream Prepare holds it like any prepared transaction. A stream still open when the
   rows end is dropped: its commit lies beyond this batch, so the next read streams it again
-  from its start.
+  from its start;
+- with ``drop_origins``, a transaction that carries an Origin (it was applied by logical
+  replication from elsewhere) is dropped when it commits: pgoutput's ``origin`` option does this
+  on the server from PostgreSQL 16, and this is how 14 and 15 skip replicated changes.
 """
 
 from __future__ import annotations
@@ -150,6 +153,7 @@ class AssemblerStats:
     duplicate_prepares: int = 0
     already_handled: int = 0
     streams_dropped: int = 0
+    origin_dropped: int = 0
     subtransactions_rolled_back: int = 0
     resolved: list[ResolvedPrepared] = field(default_factory=list)
 
@@ -163,6 +167,8 @@ class TransactionAssembler:
     :param resume_after: rows at or before this LSN were handled by an earlier batch (the slot
         is behind the checkpoint, e.g. a confirm failed): their transactions are dropped here
         rather than staged twice.
+    :param drop_origins: drop committed transactions that carry a replication origin (changes
+        that came through logical replication), as pgoutput's ``origin=none`` does on 16+.
     """
 
     def __init__(
@@ -171,9 +177,11 @@ class TransactionAssembler:
         memory_items: int = DEFAULT_MEMORY_ITEMS,
         spill_dir: str | os.PathLike[str] | None = None,
         resume_after: Lsn | None = None,
+        drop_origins: bool = False,
     ) -> None:
         self.memory_items = memory_items
         self.resume_after = resume_after
+        self.drop_origins = drop_origins
         self.spill_dir = spill_dir
         self._pending: dict[tuple[str, int | None], PreparedTransaction] = {}
         for prepared in pending:
@@ -333,11 +341,21 @@ class TransactionAssembler:
             self.stats.empty_transactions += 1
             current.items.discard()
             return None
+        if self._replicated(current.origin, current.items):
+            return None
         return self._emit(
             Transaction(
                 current.xid, current.begin_lsn, event.lsn, event.commit_time, current.items, origin=current.origin
             )
         )
+
+    def _replicated(self, origin: str | None, items: ItemSpool) -> bool:
+        """Whether the committed transaction is dropped as one that came through replication."""
+        if not self.drop_origins or origin is None:
+            return False
+        items.discard()
+        self.stats.origin_dropped += 1
+        return True
 
     def _emit(self, txn: Transaction) -> Transaction:
         self.stats.transactions += 1
@@ -411,6 +429,8 @@ class TransactionAssembler:
             )
         self._advance(event.lsn)
         self.stats.resolved.append(ResolvedPrepared(prepared.gid, prepared.xid, event.lsn, True))
+        if self._replicated(prepared.origin, prepared.items):
+            return None
         return self._emit(
             Transaction(
                 prepared.xid,
@@ -500,7 +520,7 @@ class TransactionAssembler:
             stream.items.discard()
             return None
         self._advance(event.lsn)
-        if len(stream.items) == 0:
+        if len(stream.items) == 0 or self._replicated(stream.origin, stream.items):
             stream.items.discard()
             return None
         return self._emit(

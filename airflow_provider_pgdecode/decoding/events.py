@@ -182,11 +182,16 @@ class StreamStop:
 
 @dataclass(slots=True)
 class StreamAbort:
-    """Abort of a streamed transaction (``subxid == xid``) or of one of its subtransactions."""
+    """Abort of a streamed transaction (``subxid == xid``) or of one of its subtransactions.
+
+    ``abort_lsn`` and ``abort_time`` come with protocol 4 (PostgreSQL 16+) when the slot is read
+    with ``streaming=parallel``; ``None`` otherwise."""
 
     lsn: Lsn
     xid: int | None
     subxid: int | None = None
+    abort_lsn: Lsn | None = None
+    abort_time: datetime | None = None
 
 
 @dataclass(slots=True)

@@ -53,6 +53,7 @@ _COMMIT = Struct(">bQQq")  # flags, commit_lsn, end_lsn, commit_ts
 _STREAM_COMMIT = Struct(">IbQQq")  # xid, flags, commit_lsn, end_lsn, commit_ts
 _TWO_PHASE = Struct(">bQQqI")  # flags, lsn, end_lsn, timestamp, xid (then gid)
 _BEGIN_PREPARE = Struct(">QQqI")  # prepare_lsn, end_lsn, prepare_ts, xid (then gid)
+_STREAM_ABORT_INFO = Struct(">Qq")  # abort_lsn, abort_ts (protocol 4, streaming=parallel only)
 _ROLLBACK_PREPARED = Struct(">bQQqqI")  # flags, prepare_end_lsn, rollback_end_lsn, prepare_ts, rollback_ts, xid
 
 _PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
@@ -400,7 +401,11 @@ class PgOutputParser:
             return StreamCommit(lsn, stream_xid, _timestamp(commit_ts))
         if kind == 65:  # 'A' stream abort
             stream_xid, subxid = _U32.unpack_from(data, 1)[0], _U32.unpack_from(data, 5)[0]
-            return StreamAbort(lsn, stream_xid, subxid)
+            if len(data) < 9 + _STREAM_ABORT_INFO.size:
+                return StreamAbort(lsn, stream_xid, subxid)
+            # Protocol 4 with streaming=parallel adds where and when the abort happened.
+            abort_lsn, abort_ts = _STREAM_ABORT_INFO.unpack_from(data, 9)
+            return StreamAbort(lsn, stream_xid, subxid, Lsn(abort_lsn), _timestamp(abort_ts))
         if kind == 98:  # 'b' begin prepare
             _, _, _, txid = _BEGIN_PREPARE.unpack_from(data, 1)
             return Begin(lsn, txid)

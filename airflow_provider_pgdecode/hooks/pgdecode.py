@@ -139,7 +139,12 @@ class PgDecodeHook(PostgresHook):
             client.conn.cancel_safe(timeout=timeout)
 
     def create_slot(
-        self, slot_name: str, plugin: str = "test_decoding", two_phase: bool = False, temporary: bool = False
+        self,
+        slot_name: str,
+        plugin: str = "test_decoding",
+        two_phase: bool = False,
+        temporary: bool = False,
+        failover: bool = False,
     ) -> SlotInfo:
         """Create a logical replication slot.
 
@@ -147,17 +152,23 @@ class PgDecodeHook(PostgresHook):
         :param plugin: the output plugin, ``test_decoding`` or ``pgoutput``.
         :param two_phase: decode prepared transactions at PREPARE time (needs max_prepared_transactions > 0).
         :param temporary: drop the slot when this hook's session ends.
+        :param failover: synchronise the slot to standbys (PostgreSQL 17+) so it survives a failover.
         """
-        return self.get_slot_client().create(slot_name, plugin=plugin, two_phase=two_phase, temporary=temporary)
+        return self.get_slot_client().create(
+            slot_name, plugin=plugin, two_phase=two_phase, temporary=temporary, failover=failover
+        )
 
-    def ensure_slot(self, slot_name: str, plugin: str = "test_decoding", two_phase: bool = False) -> SlotInfo:
+    def ensure_slot(
+        self, slot_name: str, plugin: str = "test_decoding", two_phase: bool = False, failover: bool = False
+    ) -> SlotInfo:
         """Return the slot, creating it when missing; raise SlotError when it cannot serve as asked.
 
         :param slot_name: the slot's name.
         :param plugin: the output plugin the slot must use.
         :param two_phase: whether the slot must decode two-phase transactions.
+        :param failover: create it as a failover slot (PostgreSQL 17+); an existing slot keeps its setting.
         """
-        return self.get_slot_client().ensure(slot_name, plugin=plugin, two_phase=two_phase)
+        return self.get_slot_client().ensure(slot_name, plugin=plugin, two_phase=two_phase, failover=failover)
 
     def drop_slot(self, slot_name: str, missing_ok: bool = True) -> bool:
         """Drop the slot; returns whether it existed.

@@ -17,11 +17,21 @@ from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator,
 from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
 
 
-def eta_text(lag_bytes: int, bytes_done: int, seconds: float) -> str:
-    """How long the WAL left takes at the rate so far (``unknown`` before any progress)."""
-    if bytes_done <= 0 or seconds <= 0:
-        return "unknown"
-    left = lag_bytes / (bytes_done / seconds)
+def eta_text(lag_bytes: int, drained_bytes: int, written_bytes: int, seconds: float) -> str:
+    """How long the WAL left takes to drain at the rates so far.
+
+    The source keeps writing while the drain reads, so the lag shrinks at the drain's rate minus
+    the source's (``written_bytes``: how far the server's WAL position moved meanwhile); when the
+    source is as fast, the time is not a number but a warning.
+    """
+    if lag_bytes <= 0:
+        return "nothing"
+    if drained_bytes <= 0 or seconds <= 0:
+        return "an unknown time"
+    gain = (drained_bytes - written_bytes) / seconds
+    if gain <= 0:
+        return "no end at these rates (the source writes WAL as fast as the drain reads it)"
+    left = lag_bytes / gain
     return f"{left / 60:.1f} min" if left >= 90 else f"{left:.0f} s"
 
 
@@ -128,6 +138,7 @@ class PgDecodeDrainOperator(BaseOperator):
         checkpoint = ti.xcom_pull(task_ids=self.confirm_task_id, key=checkpoint_xcom_key(self.slot_name))
         started = time.monotonic()
         start_lsn = Lsn.parse(str(first["end_lsn"]))
+        start_wal = self._server_wal()
         summary: dict[str, Any] = first
         self.log.info(
             "The cycle's batch ended at its %s bound at %s: draining the backlog batch by batch",
@@ -147,7 +158,7 @@ class PgDecodeDrainOperator(BaseOperator):
             result["batches"] += 1
             result["changes"] += int(summary.get("changes") or 0)
             result["end_lsn"] = summary["end_lsn"]
-            self._log_progress(result, start_lsn, Lsn.parse(str(summary["end_lsn"])), started)
+            self._log_progress(result, start_lsn, start_wal, Lsn.parse(str(summary["end_lsn"])), started)
         result["caught_up"] = not summary.get("bounded_by")
         if not result["caught_up"]:
             self.log.info(
@@ -155,18 +166,22 @@ class PgDecodeDrainOperator(BaseOperator):
             )
         return result
 
-    def _log_progress(self, result: dict[str, Any], start: Lsn, end: Lsn, started: float) -> None:
-        elapsed = max(time.monotonic() - started, 1e-9)
+    def _server_wal(self) -> int:
         with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
-            lag = max(int(hook.current_flush_lsn()) - int(end), 0)
+            return int(hook.current_flush_lsn())
+
+    def _log_progress(self, result: dict[str, Any], start: Lsn, start_wal: int, end: Lsn, started: float) -> None:
+        elapsed = max(time.monotonic() - started, 1e-9)
+        wal = self._server_wal()
+        lag = max(wal - int(end), 0)
         self.log.info(
-            "Drain: %d batch(es) done, %d changes (%.0f changes/s), at %s, %d bytes of WAL left, about %s to catch up",
+            "Drain: %d batch(es) done, %d changes (%.0f changes/s), at %s, %d bytes of WAL left, %s to catch up",
             result["batches"],
             result["changes"],
             result["changes"] / elapsed,
             end,
             lag,
-            eta_text(lag, int(end) - int(start), elapsed),
+            eta_text(lag, int(end) - int(start), wal - start_wal, elapsed),
         )
 
     def on_kill(self) -> None:

@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
@@ -26,6 +26,9 @@ from airflow_provider_pgdecode.errors import ConfigurationError, MergeInputError
 from airflow_provider_pgdecode.hooks.object_store import object_store_settings
 from airflow_provider_pgdecode.utils.config import exported, pgdecode_env, pgdecode_environment
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
+
+if TYPE_CHECKING:
+    from airflow.providers.openlineage.extractors import OperatorLineage
 
 MERGE_JOB_MODULE = "airflow_provider_pgdecode.spark.merge_job"
 DEFAULT_ASSET_ALIAS = "pgdecode_delta_tables"
@@ -328,7 +331,9 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
     transactions still pending) are not submitted; when no batch has rows the job is not run
     at all, and the confirm step can still advance the slot. Quarantined changes (a table's
     ``on_bad_value: quarantine``) are appended to ``<delta_root>/_pgdecode_quarantine`` and logged
-    per table. A refused batch fails the task without retry (``MergeInputError``), and so does a
+    per table. Logical decoding messages (``pg_logical_emit_message``: the non-transactional ones
+    and those of committed transactions) are appended to ``<delta_root>/_pgdecode_messages``
+    (docs/messages.md). A refused batch fails the task without retry (``MergeInputError``), and so does a
     Spark out-of-memory (``MergeOutOfMemoryError``, naming ``driver_memory`` / ``executor_memory``
     and ``spark.driver.memory`` / ``spark.executor.memory``). Returns (to XCom) ``batches``
     (the merged ones), ``skipped``, ``end_lsn`` and the job's ``summary``. ``on_kill`` stops
@@ -430,17 +435,19 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
         self.num_executors = num_executors
         self.spark_name = spark_name
         self.verbose = verbose
+        self._lineage: tuple[list[BatchManifest], dict[str, Any] | None] = ([], None)
 
     def read_batches(
         self, settings: ObjectStoreSettings | None = None
     ) -> tuple[list[BatchManifest], list[BatchManifest]]:
-        """The batches' manifests, split into those with rows to merge and those without."""
+        """The batches' manifests, split into those with rows to merge (table changes, quarantined
+        changes, logical decoding messages) and those without."""
         to_merge: list[BatchManifest] = []
         empty: list[BatchManifest] = []
         for path in parse_batch_paths(self.batch_paths):
             with fail_fast():
                 manifest = read_manifest(path, settings)
-            has_rows = any(t.rows for t in manifest.tables) or bool(manifest.quarantine)
+            has_rows = any(t.rows for t in manifest.tables) or bool(manifest.quarantine) or bool(manifest.messages)
             (to_merge if has_rows else empty).append(manifest)
         order = lambda m: (Lsn.parse(m.start_lsn), Lsn.parse(m.end_lsn))  # noqa: E731
         return sorted(to_merge, key=order), sorted(empty, key=order)
@@ -520,6 +527,7 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
             connect_summary = self._merge_connect([str(m.path) for m in to_merge], settings)
             result["summary"] = connect_summary
             self._emit_assets(context, connect_summary)
+            self._lineage = (to_merge, connect_summary)
             return result
         paths = [str(m.path) for m in to_merge]
         summary = self.submit_job(lambda path: self.get_hook(paths, path, settings), merge_job_path(), "merge")
@@ -536,7 +544,17 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
         summary = self._report_summary(summary)
         result["summary"] = summary
         self._emit_assets(context, summary)
+        self._lineage = (to_merge, summary)
         return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> OperatorLineage:
+        """OpenLineage of the run (Airflow's OpenLineage provider calls it after success): inputs,
+        the PostgreSQL tables the merged batches held; outputs, the Delta tables it changed, with
+        schemas, row counts and the ``pgdecode`` run facet (slot, LSN range). See docs/lineage.md."""
+        from airflow_provider_pgdecode.utils.openlineage import merge_lineage
+
+        batches, summary = self._lineage
+        return merge_lineage(batches, summary)
 
     def _merge_connect(self, batches: Sequence[str], settings: ObjectStoreSettings | None) -> dict[str, Any]:
         """The merge as a client session of the Spark Connect server of ``conn_id``: the merge job's

@@ -44,6 +44,11 @@ class PgDecodeEnsureSlotOperator(BaseOperator):
     :param plugin: the output plugin, ``test_decoding`` or ``pgoutput``. (templated)
     :param two_phase: decode prepared transactions at PREPARE time (PostgreSQL 14+, needs
         ``max_prepared_transactions > 0``); fixed when the slot is created.
+    :param failover: create a failover slot (PostgreSQL 17+): a standby with
+        ``sync_replication_slots = on`` keeps it in sync, so after promoting that standby the
+        pipeline carries on from the slot there instead of re-snapshotting. The primary also needs
+        ``synchronized_standby_slots`` naming the standby's physical slot, so that no change is
+        confirmed here before the standby has it. Applies when the slot is created.
     :param postgres_conn_id: the Airflow connection of the source database. (templated)
     """
 
@@ -56,6 +61,7 @@ class PgDecodeEnsureSlotOperator(BaseOperator):
         slot_name: str,
         plugin: str = "test_decoding",
         two_phase: bool = False,
+        failover: bool = False,
         postgres_conn_id: str = PgDecodeHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
@@ -63,12 +69,15 @@ class PgDecodeEnsureSlotOperator(BaseOperator):
         self.slot_name = slot_name
         self.plugin = plugin
         self.two_phase = two_phase
+        self.failover = failover
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
             with fail_fast():
-                info = hook.ensure_slot(self.slot_name, plugin=self.plugin, two_phase=bool(self.two_phase))
+                info = hook.ensure_slot(
+                    self.slot_name, plugin=self.plugin, two_phase=bool(self.two_phase), failover=bool(self.failover)
+                )
         self.log.info(
             "Slot %s ready: plugin %s, two_phase %s, database %s, confirmed at %s, wal_status %s, lag %s bytes",
             info.slot_name,

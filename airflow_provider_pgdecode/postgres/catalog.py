@@ -41,6 +41,11 @@ class ColumnInfo:
     user_type: str | None = None
     """``enum``, ``domain``, ``composite``, ``range`` or ``multirange`` for a user-defined type
     (of the element, for an array); ``None`` for built-in base types."""
+    generated: str = ""
+    """``pg_attribute.attgenerated``: ``s`` for a stored generated column, ``v`` for a virtual one
+    (PostgreSQL 18), empty otherwise. pgoutput sends stored ones only when the publication has
+    ``publish_generated_columns = stored`` (18), virtual ones never; test_decoding prints stored
+    ones and prints virtual ones as ``null``."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,8 @@ class Catalog:
             "SELECT a.attname::text, format_type(a.atttypid, NULL), format_type(a.atttypid, a.atttypmod),"
             " a.attnotnull, a.attnum::int,"
             " CASE coalesce(e.typtype, t.typtype) WHEN 'e' THEN 'enum' WHEN 'd' THEN 'domain'"
-            "  WHEN 'c' THEN 'composite' WHEN 'r' THEN 'range' WHEN 'm' THEN 'multirange' END"
+            "  WHEN 'c' THEN 'composite' WHEN 'r' THEN 'range' WHEN 'm' THEN 'multirange' END,"
+            " a.attgenerated::text"
             " FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
             " LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'"
             " WHERE a.attrelid = %s::oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from airflow_provider_pgdecode.errors import SlotConnectionLostError, SlotError, SlotInUseError
@@ -41,6 +42,38 @@ def slot_lost(name: str, detail: str | None = None) -> SlotError:
         f"so changes since its confirmed position are gone and it cannot be read any more. Drop it ({_drop(name)}), "
         "recreate it, and re-snapshot the tables with the pgdecode_backfill DAG; to keep this from recurring, run "
         "the pipeline more often or raise max_slot_wal_keep_size"
+    )
+
+
+_INVALIDATIONS: dict[str, tuple[str, str]] = {
+    # reason (pg_replication_slots.invalidation_reason, 17+): (what happened, how to keep it from recurring)
+    "wal_removed": (
+        "the server removed WAL it still needed (max_slot_wal_keep_size)",
+        "run the pipeline more often or raise max_slot_wal_keep_size",
+    ),
+    "idle_timeout": (
+        "no process used it for longer than idle_replication_slot_timeout",
+        "run the pipeline more often than idle_replication_slot_timeout, or raise that setting (0 disables it)",
+    ),
+    "rows_removed": (
+        "catalog rows it still needed were removed (it conflicted with recovery on a standby)",
+        "on a standby, turn hot_standby_feedback on and use a physical slot between primary and standby",
+    ),
+    "wal_level_insufficient": (
+        "wal_level on the primary was lowered below logical",
+        "keep wal_level = logical on the primary",
+    ),
+}
+
+
+def slot_invalidated(name: str, reason: str, inactive_since: datetime | None = None) -> SlotError:
+    """The server invalidated the slot (PostgreSQL 17+ names why): its changes cannot be read any more."""
+    what, prevent = _INVALIDATIONS.get(reason, (f"invalidation_reason = {reason}", "see the server log"))
+    idle = f", inactive since {inactive_since.isoformat()}" if inactive_since is not None else ""
+    return SlotError(
+        f"replication slot {name!r} was invalidated (invalidation_reason = {reason}{idle}): {what}, so changes "
+        f"since its confirmed position cannot be read any more. Drop it ({_drop(name)}), recreate it, and "
+        f"re-snapshot the tables with the pgdecode_backfill DAG; to keep this from recurring, {prevent}"
     )
 
 
@@ -100,6 +133,9 @@ def check_readable(info: SlotInfo, plugin: str | None = None) -> None:
     a lost slot, or a slot of another output plugin."""
     if info.slot_type != "logical":
         raise not_logical(info.slot_name, info.slot_type)
+    # 17+ says why (an idle_timeout or rows_removed slot need not show wal_status = lost).
+    if info.invalidation_reason is not None:
+        raise slot_invalidated(info.slot_name, info.invalidation_reason, info.inactive_since)
     if info.wal_status == "lost":
         raise slot_lost(info.slot_name)
     if plugin is not None and info.plugin != plugin:
@@ -112,6 +148,7 @@ __all__ = [
     "not_logical",
     "publication_missing",
     "slot_in_use",
+    "slot_invalidated",
     "slot_lost",
     "slot_missing",
     "wrong_plugin",

@@ -48,6 +48,10 @@ TWO_PHASE_SERVER_VERSION = 140000
 PGOUTPUT_TWO_PHASE_SERVER_VERSION = 150000
 """pgoutput decodes two-phase transactions from protocol 3, which PostgreSQL 15 speaks."""
 
+FAILOVER_SERVER_VERSION = 170000
+"""Failover slots (``failover => true``, synchronised to standbys) came with PostgreSQL 17, with
+``pg_replication_slots.invalidation_reason`` and ``inactive_since``."""
+
 _RESTART = "in postgresql.conf (or ALTER SYSTEM SET ...) and restart PostgreSQL"
 
 
@@ -168,6 +172,15 @@ def server_too_old(version: str) -> str:
     return (
         f"PostgreSQL {version} is too old: pgdecode needs PostgreSQL 11 or later (pg_replication_slot_advance); "
         "upgrade the server"
+    )
+
+
+def failover_needs_newer_server(version: str) -> str:
+    """A failover slot asked for on a server older than 17."""
+    return (
+        f"failover slots need PostgreSQL 17 or later (this server is {version}); create the slot without "
+        "failover, and after a failover recreate it on the new primary and re-snapshot the tables with the "
+        "pgdecode_backfill DAG"
     )
 
 
@@ -356,10 +369,12 @@ __all__ = [
     "PLUGINS",
     "Problem",
     "ServerFacts",
+    "FAILOVER_SERVER_VERSION",
     "PGOUTPUT_TWO_PHASE_SERVER_VERSION",
     "TWO_PHASE_SERVER_VERSION",
     "check_readiness",
     "describe_readiness",
+    "failover_needs_newer_server",
     "format_server_version",
     "plugin_missing",
     "plugin_unknown",

@@ -86,6 +86,12 @@ def database_name(conn: Connection) -> str:
     return conn.info.dbname
 
 
+def server_address(conn: Connection) -> str:
+    """``host:port`` of the server ``conn`` reached, as the connection names it (a Unix socket's
+    directory as the host): OpenLineage's ``postgres://`` namespace of its tables."""
+    return f"{conn.info.host}:{conn.info.port}"
+
+
 def server_version(conn: Connection) -> int:
     """The server's version as an integer, e.g. 150018."""
     return int(conn.info.server_version)

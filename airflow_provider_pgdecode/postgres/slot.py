@@ -17,6 +17,7 @@ import re
 import time
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -31,11 +32,15 @@ from airflow_provider_pgdecode.postgres.health import (
     not_logical,
     publication_missing,
     slot_in_use,
+    slot_invalidated,
     slot_lost,
     slot_missing,
 )
 from airflow_provider_pgdecode.postgres.readiness import (
+    FAILOVER_SERVER_VERSION,
+    PGOUTPUT_TWO_PHASE_SERVER_VERSION,
     TWO_PHASE_SERVER_VERSION,
+    failover_needs_newer_server,
     format_server_version,
     prepared_transactions_off,
     slot_creation_error,
@@ -107,6 +112,9 @@ _ENCODINGS: dict[str, str] = {
 
 _cursor_ids = itertools.count(1)
 
+_INVALIDATED_DUE_TO = re.compile(r'invalidated due to "(\w+)"')
+"""PostgreSQL 18's detail of an error on an invalidated slot, e.g. ``... due to "idle_timeout".``"""
+
 PeekRows = Generator[tuple[Lsn, int | None, bytes], None, None]
 """What :meth:`SlotClient.peek` returns: ``(lsn, xid, data)`` rows; ``close()`` it to stop early."""
 
@@ -129,10 +137,20 @@ class SlotInfo:
     current_lsn: Lsn
     lag_bytes: int | None
     """``current_lsn - confirmed_flush_lsn`` (never negative); ``None`` without a confirmed position."""
+    failover: bool = False
+    """Synchronised to standbys for failover (PostgreSQL 17+; always false before)."""
+    invalidation_reason: str | None = None
+    """Why the server invalidated the slot (PostgreSQL 17+): ``wal_removed``, ``rows_removed``,
+    ``wal_level_insufficient``, 18's ``idle_timeout``; ``None`` while it is valid (or before 17)."""
+    inactive_since: datetime | None = None
+    """Since when no process has used the slot (PostgreSQL 17+); ``None`` while in use or before 17."""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able values, LSNs as ``X/Y`` strings."""
-        return {k: str(v) if isinstance(v, Lsn) else v for k, v in asdict(self).items()}
+        """JSON-able values, LSNs as ``X/Y`` strings, times in ISO 8601."""
+        return {
+            k: str(v) if isinstance(v, Lsn) else v.isoformat() if isinstance(v, datetime) else v
+            for k, v in asdict(self).items()
+        }
 
 
 def validate_slot_name(name: str) -> str:
@@ -212,8 +230,10 @@ class SlotClient:
             return slot_missing(name, self._where())
         if isinstance(exc, pg_errors.ObjectInUse):
             return slot_in_use(name, text)
-        if "invalidated" in text or "can no longer get changes" in text:
-            return slot_lost(name, text)
+        if "invalidated" in text or "can no longer" in text:
+            # 18 names the reason in the detail; before, only the column says it (check_readable).
+            reason = _INVALIDATED_DUE_TO.search(text)
+            return slot_invalidated(name, reason.group(1)) if reason else slot_lost(name, text)
         if isinstance(exc, (pg_errors.AdminShutdown, pg_errors.CrashShutdown, pg_errors.CannotConnectNow)) or (
             isinstance(exc, psycopg.OperationalError) and (exc.sqlstate is None or self.conn.closed)
         ):
@@ -256,10 +276,17 @@ class SlotClient:
         version = self.server_version_num()
         two_phase = "two_phase" if version >= 140000 else "false"
         wal = "wal_status, safe_wal_size" if version >= 130000 else "NULL::text, NULL::int8"
+        # The columns 17 added: what a standby, an invalidation and idleness do to a slot.
+        since_17 = (
+            "failover, invalidation_reason, inactive_since"
+            if version >= FAILOVER_SERVER_VERSION
+            else "false, NULL::text, NULL::timestamptz"
+        )
         row = self._one(
             f"SELECT slot_name::text, plugin::text, slot_type, database::text, temporary, active, {two_phase},"
             f" restart_lsn::text, confirmed_flush_lsn::text, {wal},"
-            " (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text"
+            " (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text,"
+            f" {since_17}"
             " FROM pg_replication_slots WHERE slot_name = %s",
             (name,),
         )
@@ -281,6 +308,9 @@ class SlotClient:
             safe_wal_size=None if row[10] is None else int(row[10]),
             current_lsn=current,
             lag_bytes=None if confirmed is None else max(0, current - confirmed),
+            failover=bool(row[12]),
+            invalidation_reason=row[13],
+            inactive_since=row[14],
         )
 
     def describe(self, name: str) -> SlotInfo:
@@ -292,20 +322,32 @@ class SlotClient:
         return info
 
     def create(
-        self, name: str, plugin: str = "test_decoding", two_phase: bool = False, temporary: bool = False
+        self,
+        name: str,
+        plugin: str = "test_decoding",
+        two_phase: bool = False,
+        temporary: bool = False,
+        failover: bool = False,
     ) -> SlotInfo:
         """Create a logical slot in the connection's database.
 
         Waits for transactions running at the time to finish (the slot needs a consistent
-        snapshot). A temporary slot lives as long as this connection's session.
+        snapshot). A temporary slot lives as long as this connection's session. ``failover``
+        (PostgreSQL 17+): standbys that sync slots (``sync_replication_slots``) keep a copy, so
+        the slot, and the changes it still holds, survive a promotion of the standby.
         """
         validate_slot_name(name)
         if not plugin:
             raise SlotError("an output plugin name is needed (test_decoding or pgoutput)")
         version = self.server_version_num()
         kind = "two-phase replication slot" if two_phase else "replication slot"
+        if failover and version < FAILOVER_SERVER_VERSION:
+            reason = failover_needs_newer_server(format_server_version(version))
+            raise ServerNotReadyError(f"cannot create failover slot {name!r} in {self._where()}: {reason}")
         if two_phase:
-            if version < TWO_PHASE_SERVER_VERSION:
+            # pgoutput decodes two-phase from protocol 3 (15): on 14 such a slot could not be read.
+            needed = PGOUTPUT_TWO_PHASE_SERVER_VERSION if plugin == "pgoutput" else TWO_PHASE_SERVER_VERSION
+            if version < needed:
                 reason = two_phase_needs_newer_server(format_server_version(version), plugin)
                 raise ServerNotReadyError(f"cannot create {kind} {name!r} in {self._where()}: {reason}")
             row = self._one("SELECT current_setting('max_prepared_transactions')::int")
@@ -315,7 +357,12 @@ class SlotClient:
         query: str
         params: tuple[Any, ...]
         # The function is STRICT: every argument is a non-NULL value, or no slot is created.
-        if version >= 140000:
+        if version >= FAILOVER_SERVER_VERSION:
+            query, params = (
+                "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s, %s, %s, %s)",
+                (name, plugin, bool(temporary), bool(two_phase), bool(failover)),
+            )
+        elif version >= 140000:
             query, params = (
                 "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s, %s, %s)",
                 (name, plugin, bool(temporary), bool(two_phase)),
@@ -344,13 +391,17 @@ class SlotClient:
             raise SlotError(f"pg_create_logical_replication_slot returned no slot for {name!r}")
         return self.describe(name)
 
-    def ensure(self, name: str, plugin: str = "test_decoding", two_phase: bool = False) -> SlotInfo:
-        """The slot as it is, created when missing; :class:`SlotError` when it cannot serve as asked."""
+    def ensure(
+        self, name: str, plugin: str = "test_decoding", two_phase: bool = False, failover: bool = False
+    ) -> SlotInfo:
+        """The slot as it is, created when missing; :class:`SlotError` when it cannot serve as asked.
+
+        ``failover`` applies when the slot is created; an existing slot keeps its setting."""
         validate_slot_name(name)
         info = self._describe(name)
         if info is None:
             try:
-                return self.create(name, plugin=plugin, two_phase=two_phase)
+                return self.create(name, plugin=plugin, two_phase=two_phase, failover=failover)
             except SlotError:
                 # Someone else may have created it meanwhile: check that one instead.
                 info = self._describe(name)

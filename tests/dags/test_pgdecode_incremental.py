@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.testing.compare import compare_table
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
@@ -78,6 +79,42 @@ def delta_assets(delta_root: str) -> set[str]:
     return {uri[len(prefix) :].replace("/", ".") for uri in uris if uri.startswith(prefix)}
 
 
+@pytest.fixture
+def openlineage_events(tmp_path, monkeypatch):
+    """OpenLineage's own listener, on a file transport: the events a run's tasks emit, as JSON.
+
+    The provider reads its configuration once (cached) and registers its listener when Airflow
+    loads plugins, before this test sets a transport; so the caches are cleared and the listener
+    added here, and both undone afterwards."""
+    pytest.importorskip("airflow.providers.openlineage")
+    from airflow.providers.openlineage import conf as ol_conf
+    from airflow.providers.openlineage.plugins import listener as ol_listener
+    from airflow.sdk.listener import get_listener_manager
+
+    def clear_caches() -> None:
+        for value in vars(ol_conf).values():
+            if callable(getattr(value, "cache_clear", None)):
+                value.cache_clear()
+        ol_listener.get_openlineage_listener.cache_clear()  # its client is built from the transport
+
+    path = tmp_path / "openlineage.jsonl"
+    transport = {"type": "file", "log_file_path": str(path), "append": True}
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT", json.dumps(transport))
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__NAMESPACE", "pgdecode_tests")
+    clear_caches()
+    listener = ol_listener.get_openlineage_listener()
+    manager = get_listener_manager()
+    manager.add_listener(listener)
+
+    def events() -> list[dict]:
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    yield events
+    manager.pm.unregister(listener)
+    monkeypatch.undo()
+    clear_caches()
+
+
 def assert_delta_equals_source(pg_conn, spark, delta_root: str) -> None:
     for table in TABLES:
         result = compare_table(pg_conn, spark, delta_root, "public", table)
@@ -138,8 +175,11 @@ def test_three_runs_a_prepared_transaction_and_a_killed_confirm(pg_conn, increme
 
 
 @pytest.mark.parametrize("incremental", ["pgoutput"], indirect=True)
-def test_pgoutput_runs_carry_a_prepared_transaction(pg_conn, incremental, merge_through_connect, spark) -> None:
-    """Merged through the Spark Connect server (the other plugin's test runs spark-submit)."""
+def test_pgoutput_runs_carry_a_prepared_transaction(
+    pg_conn, pg_cluster, incremental, merge_through_connect, spark, openlineage_events
+) -> None:
+    """Merged through the Spark Connect server (the other plugin's test runs spark-submit); the
+    merge's OpenLineage events name its PostgreSQL inputs and Delta outputs."""
     dag, conf = incremental
     c = pg_conn
     run(dag, conf)  # creates the slot, of the plugin asked for
@@ -153,6 +193,7 @@ def test_pgoutput_runs_carry_a_prepared_transaction(pg_conn, incremental, merge_
     assert slot_moved_past(c, conf["slot_name"], created_at)
     assert_delta_equals_source(pg_conn, spark, conf["delta_root"])  # the prepared update is not there yet
     assert delta_assets(conf["delta_root"]) == {f"public.{t}" for t in TABLES}
+    assert_merge_lineage(openlineage_events(), pg_cluster, conf, expected_rows={"dag_customers": 20, "dag_orders": 100})
 
     c.execute("commit prepared 'dag_pay'")
     c.execute("update dag_customers set name = 'renamed' where id = 3")  # note: unchanged TOAST
@@ -162,3 +203,31 @@ def test_pgoutput_runs_carry_a_prepared_transaction(pg_conn, incremental, merge_
     orders = spark.read.format("delta").load(conf["delta_root"] + "/public/dag_orders")
     assert orders.where("status = 'paid'").count() == 10
     assert orders.count() == orders.select("id").distinct().count() == 90
+
+
+def assert_merge_lineage(events: list[dict], pg_cluster, conf: dict, expected_rows: dict[str, int]) -> None:
+    """The last merge COMPLETE event: PostgreSQL tables in, the Delta tables changed out, row
+    counts, schemas and the pgdecode run facet."""
+    merges = [e for e in events if e["eventType"] == "COMPLETE" and e["job"]["name"].endswith(".merge")]
+    assert merges, [(e["eventType"], e["job"]["name"]) for e in events]
+    event = merges[-1]
+    namespace = f"postgres://{pg_cluster.host}:{pg_cluster.port}"
+    inputs = {(i["namespace"], i["name"]): i for i in event["inputs"]}
+    assert set(inputs) == {(namespace, f"pgdecode_test.public.{t}") for t in expected_rows}
+    outputs = {o["name"]: o for o in event["outputs"]}
+    delta = Path(conf["delta_root"]).resolve()
+    assert set(outputs) == {str(delta / "public" / t) for t in expected_rows}
+    assert {o["namespace"] for o in event["outputs"]} == {"file"}
+    for table, rows in expected_rows.items():
+        assert (
+            inputs[(namespace, f"pgdecode_test.public.{table}")]["inputFacets"]["inputStatistics"]["rowCount"] == rows
+        )
+        assert outputs[str(delta / "public" / table)]["outputFacets"]["outputStatistics"]["rowCount"] == rows
+    orders_in = inputs[(namespace, "pgdecode_test.public.dag_orders")]["facets"]["schema"]["fields"]
+    assert {f["name"]: f["type"] for f in orders_in}["amount"] == "numeric(10,2)"
+    orders_out = outputs[str(delta / "public" / "dag_orders")]["facets"]["schema"]["fields"]
+    assert {f["name"]: f["type"] for f in orders_out}["amount"] == "decimal(10,2)"
+    facet = event["run"]["facets"]["pgdecode"]
+    assert facet["slot"] == conf["slot_name"] and facet["plugin"] == "pgoutput"
+    assert facet["changes"] == sum(expected_rows.values())
+    assert Lsn.parse(facet["startLsn"]) < Lsn.parse(facet["endLsn"])

@@ -10,6 +10,7 @@ from airflow_provider_pgdecode.decoding.events import (
     CommitPrepared,
     Message,
     Operation,
+    Origin,
     Prepare,
     RollbackPrepared,
     RowImage,
@@ -246,3 +247,26 @@ def test_prepared_transaction_round_trips_through_its_saved_form(tmp_path) -> No
     assert list(restored.items) == list(held.items)
     out = run(TransactionAssembler([restored]), [CommitPrepared(Lsn(40), 7, "g'1")])
     assert len(out[0]) == 12
+
+
+def test_drop_origins_drops_replicated_transactions_plain_and_prepared() -> None:
+    # pgoutput before 16 has no origin option: the extract drops what carries an Origin itself.
+    events = [
+        Begin(Lsn(1), 10),
+        Origin(Lsn(2), 10, "upstream", Lsn(0xAB)),
+        insert(3, 10, 1),
+        Commit(Lsn(4), 10),
+        Begin(Lsn(5), 11),
+        insert(6, 11, 2),
+        Commit(Lsn(7), 11),
+        Begin(Lsn(8), 12),
+        Origin(Lsn(9), 12, "upstream", Lsn(0xAC)),
+        insert(10, 12, 3),
+        Prepare(Lsn(11), 12, "g"),
+        CommitPrepared(Lsn(12), 12, "g"),
+    ]
+    kept = TransactionAssembler(drop_origins=True)
+    assert [values(t) for t in run(kept, events)] == [["2"]]
+    assert kept.stats.origin_dropped == 2 and kept.safe_lsn == Lsn(12)
+    everything = TransactionAssembler()
+    assert [t.origin for t in run(everything, events)] == ["upstream", None, "upstream"]

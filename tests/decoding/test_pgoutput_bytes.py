@@ -502,7 +502,13 @@ def test_after_stream_stop_messages_carry_no_xid_again(version: int) -> None:
 def test_stream_abort_with_protocol_4_parallel_fields() -> None:
     parser = PgOutputParser(proto_version=4)
     event = parser.parse(Lsn(0x500), 800, stream_abort(800, 802, (0x4FF, T0)))
-    assert event == StreamAbort(Lsn(0x500), 800, 802)
+    assert event == StreamAbort(Lsn(0x500), 800, 802, abort_lsn=Lsn(0x4FF), abort_time=T0)
+
+
+@pytest.mark.parametrize("version", STREAM_VERSIONS)
+def test_stream_abort_without_parallel_fields_has_no_abort_position(version: int) -> None:
+    event = PgOutputParser(proto_version=version).parse(Lsn(0x500), 800, stream_abort(800, 802))
+    assert event == StreamAbort(Lsn(0x500), 800, 802) and event.abort_lsn is None and event.abort_time is None
 
 
 # --- two-phase commit (protocol 3+) -----------------------------------------------------------

@@ -80,6 +80,7 @@ def workload(pg_conn: psycopg.Connection, slot_name: str) -> str:
     return slot_name
 
 
+@pytest.mark.pg_matrix
 def test_every_line_kind_with_xids_and_timestamps(pg_conn, workload) -> None:
     events = peek_events(pg_conn, workload, **{"include-xids": "1", "include-timestamp": "1"})
     kinds = Counter(type(e).__name__ for e in events)
@@ -173,6 +174,7 @@ def test_line_kinds_without_xids_and_timestamps(pg_conn, workload) -> None:
     assert sum(isinstance(e, Change) for e in events) == 11
 
 
+@pytest.mark.pg_matrix
 def test_streamed_transaction_lines_parse_and_are_refused_clearly(pg_conn, slot_name) -> None:
     pg_conn.execute("create table streamed (id int primary key, pad text)")
     pg_conn.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, false)", (slot_name,))

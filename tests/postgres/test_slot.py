@@ -1,16 +1,20 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import pytest
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import CatalogError, SlotError
+from airflow_provider_pgdecode.errors import CatalogError, ServerNotReadyError, SlotError
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, ReplicaIdentity
+from airflow_provider_pgdecode.postgres.health import check_readable, slot_invalidated
 from airflow_provider_pgdecode.postgres.slot import SlotClient
+from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
 
 pytestmark = pytest.mark.postgres
 
@@ -361,3 +365,91 @@ def test_missing_table(catalog: Catalog) -> None:
     assert "pgdecode_test" in str(excinfo.value)
     with pytest.raises(CatalogError, match="nope"):
         catalog.replica_identity("nope", "x")
+
+
+# --- what 17 and 18 add to slots: failover, and why a slot was invalidated ---------------------
+
+
+@pytest.mark.pg_matrix(since=17)
+def test_a_failover_slot_is_created_and_described_as_one(client: SlotClient, slot_name: str) -> None:
+    info = client.create(slot_name, plugin="pgoutput", two_phase=True, failover=True)
+    assert info.failover and info.two_phase
+    other = f"{slot_name}_nf"
+    try:
+        assert client.ensure(other, plugin="test_decoding").failover is False
+    finally:
+        client.drop(other)
+
+
+@pytest.mark.pg_matrix(before=17)
+def test_a_failover_slot_before_17_is_refused_saying_why(client: SlotClient, slot_name: str, pg_version: int) -> None:
+    with pytest.raises(
+        ServerNotReadyError, match=rf"failover slots need PostgreSQL 17 or later \(this server is {pg_version}\."
+    ):
+        client.create(slot_name, failover=True)
+    assert not client.exists(slot_name)
+    assert client.create(slot_name).failover is False
+
+
+def _invalidate(conn: psycopg.Connection[Any], table: str) -> None:
+    """Write three WAL segments' worth of switches and checkpoint: a slot that may keep only
+    1MB of WAL loses what it needed (wal_removed); an idle one past its timeout goes too."""
+    conn.execute(f"create table {table} (id int)")
+    for _ in range(3):
+        conn.execute(f"insert into {table} select generate_series(1, 100)")
+        conn.execute("select pg_switch_wal()")
+    conn.execute("checkpoint")
+
+
+@pytest.mark.pg_matrix(since=17)
+def test_a_slot_invalidated_for_removed_wal_says_so_in_the_health_message(pg_version: int) -> None:
+    with ThrowawayCluster({"max_slot_wal_keep_size": "1MB"}, pg_version=pg_version) as cluster:
+        with cluster.connect() as conn:
+            client = SlotClient(conn)
+            client.create("behind")
+            _invalidate(conn, "w")
+            info = client.describe("behind")
+            assert (info.wal_status, info.invalidation_reason) == ("lost", "wal_removed")
+            assert info.inactive_since is not None
+            with pytest.raises(
+                SlotError, match=r"'behind' was invalidated \(invalidation_reason = wal_removed, inactive since"
+            ) as raised:
+                check_readable(info, "test_decoding")
+            assert "max_slot_wal_keep_size" in str(raised.value) and "pgdecode_backfill" in str(raised.value)
+
+
+@pytest.mark.pg_matrix(since=18)
+def test_an_idle_slot_invalidated_by_18s_timeout_is_named_so(pg_version: int) -> None:
+    with ThrowawayCluster({"idle_replication_slot_timeout": "1s"}, pg_version=pg_version) as cluster:
+        with cluster.connect() as conn:
+            client = SlotClient(conn)
+            client.create("idle")
+            # The timeout is checked at checkpoints: wait until one finds the slot idle for longer.
+            deadline = time.monotonic() + 30
+            while client.describe("idle").invalidation_reason is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+                conn.execute("checkpoint")
+            info = client.describe("idle")
+            assert info.invalidation_reason == "idle_timeout"
+            with pytest.raises(SlotError, match="idle_replication_slot_timeout"):
+                check_readable(info)
+            # Read anyway (as a run that described it earlier would): the server's error names the reason too.
+            with pytest.raises(SlotError, match=r"invalidation_reason = idle_timeout\).*idle_replication_slot_timeout"):
+                list(client.peek("idle", client.current_flush_lsn()))
+
+
+def test_health_wording_of_each_invalidation_reason() -> None:
+    since = datetime(2026, 1, 2, 3, 4, tzinfo=UTC)
+    assert "hot_standby_feedback" in str(slot_invalidated("s", "rows_removed"))
+    assert "wal_level = logical" in str(slot_invalidated("s", "wal_level_insufficient"))
+    assert "inactive since 2026-01-02T03:04:00+00:00" in str(slot_invalidated("s", "idle_timeout", since))
+    assert "invalidation_reason = some_new_reason" in str(slot_invalidated("s", "some_new_reason"))
+
+
+@pytest.mark.pg_matrix(before=15)
+def test_a_two_phase_pgoutput_slot_on_14_is_refused_since_it_could_not_be_read(
+    client: SlotClient, slot_name: str
+) -> None:
+    with pytest.raises(ServerNotReadyError, match=r"PostgreSQL 15 or later with pgoutput \(protocol 3\)"):
+        client.create(slot_name, plugin="pgoutput", two_phase=True)
+    assert client.create(slot_name, plugin="test_decoding", two_phase=True).two_phase

@@ -138,3 +138,36 @@ def test_read_batches_orders_by_lsn_and_checks_the_manifest(tmp_path: Path) -> N
     manifest.write_text(json.dumps(document))
     with pytest.raises(BatchError, match="leaves the batch directory"):
         BatchManifest.read(earlier)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "expected"),
+    [
+        ("smallint", "integer", True),
+        ("integer", "bigint", True),
+        ("smallint", "bigint", True),
+        ("bigint", "integer", False),  # narrowing
+        ("real", "double precision", True),
+        ("double precision", "real", False),
+        ("integer", "double precision", True),
+        ("bigint", "double precision", False),  # not every bigint is a double: Delta refuses it
+        ("numeric(10,2)", "numeric(12,2)", True),  # precision raised
+        ("numeric(10,2)", "numeric(12,4)", True),  # as many more digits as more scale
+        ("numeric(10,2)", "numeric(12,5)", False),  # fewer integer digits
+        ("numeric(12,2)", "numeric(10,2)", False),
+        ("numeric(10,2)", "numeric", True),  # decimal(38,18)
+        ("integer", "numeric(12,2)", True),  # room for an int's 10 digits
+        ("integer", "numeric(9,0)", False),
+        ("bigint", "numeric(20,0)", True),
+        ("numeric(30,2)", "numeric(40,2)", False),  # beyond Spark's decimal: staged as text, a string
+        ("integer", "text", False),
+        ("text", "integer", False),
+        ("date", "timestamp without time zone", False),  # Delta widens a date to timestamp_ntz only
+        ("integer[]", "bigint[]", False),  # widening inside arrays is not applied (refused)
+        ("integer", "integer", False),  # no change is no widening
+    ],
+)
+def test_which_source_type_changes_delta_widens(before: str, after: str, expected: bool) -> None:
+    from airflow_provider_pgdecode.spark.types import widens
+
+    assert widens(map_catalog_type(before).delta_type, map_catalog_type(after).delta_type) is expected

@@ -135,11 +135,12 @@ def test_a_table_renamed_mid_stream_keeps_flowing_into_its_delta_table(
     assert result.equal, result.describe()
     assert not Path(delta_root, "public", "rn_items_v2").exists()
 
-    # A column type change is refused, naming the table, the column, both types and the way forward.
-    c.execute("alter table rn_items_v2 alter column id type bigint")
-    c.execute("insert into rn_items_v2 values (13, 'thirteen', null)")
+    # A type change Delta cannot widen is refused, naming the table, the column, both types and
+    # the way forward.
+    c.execute("alter table rn_items_v2 alter column v type integer using length(v)")
+    c.execute("insert into rn_items_v2 values (13, 8, null)")
     with pytest.raises(MergeInputError) as refused:
         cycle()
     message = str(refused.value)
-    assert "public.rn_items column 'id'" in message and "'bigint'" in message and "Delta has int" in message
+    assert "public.rn_items column 'v' changed type from string" in message and "'integer'" in message
     assert "resnapshot public.rn_items_v2 (pgdecode_backfill mode=resnapshot)" in message  # the name it has now

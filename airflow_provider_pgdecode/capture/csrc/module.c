@@ -320,6 +320,7 @@ static int Reader_clear(Reader *r) {
     Py_CLEAR(r->include_cb);
     Py_CLEAR(r->relation_cb);
     Py_CLEAR(r->toast_marker);
+    Py_CLEAR(r->table_ids);
     return 0;
 }
 

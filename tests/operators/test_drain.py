@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+from airflow_provider_pgdecode.operators.drain import eta_text
+
+
+def test_the_time_left_counts_the_wal_the_source_writes_meanwhile() -> None:
+    # 100 MB drained in 100 s while the source wrote 50 MB: the lag shrinks by 0.5 MB/s.
+    assert eta_text(30_000_000, 100_000_000, 50_000_000, 100.0) == "60 s"
+    assert eta_text(300_000_000, 100_000_000, 50_000_000, 100.0) == "10.0 min"
+    # Without the source's writes the same lag would look twice as fast to drain.
+    assert eta_text(30_000_000, 100_000_000, 0, 100.0) == "30 s"
+
+
+def test_a_source_as_fast_as_the_drain_gets_a_warning_not_a_number() -> None:
+    text = eta_text(30_000_000, 100_000_000, 100_000_000, 100.0)
+    assert "no end" in text and "as fast as the drain" in text
+    assert "no end" in eta_text(30_000_000, 100_000_000, 120_000_000, 100.0)
+
+
+def test_nothing_done_yet_or_nothing_left() -> None:
+    assert eta_text(30_000_000, 0, 0, 10.0) == "an unknown time"
+    assert eta_text(0, 100, 5_000, 10.0) == "nothing"

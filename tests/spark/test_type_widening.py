@@ -1,0 +1,106 @@
+"""A source column's type change, from PostgreSQL through staging into Delta: a widening (``int`` to
+``bigint``, ``real`` to ``double``, more numeric digits, a longer ``varchar``) is applied with
+Delta's type widening, also when the change falls inside a batch; a narrowing fails naming the
+column and the way forward, and writes nothing."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.capture.extract import extract_batch
+from airflow_provider_pgdecode.errors import MergeInputError
+from airflow_provider_pgdecode.spark.merge_job import merge_batches, read_delta_state
+from airflow_provider_pgdecode.testing.compare import compare_table
+from tests.conftest import PLUGIN_REPEAT, full_only
+
+pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+
+PUBLICATION = "tw_pub"
+
+
+@pytest.fixture
+def source(pg_conn: psycopg.Connection, slot_name: str):
+    c = pg_conn
+    c.execute(f"drop table if exists tw_items cascade; drop publication if exists {PUBLICATION}")
+    c.execute("create table tw_items (id int primary key, qty int, ratio real, price numeric(8,2), code varchar(5))")
+    c.execute(f"create publication {PUBLICATION} for table tw_items")
+    c.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (slot_name,))
+    c.execute("select pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot_name + "_po",))
+    yield slot_name
+    c.execute("select pg_drop_replication_slot(%s)", (slot_name + "_po",))
+    c.execute(f"drop publication if exists {PUBLICATION}")
+
+
+@pytest.mark.parametrize("plugin", ["test_decoding", full_only("pgoutput", PLUGIN_REPEAT)])
+def test_a_widened_column_flows_and_a_narrowed_one_is_refused(pg_conn, source, spark, tmp_path, plugin) -> None:
+    c = pg_conn
+    slot = source if plugin == "test_decoding" else source + "_po"
+    extra = {"publication": PUBLICATION} if plugin == "pgoutput" else {}
+    delta_root = str(tmp_path / "delta")
+    path = f"{delta_root}/public/tw_items"
+
+    def extract(name: str, after=None):
+        checkpoint = Checkpoint.from_manifest(after) if after is not None else None
+        return extract_batch(c, slot, tmp_path / name, plugin=plugin, checkpoint=checkpoint, **extra)
+
+    c.execute("insert into tw_items select g, g, g / 3.0, g * 1.25, 'c' || g from generate_series(1, 20) g")
+    first = extract("b1")
+    merge_batches(spark, [str(first.path)], delta_root)
+    assert _delta_types(spark, path) == {
+        "id": "int",
+        "qty": "int",
+        "ratio": "float",
+        "price": "decimal(8,2)",
+        "code": "string",
+    }
+
+    # The widening falls inside the second batch: rows staged before it, rows after.
+    c.execute("update tw_items set qty = qty + 1 where id <= 5")
+    c.execute(
+        "alter table tw_items alter column qty type bigint, alter column ratio type double precision,"
+        " alter column price type numeric(14,4), alter column code type varchar(40)"
+    )
+    c.execute("insert into tw_items values (21, 9000000000, 1e300, 1234567890.1234, repeat('x', 40))")
+    c.execute("update tw_items set qty = 5000000000, price = 0.0001 where id = 3")
+    second = extract("b2", first)
+    summary = merge_batches(spark, [str(second.path)], delta_root)
+    table = summary["tables"]["public.tw_items"]
+    assert table["status"] == "merged"
+    assert table["columns_widened"] == {
+        "qty": "int -> bigint",
+        "ratio": "float -> double",
+        "price": "decimal(8,2) -> decimal(14,4)",
+    }
+    assert _delta_types(spark, path) == {
+        "id": "int",
+        "qty": "bigint",
+        "ratio": "double",
+        "price": "decimal(14,4)",
+        "code": "string",
+    }
+    result = compare_table(c, spark, delta_root, "public", "tw_items")
+    assert result.equal, result.describe()
+
+    # Narrowing back (the values fit, so PostgreSQL allows it) is refused before anything is written.
+    c.execute("delete from tw_items where id = 21")
+    c.execute("update tw_items set qty = 7 where id = 3")
+    c.execute("alter table tw_items alter column qty type integer")
+    c.execute("insert into tw_items values (22, 22, 1, 1, 'n')")
+    third = extract("b3", second)
+    before = read_delta_state(spark, path, f"pgdecode:{slot}")
+    with pytest.raises(MergeInputError) as refused:
+        merge_batches(spark, [str(third.path)], delta_root)
+    message = str(refused.value)
+    assert "table public.tw_items column 'qty' changed type from bigint" in message
+    assert "'integer'" in message and "narrowing or incompatible" in message
+    assert "resnapshot public.tw_items (pgdecode_backfill mode=resnapshot)" in message and path in message
+    after = read_delta_state(spark, path, f"pgdecode:{slot}")
+    assert (after.version, after.watermark) == (before.version, before.watermark)
+    assert _delta_types(spark, path)["qty"] == "bigint"
+
+
+def _delta_types(spark, path: str) -> dict[str, str]:
+    schema = spark.read.format("delta").load(path).schema
+    return {f.name: f.dataType.simpleString() for f in schema.fields if not f.name.startswith("_pg_")}
