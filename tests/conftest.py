@@ -26,7 +26,8 @@ import logging  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import uuid  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
+from collections.abc import Iterator, Sequence  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING, Any  # noqa: E402
 
@@ -187,6 +188,23 @@ def slot_name(matrix_dsn: str) -> Iterator[str]:
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s AND NOT active",
             (name,),
         )
+
+
+@contextmanager
+def two_plugin_source(
+    conn: psycopg.Connection, slot_name: str, publication: str, tables: Sequence[str], ddl: str
+) -> Iterator[str]:
+    """``tables`` made afresh by ``ddl``, a publication of them and two two-phase slots: ``slot_name``
+    (test_decoding) and ``slot_name + "_po"`` (pgoutput). Yields ``slot_name``; drops the pgoutput
+    slot and the publication after (the ``slot_name`` fixture drops the other slot)."""
+    conn.execute(f"drop table if exists {', '.join(tables)} cascade; drop publication if exists {publication}")
+    conn.execute(ddl)
+    conn.execute(f"create publication {publication} for table {', '.join(tables)}")
+    conn.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (slot_name,))
+    conn.execute("select pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot_name + "_po",))
+    yield slot_name
+    conn.execute("select pg_drop_replication_slot(%s)", (slot_name + "_po",))
+    conn.execute(f"drop publication if exists {publication}")
 
 
 # --- a local S3-compatible server (moto's server mode, a child process on 127.0.0.1) --------

@@ -17,6 +17,7 @@ from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ValueConversionError
 from tests.capture.test_native import assert_same_batches
+from tests.conftest import two_plugin_source
 
 pytestmark = pytest.mark.postgres
 
@@ -30,19 +31,13 @@ OPTIONS = {
 
 @pytest.fixture()
 def source(pg_conn: psycopg.Connection, slot_name: str):
-    c = pg_conn
-    c.execute(f"drop table if exists {', '.join(TABLES)}, bv_big cascade; drop publication if exists {PUBLICATION}")
-    c.execute(
+    ddl = (
         "create table bv_readings (id int primary key, day date, tags int[], note text);"
         " create table bv_grid (id int primary key, m int[], t text[]);"
-        " create table bv_big (id int primary key, body text);"
-        f" create publication {PUBLICATION} for table {', '.join(TABLES)}, bv_big"
+        " create table bv_big (id int primary key, body text)"
     )
-    c.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (slot_name,))
-    c.execute("select pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot_name + "_po",))
-    yield slot_name
-    c.execute("select pg_drop_replication_slot(%s)", (slot_name + "_po",))
-    c.execute(f"drop publication if exists {PUBLICATION}")
+    with two_plugin_source(pg_conn, slot_name, PUBLICATION, [*TABLES, "bv_big"], ddl) as slot:
+        yield slot
 
 
 def workload(c: psycopg.Connection) -> None:

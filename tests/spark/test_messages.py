@@ -13,6 +13,7 @@ from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.spark.merge_job import merge_batches, messages_table_path, summary_lines
 from tests.capture.test_extract import wait_for_flush
+from tests.conftest import two_plugin_source
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
@@ -21,17 +22,11 @@ PUBLICATION = "msg_pub"
 
 @pytest.fixture
 def source(pg_conn: psycopg.Connection, slot_name: str):
-    c = pg_conn
-    c.execute(f"drop table if exists msg_orders cascade; drop publication if exists {PUBLICATION}")
-    c.execute("create table msg_orders (id int primary key, note text)")
-    c.execute(f"create publication {PUBLICATION} for table msg_orders")
-    c.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (slot_name,))
-    c.execute("select pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot_name + "_po",))
-    yield slot_name
-    if c.execute("select 1 from pg_prepared_xacts where gid = 'msg_later'").fetchone():
-        c.execute("rollback prepared 'msg_later'")  # a test that failed before committing it
-    c.execute("select pg_drop_replication_slot(%s)", (slot_name + "_po",))
-    c.execute(f"drop publication if exists {PUBLICATION}")
+    ddl = "create table msg_orders (id int primary key, note text)"
+    with two_plugin_source(pg_conn, slot_name, PUBLICATION, ["msg_orders"], ddl) as slot:
+        yield slot
+        if pg_conn.execute("select 1 from pg_prepared_xacts where gid = 'msg_later'").fetchone():
+            pg_conn.execute("rollback prepared 'msg_later'")  # a test that failed before committing it
 
 
 def first_batch_workload(c: psycopg.Connection) -> None:

@@ -13,7 +13,7 @@ from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.errors import MergeInputError
 from airflow_provider_pgdecode.spark.merge_job import merge_batches, read_delta_state
 from airflow_provider_pgdecode.testing.compare import compare_table
-from tests.conftest import PLUGIN_REPEAT, full_only
+from tests.conftest import PLUGIN_REPEAT, full_only, two_plugin_source
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
@@ -22,15 +22,9 @@ PUBLICATION = "tw_pub"
 
 @pytest.fixture
 def source(pg_conn: psycopg.Connection, slot_name: str):
-    c = pg_conn
-    c.execute(f"drop table if exists tw_items cascade; drop publication if exists {PUBLICATION}")
-    c.execute("create table tw_items (id int primary key, qty int, ratio real, price numeric(8,2), code varchar(5))")
-    c.execute(f"create publication {PUBLICATION} for table tw_items")
-    c.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (slot_name,))
-    c.execute("select pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot_name + "_po",))
-    yield slot_name
-    c.execute("select pg_drop_replication_slot(%s)", (slot_name + "_po",))
-    c.execute(f"drop publication if exists {PUBLICATION}")
+    ddl = "create table tw_items (id int primary key, qty int, ratio real, price numeric(8,2), code varchar(5))"
+    with two_plugin_source(pg_conn, slot_name, PUBLICATION, ["tw_items"], ddl) as slot:
+        yield slot
 
 
 @pytest.mark.parametrize("plugin", ["test_decoding", full_only("pgoutput", PLUGIN_REPEAT)])
