@@ -44,7 +44,14 @@ from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary
 from airflow_provider_pgdecode.batch.options import DEFAULT_OPTIONS, TableOptions, options_for
 from airflow_provider_pgdecode.batch.values import arrow_type
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction
-from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, RowImage, Truncate
+from airflow_provider_pgdecode.decoding.events import (
+    HEARTBEAT_PREFIX,
+    UNCHANGED_TOAST,
+    Change,
+    Message,
+    RowImage,
+    Truncate,
+)
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CatalogError, staging_io
 
@@ -388,6 +395,8 @@ class BatchWriter:
         self._add_message(message, None, None, message.xid)
 
     def _add_message(self, message: Message, commit_lsn: Lsn | None, seq: int | None, xid: int | None) -> None:
+        if message.prefix == HEARTBEAT_PREFIX:
+            return  # pgdecode's own: not the source's, and no reason to run a merge
         self._messages.append(
             (
                 int(message.lsn),

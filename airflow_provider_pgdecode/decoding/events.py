@@ -25,6 +25,10 @@ from typing import Any
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 
+#: The prefix of pgdecode's own heartbeat messages (``SlotClient.heartbeat``): they move an idle
+#: slot's end forward and are not staged as the source's messages.
+HEARTBEAT_PREFIX = "pgdecode.heartbeat"
+
 
 class _UnchangedToast:
     """Marker for an unchanged out-of-line (TOAST) value: the column keeps what it had."""

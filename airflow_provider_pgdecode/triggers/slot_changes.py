@@ -36,7 +36,16 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from asgiref.sync import sync_to_async
 
 from airflow_provider_pgdecode.capture.table_snapshot import pending_snapshot_requests
-from airflow_provider_pgdecode.decoding.events import Begin, Commit, Event, Message, Origin, StreamStart, StreamStop
+from airflow_provider_pgdecode.decoding.events import (
+    HEARTBEAT_PREFIX,
+    Begin,
+    Commit,
+    Event,
+    Message,
+    Origin,
+    StreamStart,
+    StreamStop,
+)
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.pgoutput import PgOutputParser, pgoutput_options
 from airflow_provider_pgdecode.decoding.test_decoding import PROBE_OPTIONS, TestDecodingParser
@@ -46,7 +55,7 @@ from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.postgres.health import check_readable, slot_in_use
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
 
-DEFAULT_HEARTBEAT_PREFIX = "pgdecode.heartbeat"
+DEFAULT_HEARTBEAT_PREFIX = HEARTBEAT_PREFIX
 DEFAULT_PROBE_ROWS = 100
 
 _NOT_CHANGES = (Begin, Commit, Origin, StreamStart, StreamStop)
