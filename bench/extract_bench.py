@@ -10,7 +10,11 @@ plugin (a ``test_decoding`` slot and a ``pgoutput`` slot over the same WAL):
 3. extract of the first fifth of the range, to show peak memory does not grow with batch size;
 4. the same full extract through the pure-Python path (``native=False``), for comparison
    (``--no-python`` skips it);
-5. busy: raw decode and native extract again while ``--load`` processes (default: one per core)
+5. walsender: the same changes streamed by ``START_REPLICATION`` (the streaming replication
+   protocol, read and dropped here), against the peek, in server CPU seconds of the backend
+   that decodes (``--no-walsender`` skips it): why the extract peeks instead of streaming
+   while the server decodes (docs/bounded-batches.md, "Why the extract peeks");
+6. busy: raw decode and native extract again while ``--load`` processes (default: one per core)
    spin in a busy loop, started by the bench before these runs and killed after them
    (``--no-busy`` skips it).
 
@@ -100,6 +104,67 @@ def raw_decode(conn: psycopg.Connection, plugin: str, ceiling: Lsn) -> tuple[int
         (SLOTS[plugin], str(ceiling), plugin_options(conn, plugin)),
     ).fetchone()[0]
     return rows, time.perf_counter() - started
+
+
+def backend_cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of a server process so far (``/proc``: the server is local)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peek_cpu(dsn: str, plugin: str, ceiling: Lsn) -> float:
+    """Server CPU seconds of one raw decode (the peek)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        before = backend_cpu_seconds(conn.info.backend_pid)
+        raw_decode(conn, plugin, ceiling)
+        return backend_cpu_seconds(conn.info.backend_pid) - before
+
+
+def walsender_decode(dsn: str, plugin: str, ceiling: Lsn) -> tuple[int, float]:
+    """Stream the slot from its position to ``ceiling`` over the replication protocol, with the
+    extract's plugin options, never confirming (standby status updates of 0/0); returns the
+    changes' messages and the walsender's CPU seconds. The messages are counted and dropped."""
+    conn = psycopg.connect(dsn, autocommit=True, replication="database")
+    try:
+        pgconn = conn.pgconn
+        pid = conn.info.backend_pid
+        pairs = plugin_options(conn, plugin)
+        options = ", ".join(f"\"{name}\" '{value}'" for name, value in zip(pairs[::2], pairs[1::2]))
+        before = backend_cpu_seconds(pid)
+        pgconn.send_query(f"START_REPLICATION SLOT {SLOTS[plugin]} LOGICAL 0/0 ({options})".encode())
+        result = pgconn.get_result()
+        if result is None or result.status != psycopg.pq.ExecStatus.COPY_BOTH:
+            raise RuntimeError(f"START_REPLICATION failed: {result.error_message if result else 'no result'!r}")
+        messages = 0
+        while True:
+            size, data = pgconn.get_copy_data(0)
+            if size < 0:
+                break
+            if data[0] == ord("w"):  # XLogData: 1 + dataStart, walEnd, sendTime (8 bytes each) + payload
+                messages += 1
+                continue
+            # Keepalive: walEnd past the ceiling means everything up to it was sent.
+            if int.from_bytes(data[1:9], "big") >= ceiling:
+                break
+            if data[17]:
+                pgconn.put_copy_data(b"r" + bytes(33))  # nothing written, flushed or applied
+                pgconn.flush()
+        cpu = backend_cpu_seconds(pid) - before
+        pgconn.put_copy_end(None)
+        while pgconn.get_copy_data(0)[0] >= 0:
+            pass
+        while pgconn.get_result() is not None:
+            pass
+    finally:
+        conn.close()
+    with psycopg.connect(dsn, autocommit=True) as check:  # the slot is free again for the next reader
+        for _ in range(200):
+            if not check.execute(
+                "select active from pg_replication_slots where slot_name = %s", (SLOTS[plugin],)
+            ).fetchone()[0]:
+                break
+            time.sleep(0.05)
+    return messages, cpu
 
 
 class CpuLoad:
@@ -211,6 +276,7 @@ def main() -> int:
     parser.add_argument("--txn-size", type=int, default=1_000)
     parser.add_argument("--no-python", action="store_true", help="skip the pure-Python extract")
     parser.add_argument("--no-busy", action="store_true", help="skip the runs under a competing CPU load")
+    parser.add_argument("--no-walsender", action="store_true", help="skip the replication protocol's server CPU")
     parser.add_argument("--repeat", type=int, default=3, help="extracts per plugin and mode (the median is shown)")
     parser.add_argument("--load", type=int, default=os.cpu_count() or 1, help="busy-loop processes of the busy runs")
     parser.add_argument(
@@ -245,7 +311,18 @@ def main() -> int:
                 quiet = measure(dsn, plugin, ceiling, work / plugin / "full", args.repeat)
                 part = extract_in_child(dsn, plugin, fifth, work / plugin / "fifth")
                 python = None if args.no_python else extract_in_child(dsn, plugin, ceiling, work / plugin / "py", False)
-                results[plugin] = {"quiet": quiet, "fifth": part, "python": python, "busy": None}
+                walsender = None
+                if not args.no_walsender:
+                    peek_seconds = peek_cpu(dsn, plugin, ceiling)
+                    messages, stream_seconds = walsender_decode(dsn, plugin, ceiling)
+                    walsender = {"peek_cpu": peek_seconds, "stream_cpu": stream_seconds, "messages": messages}
+                results[plugin] = {
+                    "quiet": quiet,
+                    "fifth": part,
+                    "python": python,
+                    "busy": None,
+                    "walsender": walsender,
+                }
             if not args.no_busy:
                 print(f"busy runs: {args.load} busy-loop processes ...", flush=True)
                 with CpuLoad(args.load):
@@ -292,6 +369,12 @@ def main() -> int:
             print(
                 f"Python path       : {py['seconds']:8.2f} s  {py_rate:12,.0f} rows/s  "
                 f"(ratio {py_rate / raw_rate:.2f}; native is {ours_rate / py_rate:.1f}x; peak RSS {py['peak_rss_mib']:.0f} MiB)"
+            )
+        if r["walsender"] is not None:
+            w = r["walsender"]
+            print(
+                f"server CPU to decode: peek {w['peek_cpu']:.2f} s, walsender streaming {w['stream_cpu']:.2f} s "
+                f"({w['messages']} messages): {w['stream_cpu'] / w['peek_cpu']:.2f}x the peek's"
             )
         print(
             f"extract peak RSS: {full['peak_rss_mib']:.0f} MiB for {full['rows']} rows; "
