@@ -13,7 +13,7 @@ plugin (a ``test_decoding`` slot and a ``pgoutput`` slot over the same WAL):
 5. walsender: the same changes streamed by ``START_REPLICATION`` (the streaming replication
    protocol, read and dropped here), against the peek, in server CPU seconds of the backend
    that decodes (``--no-walsender`` skips it): why the extract peeks instead of streaming
-   while the server decodes (docs/bounded-batches.md, "Why the extract peeks");
+   while the server decodes (README, "Performance: the native extract");
 6. busy: raw decode and native extract again while ``--load`` processes (default: one per core)
    spin in a busy loop, started by the bench before these runs and killed after them
    (``--no-busy`` skips it).
