@@ -5,16 +5,19 @@ plugin (a ``test_decoding`` slot and a ``pgoutput`` slot over the same WAL):
 
 1. raw:     ``select count(*) from pg_logical_slot_peek_changes(slot, ceiling, NULL, <options>)``
             (``peek_binary_changes`` for pgoutput), with the options the extract uses;
-2. extract: :func:`extract_batch` over the same slot and ceiling, to Parquet, with the native
+2. floor:   the same peek as ``COPY (...) TO STDOUT (FORMAT BINARY)``, as the extract reads it,
+            received by ``psql`` and dropped: the server's decode, its sending and a client that
+            does nothing with the bytes, the most any extract that peeks can reach;
+3. extract: :func:`extract_batch` over the same slot and ceiling, to Parquet, with the native
             fast path, in a child process so its peak memory (max RSS) is its own;
-3. extract of the first fifth of the range, to show peak memory does not grow with batch size;
-4. the same full extract through the pure-Python path (``native=False``), for comparison
+4. extract of the first fifth of the range, to show peak memory does not grow with batch size;
+5. the same full extract through the pure-Python path (``native=False``), for comparison
    (``--no-python`` skips it);
-5. walsender: the same changes streamed by ``START_REPLICATION`` (the streaming replication
+6. walsender: the same changes streamed by ``START_REPLICATION`` (the streaming replication
    protocol, read and dropped here), against the peek, in server CPU seconds of the backend
    that decodes (``--no-walsender`` skips it): why the extract peeks instead of streaming
    while the server decodes (README, "Performance: the native extract");
-6. busy: raw decode and native extract again while ``--load`` processes (default: one per core)
+7. busy: raw decode, floor and native extract again while ``--load`` processes (default: one per core)
    spin in a busy loop, started by the bench before these runs and killed after them
    (``--no-busy`` skips it).
 
@@ -46,6 +49,7 @@ import psycopg
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.pgoutput import pgoutput_options
 from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS
+from airflow_provider_pgdecode.postgres.session import PINNED_GUCS
 from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
 
 SLOTS = {"test_decoding": "bench_td", "pgoutput": "bench_po"}
@@ -104,6 +108,24 @@ def raw_decode(conn: psycopg.Connection, plugin: str, ceiling: Lsn) -> tuple[int
         (SLOTS[plugin], str(ceiling), plugin_options(conn, plugin)),
     ).fetchone()[0]
     return rows, time.perf_counter() - started
+
+
+def copy_floor(conn: psycopg.Connection, dsn: str, plugin: str, ceiling: Lsn) -> float | None:
+    """Seconds of the peek's binary COPY received by ``psql`` into /dev/null (None without psql)."""
+    psql = shutil.which("psql") or next(iter(sorted(map(str, Path("/usr/lib/postgresql").glob("*/bin/psql")))), None)
+    if psql is None:
+        return None
+    function = "pg_logical_slot_peek_changes" if plugin == "test_decoding" else "pg_logical_slot_peek_binary_changes"
+    options = ", ".join("'" + option.replace("'", "''") + "'" for option in plugin_options(conn, plugin))
+    copy = (
+        f"COPY (SELECT lsn, xid, data FROM {function}('{SLOTS[plugin]}', '{ceiling}'::pg_lsn, NULL, {options})) "
+        "TO STDOUT (FORMAT BINARY)"
+    )
+    # The extract's pinned settings (test_decoding prints values with them), in the same session.
+    settings = "; ".join(f"SET {name} = '{value}'" for name, value in PINNED_GUCS)
+    started = time.perf_counter()
+    subprocess.run([psql, dsn, "-X", "-q", "-c", settings, "-c", copy], stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - started
 
 
 def backend_cpu_seconds(pid: int) -> float:
@@ -198,12 +220,16 @@ def measure(dsn: str, plugin: str, ceiling: Lsn, staging: Path, repeat: int) -> 
         raw_rows, first = raw_decode(conn, plugin, ceiling)
     raws = [first]
     pairs = []
+    floors = []
     for _ in range(repeat):
         full = extract_in_child(dsn, plugin, ceiling, staging)
         shutil.rmtree(staging, ignore_errors=True)
         with psycopg.connect(dsn, autocommit=True) as conn:
             raws.append(raw_decode(conn, plugin, ceiling)[1])
+            floor = copy_floor(conn, dsn, plugin, ceiling)
         raw_seconds = (raws[-2] + raws[-1]) / 2
+        if floor is not None:
+            floors.append(raw_seconds / floor)
         ratio = (full["rows"] / full["seconds"]) / (raw_rows / raw_seconds)
         pairs.append({"ratio": ratio, "raw_seconds": raw_seconds, "raw_each": (raws[-2], raws[-1]), "full": full})
     pairs.sort(key=lambda pair: pair["ratio"])
@@ -212,6 +238,7 @@ def measure(dsn: str, plugin: str, ceiling: Lsn, staging: Path, repeat: int) -> 
         **median,
         "raw_rows": raw_rows,
         "ratios": [pair["ratio"] for pair in pairs],
+        "floor_ratios": sorted(floors),
         "loadavg": os.getloadavg()[0],
     }
 
@@ -360,6 +387,12 @@ def main() -> int:
                 f"{mode:5s} ratio extract/raw : {ours / raw:.2f}  (median of {every}; aim: >= {aim}; "
                 f"load average {m['loadavg']:.1f})"
             )
+            if m["floor_ratios"]:
+                floors = m["floor_ratios"]
+                print(
+                    f"{mode:5s} floor (COPY to psql): ratio {floors[len(floors) // 2]:.2f}  (median of "
+                    f"{', '.join(f'{r:.2f}' for r in floors)}: the peek sent as COPY to a client that drops it)"
+                )
             if m["raw_rows"] != m["full"]["rows"]:
                 print(f"WARNING: raw and extract read different row counts for {plugin} ({mode})", file=sys.stderr)
                 status = 1
