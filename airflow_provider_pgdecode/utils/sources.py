@@ -343,6 +343,13 @@ FIELDS = (
 """A source's fields, in the order the documentation gives them."""
 
 
+REQUIRED = {
+    "postgres_conn_id": "the Airflow connection (postgres type) of its database",
+    "slot": "the name of its replication slot (created by the first run when missing)",
+    "plugin": "its output plugin, one of " + ", ".join(PLUGINS),
+}
+
+
 def _fields_of(model: type[BaseModel]) -> list[str]:
     return [name for name in FIELDS if name in model.model_fields]
 
@@ -354,8 +361,7 @@ def _describe(error: Mapping[str, Any], model: type[BaseModel]) -> tuple[str, st
     kind = error["type"]
     given = error.get("input")
     if kind == "missing":
-        what = "one of " + ", ".join(PLUGINS) if field == "plugin" else "a value"
-        return field, f"missing: every source needs {what}"
+        return field, f"missing: every source needs {REQUIRED.get(field, 'a value')}"
     if kind == "extra_forbidden":
         fields = _fields_of(model)
         if model is SourceDefaults and field in NOT_IN_DEFAULTS:
@@ -578,7 +584,7 @@ def sources_file(configured: str, default: str | os.PathLike[str]) -> Path | Non
     if configured.strip():
         path = Path(configured.strip()).expanduser()
         if not path.is_absolute():
-            path = default.parent / path
+            path = Path(os.path.normpath(default.parent / path))
         if not path.is_file():
             raise ConfigurationError(
                 f"the sources file {path} does not exist: [pgdecode] sources (PGDECODE_SOURCES, "

@@ -103,10 +103,13 @@ sources:
 def test_a_missing_field() -> None:
     message = refused("sources:\n  shop:\n    slot: pgdecode_shop\n    plugin: test_decoding\n")
     assert message == (
-        "dags/pgdecode_sources.yaml:2: source 'shop': field 'postgres_conn_id': missing: every source needs a value"
+        "dags/pgdecode_sources.yaml:2: source 'shop': field 'postgres_conn_id': missing: every source needs the "
+        "Airflow connection (postgres type) of its database"
     )
     message = refused("sources:\n  shop:\n    postgres_conn_id: db\n    slot: s\n")
-    assert "source 'shop': field 'plugin': missing: every source needs one of test_decoding, pgoutput" in message
+    assert "source 'shop': field 'plugin': missing: every source needs its output plugin, one of test_decoding, " in (
+        message
+    )
 
 
 def test_an_unknown_plugin() -> None:
@@ -236,7 +239,7 @@ def test_which_file_is_read(tmp_path: Path) -> None:
     assert sources_file("", default) == default
     (tmp_path / "conf").mkdir()
     (tmp_path / "conf" / "mine.yaml").write_text(SOURCE)
-    assert sources_file("../conf/mine.yaml", default) == tmp_path / "dags" / "../conf/mine.yaml"
+    assert sources_file("../conf/mine.yaml", default) == tmp_path / "conf" / "mine.yaml"  # from the DAG file's folder
     assert sources_file(str(tmp_path / "conf" / "mine.yaml"), default) == tmp_path / "conf" / "mine.yaml"
     with pytest.raises(ConfigurationError) as info:
         sources_file("missing.yaml", default)
