@@ -12,6 +12,7 @@ the rest to the next runs).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
 from airflow_provider_pgdecode.operators.slot import PgDecodeEnsureSlotOperator
 from airflow_provider_pgdecode.sensors.slot_changes import PgDecodeSlotChangesSensor
 from airflow_provider_pgdecode.sensors.slot_health import PgDecodeSlotHealthSensor
+from airflow_provider_pgdecode.utils.config import pgdecode_int
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,39 @@ PARAM_SOURCE = Source(
 SOURCE_PARAMS = ("postgres_conn_id", "slot_name", "plugin", "publication")
 
 
-def cycle_params(data_dir: str, *, source: bool = True) -> dict[str, Param]:
+@dataclass(frozen=True)
+class CycleSettings:
+    """How a cycle waits, checks the slot and keeps staged batches (see :func:`build_cycle`)."""
+
+    wait_seconds: int
+    max_lag_bytes: int | None
+    retention_days: int | None
+
+    @classmethod
+    def from_config(cls) -> CycleSettings:
+        """The ``[pgdecode]`` settings ``wait_seconds``, ``max_lag_bytes``, ``retention_days`` in force now."""
+        return cls(
+            wait_seconds=pgdecode_int("wait_seconds") or 0,
+            max_lag_bytes=pgdecode_int("max_lag_bytes"),
+            retention_days=pgdecode_int("retention_days"),
+        )
+
+
+def with_defaults(params: dict[str, Param], defaults: Mapping[str, Any] | None) -> dict[str, Param]:
+    """``params`` with the default values of some replaced (same schema and description); a name
+    that is not a param is a :class:`ValueError` (a typo would otherwise be ignored)."""
+    for name, value in (defaults or {}).items():
+        if name not in params:
+            raise ValueError(f"{name!r} is not a param of this DAG; its params are {', '.join(params)}")
+        param = params[name]
+        params[name] = Param(value, description=param.description, **param.schema)
+    return params
+
+
+def cycle_params(data_dir: str, *, source: bool = True, defaults: Mapping[str, Any] | None = None) -> dict[str, Param]:
     """The params of a cycle; ``source=False`` leaves out :data:`SOURCE_PARAMS` (a DAG whose
-    slot is fixed when it is parsed, as one scheduled on the slot's Asset)."""
+    slot is fixed when it is parsed, as one scheduled on the slot's Asset, or generated from a
+    sources file). ``defaults`` replaces the default values of some (still overridable per run)."""
     params = {
         "postgres_conn_id": Param(
             "pgdecode_source", type="string", description="the source database's Airflow connection (postgres type)"
@@ -70,10 +102,10 @@ def cycle_params(data_dir: str, *, source: bool = True) -> dict[str, Param]:
         "tables": Param(
             [],
             type="array",
-            description="schema.table names to load; empty: every table outside the system schemas "
-            "(pgoutput: in the publication) minus exclude_tables",
+            description="schema.table names or glob patterns (public.order_*, matched when a run starts) to load; "
+            "empty: every table outside the system schemas (pgoutput: in the publication) minus exclude_tables",
         ),
-        "exclude_tables": Param([], type="array", description="schema.table names never to load"),
+        "exclude_tables": Param([], type="array", description="schema.table names or patterns never to load"),
         "table_options": Param(
             {},
             type="object",
@@ -115,7 +147,7 @@ def cycle_params(data_dir: str, *, source: bool = True) -> dict[str, Param]:
     if not source:
         for name in SOURCE_PARAMS:
             del params[name]
-    return params
+    return with_defaults(params, defaults)
 
 
 @dataclass(frozen=True)
@@ -137,6 +169,7 @@ def build_cycle(
     max_lag_bytes: int | None,
     retention_days: int | None,
     source: Source = PARAM_SOURCE,
+    pool: str | None = None,
 ) -> Cycle:
     """Create and wire a cycle's tasks in the DAG being defined (``with DAG(...)``).
 
@@ -146,7 +179,12 @@ def build_cycle(
         each confirm; ``None`` keeps everything.
     :param source: the slot, its connection, plugin and publication: fixed values, or by default
         :data:`PARAM_SOURCE`, the DAG's params.
+    :param pool: the Airflow pool of the tasks that run Spark (``merge``, and ``drain``, whose
+        batches are merged too), so that the merges of many DAGs share a bounded number of
+        slots; ``None``: Airflow's ``default_pool``. The pool must exist: the scheduler does not
+        run a task of a missing pool (it only logs a warning).
     """
+    spark_pool: dict[str, Any] = {"pool": pool} if pool else {}
     src = source
     ensure_slot = PgDecodeEnsureSlotOperator(
         task_id="ensure_slot",
@@ -203,6 +241,7 @@ def build_cycle(
         delta_root="{{ params.delta_root }}",
         conn_id="{{ params.spark_conn_id }}",
         storage_conn_id="{{ params.storage_conn_id }}",
+        **spark_pool,
     )
     confirm = PgDecodeConfirmOperator(
         task_id="confirm",
@@ -219,6 +258,7 @@ def build_cycle(
         postgres_conn_id=src.postgres_conn_id,
         enabled="{{ params.drain }}",
         outlets=list(merge.outlets),  # its merges emit the same Asset events as the merge task's
+        **spark_pool,
     )
 
     ensure_slot >> [slot_health, wait_for_changes]

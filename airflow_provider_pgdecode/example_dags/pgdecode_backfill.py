@@ -37,16 +37,22 @@ connection of the Amazon provider's ``aws`` type that reaches them (its key pair
 ``region_name`` and, for a store other than AWS, ``endpoint_url`` in its extra). Empty (the
 default): local paths, as before, or the ``AWS_*`` environment for ``s3://``. Only the
 connection id travels through the DAG: no secret reaches a task's fields, a log or XCom.
+
+:func:`backfill_dag` builds this DAG, and the backfill DAG of each source of a sources file
+(example_dags/sources.py, docs/sources.md): the same tasks with the source fixed when the file is
+parsed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from airflow.sdk import DAG, Param, TriggerRule, get_current_context, task
 from airflow.sdk.exceptions import AirflowSkipException
 
+from airflow_provider_pgdecode.example_dags.cycle import PARAM_SOURCE, SOURCE_PARAMS, Source, with_defaults
 from airflow_provider_pgdecode.operators.initial_snapshot import PgDecodeInitialSnapshotOperator
 from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
 from airflow_provider_pgdecode.operators.replay import PgDecodeReplayOperator
@@ -54,26 +60,23 @@ from airflow_provider_pgdecode.operators.table_snapshot import PgDecodeTableSnap
 from airflow_provider_pgdecode.sensors.table_snapshot import PgDecodeTableSnapshotSensor
 from airflow_provider_pgdecode.utils.config import pgdecode_setting
 
-DATA_DIR = pgdecode_setting("data_dir")  # [pgdecode] data_dir (AIRFLOW__PGDECODE__DATA_DIR)
 MODES = ["initial", "add-table", "resnapshot", "replay"]
 # The task that carries out each mode ("prepare" files a table snapshot request).
 MODE_TASKS = {"initial": "initial_load", "add-table": "prepare", "resnapshot": "prepare", "replay": "replay"}
-# The merge's Delta root: the delta_root param, or by default a separate root for replays.
-_DEFAULT_ROOT, _REPLAY_ROOT = f"{DATA_DIR}/delta", f"{DATA_DIR}/delta_backfill"
-DELTA_ROOT = f"{{{{ params.delta_root or ({_REPLAY_ROOT!r} if params.mode == 'replay' else {_DEFAULT_ROOT!r}) }}}}"
 
-with DAG(
-    dag_id="pgdecode_backfill",
-    description="Initial load, add a table, re-snapshot a table, or replay staged batches into Delta",
-    schedule="@daily",  # for `airflow backfill create` only: scheduled runs skip
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    is_paused_upon_creation=True,
-    max_active_runs=1,
-    render_template_as_native_obj=True,
-    tags=["pgdecode", "cdc", "backfill"],
-    doc_md=__doc__,
-    params={
+
+def backfill_params(
+    data_dir: str,
+    *,
+    delta_root: str,
+    replay_root: str,
+    source: bool = True,
+    defaults: Mapping[str, Any] | None = None,
+) -> dict[str, Param]:
+    """The params of a backfill DAG; ``source=False`` leaves out the slot, its connection, plugin
+    and publication (fixed when the DAG is parsed). ``delta_root`` and ``replay_root`` are the
+    merge's roots when the ``delta_root`` param is empty."""
+    params = {
         "mode": Param(
             "replay",
             enum=MODES,
@@ -87,8 +90,12 @@ with DAG(
             "pgdecode", type="string", pattern="^[a-z0-9_]{1,63}$", description="the pipeline's replication slot"
         ),
         "plugin": Param("test_decoding", enum=["test_decoding", "pgoutput"], description="the slot's output plugin"),
-        "tables": Param([], type="array", description="schema.table names; initial: empty means every table"),
-        "exclude_tables": Param([], type="array", description="schema.table names never to load"),
+        "tables": Param(
+            [],
+            type="array",
+            description="schema.table names or patterns (public.order_*); initial: empty means every table",
+        ),
+        "exclude_tables": Param([], type="array", description="schema.table names or patterns never to load"),
         "table_options": Param(
             {},
             type="object",
@@ -96,13 +103,12 @@ with DAG(
         ),
         "publication": Param("pgdecode", type="string", description="initial, pgoutput: the tables to copy"),
         "staging_uri": Param(
-            f"{DATA_DIR}/staging", type="string", description="a local directory or s3://bucket/prefix"
+            f"{data_dir}/staging", type="string", description="a local directory or s3://bucket/prefix"
         ),
         "delta_root": Param(
             "",
             type="string",
-            description=f"a local directory or s3://bucket/prefix; empty: {DATA_DIR}/delta "
-            f"(replay: {DATA_DIR}/delta_backfill)",
+            description=f"a local directory or s3://bucket/prefix; empty: {delta_root} (replay: {replay_root})",
         ),
         "storage_conn_id": Param(
             "",
@@ -126,72 +132,139 @@ with DAG(
         "spark_conn_id": Param(
             "spark_default", type="string", description="the Spark connection (local[*], spark://host:7077 ...)"
         ),
-    },
-) as dag:
+    }
+    if not source:
+        for name in SOURCE_PARAMS:
+            del params[name]
+    return with_defaults(params, defaults)
 
-    @task.branch(task_id="mode")
-    def choose_mode() -> str:
-        """The task of this run's mode; scheduled runs skip (the schedule serves `airflow backfill create`)."""
-        context = get_current_context()
-        if str(context["dag_run"].run_type).lower().endswith("scheduled"):
-            raise AirflowSkipException("pgdecode_backfill runs when triggered or backfilled, not on its schedule")
-        return MODE_TASKS[context["params"]["mode"]]
 
-    initial_load = PgDecodeInitialSnapshotOperator(
-        task_id="initial_load",
-        slot_name="{{ params.slot_name }}",
-        staging_root="{{ params.staging_uri }}",
-        plugin="{{ params.plugin }}",
-        tables="{{ params.tables }}",
-        exclude_tables="{{ params.exclude_tables }}",
-        table_options="{{ params.table_options }}",
-        publication="{{ params.publication if params.plugin == 'pgoutput' else None }}",
-        postgres_conn_id="{{ params.postgres_conn_id }}",
-        chunk_rows="{{ params.chunk_rows }}",
-        workers="{{ params.workers }}",
-        storage_conn_id="{{ params.storage_conn_id }}",
-    )
-    replay = PgDecodeReplayOperator(
-        task_id="replay",
-        slot_name="{{ params.slot_name }}",
-        staging_root="{{ params.staging_uri }}",
-        start_lsn="{{ params.start_lsn }}",
-        end_lsn="{{ params.end_lsn }}",
-        storage_conn_id="{{ params.storage_conn_id }}",
-    )
-    merge = PgDecodeMergeOperator(
-        task_id="merge",
-        # Jinja, not an XComArg: the batches of whichever of the two branches ran.
-        batch_paths="{{ ti.xcom_pull(task_ids='initial_load') or ti.xcom_pull(task_ids='replay') }}",
-        delta_root=DELTA_ROOT,
-        conn_id="{{ params.spark_conn_id }}",
-        trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,  # after whichever of the two ran
-        storage_conn_id="{{ params.storage_conn_id }}",
-    )
-    request = PgDecodeTableSnapshotOperator(
-        task_id="prepare",
-        slot_name="{{ params.slot_name }}",
-        staging_root="{{ params.staging_uri }}",
-        tables="{{ params.tables }}",
-        exclude_tables="{{ params.exclude_tables }}",
-        table_options="{{ params.table_options }}",
-        mode="{{ params.mode }}",
-        request_id="{{ params.request_id }}",  # empty: one per DAG run
-        chunk_rows="{{ params.chunk_rows }}",
-        postgres_conn_id="{{ params.postgres_conn_id }}",
-        storage_conn_id="{{ params.storage_conn_id }}",
-    )
-    filed: Any = request.output  # an XComArg (the request id), resolved when the sensor runs
-    wait_for_snapshot = PgDecodeTableSnapshotSensor(
-        task_id="wait_for_snapshot",
-        slot_name="{{ params.slot_name }}",
-        staging_root="{{ params.staging_uri }}",
-        request_id=filed,
-        wait_seconds="{{ params.wait_seconds }}",
-        poke_interval=30,  # reschedule mode: no worker is held between pokes
-        storage_conn_id="{{ params.storage_conn_id }}",
-    )
+def backfill_dag(
+    dag_id: str = "pgdecode_backfill",
+    *,
+    source: Source | None = None,
+    data_dir: str | None = None,
+    delta_root: str | None = None,
+    replay_root: str | None = None,
+    param_defaults: Mapping[str, Any] | None = None,
+    pool: str | None = None,
+    description: str | None = None,
+    tags: Sequence[str] = ("pgdecode", "cdc", "backfill"),
+    doc_md: str | None = None,
+    auto_register: bool = True,
+) -> DAG:
+    """The backfill DAG: initial load, add or re-snapshot tables, replay staged batches.
 
-    choose_mode() >> [initial_load, replay, request]
-    [initial_load, replay] >> merge
-    request >> wait_for_snapshot
+    :param dag_id: the DAG's id.
+    :param source: the slot, its connection, plugin and publication, fixed (they are then not
+        params); ``None`` (the default): params, overridable per run.
+    :param data_dir: where staging goes by default; default ``[pgdecode] data_dir``.
+    :param delta_root: the merge's Delta root when the ``delta_root`` param is empty; default
+        ``<data_dir>/delta``.
+    :param replay_root: the same for mode ``replay``; default ``<data_dir>/delta_backfill``.
+    :param param_defaults: other default values of params (``tables``, ``staging_uri`` ...).
+    :param pool: the Airflow pool of the ``merge`` task (Spark); default Airflow's ``default_pool``.
+    :param auto_register: Airflow's: register the DAG with the DAG file being parsed (``False``
+        for a DAG found through a module attribute only).
+    """
+    data_dir = data_dir or pgdecode_setting("data_dir")  # [pgdecode] data_dir (AIRFLOW__PGDECODE__DATA_DIR)
+    # The merge's Delta root: the delta_root param, or by default a separate root for replays.
+    default_root, replay_root = delta_root or f"{data_dir}/delta", replay_root or f"{data_dir}/delta_backfill"
+    merge_root = f"{{{{ params.delta_root or ({replay_root!r} if params.mode == 'replay' else {default_root!r}) }}}}"
+    src = source or PARAM_SOURCE
+    spark_pool: dict[str, Any] = {"pool": pool} if pool else {}
+    with DAG(
+        dag_id=dag_id,
+        auto_register=auto_register,
+        description=description
+        or "Initial load, add a table, re-snapshot a table, or replay staged batches into Delta",
+        schedule="@daily",  # for `airflow backfill create` only: scheduled runs skip
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        is_paused_upon_creation=True,
+        max_active_runs=1,
+        render_template_as_native_obj=True,
+        tags=list(tags),
+        doc_md=doc_md or __doc__,
+        params=backfill_params(
+            data_dir,
+            delta_root=default_root,
+            replay_root=replay_root,
+            source=source is None,
+            defaults=param_defaults,
+        ),
+    ) as dag:
+
+        @task.branch(task_id="mode")
+        def choose_mode() -> str:
+            """The task of this run's mode; scheduled runs skip (the schedule serves `airflow backfill create`)."""
+            context = get_current_context()
+            if str(context["dag_run"].run_type).lower().endswith("scheduled"):
+                raise AirflowSkipException(f"{dag_id} runs when triggered or backfilled, not on its schedule")
+            return MODE_TASKS[context["params"]["mode"]]
+
+        initial_load = PgDecodeInitialSnapshotOperator(
+            task_id="initial_load",
+            slot_name=src.slot_name,
+            staging_root="{{ params.staging_uri }}",
+            plugin=src.plugin,
+            tables="{{ params.tables }}",
+            exclude_tables="{{ params.exclude_tables }}",
+            table_options="{{ params.table_options }}",
+            publication=src.publication,
+            postgres_conn_id=src.postgres_conn_id,
+            chunk_rows="{{ params.chunk_rows }}",
+            workers="{{ params.workers }}",
+            storage_conn_id="{{ params.storage_conn_id }}",
+        )
+        replay = PgDecodeReplayOperator(
+            task_id="replay",
+            slot_name=src.slot_name,
+            staging_root="{{ params.staging_uri }}",
+            start_lsn="{{ params.start_lsn }}",
+            end_lsn="{{ params.end_lsn }}",
+            storage_conn_id="{{ params.storage_conn_id }}",
+        )
+        merge = PgDecodeMergeOperator(
+            task_id="merge",
+            # Jinja, not an XComArg: the batches of whichever of the two branches ran.
+            batch_paths="{{ ti.xcom_pull(task_ids='initial_load') or ti.xcom_pull(task_ids='replay') }}",
+            delta_root=merge_root,
+            conn_id="{{ params.spark_conn_id }}",
+            trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,  # after whichever of the two ran
+            storage_conn_id="{{ params.storage_conn_id }}",
+            **spark_pool,
+        )
+        request = PgDecodeTableSnapshotOperator(
+            task_id="prepare",
+            slot_name=src.slot_name,
+            staging_root="{{ params.staging_uri }}",
+            tables="{{ params.tables }}",
+            exclude_tables="{{ params.exclude_tables }}",
+            table_options="{{ params.table_options }}",
+            mode="{{ params.mode }}",
+            request_id="{{ params.request_id }}",  # empty: one per DAG run
+            chunk_rows="{{ params.chunk_rows }}",
+            postgres_conn_id=src.postgres_conn_id,
+            storage_conn_id="{{ params.storage_conn_id }}",
+        )
+        filed: Any = request.output  # an XComArg (the request id), resolved when the sensor runs
+        wait_for_snapshot = PgDecodeTableSnapshotSensor(
+            task_id="wait_for_snapshot",
+            slot_name=src.slot_name,
+            staging_root="{{ params.staging_uri }}",
+            request_id=filed,
+            wait_seconds="{{ params.wait_seconds }}",
+            poke_interval=30,  # reschedule mode: no worker is held between pokes
+            storage_conn_id="{{ params.storage_conn_id }}",
+        )
+
+        choose_mode() >> [initial_load, replay, request]
+        [initial_load, replay] >> merge
+        request >> wait_for_snapshot
+    return dag
+
+
+# This module's own DAG is found through `dag` (dags/pgdecode_backfill.py imports it): not registered with
+# whichever DAG file imports the factory (dags/pgdecode_sources.py would hold it twice).
+dag = backfill_dag(auto_register=False)

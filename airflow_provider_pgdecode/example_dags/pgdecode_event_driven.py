@@ -27,11 +27,13 @@ two DAGs per slot, not both. Settings: the ``[pgdecode]`` section (``data_dir``,
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from airflow.sdk import DAG
 
-from airflow_provider_pgdecode.example_dags.cycle import Source, build_cycle, cycle_params
+from airflow_provider_pgdecode.example_dags.cycle import CycleSettings, Source, build_cycle, cycle_params
 from airflow_provider_pgdecode.triggers.slot_event import SlotChangesEventTrigger, slot_asset
 from airflow_provider_pgdecode.utils.config import pgdecode_int, pgdecode_setting
 
@@ -52,6 +54,13 @@ def event_driven_dag(
     advance_lag_bytes: int | None = None,
     refire_interval: float | None = 3600.0,
     data_dir: str | None = None,
+    param_defaults: Mapping[str, Any] | None = None,
+    pool: str | None = None,
+    settings: CycleSettings | None = None,
+    description: str | None = None,
+    tags: Sequence[str] = ("pgdecode", "cdc", "event-driven"),
+    doc_md: str | None = None,
+    auto_register: bool = True,
 ) -> DAG:
     """A DAG that runs the CDC cycle of ``slot_name`` each time the slot has new changes.
 
@@ -68,8 +77,17 @@ def event_driven_dag(
     :param refire_interval: seconds after which the same pending changes fire again when no run
         confirmed them (a failed run); ``None``: never.
     :param data_dir: default staging and Delta location; default the ``[pgdecode] data_dir`` setting.
+    :param param_defaults: other default values of params (``tables``, ``delta_root`` ...).
+    :param pool: the Airflow pool of the tasks that run Spark (``merge``, ``drain``); default
+        Airflow's ``default_pool``.
+    :param settings: wait, health and retention settings; default a wait of
+        :data:`WAIT_SECONDS` and the ``[pgdecode]`` settings ``max_lag_bytes`` and ``retention_days``.
+    :param auto_register: Airflow's: register the DAG with the DAG file being parsed (``False``
+        for a DAG found through a module attribute only).
     """
     data_dir = data_dir or pgdecode_setting("data_dir")
+    if settings is None:
+        settings = CycleSettings(WAIT_SECONDS, pgdecode_int("max_lag_bytes"), pgdecode_int("retention_days"))
     pub = publication if plugin == "pgoutput" else None
     trigger = SlotChangesEventTrigger(
         slot_name=slot_name,
@@ -82,24 +100,28 @@ def event_driven_dag(
     )
     with DAG(
         dag_id=dag_id,
-        description=f"Event-driven CDC: runs when replication slot {slot_name} has changes",
+        auto_register=auto_register,
+        description=description or f"Event-driven CDC: runs when replication slot {slot_name} has changes",
         schedule=[slot_asset(slot_name, postgres_conn_id=postgres_conn_id, trigger=trigger)],
         start_date=datetime(2026, 1, 1),
         catchup=False,
         max_active_runs=1,  # cycles of one slot must not overlap
         render_template_as_native_obj=True,
         default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
-        tags=["pgdecode", "cdc", "event-driven"],
-        doc_md=__doc__ if dag_id == "pgdecode_event_driven" else f"{dag_id}: {__doc__}",
-        params=cycle_params(data_dir, source=False),
+        tags=list(tags),
+        doc_md=doc_md or (__doc__ if dag_id == "pgdecode_event_driven" else f"{dag_id}: {__doc__}"),
+        params=cycle_params(data_dir, source=False, defaults=param_defaults),
     ) as dag:
         build_cycle(
-            wait_seconds=WAIT_SECONDS,
-            max_lag_bytes=pgdecode_int("max_lag_bytes"),
-            retention_days=pgdecode_int("retention_days"),
+            wait_seconds=settings.wait_seconds,
+            max_lag_bytes=settings.max_lag_bytes,
+            retention_days=settings.retention_days,
             source=Source(slot_name, postgres_conn_id, plugin, pub),
+            pool=pool,
         )
     return dag
 
 
-dag = event_driven_dag()
+# This module's own DAG is found through `dag` (dags/pgdecode_event_driven.py imports it): not registered with
+# whichever DAG file imports the factory (dags/pgdecode_sources.py would hold it twice).
+dag = event_driven_dag(auto_register=False)

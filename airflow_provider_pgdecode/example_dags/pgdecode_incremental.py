@@ -61,34 +61,82 @@ clock (docs/event-driven.md). ``wait_for_changes`` is deferrable wherever Airflo
 Table snapshots: ``pgdecode_backfill`` in ``add-table`` or ``resnapshot`` mode files a request
 under the staging root; the next runs of this DAG copy the table chunk by chunk inside their
 extract, while every other table keeps flowing (docs/backfill.md).
+
+:func:`incremental_dag` builds this DAG, and the incremental DAG of each source of a sources file
+(example_dags/sources.py, docs/sources.md): the same tasks with the source fixed when the file is
+parsed, and the merge in a pool of its own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from types import EllipsisType
+from typing import Any
 
 from airflow.sdk import DAG
 
-from airflow_provider_pgdecode.example_dags.cycle import build_cycle, cycle_params
-from airflow_provider_pgdecode.utils.config import pgdecode_int, pgdecode_setting
+from airflow_provider_pgdecode.example_dags.cycle import CycleSettings, Source, build_cycle, cycle_params
+from airflow_provider_pgdecode.utils.config import pgdecode_setting
 
-DATA_DIR = pgdecode_setting("data_dir")
-MAX_LAG_BYTES = pgdecode_int("max_lag_bytes")
-WAIT_SECONDS = pgdecode_int("wait_seconds") or 0
-# Staged batches are the replay log of pgdecode_backfill; empty keeps them all.
-RETENTION_DAYS = pgdecode_int("retention_days")
 
-with DAG(
-    dag_id="pgdecode_incremental",
-    description="Incremental CDC: PostgreSQL logical replication slot -> staged batch -> Delta MERGE -> confirm",
-    schedule=pgdecode_setting("schedule"),
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    max_active_runs=1,  # cycles of one slot must not overlap
-    render_template_as_native_obj=True,
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
-    tags=["pgdecode", "cdc"],
-    doc_md=__doc__,
-    params=cycle_params(DATA_DIR),
-) as dag:
-    build_cycle(wait_seconds=WAIT_SECONDS, max_lag_bytes=MAX_LAG_BYTES, retention_days=RETENTION_DAYS)
+def incremental_dag(
+    dag_id: str = "pgdecode_incremental",
+    *,
+    source: Source | None = None,
+    schedule: str | None | EllipsisType = ...,
+    data_dir: str | None = None,
+    param_defaults: Mapping[str, Any] | None = None,
+    pool: str | None = None,
+    settings: CycleSettings | None = None,
+    description: str | None = None,
+    tags: Sequence[str] = ("pgdecode", "cdc"),
+    doc_md: str | None = None,
+    auto_register: bool = True,
+) -> DAG:
+    """The incremental DAG: one CDC cycle per run, on a clock.
+
+    :param dag_id: the DAG's id.
+    :param source: the slot, its connection, plugin and publication, fixed (they are then not
+        params); ``None`` (the default): params, overridable per run.
+    :param schedule: a cron expression or preset, or ``None`` (runs only when triggered); default
+        the ``[pgdecode] schedule`` setting.
+    :param data_dir: where staging and Delta go by default; default ``[pgdecode] data_dir``.
+    :param param_defaults: other default values of params (``tables``, ``delta_root`` ...).
+    :param pool: the Airflow pool of the tasks that run Spark (``merge``, ``drain``); default
+        Airflow's ``default_pool``.
+    :param settings: wait, health and retention settings; default the ``[pgdecode]`` settings.
+    :param auto_register: Airflow's: register the DAG with the DAG file being parsed (``False``
+        for a DAG found through a module attribute only).
+    """
+    data_dir = data_dir or pgdecode_setting("data_dir")
+    settings = settings or CycleSettings.from_config()
+    with DAG(
+        dag_id=dag_id,
+        auto_register=auto_register,
+        description=description
+        or "Incremental CDC: PostgreSQL logical replication slot -> staged batch -> Delta MERGE -> confirm",
+        schedule=pgdecode_setting("schedule") if schedule is ... else schedule,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        max_active_runs=1,  # cycles of one slot must not overlap
+        render_template_as_native_obj=True,
+        default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
+        tags=list(tags),
+        doc_md=doc_md or __doc__,
+        params=cycle_params(data_dir, source=source is None, defaults=param_defaults),
+    ) as dag:
+        build_cycle(
+            wait_seconds=settings.wait_seconds,
+            max_lag_bytes=settings.max_lag_bytes,
+            # Staged batches are the replay log of pgdecode_backfill; None keeps them all.
+            retention_days=settings.retention_days,
+            pool=pool,
+            **({"source": source} if source is not None else {}),
+        )
+    return dag
+
+
+# This module's own DAG is found through `dag` (dags/pgdecode_incremental.py imports it): not registered with
+# whichever DAG file imports the factory (dags/pgdecode_sources.py would hold it twice).
+dag = incremental_dag(auto_register=False)

@@ -12,7 +12,7 @@ from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.batch.options import as_table_options
 from airflow_provider_pgdecode.capture.bounds import DEFAULT_MAX_BATCH_CHANGES, DEFAULT_MAX_BATCH_WAL_BYTES, BatchBounds
 from airflow_provider_pgdecode.capture.reconcile import reconcile
-from airflow_provider_pgdecode.capture.tables import as_table_names, parse_table_names, select_tables
+from airflow_provider_pgdecode.capture.tables import as_table_names, resolve_tables
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
@@ -140,14 +140,17 @@ class PgDecodeExtractOperator(BaseOperator):
         the XCom one, e.g. after a backfill. (templated)
     :param upto_lsn: the ceiling LSN as ``X/Y``; default the server's WAL flush position when
         the task starts. (templated)
-    :param tables: ``schema.table`` names to stage; default (empty) every ordinary and
-        partitioned table outside the system schemas (for pgoutput: in the publication). With the
-        default, a table without a usable key (no primary key, replica identity index or REPLICA
-        IDENTITY FULL) that is not loaded ``append_only`` fails the task before the slot is read,
-        in one error naming every such table and the ways forward: nothing is skipped silently.
-        (templated)
-    :param exclude_tables: ``schema.table`` names never to stage (their changes are counted and
-        named in the manifest, and the log warns). (templated)
+    :param tables: ``schema.table`` names or glob patterns (``public.order_*``) to stage;
+        default (empty) every ordinary and partitioned table outside the system schemas (for
+        pgoutput: in the publication). Patterns are matched against the catalog (for pgoutput:
+        the publication's tables) each time the task runs; one that matches no table fails the
+        task (:func:`~airflow_provider_pgdecode.capture.tables.resolve_tables`). With the
+        default or a pattern, a table without a usable key (no primary key, replica identity
+        index or REPLICA IDENTITY FULL) that is not loaded ``append_only`` fails the task before
+        the slot is read, in one error naming every such table and the ways forward: nothing is
+        skipped silently. (templated)
+    :param exclude_tables: ``schema.table`` names or patterns never to stage (their changes are
+        counted and named in the manifest, and the log warns). (templated)
     :param publication: the publication of a pgoutput slot. (templated)
     :param table_options: per-table options, ``{"schema.table": {"mode": "append_only"}}``
         (:class:`~airflow_provider_pgdecode.batch.options.TableOptions`; validated before the
@@ -314,21 +317,19 @@ class PgDecodeExtractOperator(BaseOperator):
                 decision.start_lsn,
                 ceiling if ceiling is not None else "the server's WAL flush position",
             )
-            excluded = parse_table_names(as_table_names(self.exclude_tables))
-            tables: list[str | tuple[str, str]]
-            if self.tables:
-                tables = [name for name in parse_table_names(as_table_names(self.tables)) if name not in excluded]
-            else:
-                # Every table outside the system schemas (and in the publication), minus
-                # exclude_tables; one that cannot be loaded fails here, before the slot is read.
-                tables = list(
-                    select_tables(
-                        hook.get_catalog(),
-                        publication=self.publication if self.plugin == "pgoutput" else None,
-                        exclude_tables=excluded,
-                        table_options=as_table_options(self.table_options),
-                    )
+            # Names as given; patterns matched against the catalog now; no tables: every table
+            # outside the system schemas (and in the publication). Minus exclude_tables; a table
+            # that cannot be loaded, or a pattern matching none, fails here, before the slot is read.
+            tables: list[str | tuple[str, str]] = list(
+                resolve_tables(
+                    hook.get_catalog,
+                    as_table_names(self.tables),
+                    publication=self.publication if self.plugin == "pgoutput" else None,
+                    exclude_tables=as_table_names(self.exclude_tables),
+                    table_options=as_table_options(self.table_options),
                 )
+            )
+            if not self.tables:
                 self.log.info("No tables given: staging all %d table(s) of the database", len(tables))
             started = time.monotonic()
             manifest = hook.extract_batch(

@@ -44,7 +44,7 @@ from airflow_provider_pgdecode.capture.snapshot import (
     create_slot_with_snapshot,
     stage_snapshot,
 )
-from airflow_provider_pgdecode.capture.tables import as_table_names, parse_table_names, select_tables
+from airflow_provider_pgdecode.capture.tables import TableSelection, as_table_names, resolve_tables
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError
 from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
@@ -86,12 +86,14 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
     :param staging_root: the root of staged batches: a local directory or ``s3://bucket/prefix``.
         (templated)
     :param plugin: the slot's output plugin, ``test_decoding`` or ``pgoutput``. (templated)
-    :param tables: ``schema.table`` names to copy; default (empty) every ordinary and
-        partitioned table outside the system schemas (for pgoutput with ``publication``: in the
-        publication), minus ``exclude_tables``. With the default, a table without a usable key
-        that is not loaded ``append_only`` fails the task before the slot is created, in one
-        error naming every such table and the ways forward. (templated)
-    :param exclude_tables: ``schema.table`` names never to copy. (templated)
+    :param tables: ``schema.table`` names or glob patterns (``public.order_*``) to copy;
+        default (empty) every ordinary and partitioned table outside the system schemas (for
+        pgoutput with ``publication``: in the publication), minus ``exclude_tables``. Patterns
+        are matched against the catalog when the task runs; one that matches no table fails it.
+        With the default or a pattern, a table without a usable key that is not loaded
+        ``append_only`` fails the task before the slot is created, in one error naming every
+        such table and the ways forward. (templated)
+    :param exclude_tables: ``schema.table`` names or patterns never to copy. (templated)
     :param table_options: per-table options, ``{"schema.table": {"mode": "append_only"}}``
         (:class:`~airflow_provider_pgdecode.batch.options.TableOptions`): an ``append_only``
         table needs no key; ``arrays`` and ``max_value_bytes`` apply to the copy (docs/merge.md,
@@ -180,20 +182,18 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         slot, staging = str(self.slot_name), str(self.staging_root)
         chunk_rows, workers = self._settings()
         named = as_table_names(self.tables)
-        excluded = parse_table_names(as_table_names(self.exclude_tables))
+        excluded = as_table_names(self.exclude_tables)
+        TableSelection.parse(named)  # a bad pattern is refused before anything is done
         options = as_table_options(self.table_options)
-        parse_table_options(options)  # refused before anything is done
+        parse_table_options(options)
         with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
             exists = hook.get_slot_client().exists(slot)
-            if named:
-                tables = [pair for pair in parse_table_names(named) if pair not in excluded]
-            elif not exists:
+            tables: list[tuple[str, str]] = []
+            if not exists:  # (an existing slot's staged load is merged again: no tables to choose)
                 publication = str(self.publication) if self.publication and self.plugin == "pgoutput" else None
-                tables = select_tables(
-                    hook.get_catalog(), publication=publication, exclude_tables=excluded, table_options=options
+                tables = resolve_tables(
+                    hook.get_catalog, named, publication=publication, exclude_tables=excluded, table_options=options
                 )
-            else:
-                tables = []
             dsn = hook.dsn()
         root = storage_for(staging, self.storage_conn_id)
         if exists:

@@ -41,7 +41,7 @@ from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_pgdecode.batch.options import as_table_options, options_for, parse_table_options, qualified_name
 from airflow_provider_pgdecode.capture.table_snapshot import DEFAULT_CHUNK_ROWS, MODES, request_table_snapshot
-from airflow_provider_pgdecode.capture.tables import as_table_names, parse_table_names
+from airflow_provider_pgdecode.capture.tables import TableSelection, as_table_names, is_table_pattern, resolve_tables
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError
 from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
@@ -81,13 +81,15 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
     :param slot_name: the running pipeline's slot. (templated)
     :param staging_root: the root of the slot's staged batches, a local directory or
         ``s3://bucket/prefix`` (the request is filed under it). (templated)
-    :param tables: ``schema.table`` names to copy (at least one). (templated)
+    :param tables: ``schema.table`` names or glob patterns (``public.order_*``, matched against
+        the catalog when the task runs; the request names the tables they matched) to copy, at
+        least one. (templated)
     :param mode: ``add-table`` or ``resnapshot``. (templated)
     :param request_id: the request's id (letters, digits, ``_.+-``); default ``<mode>-<run_id>``,
         one request per DAG run. (templated)
     :param chunk_rows: rows per chunk (one query, one Parquet part). (templated)
     :param postgres_conn_id: the Airflow connection of the slot's database. (templated)
-    :param exclude_tables: ``schema.table`` names left out of ``tables`` (the pipeline's own
+    :param exclude_tables: ``schema.table`` names or patterns left out of ``tables`` (the pipeline's own
         exclusions, so that one list serves every mode). (templated)
     :param table_options: the pipeline's per-table options; a table loaded ``append_only``
         without a key cannot be copied chunk by chunk into a running pipeline (a chunk's rows
@@ -149,11 +151,12 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
         if mode not in MODES:
             raise ConfigurationError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         tables = as_table_names(self.tables)
-        excluded = parse_table_names(as_table_names(self.exclude_tables))
-        left_out = [t for t in tables if qualified_name(t) in excluded]
+        TableSelection.parse(tables)  # a bad pattern is refused before anything is filed
+        excluded = TableSelection.parse(as_table_names(self.exclude_tables))
+        left_out = [t for t in tables if not is_table_pattern(t) and excluded.matches(*qualified_name(t))]
         if left_out:
             self.log.warning("left out of the request (in exclude_tables): %s", ", ".join(left_out))
-            tables = [t for t in tables if qualified_name(t) not in excluded]
+            tables = [t for t in tables if t not in left_out]
         if not tables:
             raise ConfigurationError(
                 f"mode {mode!r} needs the tables to copy (param 'tables')"
@@ -168,11 +171,10 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
             raise ConfigurationError(f"chunk_rows must be a whole number of at least 1, not {self.chunk_rows!r}")
         return tables, chunk_rows
 
-    def _check_append_only(self, catalog: Catalog, tables: list[str], mode: str) -> None:
+    def _check_append_only(self, catalog: Catalog, tables: list[tuple[str, str]], mode: str) -> None:
         """Refuse keyless ``append_only`` tables: chunks need a key to be placed among logged inserts."""
         options = parse_table_options(as_table_options(self.table_options))
-        for name in tables:
-            schema, table = qualified_name(name)
+        for schema, table in tables:
             if options_for(options, schema, table).mode != "append_only":
                 continue
             try:
@@ -194,13 +196,22 @@ class PgDecodeTableSnapshotOperator(BaseOperator):
                     f"slot {slot!r} does not exist: mode {mode!r} loads tables into a running pipeline. Run "
                     "pgdecode_incremental (it creates the slot) or pgdecode_backfill with mode 'initial' first"
                 )
-            self._check_append_only(hook.get_catalog(), tables, mode)
+            # Patterns are matched against the catalog now (the request names the tables they matched).
+            pairs = resolve_tables(
+                hook.get_catalog,
+                tables,
+                exclude_tables=as_table_names(self.exclude_tables),
+                table_options=as_table_options(self.table_options),
+            )
+            if not pairs:
+                raise ConfigurationError(f"mode {mode!r}: exclude_tables leaves out every table of {tables}")
+            self._check_append_only(hook.get_catalog(), pairs, mode)
         request_id = self.request_id or f"{mode}-{context['run_id']}"
         try:
             request = request_table_snapshot(
                 storage_for(str(self.staging_root), self.storage_conn_id),
                 slot,
-                tables,
+                pairs,
                 mode,
                 request_id=request_id,
                 chunk_rows=chunk_rows,

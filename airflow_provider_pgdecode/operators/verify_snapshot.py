@@ -28,7 +28,7 @@ from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_pgdecode.batch.options import as_table_options
 from airflow_provider_pgdecode.capture.snapshot import DEFAULT_SNAPSHOT_CHUNK_ROWS
-from airflow_provider_pgdecode.capture.tables import as_table_names, parse_table_names, select_tables
+from airflow_provider_pgdecode.capture.tables import as_table_names, resolve_tables
 from airflow_provider_pgdecode.capture.verify import stage_verify_snapshot
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError
 from airflow_provider_pgdecode.hooks.object_store import storage_for
@@ -65,11 +65,11 @@ class PgDecodeVerifySnapshotOperator(BaseOperator):
     :param staging_root: the pipeline's staging root, a local directory or ``s3://bucket/prefix``.
         (templated)
     :param plugin: the pipeline's output plugin, used for the temporary slot. (templated)
-    :param tables: ``schema.table`` names to verify; default (empty) the tables the extract
-        loads by default (:func:`~airflow_provider_pgdecode.capture.tables.select_tables`: every
-        table outside the system schemas, in ``publication`` for pgoutput, minus
-        ``exclude_tables``). (templated)
-    :param exclude_tables: ``schema.table`` names the pipeline leaves out. (templated)
+    :param tables: ``schema.table`` names or patterns to verify, as the extract takes them
+        (:func:`~airflow_provider_pgdecode.capture.tables.resolve_tables`); default (empty) the
+        tables the extract loads by default (every table outside the system schemas, in
+        ``publication`` for pgoutput, minus ``exclude_tables``). (templated)
+    :param exclude_tables: ``schema.table`` names or patterns the pipeline leaves out. (templated)
     :param table_options: the pipeline's per-table options (give the extract's). (templated)
     :param publication: the pipeline's publication (pgoutput). (templated)
     :param postgres_conn_id: the Airflow connection of the source database. (templated)
@@ -146,18 +146,15 @@ class PgDecodeVerifySnapshotOperator(BaseOperator):
                     "pgdecode_backfill mode 'initial')"
                 )
             options = as_table_options(self.table_options)
-            excluded = parse_table_names(as_table_names(self.exclude_tables))
-            if named:
-                tables: list[str | tuple[str, str]] = [p for p in parse_table_names(named) if p not in excluded]
-            else:
-                tables = list(
-                    select_tables(
-                        hook.get_catalog(),
-                        publication=str(self.publication) if self.publication and self.plugin == "pgoutput" else None,
-                        exclude_tables=excluded,
-                        table_options=options,
-                    )
+            tables: list[str | tuple[str, str]] = list(
+                resolve_tables(
+                    hook.get_catalog,
+                    named,
+                    publication=str(self.publication) if self.publication and self.plugin == "pgoutput" else None,
+                    exclude_tables=as_table_names(self.exclude_tables),
+                    table_options=options,
                 )
+            )
             dsn = hook.dsn()
         if not tables:
             raise CatalogError("no table to verify: the database has no table the pipeline loads; name the tables")

@@ -72,6 +72,17 @@ SETTINGS: dict[str, Setting] = {
             "*/5 * * * *",
         ),
         Setting(
+            "sources",
+            "PGDECODE_SOURCES",
+            "",
+            "string",
+            "The sources file (YAML) that dags/pgdecode_sources.py turns into an incremental and a backfill "
+            "DAG per source (docs/sources.md); a relative path is taken from the folder of that DAG file. "
+            "Empty: ``pgdecode_sources.yaml`` next to it, when there is one (else no DAG). A file named here "
+            "that does not exist fails the DAG file's parsing.",
+            "/opt/airflow/dags/pgdecode_sources.yaml",
+        ),
+        Setting(
             "max_lag_bytes",
             "PGDECODE_MAX_LAG_BYTES",
             "",

@@ -27,8 +27,9 @@ NAMES = (
 def bag(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     from airflow.dag_processing.dagbag import DagBag
 
-    for name in ("DATA_DIR", "SCHEDULE", "WAIT_SECONDS", "MAX_LAG_BYTES", "RETENTION_DAYS"):
+    for name in ("DATA_DIR", "SCHEDULE", "WAIT_SECONDS", "MAX_LAG_BYTES", "RETENTION_DAYS", "SOURCES"):
         monkeypatch.delenv(f"PGDECODE_{name}", raising=False)
+    monkeypatch.delenv("AIRFLOW__PGDECODE__SOURCES", raising=False)  # no sources file: its DAG file makes none
     monkeypatch.setenv("AIRFLOW__PGDECODE__DATA_DIR", str(tmp_path))
     monkeypatch.setenv("AIRFLOW__PGDECODE__SCHEDULE", "*/5 * * * *")
     monkeypatch.setenv("AIRFLOW__PGDECODE__MAX_LAG_BYTES", "1024")

@@ -457,3 +457,36 @@ def test_a_table_without_a_key_fails_the_extract_without_a_retry(
         assert list_batches(tmp_path, slot_name) == []  # nothing half-staged
     finally:
         pg_conn.execute(f"DROP TABLE {name}")  # the module's other tests load every table
+
+
+def test_a_table_pattern_is_matched_when_the_task_runs(
+    own_database: psycopg.Connection[Any], tmp_path: Path, make_context: Any
+) -> None:
+    """``tables`` patterns are expanded by the extract against the catalog of the run: a table
+    created after the operator was built is staged, and a pattern matching nothing fails the task
+    by name before the slot is read."""
+    conn, slot = own_database, f"pat_{uuid.uuid4().hex[:8]}"
+    conn.execute("CREATE TABLE order_items (id int PRIMARY KEY, v text); CREATE TABLE other (id int PRIMARY KEY)")
+    extract = PgDecodeExtractOperator(
+        task_id="extract",
+        slot_name=slot,
+        staging_root=str(tmp_path),
+        tables=["public.order_*"],
+        exclude_tables=["public.order_archive"],
+    )
+    SlotClient(conn).create(slot)
+    conn.execute(
+        "CREATE TABLE order_notes (id int PRIMARY KEY, v text); CREATE TABLE order_archive (id int PRIMARY KEY)"
+    )
+    for table in ("order_items", "order_notes", "other", "order_archive"):
+        conn.execute(f"INSERT INTO {table} (id) VALUES (1), (2)")
+    summary = extract.execute(make_context())
+    assert summary["tables"] == {"public.order_items": 2, "public.order_notes": 2}
+
+    missing = PgDecodeExtractOperator(
+        task_id="extract", slot_name=slot, staging_root=str(tmp_path), tables=["public.orders", "public.ordr_*"]
+    )
+    start = confirmed(conn, slot)
+    with pytest.raises(AirflowFailException, match=r"table pattern\(s\) 'public.ordr_\*' match no table"):
+        missing.execute(make_context())
+    assert confirmed(conn, slot) == start

@@ -39,6 +39,7 @@ def test_every_setting_is_documented_with_its_default() -> None:
     assert set(options) == {
         "data_dir",
         "schedule",
+        "sources",
         "max_lag_bytes",
         "wait_seconds",
         "retention_days",
