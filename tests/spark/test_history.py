@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -35,6 +36,7 @@ from airflow_provider_pgdecode.spark.merge_job import merge_batches
 from airflow_provider_pgdecode.spark.verify_job import verify_tables
 from airflow_provider_pgdecode.testing.compare import compare_table
 from tests.conftest import two_plugin_source
+from tests.spark.staged import UNCHANGED, TableChanges, write_batch
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
@@ -291,3 +293,37 @@ def test_history_and_soft_delete_tables_keep_every_committed_state(
 
 def _row_order(row: dict[str, Any]) -> tuple[int, int]:
     return row["id"], row.get("_pg_valid_from_lsn") or 0
+
+
+@pytest.mark.parametrize("mode", ["history", "soft_delete"])
+def test_added_and_widened_columns_flow_into_history_and_soft_delete_tables(spark, tmp_path: Path, mode: str) -> None:
+    """Staged batches (tests/spark/staged.py): a column added and one widened inside the second
+    batch; the Delta table takes both (ADD COLUMNS, type widening) and keeps its mode's columns."""
+    before = [("id", "integer", pa.int32()), ("qty", "integer", pa.int32()), ("note", "text", pa.string())]
+    after = [("id", "integer", pa.int32()), ("qty", "bigint", pa.int64()), ("note", "text", pa.string())]
+    after.append(("extra", "text", pa.string()))
+    first = TableChanges("public", "ev", before, mode=mode).insert(0x100, id=1, qty=1, note="n1")
+    first.insert(0x100, id=2, qty=2, note="n2")
+    second = TableChanges("public", "ev", before, mode=mode).update(0x300, id=1, qty=5, note=UNCHANGED)
+    second.alter(after).update(0x400, id=1, qty=5_000_000_000, note=UNCHANGED, extra="x").delete(0x500, id=2)
+    root, delta_root = tmp_path / "staging", str(tmp_path / "delta")
+    merge_batches(spark, [write_batch(root, "s", 0x10, 0x200, [first])], delta_root)
+    summary = merge_batches(spark, [write_batch(root, "s", 0x200, 0x600, [second])], delta_root)
+    table = summary["tables"]["public.ev"]
+    assert (table["columns_added"], table["columns_widened"]) == (["extra"], {"qty": "int -> bigint"})
+    frame = spark.read.format("delta").load(f"{delta_root}/public/ev")
+    types = dict(frame.dtypes)
+    assert (types["qty"], types["extra"]) == ("bigint", "string")
+    rows = sorted((r.asDict() for r in frame.collect()), key=_row_order)
+    if mode == "history":
+        assert [(r["id"], r["qty"], r["note"], r["extra"], r["_pg_valid_to_lsn"], r["_pg_current"]) for r in rows] == [
+            (1, 1, "n1", None, 0x300, False),
+            (1, 5, "n1", None, 0x400, False),
+            (1, 5_000_000_000, "n1", "x", None, True),
+            (2, 2, "n2", None, 0x500, False),
+        ]
+    else:
+        assert [(r["id"], r["qty"], r["note"], r["extra"], r["_pg_commit_lsn"], r["_pg_deleted"]) for r in rows] == [
+            (1, 5_000_000_000, "n1", "x", 0x400, False),
+            (2, 2, "n2", None, 0x500, True),
+        ]
