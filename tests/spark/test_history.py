@@ -195,12 +195,12 @@ def check_truncate(by_key: dict[int, list[dict[str, Any]]], w: Workload) -> None
     """Every version current before the TRUNCATE ends at its commit, where the rows inserted
     after it in its transaction begin."""
     mark = w.marks["truncate"]
-    at = by_key[14][0]["_pg_valid_from_lsn"]
+    at, when = by_key[14][0]["_pg_valid_from_lsn"], by_key[14][0]["_pg_valid_from"]
     again = [r for r in by_key[1] if r["name"] == "one-again"]
     assert again[0]["_pg_valid_from_lsn"] == at  # key 1 inserted again after the TRUNCATE
     for key in w.states[mark - 1]:
         valid = [r for r in by_key[key] if r["_pg_valid_from_lsn"] < at]
-        assert valid[-1]["_pg_valid_to_lsn"] == at, key
+        assert (valid[-1]["_pg_valid_to_lsn"], valid[-1]["_pg_valid_to"]) == (at, when), key
     assert 13 not in by_key and 99 not in by_key  # never committed
 
 
