@@ -57,6 +57,29 @@ CHANGE_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
 DELTA_COLUMNS: tuple[str, ...] = (COMMIT_LSN, COMMIT_TIME, XID)
 """The metadata columns every Delta table keeps beside the source columns."""
 
+VALID_FROM_LSN = "_pg_valid_from_lsn"
+VALID_TO_LSN = "_pg_valid_to_lsn"
+VALID_FROM = "_pg_valid_from"
+VALID_TO = "_pg_valid_to"
+CURRENT = "_pg_current"
+HISTORY_COLUMNS: tuple[str, ...] = (VALID_FROM_LSN, VALID_TO_LSN, VALID_FROM, VALID_TO, CURRENT)
+"""The columns a ``history`` table (``table_options`` mode) keeps after :data:`DELTA_COLUMNS`: the
+commit LSN and time that opened and closed each version (to: NULL while it is current), and
+whether it is the key's current version (docs/merge.md, "History and soft deletes")."""
+
+DELETED = "_pg_deleted"
+SOFT_DELETE_COLUMNS: tuple[str, ...] = (DELETED,)
+"""The column a ``soft_delete`` table keeps after :data:`DELTA_COLUMNS`: the row is a tombstone."""
+
+
+def delta_columns(mode: str) -> tuple[str, ...]:
+    """The metadata columns of a Delta table loaded in ``mode`` (``table_options``), in table order."""
+    if mode == "history":
+        return DELTA_COLUMNS + HISTORY_COLUMNS
+    if mode == "soft_delete":
+        return DELTA_COLUMNS + SOFT_DELETE_COLUMNS
+    return DELTA_COLUMNS
+
 
 MESSAGES_DIR = "messages"
 """The batch directory holding logical decoding messages: ``messages/part-NNNNN.parquet``."""

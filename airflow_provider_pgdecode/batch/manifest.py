@@ -70,7 +70,8 @@ class TableSummary:
     #: or ``all columns`` (no key: merged as a multiset); None when unknown (older manifests, or
     #: an ``append_only`` table without a key).
     key_source: str | None = None
-    #: ``merge`` or ``append_only`` (``table_options`` mode); older manifests are ``merge``.
+    #: ``merge``, ``append_only``, ``history`` or ``soft_delete`` (``table_options`` mode); older
+    #: manifests are ``merge``.
     mode: str = "merge"
     #: The source table's OID (``pg_class.oid``); ``None`` in batches staged before it was recorded.
     oid: int | None = None

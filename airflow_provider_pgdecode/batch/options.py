@@ -3,6 +3,7 @@
 Given as a mapping from ``schema.table`` to options, e.g. the DAGs' ``table_options`` param::
 
     {"public.pgbench_history": {"mode": "append_only"},
+     "public.orders": {"mode": "history"},
      "public.readings": {"on_bad_value": "quarantine"}}
 
 A name without a schema means ``public``. Unknown tables in the mapping are allowed (a table
@@ -13,13 +14,15 @@ field named.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from airflow_provider_pgdecode.errors import ConfigurationError
 
-LoadMode = Literal["merge", "append_only"]
+LoadMode = Literal["merge", "append_only", "history", "soft_delete"]
+LOAD_MODES: tuple[str, ...] = get_args(LoadMode)
+"""Every load mode, in the order the error wording lists them (docs/merge.md describes each)."""
 BadValuePolicy = Literal["fail", "quarantine"]
 ArrayStaging = Literal["list", "json"]
 
@@ -33,7 +36,12 @@ class TableOptions(BaseModel):
     :param mode: ``merge`` (default): the Delta table holds the source table's current rows,
         matched by the table key (:meth:`Catalog.table_key`). ``append_only``: for insert-only
         tables without a key (logs, histories under REPLICA IDENTITY DEFAULT): inserts are
-        appended; an UPDATE or DELETE of the table fails the run with its name.
+        appended; an UPDATE or DELETE of the table fails the run with its name. ``history``
+        (slowly changing dimension type 2): one Delta row per committed version of each key,
+        with ``_pg_valid_from_lsn``/``_pg_valid_to_lsn``, ``_pg_valid_from``/``_pg_valid_to``
+        (commit LSN and time) and ``_pg_current``. ``soft_delete``: the current rows, plus a
+        ``_pg_deleted`` tombstone for every deleted (or truncated) key. Both need a key (a
+        primary key or a replica identity index). See docs/merge.md, "History and soft deletes".
     :param on_bad_value: ``fail`` (default): a value the pipeline cannot carry stops the run
         with the table, column and LSN named. ``quarantine``: that change goes to the quarantine
         Delta table with the raw value, the reason and its LSN; the rest of the batch flows.
@@ -81,7 +89,7 @@ def parse_table_options(value: Mapping[str, Any] | None) -> dict[tuple[str, str]
                 f"{'.'.join(str(p) for p in error['loc']) or 'options'}: {error['msg']}" for error in exc.errors()
             )
             raise ConfigurationError(
-                f"table_options[{name!r}] is invalid ({problems}); allowed: mode in ('merge', 'append_only'), "
+                f"table_options[{name!r}] is invalid ({problems}); allowed: mode in {LOAD_MODES}, "
                 "on_bad_value in ('fail', 'quarantine'), max_value_bytes > 0, arrays in ('list', 'json')"
             ) from None
     return out

@@ -195,16 +195,12 @@ def resolve_lineage_roots(links: DataFrame, max_rounds: int = 64) -> DataFrame:
     raise RuntimeError(f"key-change chains longer than 2^{max_rounds} moves")
 
 
-def collapse_with_lineage(
-    effects: DataFrame, spec: CollapseInput, target: DataFrame | None, *, allow_keep: bool
-) -> DataFrame:
-    """Last state per key when key changes carry unchanged-TOAST columns.
+def with_lineage(effects: DataFrame, spec: CollapseInput) -> DataFrame:
+    """Each effect tagged with ``__lineage``: the first segment of the physical row it belongs to,
+    followed back through key changes (:func:`with_segments`, :func:`resolve_lineage_roots`).
 
-    A kept column's value follows the physical row through its key changes (its lineage):
-    the latest effect of the lineage that set it wins; when none did, the value is the one
-    Delta holds at the lineage's first key. If that key is the row's final key, the MERGE
-    keeps the Delta value itself; otherwise it is read from ``target`` here.
-    """
+    ``__lineage`` is a segment struct ``(k, o)``: ``o`` null means the row started from the one
+    Delta held at key ``k`` before the run; otherwise an INSERT at order ``o`` started it."""
     tagged = with_segments(effects, spec)
     old_key = F.struct(*[F.col(old_key_name(i)).alias(name) for i, name in enumerate(spec.key)])
     move_ins = tagged.where(F.col(MOVE_IN)).select(
@@ -221,9 +217,22 @@ def collapse_with_lineage(
         (move_ins["from_k"] == deletes["k"]) & (move_ins["l"] == deletes["l"]) & (move_ins["s"] == deletes["s"]),
     ).select("child", "parent")
     roots = resolve_lineage_roots(links)
-    lineage = tagged.join(roots, tagged["__seg"] == roots["child"], "left").select(
+    return tagged.join(roots, tagged["__seg"] == roots["child"], "left").select(
         *[col(name) for name in tagged.columns], F.coalesce(F.col("root"), F.col("__seg")).alias("__lineage")
     )
+
+
+def collapse_with_lineage(
+    effects: DataFrame, spec: CollapseInput, target: DataFrame | None, *, allow_keep: bool
+) -> DataFrame:
+    """Last state per key when key changes carry unchanged-TOAST columns.
+
+    A kept column's value follows the physical row through its key changes (its lineage):
+    the latest effect of the lineage that set it wins; when none did, the value is the one
+    Delta holds at the lineage's first key. If that key is the row's final key, the MERGE
+    keeps the Delta value itself; otherwise it is read from ``target`` here.
+    """
+    lineage = with_lineage(effects, spec)
     setters = lineage.groupBy("__lineage").agg(
         *[
             F.max_by(F.struct(col(column).alias("v")), _setter_order(column)).alias(f"__set_{index}")

@@ -52,6 +52,7 @@ if __package__ in (None, ""):  # run as a file by spark-submit: make the package
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
+    BooleanType,
     DataType,
     DecimalType,
     IntegerType,
@@ -64,8 +65,23 @@ from pyspark.sql.types import (
 )
 
 from airflow_provider_pgdecode.batch import format as staged
-from airflow_provider_pgdecode.batch.format import COMMIT_LSN, COMMIT_TIME, XID, is_local_path, join_path, local_path
+from airflow_provider_pgdecode.batch.format import (
+    COMMIT_LSN,
+    COMMIT_TIME,
+    CURRENT,
+    DELETED,
+    VALID_FROM,
+    VALID_FROM_LSN,
+    VALID_TO,
+    VALID_TO_LSN,
+    XID,
+    delta_columns,
+    is_local_path,
+    join_path,
+    local_path,
+)
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, read_batches
+from airflow_provider_pgdecode.batch.options import LOAD_MODES
 from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage, fsync_dir, is_object_store, spark_uri
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import (
@@ -75,8 +91,9 @@ from airflow_provider_pgdecode.errors import (
     MergeOutOfMemoryError,
     UnmappedTypeError,
 )
-from airflow_provider_pgdecode.spark import collapse, delta_commit, multiset
+from airflow_provider_pgdecode.spark import collapse, delta_commit, history, multiset
 from airflow_provider_pgdecode.spark.collapse import KEEP, KIND, LSN, OP, SEQ, CollapseInput, col, old_key_name
+from airflow_provider_pgdecode.spark.history import HISTORY, KEPT_MODES, MODE_PROPERTY, SOFT_DELETE, Truncate
 from airflow_provider_pgdecode.spark.session import active_connect_session, configure_object_store, is_connect_session
 from airflow_provider_pgdecode.spark.types import (
     DEFAULT_UNBOUNDED_NUMERIC,
@@ -103,6 +120,39 @@ METADATA_FIELDS: tuple[StructField, ...] = (
 )
 METADATA_COLUMNS = staged.DELTA_COLUMNS
 assert tuple(f.name for f in METADATA_FIELDS) == METADATA_COLUMNS
+MODE_FIELDS: Mapping[str, tuple[StructField, ...]] = {
+    HISTORY: (
+        StructField(
+            VALID_FROM_LSN, LongType(), False, {"comment": "commit LSN of the change that opened this version"}
+        ),
+        StructField(
+            VALID_TO_LSN,
+            LongType(),
+            True,
+            {"comment": "commit LSN of the change that closed this version (NULL: current)"},
+        ),
+        StructField(VALID_FROM, TimestampType(), True, {"comment": "commit time of the change that opened it (UTC)"}),
+        StructField(VALID_TO, TimestampType(), True, {"comment": "commit time of the change that closed it (UTC)"}),
+        StructField(CURRENT, BooleanType(), False, {"comment": "the key's current version"}),
+    ),
+    SOFT_DELETE: (
+        StructField(
+            DELETED,
+            BooleanType(),
+            False,
+            {"comment": "deleted in the source (the row's last values, kept as a tombstone)"},
+        ),
+    ),
+}
+"""The metadata columns a table of each kept mode has after :data:`METADATA_FIELDS`."""
+assert all(delta_columns(m) == METADATA_COLUMNS + tuple(f.name for f in MODE_FIELDS[m]) for m in KEPT_MODES)
+
+
+def metadata_fields(mode: str) -> tuple[StructField, ...]:
+    """The metadata columns of a new Delta table loaded in ``mode``, in table order."""
+    return METADATA_FIELDS + MODE_FIELDS.get(mode, ())
+
+
 KEY_PROPERTY = "pgdecode.key"
 SOURCE_PROPERTY = "pgdecode.source"
 DEFAULT_TABLE_PROPERTIES: Mapping[str, str] = {
@@ -192,6 +242,9 @@ class TablePlan:
     (:mod:`.multiset`)."""
     append_only: bool = False
     """``table_options`` mode ``append_only``: inserts are appended, nothing is matched."""
+    mode: str = "merge"
+    """The ``table_options`` mode the batches stage the table with (``history``, ``soft_delete``:
+    :mod:`.history`)."""
 
     @property
     def name(self) -> str:
@@ -222,6 +275,8 @@ class Profile:
     key_ranges: list[tuple[Any, Any]] | None = None
     missing_old: int = 0
     """UPDATEs and DELETEs staged without an old image."""
+    truncations: tuple[Truncate, ...] = ()
+    """Every TRUNCATE of the table among the changes, in commit order (history, soft delete)."""
 
 
 @dataclass
@@ -484,7 +539,14 @@ def plan_table(
             f"table {name} is staged with modes {modes} in these batches (table_options changed): merge the "
             "batches before and after the change in separate runs. Nothing was written."
         )
-    append_only = latest.mode == "append_only"
+    mode = latest.mode
+    if mode not in LOAD_MODES:
+        raise MergeInputError(
+            f"table {name} is staged with mode {mode!r}, which this merge job does not know (it knows "
+            f"{', '.join(LOAD_MODES)}): the batches were staged by a newer pgdecode; merge them with that "
+            "version. Nothing was written."
+        )
+    append_only = mode == "append_only"
     key = [] if append_only else latest.key
     if not key and not append_only:
         raise MergeInputError(
@@ -495,6 +557,14 @@ def plan_table(
             f"then re-extract. Nothing was written."
         )
     is_multiset = not append_only and keyed_by_all_columns(latest)
+    if is_multiset and mode in KEPT_MODES:
+        raise MergeInputError(
+            f"table {name} has no key (REPLICA IDENTITY FULL without a primary key or replica identity index), "
+            f"so its rows cannot be kept with table_options mode {mode!r}: versions and tombstones are kept per "
+            "key, and identical rows of a keyless table have none. Nothing was written. Give the table a primary "
+            "key (or REPLICA IDENTITY USING INDEX on a unique index of NOT NULL columns) and re-extract, or load "
+            "it with mode 'merge' (a multiset) or 'append_only'"
+        )
     for batch, entry in entries:
         if not append_only and entry.key and tuple(entry.key) != tuple(key):
             raise MergeInputError(
@@ -557,6 +627,15 @@ def plan_table(
                 f"table {name}: the Delta table at {path} is keyed on {json.loads(recorded_key)}, the source now on "
                 f"{list(key)}; a key change needs the Delta table rebuilt"
             )
+        recorded_mode = state.properties.get(MODE_PROPERTY)
+        if (mode in KEPT_MODES or recorded_mode in KEPT_MODES) and recorded_mode != mode:
+            raise MergeInputError(
+                f"table {name}: the Delta table at {path} is kept in mode {recorded_mode or 'merge'!r} (its property "
+                f"{MODE_PROPERTY}), and the batches stage the table with mode {mode!r} (table_options): a table's "
+                "mode cannot change in place, its columns and rows differ. Nothing was written. Set table_options "
+                f"back to {recorded_mode or 'merge'!r} (and re-extract), or move the Delta table aside and "
+                f"resnapshot {source} (pgdecode_backfill mode=resnapshot), which creates it in mode {mode!r}"
+            )
         for column_name in columns:
             mapped_type = types[column_name]
             if column_name not in delta_fields:
@@ -581,7 +660,7 @@ def plan_table(
                 f"table {name}: key column(s) {missing_in_delta} are not in the Delta table at {path}"
             )
         not_written = tuple(
-            f.name for f in state.schema.fields if f.name not in types and f.name not in METADATA_COLUMNS
+            f.name for f in state.schema.fields if f.name not in types and not f.name.startswith(staged.METADATA_PREFIX)
         )
 
     if is_multiset:
@@ -602,6 +681,7 @@ def plan_table(
         not_written=not_written,
         multiset=is_multiset,
         append_only=append_only,
+        mode=mode,
     )
     applied_through = state.watermark if state.watermark is not None else -1
     for batch in batches:
@@ -894,6 +974,17 @@ def profile_events(events: DataFrame, plan: TablePlan, key_bounds: tuple[int, in
         F.sum(F.when(F.col(OP) == "D", 1).otherwise(0)).alias("deletes"),
         F.sum(F.when(F.col(OP) == "T", 1).otherwise(0)).alias("truncates"),
         F.max(truncate_order).alias("truncate_at"),
+        F.collect_set(
+            F.when(
+                F.col(OP) == "T",
+                F.struct(
+                    F.col(LSN).alias("lsn"),
+                    F.col(SEQ).alias("seq"),
+                    F.unix_micros(F.col(COMMIT_TIME)).alias("micros"),
+                    F.col(XID).alias("xid"),
+                ),
+            )
+        ).alias("truncate_list"),
         F.array_distinct(F.flatten(F.collect_set(F.when(upsert, F.col(KEEP))))).alias("keep_columns"),
         F.sum(
             F.when((F.col(OP) == "U") & collapse.key_changed(plan.key) & (F.size(F.col(KEEP)) > 0), 1).otherwise(0)
@@ -925,6 +1016,18 @@ def profile_events(events: DataFrame, plan: TablePlan, key_bounds: tuple[int, in
 
     truncates = [row["truncate_at"] for row in rows if row["truncate_at"] is not None]
     truncate_at = max(((int(t["lsn"]), int(t["seq"])) for t in truncates), default=None)
+    truncate_list = sorted(
+        {
+            Truncate(
+                int(t["lsn"]),
+                int(t["seq"]),
+                None if t["micros"] is None else int(t["micros"]),
+                None if t["xid"] is None else int(t["xid"]),
+            )
+            for row in rows
+            for t in (row["truncate_list"] or ())
+        }
+    )
     kept = {column for row in rows for column in (row["keep_columns"] or ())}
     keep_columns = tuple(c for c in plan.value_columns if c in kept)
     if total("unknown_ops"):
@@ -954,6 +1057,7 @@ def profile_events(events: DataFrame, plan: TablePlan, key_bounds: tuple[int, in
         key_max=key_max,
         key_ranges=ranges,
         missing_old=total("missing_old"),
+        truncations=tuple(truncate_list),
     )
 
 
@@ -1106,7 +1210,8 @@ def _ddl_field(field_: StructField) -> str:
 
 def table_fields(plan: TablePlan) -> list[StructField]:
     """A new table's columns: the source columns (comment ``PostgreSQL <catalog type>``, the key
-    NOT NULL unless matched as a multiset), then the metadata columns."""
+    NOT NULL unless matched as a multiset), then the metadata columns of its mode
+    (:func:`metadata_fields`)."""
     return [
         StructField(
             column,
@@ -1115,14 +1220,15 @@ def table_fields(plan: TablePlan) -> list[StructField]:
             {"comment": f"PostgreSQL {plan.types[column].catalog_type}"},
         )
         for column in plan.columns
-    ] + list(METADATA_FIELDS)
+    ] + list(metadata_fields(plan.mode))
 
 
 def table_properties(plan: TablePlan, options: MergeOptions) -> dict[str, str]:
-    """A new table's properties: the options' and the key and source of pgdecode."""
+    """A new table's properties: the options' and the key, source and mode of pgdecode."""
     properties = dict(options.table_properties)
     properties[KEY_PROPERTY] = json.dumps(list(plan.key))
     properties[SOURCE_PROPERTY] = plan.name
+    properties[MODE_PROPERTY] = plan.mode
     return properties
 
 
@@ -1258,10 +1364,23 @@ def append_rows(spark: SparkSession, path: str, rows: DataFrame, slot: str, vers
 
 
 def run_merge(
-    spark: SparkSession, plan: TablePlan, source: DataFrame, profile: Profile, slot: str, options: MergeOptions
+    spark: SparkSession,
+    plan: TablePlan,
+    source: DataFrame,
+    profile: Profile,
+    slot: str,
+    options: MergeOptions,
+    keep_columns: Sequence[str] | None = None,
 ) -> None:
-    """The one MERGE of this table, recording the watermark in the same Delta commit."""
-    keep_index = {c: i for i, c in enumerate(profile.keep_columns)}
+    """The one MERGE of this table, recording the watermark in the same Delta commit.
+
+    ``source``: one row per key (:func:`merge_source`, or :func:`.history.latest_states` for a
+    ``soft_delete`` table), with ``__keep_<i>`` flags for ``keep_columns`` (default: the
+    profile's). A ``soft_delete`` table gets other DELETE clauses: a deleted key's row becomes a
+    tombstone (``_pg_deleted``) instead of going: with the values the run last committed for it
+    when it had any (``__known``, also inserted when Delta lacks the key), else keeping Delta's;
+    and a TRUNCATE makes every other row a tombstone at the first TRUNCATE's commit."""
+    keep_index = {c: i for i, c in enumerate(profile.keep_columns if keep_columns is None else keep_columns)}
     update_set: dict[str, str] = {}
     insert_values: dict[str, str] = {}
     for column in plan.columns:
@@ -1273,21 +1392,124 @@ def run_merge(
             update_set[quote(column)] = f"CASE WHEN s.{flag} THEN t.{quote(column)} ELSE s.{quote(column)} END"
         else:
             update_set[quote(column)] = f"s.{quote(column)}"
-    for column in METADATA_COLUMNS:
+    for column in delta_columns(plan.mode):
         update_set[quote(column)] = f"s.{quote(column)}"
         insert_values[quote(column)] = f"s.{quote(column)}"
     newer = f"t.{COMMIT_LSN} < s.{COMMIT_LSN}"
     ranges = None
     if options.key_range_pruning and profile.truncate_at is None and len(plan.key) == 1 and plan.state.exists:
         ranges = profile.key_ranges
-    clauses = [
-        f"WHEN MATCHED AND s.{KIND} = 'D' AND {newer} THEN DELETE",
-        f"WHEN MATCHED AND s.{KIND} = 'U' AND {newer} THEN UPDATE SET {_set_clause(update_set)}",
-        f"WHEN NOT MATCHED AND s.{KIND} = 'U' THEN {_insert_clause(insert_values)}",
-    ]
-    if profile.truncate_at is not None:
-        clauses.append(f"WHEN NOT MATCHED BY SOURCE AND t.{COMMIT_LSN} < {profile.truncate_at[0]} THEN DELETE")
+    if plan.mode == SOFT_DELETE:
+        known = f"s.{history.KNOWN}"
+        removed = {quote(DELETED): "true", **{quote(c): f"s.{quote(c)}" for c in METADATA_COLUMNS}}
+        clauses = [
+            f"WHEN MATCHED AND {known} AND {newer} THEN UPDATE SET {_set_clause(update_set)}",
+            f"WHEN MATCHED AND NOT t.{quote(DELETED)} AND {newer} THEN UPDATE SET {_set_clause(removed)}",
+            f"WHEN NOT MATCHED AND {known} THEN {_insert_clause(insert_values)}",
+        ]
+        if profile.truncations:
+            first = profile.truncations[0]
+            tombstone = {
+                quote(DELETED): "true",
+                quote(COMMIT_LSN): str(first.lsn),
+                quote(COMMIT_TIME): first.time_sql(),
+                quote(XID): "CAST(NULL AS bigint)" if first.xid is None else str(first.xid),
+            }
+            clauses.append(
+                f"WHEN NOT MATCHED BY SOURCE AND NOT t.{quote(DELETED)} AND t.{COMMIT_LSN} < {first.lsn} "
+                f"THEN UPDATE SET {_set_clause(tombstone)}"
+            )
+    else:
+        clauses = [
+            f"WHEN MATCHED AND s.{KIND} = 'D' AND {newer} THEN DELETE",
+            f"WHEN MATCHED AND s.{KIND} = 'U' AND {newer} THEN UPDATE SET {_set_clause(update_set)}",
+            f"WHEN NOT MATCHED AND s.{KIND} = 'U' THEN {_insert_clause(insert_values)}",
+        ]
+        if profile.truncate_at is not None:
+            clauses.append(f"WHEN NOT MATCHED BY SOURCE AND t.{COMMIT_LSN} < {profile.truncate_at[0]} THEN DELETE")
     execute_merge(spark, plan.path, source, merge_condition(plan, ranges), clauses, slot, plan.watermark_after)
+
+
+def committed_states(
+    plan: TablePlan, events: DataFrame, profile: Profile, keep_columns: Sequence[str]
+) -> tuple[CollapseInput, DataFrame]:
+    """The run's committed states of each key (:func:`.history.committed_states`), the values of
+    ``keep_columns`` followed along each row (its lineage when a key change keeps a value)."""
+    spec = CollapseInput(key=plan.key, value_columns=plan.value_columns, keep_columns=tuple(keep_columns))
+    lineage = bool(profile.keep_moves and profile.keep_columns)
+    valued = history.values_as_of(collapse.effects_of(events, spec), spec, lineage=lineage)
+    return spec, history.committed_states(valued, spec, profile.truncations)
+
+
+def key_range_filter(plan: TablePlan, profile: Profile, options: MergeOptions) -> Column:
+    """The batch's key ranges as a filter on the Delta table (data skipping), or true."""
+    if not options.key_range_pruning or len(plan.key) != 1 or not profile.key_ranges:
+        return F.lit(True)
+    key = col(plan.key[0])
+    ranges = [key.between(F.lit(lo), F.lit(hi)) for lo, hi in profile.key_ranges]
+    return functools.reduce(lambda a, b: a | b, ranges)
+
+
+def history_write(
+    spark: SparkSession, plan: TablePlan, events: DataFrame, profile: Profile, slot: str, options: MergeOptions
+) -> None:
+    """A ``history`` table: the run's versions inserted and the current versions they follow closed,
+    in one MERGE (one commit with the watermark); into a table this run created, one append.
+
+    ``ON s.__action = 'close' AND t._pg_current AND t.key = s.key``: a close row updates the key's
+    current version (valid-to, not current); version rows match nothing and are inserted; a
+    TRUNCATE closes, through ``WHEN NOT MATCHED BY SOURCE``, every other current version at the
+    first TRUNCATE's commit. Unchanged-TOAST values no change of the run set are read from the
+    current versions Delta holds (:func:`.history.fill_from_target`)."""
+    spec, states = committed_states(plan, events, profile, profile.keep_columns)
+    new_versions = history.versions(states, spec)
+    if spec.keep_columns and plan.state.exists:
+        current = spark.read.format("delta").load(plan.path).where(col(CURRENT))
+        new_versions = history.fill_from_target(
+            new_versions, current.where(key_range_filter(plan, profile, options)), spec
+        )
+    columns = [*plan.columns, *delta_columns(HISTORY)]
+    if not plan.state.exists:
+        append_rows(spark, plan.path, new_versions.select(*[col(c) for c in columns]), slot, plan.watermark_after)
+        return
+    source = history.merge_source(new_versions, history.closes(states, spec, profile.truncations), columns)
+    ranges = None
+    if options.key_range_pruning and not profile.truncations and len(plan.key) == 1:
+        ranges = profile.key_ranges
+    values = {quote(c): f"s.{quote(c)}" for c in columns}
+    ended = {
+        quote(VALID_TO_LSN): f"s.{quote(VALID_TO_LSN)}",
+        quote(VALID_TO): f"s.{quote(VALID_TO)}",
+        quote(CURRENT): "false",
+    }
+    clauses = [
+        f"WHEN MATCHED AND t.{COMMIT_LSN} < s.{quote(VALID_TO_LSN)} THEN UPDATE SET {_set_clause(ended)}",
+        f"WHEN NOT MATCHED AND s.{history.ACTION} = '{history.VERSION}' THEN {_insert_clause(values)}",
+    ]
+    if profile.truncations:
+        first = profile.truncations[0]
+        cut = {quote(VALID_TO_LSN): str(first.lsn), quote(VALID_TO): first.time_sql(), quote(CURRENT): "false"}
+        clauses.append(
+            f"WHEN NOT MATCHED BY SOURCE AND t.{quote(CURRENT)} AND t.{COMMIT_LSN} < {first.lsn} "
+            f"THEN UPDATE SET {_set_clause(cut)}"
+        )
+    condition = f"s.{history.ACTION} = '{history.CLOSE}' AND t.{quote(CURRENT)} AND {merge_condition(plan, ranges)}"
+    execute_merge(spark, plan.path, source, condition, clauses, slot, plan.watermark_after)
+
+
+def soft_delete_write(
+    spark: SparkSession, plan: TablePlan, events: DataFrame, profile: Profile, slot: str, options: MergeOptions
+) -> None:
+    """A ``soft_delete`` table: :func:`run_merge` of each key's latest state
+    (:func:`.history.latest_states`): a live row or a tombstone. An unchanged-TOAST value no
+    change of the run set is kept from Delta by the MERGE (read here only for a row moved by a
+    key change)."""
+    spec, states = committed_states(plan, events, profile, profile.keep_columns)
+    source = history.latest_states(states, spec, profile.truncations)
+    if profile.keep_moves and profile.keep_columns and plan.state.exists:
+        target = spark.read.format("delta").load(plan.path)
+        source = history.fill_from_target(source, target, spec, other_keys_only=True)
+    run_merge(spark, plan, source, profile, slot, options, keep_columns=spec.keep_columns)
 
 
 def inserts_only(profile: Profile) -> bool:
@@ -1318,8 +1540,9 @@ def committable_snapshot(plan: TablePlan, options: MergeOptions) -> TableSummary
     """The staged snapshot whose parts can become the new table's first commit as they are, or
     ``None`` (the table is appended or merged through Spark): the table does not exist yet, this
     run holds only one snapshot batch of it (``snapshot_files``, nothing applied before), and every
-    column is staged with its Delta type under this run's options."""
-    if not options.snapshot_commit or plan.state.exists or len(plan.segments) != 1:
+    column is staged with its Delta type under this run's options. Never for a ``history`` or
+    ``soft_delete`` table: staged parts have none of their columns."""
+    if not options.snapshot_commit or plan.state.exists or len(plan.segments) != 1 or plan.mode in KEPT_MODES:
         return None
     segment = plan.segments[0]
     entry = segment.staged
@@ -1763,6 +1986,10 @@ def _merge_batches(
             # chunk row and as a logged INSERT, so those batches always MERGE.
             if plan.append_only:
                 append_only_write(spark, plan, events, profile, slot)
+            elif plan.mode == HISTORY:
+                history_write(spark, plan, events, profile, slot, options)
+            elif plan.mode == SOFT_DELETE:
+                soft_delete_write(spark, plan, events, profile, slot, options)
             elif result.created and inserts_only(profile) and not chunked:
                 append_inserts(spark, plan, events, profile, slot)
             elif plan.multiset and not snapshot_chunks_of(plan):

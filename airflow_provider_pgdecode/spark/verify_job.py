@@ -65,6 +65,7 @@ from airflow_provider_pgdecode.batch.storage import spark_uri
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import BatchError, MergeInputError, VerifyError
 from airflow_provider_pgdecode.spark.collapse import OP, col
+from airflow_provider_pgdecode.spark.history import KEPT_MODES, MODE_PROPERTY, current_rows, recorded_mode
 from airflow_provider_pgdecode.spark.merge_job import (
     KEY_PROPERTY,
     DeltaState,
@@ -292,10 +293,11 @@ def _plan_source(
 ) -> _Side:
     """The staged copy typed as the merge types it, through the merge job's own planning."""
     key = list(entry.key) or [c.name for c in entry.columns]  # no key: all columns (a multiset)
-    entry = replace(entry, key=key)
     # The copy is compared, not merged: plan as if the table held nothing yet (no watermark
-    # filters the copy's rows out) and whatever key the merge recorded (a changed key differs).
-    properties = {k: v for k, v in state.properties.items() if k != KEY_PROPERTY}
+    # filters the copy's rows out), whatever key and mode the merge recorded (a changed key
+    # differs), and as a table of current rows (its Delta side is read as one: current_rows).
+    entry = replace(entry, key=key, mode="merge" if entry.mode in KEPT_MODES else entry.mode)
+    properties = {k: v for k, v in state.properties.items() if k not in (KEY_PROPERTY, MODE_PROPERTY)}
     plan = plan_table(
         entry.schema,
         entry.table,
@@ -308,6 +310,7 @@ def _plan_source(
     delta = None
     if state.exists:
         frame = spark.read.format("delta").option("versionAsOf", state.version).load(plan.path)
+        frame = current_rows(frame, recorded_mode(state.properties))
         present = set(frame.columns)
         # A column added in the source after Delta's last write is NULL there.
         delta = frame.select(
@@ -322,7 +325,8 @@ def _delta_only(spark: SparkSession, path: str, state: DeltaState) -> _Side:
     columns = tuple(f.name for f in state.schema.fields if not f.name.startswith(METADATA_PREFIX))
     recorded = state.properties.get(KEY_PROPERTY)
     key = tuple(json.loads(recorded)) if recorded else ()
-    delta = spark.read.format("delta").option("versionAsOf", state.version).load(path).select(*map(col, columns))
+    frame = spark.read.format("delta").option("versionAsOf", state.version).load(path)
+    delta = current_rows(frame, recorded_mode(state.properties)).select(*map(col, columns))
     source = spark.createDataFrame([], StructType([state.schema[c] for c in columns]))
     return _Side(key or columns, columns, source, delta)
 

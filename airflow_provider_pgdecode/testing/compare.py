@@ -2,7 +2,8 @@
 
 Used by the integration tests and by ``make demo``. Rows are read from both sides and put in
 one canonical form (timestamps as naive UTC, ``bytea`` as bytes, NaN made comparable), then
-compared as multisets on the source's columns.
+compared as multisets on the source's columns. A history or soft-delete Delta table is compared
+by its current rows (:func:`airflow_provider_pgdecode.spark.history.current_rows`).
 """
 
 from __future__ import annotations
@@ -117,11 +118,18 @@ def compare_table(
     delta_table: tuple[str, str] | None = None,
 ) -> TableComparison:
     """Compare ``schema.table`` in PostgreSQL with its Delta table under ``delta_root``
-    (``delta_table``: another Delta table's ``(schema, table)``, e.g. the one a renamed table flows into)."""
+    (``delta_table``: another Delta table's ``(schema, table)``, e.g. the one a renamed table flows
+    into): with the Delta table's current rows, as its recorded mode defines them."""
+    from airflow_provider_pgdecode.spark.history import current_rows, recorded_mode
+    from airflow_provider_pgdecode.spark.merge_job import delta_ref
+
     names, rows = source_rows(conn, schema, table)
     delta_schema, delta_name = delta_table or (schema, table)
     path = spark_uri(join_path(delta_root, delta_path_part(delta_schema), delta_path_part(delta_name)))
-    frame = spark.read.format("delta").load(path).select(*[f"`{n}`" for n in names])
+    # Through Spark (any location and session kind it reads, Spark Connect included).
+    properties = {row["key"]: row["value"] for row in spark.sql(f"SHOW TBLPROPERTIES {delta_ref(path)}").collect()}
+    mode = recorded_mode(properties)
+    frame = current_rows(spark.read.format("delta").load(path), mode).select(*[f"`{n}`" for n in names])
     delta = [tuple(r) for r in frame.collect()]
     left = Counter(tuple(canonical(v) for v in row) for row in rows)
     right = Counter(tuple(canonical(v) for v in row) for row in delta)

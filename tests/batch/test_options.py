@@ -36,3 +36,12 @@ def test_value_limits_and_array_staging_are_validated():
     for bad, named in (({"max_value_bytes": 0}, "max_value_bytes"), ({"arrays": "nested"}, "arrays")):
         with pytest.raises(ConfigurationError, match=f"public.t.*{named}"):
             parse_table_options({"public.t": bad})
+
+
+def test_history_and_soft_delete_modes_are_accepted_and_the_wording_lists_every_mode():
+    options = parse_table_options({"public.orders": {"mode": "history"}, "public.customers": {"mode": "soft_delete"}})
+    assert options_for(options, "public", "orders").mode == "history"
+    assert options_for(options, "public", "customers").mode == "soft_delete"
+    with pytest.raises(ConfigurationError) as err:
+        parse_table_options({"public.t": {"mode": "scd2"}})
+    assert "mode in ('merge', 'append_only', 'history', 'soft_delete')" in str(err.value)

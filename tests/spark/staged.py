@@ -53,11 +53,20 @@ class TableChanges:
     """The changes of one table in one batch, in commit order (the caller gives commit LSNs)."""
 
     def __init__(
-        self, schema: str, table: str, columns: Sequence[tuple[str, str, pa.DataType]], key: Sequence[str] = ("id",)
+        self,
+        schema: str,
+        table: str,
+        columns: Sequence[tuple[str, str, pa.DataType]],
+        key: Sequence[str] = ("id",),
+        *,
+        mode: str = "merge",
+        replica_identity: str | None = None,
     ) -> None:
         self.schema = schema
         self.table = table
         self.key = list(key)
+        self.mode = mode  # table_options mode, in the manifest unless "merge"
+        self.replica_identity = replica_identity
         self.parts = [Part([Column(*c) for c in columns])]
         self._seq: dict[int, int] = {}
 
@@ -153,7 +162,8 @@ class TableChanges:
             "min_commit_lsn": lsn_text(min(lsns)) if lsns else None,
             "max_commit_lsn": lsn_text(max(lsns)) if lsns else None,
             "key": self.key,
-            "replica_identity": "default" if self.key else "nothing",
+            "replica_identity": self.replica_identity or ("default" if self.key else "nothing"),
+            **({"mode": self.mode} if self.mode != "merge" else {}),
             "columns": [
                 {"name": c.name, "type": c.catalog_type, "catalog_type": c.catalog_type, "arrow": str(c.arrow)}
                 for c in columns

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, read_batches
-from airflow_provider_pgdecode.errors import BatchError, UnmappedTypeError
+from airflow_provider_pgdecode.errors import BatchError, MergeInputError, UnmappedTypeError
 from airflow_provider_pgdecode.spark.merge_job import delta_table_path, merge_condition, merge_ranges
 from airflow_provider_pgdecode.spark.session import delta_maven_coordinates, delta_spark_conf, ivy_dir
 from airflow_provider_pgdecode.spark.types import map_catalog_type, parse_unbounded_numeric_rule
@@ -171,3 +172,45 @@ def test_which_source_type_changes_delta_widens(before: str, after: str, expecte
     from airflow_provider_pgdecode.spark.types import widens
 
     assert widens(map_catalog_type(before).delta_type, map_catalog_type(after).delta_type) is expected
+
+
+def _history_plan(tmp_path: Path, mode: str, properties: dict[str, str], **table: Any) -> None:
+    """Plan one staged table of ``mode`` against an existing Delta table with ``properties``."""
+    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+    from airflow_provider_pgdecode.spark.merge_job import DeltaState, MergeOptions, plan_table
+
+    columns = [("id", "integer", pa.int32()), ("v", "integer", pa.int32())]
+    changes = TableChanges("public", "h", columns, mode=mode, **table).insert(0x20, id=1, v=1)
+    batches = read_batches([write_batch(tmp_path, "s", 0x10, 0x30, [changes])])
+    schema = StructType(
+        [StructField("id", IntegerType()), StructField("v", IntegerType()), StructField("_pg_commit_lsn", LongType())]
+    )
+    state = DeltaState(True, 3, 0x10, schema, {"pgdecode.key": '["id"]', **properties})
+    plan_table("public", "h", batches, str(tmp_path / "delta"), state, MergeOptions())
+
+
+def test_a_table_mode_change_is_refused_where_history_or_soft_delete_is_involved(tmp_path: Path) -> None:
+    _history_plan(tmp_path / "a", "history", {"pgdecode.mode": "history"})
+    _history_plan(tmp_path / "b", "append_only", {"pgdecode.mode": "merge"})  # as before: not refused
+    for number, (mode, recorded) in enumerate(
+        [
+            ("history", {"pgdecode.mode": "merge"}),
+            ("history", {}),
+            ("merge", {"pgdecode.mode": "history"}),
+            ("soft_delete", {"pgdecode.mode": "history"}),
+        ]
+    ):
+        with pytest.raises(MergeInputError) as refused:
+            _history_plan(tmp_path / str(number), mode, recorded)
+        kept = recorded.get("pgdecode.mode", "merge")
+        message = str(refused.value)
+        assert f"is kept in mode '{kept}'" in message and f"with mode '{mode}'" in message, message
+        assert "Nothing was written" in message and "resnapshot public.h" in message
+
+
+def test_a_keyless_table_or_an_unknown_mode_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(MergeInputError, match=r"public\.h has no key .*mode 'history'.*primary key"):
+        _history_plan(tmp_path / "a", "history", {}, key=("id", "v"), replica_identity="full")
+    with pytest.raises(MergeInputError, match=r"mode 'scd9', which this merge job does not know"):
+        _history_plan(tmp_path / "b", "scd9", {})
