@@ -109,8 +109,9 @@ def cycle_params(data_dir: str, *, source: bool = True, defaults: Mapping[str, A
         "table_options": Param(
             {},
             type="object",
-            description='per table: {"schema.table": {"mode": "append_only", "on_bad_value": "quarantine", '
-            '"max_value_bytes": 67108864, "arrays": "json"}} (docs/merge.md)',
+            description='per table: {"schema.table": {"mode": "history", "on_bad_value": "quarantine", '
+            '"max_value_bytes": 67108864, "arrays": "json"}}; mode: merge (default), append_only, history '
+            "(SCD type 2) or soft_delete (docs/merge.md)",
         ),
         "staging_uri": Param(
             f"{data_dir}/staging", type="string", description="a local directory or s3://bucket/prefix"

@@ -99,7 +99,8 @@ def backfill_params(
         "table_options": Param(
             {},
             type="object",
-            description='per table, as the incremental DAG\'s: {"schema.table": {"mode": "append_only"}} (docs/merge.md)',
+            description='per table, as the incremental DAG\'s: {"schema.table": {"mode": "history"}}; mode: merge, '
+            "append_only, history or soft_delete (docs/merge.md)",
         ),
         "publication": Param("pgdecode", type="string", description="initial, pgoutput: the tables to copy"),
         "staging_uri": Param(

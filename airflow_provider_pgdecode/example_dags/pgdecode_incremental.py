@@ -23,8 +23,10 @@ Parameters (DAG params, all overridable per run):
   the slot is read, in one error naming every such table and the ways forward.
 - ``exclude_tables``: ``schema.table`` names never to load (their changes are counted and the
   tables named in the extract's log and the batch manifest).
-- ``table_options``: per table, ``{"schema.table": {"mode": "append_only"}}`` for insert-only
-  tables without a key (logs, histories); see docs/merge.md.
+- ``table_options``: per table, ``{"schema.table": {"mode": ...}}``: ``append_only`` for
+  insert-only tables without a key (logs), ``history`` for a history of versions (SCD type 2),
+  ``soft_delete`` for deletes kept as tombstones (``_pg_deleted``); also ``on_bad_value``,
+  ``max_value_bytes``, ``arrays``; see docs/merge.md.
 - ``staging_uri``: where batches are staged: a local or mounted directory, or
   ``s3://bucket/prefix`` on S3-compatible object storage.
 - ``delta_root``: where the Delta tables live, ``<delta_root>/<schema>/<table>``: a local
