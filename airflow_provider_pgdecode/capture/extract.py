@@ -105,6 +105,7 @@ def extract_batch(
     native: bool | None = None,
     table_options: Mapping[str, TableOptions | Mapping[str, Any]] | None = None,
     bounds: BatchBounds | None = None,
+    later_tables: Callable[[str, str], bool] | None = None,
 ) -> BatchManifest:
     """Stage the slot's changes from its confirmed position (or the checkpoint) up to a ceiling.
 
@@ -146,6 +147,10 @@ def extract_batch(
         changes and WAL bytes, ending at a transaction boundary); default its defaults,
         ``BatchBounds.unbounded()`` for everything up to the ceiling. ``manifest.bounded_by``
         says which bound ended the batch (``None``: it reached the ceiling).
+    :param later_tables: with ``tables``: whether a table outside them that shows up in the
+        changes is staged too (:func:`~airflow_provider_pgdecode.capture.tables.later_tables`: a
+        table created after the run chose its tables that its patterns, or "every table", select);
+        such a table must have a usable key (or be ``append_only``) as the others.
     :returns: the manifest of the staged batch (``manifest.path`` is its directory).
     """
     bounds = bounds if bounds is not None else BatchBounds()
@@ -204,7 +209,7 @@ def extract_batch(
         ceiling = upto_lsn if upto_lsn is not None else slots.current_flush_lsn()
         parser, options = _reader(plugin, slots, info.two_phase, publication, origin, proto_version)
         excluded_names: set[tuple[str, str]] = set()
-        include = None if include_pairs is None else _recording_include(include_pairs, excluded_names)
+        include = None if include_pairs is None else _recording_include(include_pairs, excluded_names, later_tables)
         identities = {(t.schema, t.table): t.describe_identity() for t in source_tables(Catalog(conn))}
         # Chunk placement needs to see each transaction: the Python path while chunks are staged.
         fast = _native_module(native, parser) if snapshotter is None or not snapshotter.chunks else None
@@ -471,13 +476,20 @@ def _native_module(native: bool | None, parser: TestDecodingParser | PgOutputPar
 
 
 def _recording_include(
-    include_pairs: Collection[tuple[str, str]], excluded: set[tuple[str, str]]
+    include_pairs: set[tuple[str, str]],
+    excluded: set[tuple[str, str]],
+    later: Callable[[str, str], bool] | None = None,
 ) -> Callable[[str, str], bool]:
-    """``include`` for the writers (asked once per table): tables outside ``include_pairs`` are
-    added to ``excluded``, so the manifest names the tables whose changes were not staged."""
+    """``include`` for the writers (asked once per table): a table outside ``include_pairs`` that
+    ``later`` admits joins them (it is then followed as a selected table); the others are added to
+    ``excluded``, so the manifest names the tables whose changes were not staged."""
 
     def include(schema: str, table: str) -> bool:
         if (schema, table) in include_pairs:
+            return True
+        if later is not None and later(schema, table):
+            log.info("table %s.%s appeared in the changes and belongs to the selection: staged", schema, table)
+            include_pairs.add((schema, table))
             return True
         excluded.add((schema, table))
         return False

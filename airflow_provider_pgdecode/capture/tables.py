@@ -154,6 +154,29 @@ class TableSelection:
         return (schema, table) in self.names or any(p.matches(schema, table) for p in self.patterns)
 
 
+def later_tables(
+    tables: Collection[str | tuple[str, str]] | TableSelection,
+    exclude_tables: Collection[str | tuple[str, str]] | TableSelection = (),
+) -> Callable[[str, str], bool] | None:
+    """Whether a table that first shows up in a run's changes, after :func:`resolve_tables` chose
+    the run's tables, belongs to the selection all the same: with ``tables`` empty every table
+    does, with patterns those that match; neither if ``exclude_tables`` names or matches it. A table
+    created while the run reads the slot is so staged from its first change, instead of having its
+    first changes left out. ``None`` for a selection of names only (nothing is added). The key rule
+    holds for such a table when the batch is described (:func:`~airflow_provider_pgdecode.capture.extract.extract_batch`)."""
+    selection = TableSelection.parse(tables)
+    excluded = TableSelection.parse(exclude_tables)
+    if selection and not selection.patterns:
+        return None
+
+    def admits(schema: str, table: str) -> bool:
+        if excluded.matches(schema, table):
+            return False
+        return not selection or any(pattern.matches(schema, table) for pattern in selection.patterns)
+
+    return admits
+
+
 def parse_table_names(tables: Collection[str | tuple[str, str]]) -> set[tuple[str, str]]:
     """``["public.orders", ("sales", "line.items")]`` to pairs; a name without a schema means
     ``public``. Give ``(schema, table)`` pairs for names that contain a dot.

@@ -12,7 +12,7 @@ from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.batch.options import as_table_options
 from airflow_provider_pgdecode.capture.bounds import DEFAULT_MAX_BATCH_CHANGES, DEFAULT_MAX_BATCH_WAL_BYTES, BatchBounds
 from airflow_provider_pgdecode.capture.reconcile import reconcile
-from airflow_provider_pgdecode.capture.tables import as_table_names, resolve_tables
+from airflow_provider_pgdecode.capture.tables import as_table_names, later_tables, resolve_tables
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
@@ -148,7 +148,8 @@ class PgDecodeExtractOperator(BaseOperator):
         default or a pattern, a table without a usable key (no primary key, replica identity
         index or REPLICA IDENTITY FULL) that is not loaded ``append_only`` fails the task before
         the slot is read, in one error naming every such table and the ways forward: nothing is
-        skipped silently. (templated)
+        skipped silently. A table created while the task reads the slot that the default or a
+        pattern selects is staged from its first change (under the same key rule). (templated)
     :param exclude_tables: ``schema.table`` names or patterns never to stage (their changes are
         counted and named in the manifest, and the log warns). (templated)
     :param publication: the publication of a pgoutput slot. (templated)
@@ -340,6 +341,8 @@ class PgDecodeExtractOperator(BaseOperator):
                 upto_lsn=ceiling,
                 tables=tables,
                 bounds=bounds,
+                # A table created while the run reads the slot, that the selection takes: staged too.
+                later_tables=later_tables(as_table_names(self.tables), as_table_names(self.exclude_tables)),
                 **{"native": pgdecode_bool("native"), **options},  # [pgdecode] native, unless extract_options says
             )
             not_staged = manifest.skipped.get("excluded_table_changes", 0)

@@ -10,8 +10,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.capture.tables import (
     TableSelection,
+    later_tables,
     parse_table_names,
     parse_table_pattern,
     resolve_tables,
@@ -19,6 +21,7 @@ from airflow_provider_pgdecode.capture.tables import (
 )
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError
 from airflow_provider_pgdecode.postgres.catalog import Catalog
+from airflow_provider_pgdecode.postgres.slot import SlotClient
 
 
 @pytest.mark.parametrize(
@@ -167,3 +170,52 @@ def test_a_pattern_brings_the_key_rule_with_it(database: psycopg.Connection[Any]
         resolve_tables(lambda: Catalog(database), ["public.order_*"])
     assert "1 table(s) cannot be loaded" in str(info.value) and "public.order_log" in str(info.value)
     assert resolve_tables(lambda: Catalog(database), ["public.order_log"]) == [("public", "order_log")]
+
+
+def test_later_tables_follow_the_selection_minus_the_exclusions() -> None:
+    assert later_tables(["public.orders", ("sales", "x")]) is None  # names only: nothing is added
+    by_pattern = later_tables(["public.orders", "public.order_*"], ["public.order_tmp*"])
+    assert by_pattern is not None
+    assert by_pattern("public", "order_notes") and not by_pattern("public", "order_tmp1")
+    assert not by_pattern("public", "orders_2") and not by_pattern("sales", "order_x")
+    every = later_tables([], ["sales.*"])
+    assert every is not None and every("public", "anything") and not every("sales", "invoices")
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_table_created_while_a_run_reads_the_slot_is_staged_when_the_selection_takes_it(
+    database: psycopg.Connection[Any], tmp_path: Any, native: bool
+) -> None:
+    """The run chose its tables before the table existed: a pattern (or every table) takes it
+    from its first change, a list of names leaves it out and says so, and the key rule holds."""
+    slot = f"later_{uuid.uuid4().hex[:8]}"
+    SlotClient(database).create(slot)
+    options = {"public.order_log": {"mode": "append_only"}}
+    chosen = resolve_tables(lambda: Catalog(database), ["public.order_*"], table_options=options)
+    assert ("public", "order_notes") not in chosen
+    database.execute("CREATE TABLE public.order_notes (id int PRIMARY KEY, note text)")
+    database.execute("INSERT INTO public.order_notes VALUES (1, 'a'), (2, 'b')")
+    database.execute("INSERT INTO public.orders VALUES (1)")  # not matched by the pattern
+    database.execute("INSERT INTO public.order_items VALUES (7)")
+
+    def extract(name: str, tables: list[Any], later: Any) -> Any:
+        return extract_batch(
+            database, slot, tmp_path / name, tables=tables, later_tables=later, table_options=options, native=native
+        )
+
+    manifest = extract("pattern", chosen, later_tables(["public.order_*"]))
+    staged = {(t.schema, t.table): t.rows for t in manifest.tables}
+    assert staged == {("public", "order_items"): 1, ("public", "order_notes"): 2}
+    assert manifest.excluded_tables == ["public.orders"]
+    assert manifest.skipped["excluded_table_changes"] == 1
+
+    named = extract("names", [("public", "order_items")], later_tables(["public.order_items"]))
+    assert {(t.schema, t.table) for t in named.tables} == {("public", "order_items")}
+    assert named.excluded_tables == ["public.order_notes", "public.orders"]
+
+    # A keyless table the pattern takes is refused by name, as it would be at the run's start.
+    database.execute("CREATE TABLE public.order_tmp (a int)")
+    database.execute("INSERT INTO public.order_tmp VALUES (1)")
+    with pytest.raises(CatalogError, match="order_tmp"):
+        extract("keyless", chosen, later_tables(["public.order_*"]))
+    assert not any((tmp_path / "keyless").rglob("manifest.json"))
