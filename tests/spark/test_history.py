@@ -35,7 +35,7 @@ from airflow_provider_pgdecode.operators.replay import PgDecodeReplayOperator
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
 from airflow_provider_pgdecode.spark.verify_job import verify_tables
 from airflow_provider_pgdecode.testing.compare import compare_table
-from tests.conftest import two_plugin_source
+from tests.conftest import PLUGIN_REPEAT, full_only, two_plugin_source
 from tests.spark.staged import UNCHANGED, TableChanges, write_batch
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
@@ -223,7 +223,7 @@ def check_soft(spark, path: str, w: Workload, history: dict[int, list[dict[str, 
             assert (row["_pg_commit_lsn"], row["_pg_commit_time"]) == (last["_pg_valid_to_lsn"], last["_pg_valid_to"])
 
 
-@pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])
+@pytest.mark.parametrize("plugin", ["test_decoding", full_only("pgoutput", PLUGIN_REPEAT)])
 def test_history_and_soft_delete_tables_keep_every_committed_state(
     pg_conn, pg_dsn, source, spark, tmp_path: Path, plugin: str
 ) -> None:

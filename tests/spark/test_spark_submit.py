@@ -19,6 +19,7 @@ import pytest
 
 from airflow_provider_pgdecode.spark import merge_job
 from airflow_provider_pgdecode.spark.session import spark_bin, spark_submit_command, spark_submit_env
+from tests.conftest import FULL_TESTS
 from tests.spark.staged import Model, TableChanges, write_batch
 
 pytestmark = pytest.mark.spark
@@ -189,6 +190,11 @@ def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, int]]:
         yield cluster
 
 
+@pytest.mark.skipif(
+    not FULL_TESTS,
+    reason="the S3 test below runs the same job on the same two-worker cluster, through the object store; "
+    "PGDECODE_FULL_TESTS=1 runs it",
+)
 def test_standalone_cluster_with_two_workers(standalone_cluster: tuple[str, int], tmp_path: Path) -> None:
     master_url, master_ui = standalone_cluster
     first, second = _changes()
@@ -250,13 +256,17 @@ def test_standalone_cluster_sharing_no_disk_merges_from_s3_into_delta_on_s3(
     lines = [line for line in completed.stdout.splitlines() if line.startswith("PGDECODE_MERGE_SUMMARY ")]
     table = json.loads(lines[-1].split(" ", 1)[1])["tables"]["sales.Customer List"]
     assert table["status"] == "merged" and table["delta_path"].startswith("s3a://")
+    assert table["truncated"] is True and table["created"] is True
     from airflow_provider_pgdecode.spark.session import configure_object_store
 
     configure_object_store(spark, settings)
     merged = spark.read.format("delta").load(table["delta_path"]).select("id", "name").orderBy("id").collect()
     assert [row.asDict() for row in merged] == _expected(first, second)
-    apps = [app for app in _master_state(master_ui)["completedapps"] if app["name"] == "pgdecode-merge"]
-    assert len(apps) == 1 and apps[0]["cores"] == 2
+    # The work ran on the cluster: the application completed there, with executors on both workers.
+    state = _master_state(master_ui)
+    apps = [app for app in state["completedapps"] if app["name"] == "pgdecode-merge"]
+    assert len(apps) == 1 and apps[0]["cores"] == 2, state["completedapps"]
+    assert len(state["workers"]) == 2
     # Nothing of the batches or the tables on the workers' disks.
     assert not list(tmp_path.rglob("*.parquet")) and not list(tmp_path.rglob("_delta_log"))
 
