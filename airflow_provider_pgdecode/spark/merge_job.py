@@ -264,7 +264,6 @@ class Profile:
     updates: int
     deletes: int
     truncates: int
-    truncate_at: tuple[int, int] | None
     keep_columns: tuple[str, ...]
     keep_moves: int
     null_keys: int
@@ -276,7 +275,15 @@ class Profile:
     missing_old: int = 0
     """UPDATEs and DELETEs staged without an old image."""
     truncations: tuple[Truncate, ...] = ()
-    """Every TRUNCATE of the table among the changes, in commit order (history, soft delete)."""
+    """Every TRUNCATE of the table among the changes, in commit order."""
+
+    @property
+    def truncate_at(self) -> tuple[int, int] | None:
+        """The last TRUNCATE's (commit LSN, position): what a current-state table keeps starts after it."""
+        if not self.truncations:
+            return None
+        last = self.truncations[-1]
+        return (last.lsn, last.seq)
 
 
 @dataclass
@@ -966,14 +973,12 @@ def profile_events(events: DataFrame, plan: TablePlan, key_bounds: tuple[int, in
     for index, key_column in enumerate(plan.key):
         any_new_key_null = any_new_key_null | col(key_column).isNull()
         any_old_key_null = any_old_key_null | F.col(old_key_name(index)).isNull()
-    truncate_order = F.when(F.col(OP) == "T", collapse.order_of())
     aggregates: list[Column] = [
         F.count(F.lit(1)).alias("changes"),
         F.sum(F.when(F.col(OP) == "I", 1).otherwise(0)).alias("inserts"),
         F.sum(F.when(F.col(OP) == "U", 1).otherwise(0)).alias("updates"),
         F.sum(F.when(F.col(OP) == "D", 1).otherwise(0)).alias("deletes"),
         F.sum(F.when(F.col(OP) == "T", 1).otherwise(0)).alias("truncates"),
-        F.max(truncate_order).alias("truncate_at"),
         F.collect_set(
             F.when(
                 F.col(OP) == "T",
@@ -1014,8 +1019,6 @@ def profile_events(events: DataFrame, plan: TablePlan, key_bounds: tuple[int, in
     def total(name: str) -> int:
         return sum(row[name] or 0 for row in rows)
 
-    truncates = [row["truncate_at"] for row in rows if row["truncate_at"] is not None]
-    truncate_at = max(((int(t["lsn"]), int(t["seq"])) for t in truncates), default=None)
     truncate_list = sorted(
         {
             Truncate(
@@ -1047,7 +1050,6 @@ def profile_events(events: DataFrame, plan: TablePlan, key_bounds: tuple[int, in
         updates=total("updates"),
         deletes=total("deletes"),
         truncates=total("truncates"),
-        truncate_at=truncate_at,
         keep_columns=keep_columns,
         keep_moves=total("keep_moves"),
         null_keys=total("null_keys"),
