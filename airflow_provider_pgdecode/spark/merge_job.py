@@ -58,6 +58,7 @@ from pyspark.sql.types import (
     IntegerType,
     LongType,
     ShortType,
+    StringType,
     StructField,
     StructType,
     TimestampNTZType,
@@ -964,8 +965,10 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
     return result
 
 
-def profile_events(events: DataFrame, plan: TablePlan, key_bounds: tuple[int, int] | None = None) -> Profile:
-    """One aggregate pass: counts, the last TRUNCATE, kept columns, bad keys, numeric trouble, key ranges."""
+def profile_events(events: DataFrame, plan: TablePlan, key_ranges: KeyRanges | None = None) -> Profile:
+    """One aggregate pass: counts, the TRUNCATEs, kept columns, bad keys, numeric trouble, the key's
+    bounds. ``key_ranges``: the ranges :func:`staged_key_ranges` found (else the key's bounds are
+    the one range)."""
     numeric_columns = [c for c in plan.columns if plan.types[c].is_numeric_text]
     upsert = F.col(OP).isin("I", "U")
     any_new_key_null = F.lit(False)
@@ -1007,17 +1010,10 @@ def profile_events(events: DataFrame, plan: TablePlan, key_bounds: tuple[int, in
     if single_key is not None:
         aggregates.append(F.min(F.least(col(single_key), F.col(old_key_name(0)))).alias("key_min"))
         aggregates.append(F.max(F.greatest(col(single_key), F.col(old_key_name(0)))).alias("key_max"))
-    # With the key's bounds known from the staged files' statistics, the same pass also
-    # groups keys into buckets: each bucket's (min, max) is a key range for file skipping.
-    bucket: Column = F.lit(0)
-    if single_key is not None and key_bounds is not None:
-        low, high = key_bounds
-        width = max(1, -(-(high - low + 1) // KEY_BUCKETS))
-        bucket = F.floor((F.coalesce(col(single_key), F.col(old_key_name(0))) - F.lit(low)) / F.lit(width))
-    rows = events.groupBy(bucket.alias("__bucket")).agg(*aggregates).collect()
+    row = events.agg(*aggregates).collect()[0]
 
     def total(name: str) -> int:
-        return sum(row[name] or 0 for row in rows)
+        return int(row[name] or 0)
 
     truncate_list = sorted(
         {
@@ -1027,11 +1023,10 @@ def profile_events(events: DataFrame, plan: TablePlan, key_bounds: tuple[int, in
                 None if t["micros"] is None else int(t["micros"]),
                 None if t["xid"] is None else int(t["xid"]),
             )
-            for row in rows
             for t in (row["truncate_list"] or ())
         }
     )
-    kept = {column for row in rows for column in (row["keep_columns"] or ())}
+    kept = set(row["keep_columns"] or ())
     keep_columns = tuple(c for c in plan.value_columns if c in kept)
     if total("unknown_ops"):
         raise MergeInputError(
@@ -1039,11 +1034,9 @@ def profile_events(events: DataFrame, plan: TablePlan, key_bounds: tuple[int, in
         )
     ranges: list[tuple[Any, Any]] | None = None
     key_min = key_max = None
-    if single_key is not None:
-        bounded = [(row["key_min"], row["key_max"]) for row in rows if row["key_min"] is not None]
-        if bounded:
-            key_min, key_max = min(lo for lo, _ in bounded), max(hi for _, hi in bounded)
-            ranges = merge_ranges(bounded) if key_bounds is not None else [(key_min, key_max)]
+    if single_key is not None and row["key_min"] is not None:
+        key_min, key_max = row["key_min"], row["key_max"]
+        ranges = key_ranges.ranges if key_ranges is not None else [(key_min, key_max)]
     return Profile(
         changes=total("changes"),
         inserts=total("inserts"),
@@ -1098,6 +1091,222 @@ def staged_key_bounds(plan: TablePlan) -> tuple[int, int] | None:
     if low is None or high is None:
         return None
     return int(low), int(high)
+
+
+@dataclass
+class KeyRanges:
+    """Where a single integer key's staged values lie: its bounds, and ranges of the values for
+    file skipping (:func:`merge_condition`)."""
+
+    key_min: int
+    key_max: int
+    ranges: list[tuple[int, int]]
+
+
+class _KeyRangeCollector:
+    """Collects the key ranges of staged parts: with the key's bounds known from the parts'
+    statistics, keys go into :data:`KEY_BUCKETS` buckets of equal width and each bucket's
+    (min, max) is a range; without them, the key's (min, max) is the one range. A change that
+    moves a key covers both its keys, in the bucket of its new key (as the MERGE needs both)."""
+
+    def __init__(self, bounds: tuple[int, int] | None) -> None:
+        # Bucket numbers must fit in int64 arithmetic.
+        self.bounds = bounds if bounds is not None and bounds[1] - bounds[0] < 2**62 else None
+        self.buckets: dict[int, tuple[int, int]] = {}
+        self.key_min: int | None = None
+        self.key_max: int | None = None
+
+    def add(self, new: Any, old: Any) -> None:
+        """``new``, ``old``: the key's new and old values of one part's changes (pyarrow arrays)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        low_of = pc.min_element_wise(new, old, skip_nulls=True)
+        high_of = pc.max_element_wise(new, old, skip_nulls=True)
+        if low_of.null_count == len(low_of):
+            return
+        part_min, part_max = pc.min(low_of).as_py(), pc.max(high_of).as_py()
+        self.key_min = part_min if self.key_min is None else min(self.key_min, part_min)
+        self.key_max = part_max if self.key_max is None else max(self.key_max, part_max)
+        if self.bounds is None:
+            return
+        low, high = self.bounds
+        width = max(1, -(-(high - low + 1) // KEY_BUCKETS))
+        bucket = pc.divide(pc.subtract(pc.coalesce(new, old).cast(pa.int64()), low), width)
+        grouped = (
+            pa.table({"bucket": bucket, "low": low_of, "high": high_of})
+            .filter(pc.is_valid(bucket))
+            .group_by("bucket")
+            .aggregate([("low", "min"), ("high", "max")])
+        )
+        for number, lo, hi in zip(*(grouped.column(name).to_pylist() for name in ("bucket", "low_min", "high_max"))):
+            known = self.buckets.get(number)
+            self.buckets[number] = (lo, hi) if known is None else (min(known[0], lo), max(known[1], hi))
+
+    def result(self) -> KeyRanges | None:
+        if self.key_min is None or self.key_max is None:
+            return None
+        if self.bounds is None:
+            return KeyRanges(self.key_min, self.key_max, [(self.key_min, self.key_max)])
+        # Neighbouring buckets are one range: the gap between them is narrower than a bucket,
+        # far too narrow to skip a file, and every range costs the MERGE a test per row.
+        ranges: list[tuple[int, int]] = []
+        previous = None
+        for number in sorted(self.buckets):
+            low, high = self.buckets[number]
+            if ranges and previous == number - 1:
+                ranges[-1] = (min(ranges[-1][0], low), max(ranges[-1][1], high))
+            else:
+                ranges.append((low, high))
+            previous = number
+        return KeyRanges(self.key_min, self.key_max, merge_ranges(ranges))
+
+
+def integer_key(plan: TablePlan) -> str | None:
+    """The table's key column when it is one column of an integer type (the key ranges' case)."""
+    if len(plan.key) != 1 or not isinstance(plan.types[plan.key[0]].delta_type, (ShortType, IntegerType, LongType)):
+        return None
+    return plan.key[0]
+
+
+def _old_value(part: Any, column: str) -> Any:
+    """A part's old values of ``column`` (null where a change has no old image)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    old = part.column(staged.OLD) if staged.OLD in part.column_names else None
+    if old is None or column not in {f.name for f in old.type}:
+        return pa.nulls(part.num_rows, part.schema.field(column).type)
+    return pc.struct_field(old, column)
+
+
+def staged_key_ranges(plan: TablePlan) -> KeyRanges | None:
+    """The key ranges of a single integer key over the staged parts, read on the driver (only the
+    key's new and old values); ``None`` for other keys or when a part is not readable here."""
+    key = integer_key(plan)
+    if key is None:
+        return None
+    collector = _KeyRangeCollector(staged_key_bounds(plan))
+    for segment in plan.segments:
+        for file in segment.staged.file_paths:
+            if not footers_readable(file):
+                return None
+            with open_part(file) as source:
+                parquet = pyarrow.parquet.ParquetFile(source)
+                names = parquet.schema_arrow.names
+                part = parquet.read(columns=[c for c in (key, staged.OLD) if c in names])
+            if key not in part.column_names:
+                return None
+            collector.add(part.column(key), _old_value(part, key))
+    return collector.result()
+
+
+DRIVER_PROFILE_MAX_CHANGES = 1_000_000
+"""Up to so many staged changes of a table, :func:`profile_from_parts` reads them on the driver
+before a Spark pass is started; above it the Spark pass is the faster read."""
+
+
+def profile_from_parts(plan: TablePlan) -> Profile | None:
+    """The table's :class:`Profile` from its staged parts read on the driver, when they show that
+    the Spark pass (:func:`profile_events`) would find nothing to refuse or to plan around: a table
+    with a key (one integer column, or several of integers or text, staged as Delta keeps them),
+    every change new (nothing applied yet), no TRUNCATE, every column staged in every part, no
+    unchanged-TOAST column, no NULL key, no numeric NaN/Infinity and no unbounded numeric (whose
+    digits must be checked).
+    ``None`` otherwise: the Spark pass then computes the profile (and names what it refuses).
+
+    A Spark job costs a small batch more than its reading: measured on bench/merge_bench.py's
+    100,000 changes, about 0.5 s of a 4.5 s merge."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if plan.multiset or not plan.key:
+        return None
+    segments = plan.segments
+    if sum(s.staged.rows for s in segments) > DRIVER_PROFILE_MAX_CHANGES:
+        return None
+    if any(s.applied_through >= Lsn.parse(s.staged.min_commit_lsn) or s.staged.truncates for s in segments):
+        return None  # some changes already applied, or a TRUNCATE
+    numeric = [c for c in plan.columns if plan.types[c].is_numeric_text]
+    if any(plan.types[c].may_lose_digits for c in numeric):
+        return None
+    key = integer_key(plan)
+    if len(plan.key) == 1 and key is None:
+        return None  # the bounds of a key of other values come from the Spark pass
+    collector = _KeyRangeCollector(staged_key_bounds(plan)) if key is not None else None
+    counts = {"I": 0, "U": 0, "D": 0}
+    missing_old = 0
+    for segment in segments:
+        manifest_columns = {c.name for c in segment.staged.columns}
+        for file in segment.staged.file_paths:
+            if not footers_readable(file):
+                return None
+            with open_part(file) as source:
+                parquet = pyarrow.parquet.ParquetFile(source)
+                schema = parquet.schema_arrow
+                if any(c not in schema.names or c not in manifest_columns for c in plan.columns):
+                    return None  # a column absent from a part is kept by its changes
+                for column in plan.key:
+                    kind, delta_type = schema.field(column).type, plan.types[column].delta_type
+                    integers = pa.types.is_integer(kind) and isinstance(delta_type, (ShortType, IntegerType, LongType))
+                    if not (integers or (pa.types.is_string(kind) and isinstance(delta_type, StringType))):
+                        return None  # converted on its way to Delta: the Spark pass checks what it becomes
+                wanted = [staged.OP, *plan.key, *numeric]
+                wanted += [c for c in (staged.OLD, staged.UNCHANGED_TOAST) if c in schema.names]
+                part = parquet.read(columns=wanted)
+            op = part.column(staged.OP)
+            ops = {entry["values"]: entry["counts"] for entry in pc.value_counts(op).to_pylist()}
+            if set(ops) - set(counts):
+                return None  # TRUNCATE or an unknown op
+            for name, count in ops.items():
+                counts[name] += count
+            if (
+                staged.UNCHANGED_TOAST in part.column_names
+                and pc.sum(pc.list_value_length(part.column(staged.UNCHANGED_TOAST))).as_py()
+            ):
+                return None
+            upsert = pc.is_in(op, value_set=pa.array(["I", "U"]))
+            delete = pc.equal(op, "D")
+            for column in plan.key:
+                new_null = pc.and_(upsert, pc.is_null(part.column(column)))
+                old_null = pc.and_(delete, pc.is_null(_old_value(part, column)))
+                if pc.any(pc.or_(new_null, old_null)).as_py():
+                    return None
+            for column in numeric:
+                values = part.column(column)
+                if pa.types.is_list(values.type):
+                    values = pc.list_flatten(values)
+                if (
+                    pa.types.is_string(values.type)
+                    and pc.any(pc.is_in(values, value_set=pa.array(NUMERIC_SPECIAL_VALUES))).as_py()
+                ):
+                    return None
+            has_old = (
+                pc.is_valid(part.column(staged.OLD))
+                if staged.OLD in part.column_names
+                else pa.array([False] * part.num_rows)
+            )
+            changed = pc.is_in(op, value_set=pa.array(["U", "D"]))
+            missing_old += pc.sum(pc.and_(changed, pc.invert(has_old))).as_py() or 0
+            if collector is not None and key is not None:
+                collector.add(part.column(key), _old_value(part, key))
+    ranges = collector.result() if collector is not None else None
+    return Profile(
+        changes=sum(counts.values()),
+        inserts=counts["I"],
+        updates=counts["U"],
+        deletes=counts["D"],
+        truncates=0,
+        keep_columns=(),
+        keep_moves=0,
+        null_keys=0,
+        specials={},
+        lossy={},
+        key_min=None if ranges is None else ranges.key_min,
+        key_max=None if ranges is None else ranges.key_max,
+        key_ranges=None if ranges is None else ranges.ranges,
+        missing_old=missing_old,
+    )
 
 
 def snapshot_chunks_of(plan: TablePlan) -> bool:
@@ -1862,7 +2071,7 @@ def _merge_batches(
             continue
         try:
             table_events = staged_events(spark, plan)
-            table_profile = profile_events(table_events, plan, staged_key_bounds(plan))
+            table_profile = profile_from_parts(plan) or profile_events(table_events, plan, staged_key_ranges(plan))
         except (BatchError, MergeInputError):
             raise
         except Exception as exc:  # Spark's read of a damaged part: name the batch and the file

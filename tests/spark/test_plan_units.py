@@ -214,3 +214,26 @@ def test_a_keyless_table_or_an_unknown_mode_is_refused(tmp_path: Path) -> None:
         _history_plan(tmp_path / "a", "history", {}, key=("id", "v"), replica_identity="full")
     with pytest.raises(MergeInputError, match=r"mode 'scd9', which this merge job does not know"):
         _history_plan(tmp_path / "b", "scd9", {})
+
+
+def test_key_ranges_join_neighbouring_buckets_and_keep_real_gaps() -> None:
+    from airflow_provider_pgdecode.spark.merge_job import _KeyRangeCollector
+
+    # Keys spread over the whole span: every bucket is a neighbour of the next, one range.
+    spread = _KeyRangeCollector((0, 99_999))
+    spread.add(pa.array(range(0, 100_000, 7), pa.int64()), pa.nulls(len(range(0, 100_000, 7)), pa.int64()))
+    assert spread.result().ranges == [(0, 99_995)]  # type: ignore[union-attr]
+    # Two clusters, and a change that moved a key from one to the other: its move covers both.
+    clusters = _KeyRangeCollector((0, 1_000_000))
+    clusters.add(
+        pa.array([5, 6, 900_000, 900_010, None], pa.int64()), pa.array([None, None, None, None, 7], pa.int64())
+    )
+    assert clusters.result().ranges == [(5, 7), (900_000, 900_010)]  # type: ignore[union-attr]
+    moved = _KeyRangeCollector((0, 1_000_000))
+    moved.add(pa.array([5, 900_000], pa.int64()), pa.array([None, 6], pa.int64()))
+    assert moved.result().ranges == [(5, 5), (6, 900_000)]  # type: ignore[union-attr]
+    # Without the bounds from the parts' statistics: the key's bounds are the one range.
+    unbounded = _KeyRangeCollector(None)
+    unbounded.add(pa.array([5, 900_000], pa.int64()), pa.nulls(2, pa.int64()))
+    assert unbounded.result().ranges == [(5, 900_000)]  # type: ignore[union-attr]
+    assert _KeyRangeCollector(None).result() is None

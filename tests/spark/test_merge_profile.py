@@ -1,0 +1,167 @@
+"""The merge's profile of a table's staged changes: read from the parts on the driver
+(:func:`profile_from_parts`) when they show the Spark pass has nothing to find, else the Spark pass
+(:func:`profile_events`). Where both answer, they must give the same profile."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from airflow_provider_pgdecode.batch.manifest import read_batches
+from airflow_provider_pgdecode.spark.merge_job import (
+    MergeOptions,
+    Profile,
+    TablePlan,
+    merge_batches,
+    plan_merge,
+    profile_events,
+    profile_from_parts,
+    staged_events,
+    staged_key_ranges,
+)
+from tests.spark.staged import UNCHANGED, TableChanges, write_batch
+
+pytestmark = pytest.mark.spark
+
+COLUMNS = [("id", "bigint", pa.int64()), ("name", "text", pa.string()), ("amount", "numeric(12,2)", pa.string())]
+BASE = 0x10_0000
+
+
+def plan_of(spark: Any, root: Path, tables: list[TableChanges], start: int = BASE) -> TablePlan:
+    batch = write_batch(root / "staging", "s", start, start + 100_000, tables)
+    plans = plan_merge(spark, read_batches([batch]), str(root / "delta"), MergeOptions())
+    assert len(plans) == 1
+    return plans[0]
+
+
+def spark_profile(spark: Any, plan: TablePlan) -> Profile:
+    return profile_events(staged_events(spark, plan), plan, staged_key_ranges(plan))
+
+
+def random_changes(seed: int, columns: list[tuple[str, str, pa.DataType]] = COLUMNS) -> TableChanges:
+    """Inserts, updates (some moving their key) and deletes of a keyed table, in random order."""
+    rng = random.Random(seed)
+    table = TableChanges("public", "items", columns)
+    live: set[int] = set()
+    lsn = BASE
+    for _ in range(300):
+        lsn += 16
+        choice = rng.random()
+        if not live or choice < 0.4:
+            key = rng.choice([rng.randrange(0, 50), rng.randrange(10_000, 10_050)])
+            if key in live:
+                continue
+            live.add(key)
+            table.insert(lsn, id=key, name=f"n{key}", amount=f"{rng.randrange(10_000) / 100:.2f}")
+        elif choice < 0.8:
+            key = rng.choice(sorted(live))
+            moved = key + 100 if rng.random() < 0.2 and key + 100 not in live else key
+            live.discard(key)
+            live.add(moved)
+            table.update(lsn, {"id": key} if moved != key else None, id=moved, name="u", amount="1.50")
+        else:
+            key = rng.choice(sorted(live))
+            live.discard(key)
+            table.delete(lsn, id=key)
+    return table
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_parts_profile_equals_the_spark_pass(spark: Any, tmp_path: Path, seed: int) -> None:
+    table = random_changes(seed)
+    plan = plan_of(spark, tmp_path, [table])
+    from_parts = profile_from_parts(plan)
+    assert from_parts is not None
+    assert from_parts.changes == len(table.parts[0].changes)
+    assert from_parts == spark_profile(spark, plan)
+    # Keys in two clusters far apart: ranges that leave the gap between them out.
+    assert from_parts.key_ranges is not None and len(from_parts.key_ranges) >= 2
+    assert all(high - low < 5_000 for low, high in from_parts.key_ranges)
+
+
+def test_parts_profile_of_a_two_column_key_equals_the_spark_pass(spark: Any, tmp_path: Path) -> None:
+    table = TableChanges(
+        "public", "lines", [("order_id", "bigint", pa.int64()), ("sku", "text", pa.string())], key=("order_id", "sku")
+    )
+    table.insert(BASE + 16, order_id=1, sku="a").insert(BASE + 32, order_id=1, sku="b")
+    table.update(BASE + 48, {"order_id": 1, "sku": "b"}, order_id=2, sku="b").delete(BASE + 64, order_id=1, sku="a")
+    plan = plan_of(spark, tmp_path, [table])
+    from_parts = profile_from_parts(plan)
+    assert from_parts is not None
+    assert (from_parts.inserts, from_parts.updates, from_parts.deletes) == (2, 1, 1)
+    assert from_parts == spark_profile(spark, plan)
+
+
+def _toast(t: TableChanges) -> None:
+    t.update(BASE + 400, id=1, name=UNCHANGED, amount="2.00")
+
+
+def _null_key(t: TableChanges) -> None:
+    t.insert(BASE + 400, id=None, name="x", amount="1.00")
+
+
+def _delete_without_old_key(t: TableChanges) -> None:
+    t.delete(BASE + 400)
+
+
+def _truncate(t: TableChanges) -> None:
+    t.truncate(BASE + 400)
+
+
+def _nan(t: TableChanges) -> None:
+    t.insert(BASE + 400, id=9_999, name="x", amount="NaN")
+
+
+def _column_added(t: TableChanges) -> None:
+    # The UPDATE is staged before the column existed: it must keep Delta's value of it.
+    t.update(BASE + 400, id=1, name="y", amount="1.00")
+    t.alter([*COLUMNS, ("note", "text", pa.string())])
+    t.insert(BASE + 416, id=2, name="z", amount="1.00", note="new")
+
+
+CASES = {
+    "unchanged TOAST": (_toast, lambda p: p.keep_columns == ("name",)),
+    "NULL key": (_null_key, lambda p: p.null_keys == 1),
+    "DELETE without its old key": (_delete_without_old_key, lambda p: p.null_keys == 1),
+    "TRUNCATE": (_truncate, lambda p: p.truncates == 1 and p.truncate_at is not None),
+    "numeric NaN": (_nan, lambda p: p.specials == {"amount": 1}),
+    "a column absent from a part": (_column_added, lambda p: "note" in p.keep_columns),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_spark_pass_decides_what_the_parts_do_not_show(spark: Any, tmp_path: Path, case: str) -> None:
+    """Each of these needs the Spark pass's answer; the parts' profile stands aside for it."""
+    change, found = CASES[case]
+    table = TableChanges("public", "items", COLUMNS)
+    table.insert(BASE + 16, id=1, name="a", amount="1.00")
+    change(table)
+    plan = plan_of(spark, tmp_path, [table])
+    assert profile_from_parts(plan) is None
+    assert found(spark_profile(spark, plan))
+
+
+def test_unbounded_numeric_and_text_keys_go_to_the_spark_pass(spark: Any, tmp_path: Path) -> None:
+    unbounded = TableChanges("public", "u", [("id", "bigint", pa.int64()), ("amount", "numeric", pa.string())])
+    unbounded.insert(BASE + 16, id=1, amount="1.5")
+    assert profile_from_parts(plan_of(spark, tmp_path / "u", [unbounded])) is None
+    text_key = TableChanges("public", "t", [("code", "text", pa.string())], key=("code",))
+    text_key.insert(BASE + 16, code="b").insert(BASE + 32, code="a")
+    plan = plan_of(spark, tmp_path / "t", [text_key])
+    assert profile_from_parts(plan) is None
+    assert spark_profile(spark, plan).key_ranges == [("a", "b")]
+
+
+def test_a_batch_partly_applied_goes_to_the_spark_pass(spark: Any, tmp_path: Path) -> None:
+    first = TableChanges("public", "items", COLUMNS).insert(BASE + 16, id=1, name="a", amount="1.00")
+    merge_batches(spark, [write_batch(tmp_path / "first", "s", BASE, BASE + 32, [first])], str(tmp_path / "delta"))
+    # The next batch starts before the table's watermark: its first change is already applied.
+    again = TableChanges("public", "items", COLUMNS).insert(BASE + 16, id=1, name="a", amount="1.00")
+    again.insert(BASE + 48, id=2, name="b", amount="2.00")
+    plan = plan_of(spark, tmp_path, [again])
+    assert profile_from_parts(plan) is None
+    assert spark_profile(spark, plan).changes == 1
