@@ -15,9 +15,10 @@ How a run goes (docs/merge.md explains the why):
    the columns to add, and which batches (or rows) the table already holds. The table's
    *watermark* is the Delta idempotent-write transaction version of app id ``pgdecode:<slot>``:
    the end LSN of the last batch merged into it, committed atomically with that MERGE.
-2. **Profile** each table's staged changes in one aggregate pass (counts, TRUNCATE position,
-   unchanged-TOAST columns, NULL keys, numeric values that do not fit). Any bad input fails here,
-   before anything is written.
+2. **Profile** each table's staged changes (counts, TRUNCATE position, unchanged-TOAST columns,
+   NULL keys, numeric values that do not fit, key ranges). The staged parts are read on the
+   driver first: when they show nothing to refuse or plan around, that is the profile; otherwise
+   one aggregate Spark pass computes it. Any bad input fails here, before anything is written.
 3. **Write**: create the table or add new columns when needed, then one MERGE per table that
    deletes, updates and inserts the last state per key, folds a TRUNCATE in as
    ``WHEN NOT MATCHED BY SOURCE ... DELETE``, and records the new watermark in the same commit.
@@ -258,7 +259,7 @@ class TablePlan:
 
 @dataclass
 class Profile:
-    """Facts about a table's staged changes, from one aggregate pass."""
+    """Facts about a table's staged changes (:func:`profile_from_parts`, else :func:`profile_events`)."""
 
     changes: int
     inserts: int

@@ -214,6 +214,11 @@ def delta_spark_conf(
         "spark.sql.session.timeZone": "UTC",
         # PostgreSQL column names are case-sensitive.
         "spark.sql.caseSensitive": "true",
+        # PySpark records each DataFrame call's Python call site on the JVM for error messages
+        # (several Py4J round trips per column expression, an import attempt of IPython each
+        # time): a quarter of a small merge's driver time building its DataFrames, for context
+        # pgdecode's own errors already name.
+        "spark.python.sql.dataFrameDebugging.enabled": "false",
         # Spark's own logging at [pgdecode] spark_log_level (WARN) from the driver's first line.
         "spark.driver.extraJavaOptions": log_java_options(),
     }
