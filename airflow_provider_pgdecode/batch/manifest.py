@@ -100,6 +100,15 @@ class TableSummary:
         return f"{self.schema}.{self.table}"
 
     @property
+    def keyed_by_all_columns(self) -> bool:
+        """Whether the table has no key of its own: every column identifies a row (REPLICA IDENTITY
+        FULL without a primary key or replica identity index), so it is merged as a multiset.
+        Manifests written before ``key_source`` existed: a FULL table whose key is all its columns."""
+        if self.key_source is not None:
+            return self.key_source == "all columns"
+        return self.replica_identity == "full" and bool(self.key) and set(self.key) == {c.name for c in self.columns}
+
+    @property
     def target(self) -> tuple[str, str]:
         """``(schema, table)`` of the Delta table the changes flow into."""
         if self.delta_table:

@@ -23,6 +23,8 @@ from airflow_provider_pgdecode.errors import ConfigurationError
 LoadMode = Literal["merge", "append_only", "history", "soft_delete"]
 LOAD_MODES: tuple[str, ...] = get_args(LoadMode)
 """Every load mode, in the order the error wording lists them (docs/merge.md describes each)."""
+KEPT_MODES: tuple[str, ...] = ("history", "soft_delete")
+"""Modes whose Delta tables keep more than the current rows (versions, tombstones): per key."""
 BadValuePolicy = Literal["fail", "quarantine"]
 ArrayStaging = Literal["list", "json"]
 
@@ -111,3 +113,15 @@ def as_table_options(value: object) -> Mapping[str, Any]:
             "(a DAG passing it through a template needs render_template_as_native_obj=True)"
         )
     return value
+
+
+def keyless_kept_mode_error(name: str, mode: str, outcome: str) -> str:
+    """The refusal of a keyless table (REPLICA IDENTITY FULL without a key) in a kept mode, by the
+    extract (``outcome``: what it did not do) and by the merge alike."""
+    return (
+        f"table {name} has no key (REPLICA IDENTITY FULL without a primary key or replica identity index), "
+        f"so its rows cannot be kept with table_options mode {mode!r}: versions and tombstones are kept per "
+        f"key, and identical rows of a keyless table have none. {outcome} Give the table a primary key (or "
+        "REPLICA IDENTITY USING INDEX on a unique index of NOT NULL columns) and re-extract, or load it with "
+        "mode 'merge' (a multiset) or 'append_only'"
+    )

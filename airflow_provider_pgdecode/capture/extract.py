@@ -27,7 +27,13 @@ import pyarrow as pa
 
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, batch_dir_name
-from airflow_provider_pgdecode.batch.options import TableOptions, options_for, parse_table_options
+from airflow_provider_pgdecode.batch.options import (
+    KEPT_MODES,
+    TableOptions,
+    keyless_kept_mode_error,
+    options_for,
+    parse_table_options,
+)
 from airflow_provider_pgdecode.batch.publish import batch_workdir, publish_batch
 from airflow_provider_pgdecode.batch.storage import Storage, as_storage
 from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter, check_append_only
@@ -521,6 +527,9 @@ def _describe_tables(
             summary.key = list(key.columns)
             summary.replica_identity = key.replica_identity
             summary.key_source = key.source
+            if summary.mode in KEPT_MODES and summary.keyed_by_all_columns:
+                # Refused here, before the batch is published, not by the merge after it is staged.
+                raise CatalogError(keyless_kept_mode_error(f"{schema}.{table}", summary.mode, "Nothing was staged."))
         live = {c.name: c for c in catalog.columns(schema, table)}
         for column in summary.columns:
             info = live.get(column.name)

@@ -50,6 +50,7 @@ from airflow_provider_pgdecode.batch.format import (
     VALID_TO_LSN,
     XID,
 )
+from airflow_provider_pgdecode.batch.options import KEPT_MODES
 from airflow_provider_pgdecode.spark import collapse
 from airflow_provider_pgdecode.spark.collapse import (
     DELETE,
@@ -68,8 +69,7 @@ MODE_PROPERTY = "pgdecode.mode"
 MERGE = "merge"
 HISTORY = "history"
 SOFT_DELETE = "soft_delete"
-KEPT_MODES: tuple[str, ...] = (HISTORY, SOFT_DELETE)
-"""Modes whose Delta tables keep more than the current rows, in extra metadata columns."""
+assert KEPT_MODES == (HISTORY, SOFT_DELETE)  # batch.options: the modes kept per key
 
 ACTION = "__action"  # history merge source: VERSION (inserted) or CLOSE (ends the current version)
 VERSION = "version"

@@ -83,7 +83,7 @@ from airflow_provider_pgdecode.batch.format import (
     local_path,
 )
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, read_batches
-from airflow_provider_pgdecode.batch.options import LOAD_MODES
+from airflow_provider_pgdecode.batch.options import LOAD_MODES, keyless_kept_mode_error
 from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage, fsync_dir, is_object_store, spark_uri
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import (
@@ -518,15 +518,6 @@ def _same_type(a: DataType, b: DataType) -> bool:
     return a.simpleString() == b.simpleString()
 
 
-def keyed_by_all_columns(entry: TableSummary) -> bool:
-    """Whether the table has no key of its own: every column identifies a row (REPLICA IDENTITY
-    FULL without a primary key or replica identity index), so it is merged as a multiset. Manifests
-    written before ``key_source`` existed: a FULL table whose key is all its columns."""
-    if entry.key_source is not None:
-        return entry.key_source == "all columns"
-    return entry.replica_identity == "full" and bool(entry.key) and set(entry.key) == {c.name for c in entry.columns}
-
-
 def plan_table(
     schema: str,
     table: str,
@@ -565,15 +556,9 @@ def plan_table(
             f"matched as a multiset), or load an insert-only table with table_options mode 'append_only', "
             f"then re-extract. Nothing was written."
         )
-    is_multiset = not append_only and keyed_by_all_columns(latest)
+    is_multiset = not append_only and latest.keyed_by_all_columns
     if is_multiset and mode in KEPT_MODES:
-        raise MergeInputError(
-            f"table {name} has no key (REPLICA IDENTITY FULL without a primary key or replica identity index), "
-            f"so its rows cannot be kept with table_options mode {mode!r}: versions and tombstones are kept per "
-            "key, and identical rows of a keyless table have none. Nothing was written. Give the table a primary "
-            "key (or REPLICA IDENTITY USING INDEX on a unique index of NOT NULL columns) and re-extract, or load "
-            "it with mode 'merge' (a multiset) or 'append_only'"
-        )
+        raise MergeInputError(keyless_kept_mode_error(name, mode, "Nothing was written."))
     for batch, entry in entries:
         if not append_only and entry.key and tuple(entry.key) != tuple(key):
             raise MergeInputError(

@@ -320,6 +320,24 @@ def test_replica_identity_full_table_without_pk_is_keyed_by_all_columns(pg_conn,
     assert manifest.tables[0].key == ["a", "b"] and manifest.tables[0].replica_identity == "full"
 
 
+@pytest.mark.parametrize("mode", ["history", "soft_delete"])
+def test_keyless_table_in_a_kept_mode_is_refused_before_staging(pg_conn, slot_name, tmp_path, mode) -> None:
+    """Versions and tombstones are kept per key: a keyless table cannot have them. The extract says
+    so (the merge would too, after staging the batch), stages nothing and leaves the slot."""
+    table = f"keyless_{mode}"
+    pg_conn.execute(f"create table {table} (a int, b text)")
+    pg_conn.execute(f"alter table {table} replica identity full")
+    create_slot(pg_conn, slot_name)
+    pg_conn.execute(f"insert into {table} values (1, 'x')")
+    options = {f"public.{table}": {"mode": mode}}
+    with pytest.raises(CatalogError, match=f"{table} has no key .*mode '{mode}'.*Nothing was staged"):
+        extract_batch(pg_conn, slot_name, tmp_path, table_options=options)
+    assert list((tmp_path / slot_name).iterdir()) == []
+    # The same table as a multiset (mode 'merge') stages.
+    manifest = extract_batch(pg_conn, slot_name, tmp_path)
+    assert manifest.tables[0].keyed_by_all_columns
+
+
 def test_wrong_plugin_is_refused(pg_conn, slot_name, tmp_path) -> None:
     create_slot(pg_conn, slot_name, two_phase=False, plugin="pgoutput")
     with pytest.raises(SlotError, match="uses output plugin 'pgoutput', but 'test_decoding' was asked for"):
