@@ -496,6 +496,7 @@ def parse_sources(text: str, path: str | os.PathLike[str], *, data_dir: str) -> 
             defaults = raw_defaults
 
     sources: list[SourceConfig] = []
+    claims: list[tuple[str, str, str | None]] = []  # each source's slot and Delta root
     twice = {name for name, _, _ in raw_sources.duplicates}  # reported above; which one was meant is unknown
     for name, raw in raw_sources.items():
         line = raw_sources.lines[name]
@@ -518,8 +519,12 @@ def parse_sources(text: str, path: str | os.PathLike[str], *, data_dir: str) -> 
         config = _validate(SourceConfig, merged, problems, raw, source=name, line=line)
         if isinstance(config, SourceConfig):
             sources.append(config)
+            claims.append((name, config.slot, _located(config, data_dir).delta_root))
+        elif isinstance(merged.get("slot"), str):
+            # Checked against the others now, not only once this source's own problems are fixed.
+            claims.append((name, merged["slot"], None))
 
-    _check_unique(sources, raw_sources, problems, data_dir)
+    _check_unique(claims, raw_sources, problems)
     problems.raise_if_any()
     return SourcesFile(path, tuple(_located(s, data_dir) for s in sources))
 
@@ -535,34 +540,36 @@ def _located(source: SourceConfig, data_dir: str) -> SourceConfig:
     return source.model_copy(update=update) if update else source
 
 
-def _check_unique(sources: Sequence[SourceConfig], raw: _Mapping, problems: _Problems, data_dir: str) -> None:
+def _check_unique(claims: Sequence[tuple[str, str, str | None]], raw: _Mapping, problems: _Problems) -> None:
+    """No slot and no Delta root of two sources: ``claims`` holds each source's name, slot and
+    Delta root (``None`` for a source whose fields failed their checks: its slot is still compared)."""
     slots: dict[str, str] = {}
     roots: list[tuple[str, str]] = []
-    for source in sources:
-        entry = raw[source.name]
-        other = slots.get(source.slot)
+    for name, slot, root in claims:
+        entry = raw[name]
+        other = slots.get(slot)
         if other is not None:
             problems.add(
-                f"slot {source.slot!r} is also the slot of source {other!r}: each source needs a slot of its own "
+                f"slot {slot!r} is also the slot of source {other!r}: each source needs a slot of its own "
                 "(slots are cluster-wide, two connections may reach one cluster, and each DAG advances its slot)",
-                entry.lines.get("slot", raw.lines[source.name]),
-                source=source.name,
+                entry.lines.get("slot", raw.lines[name]),
+                source=name,
                 field="slot",
             )
-        slots.setdefault(source.slot, source.name)
-        root = _located(source, data_dir).delta_root
-        assert root is not None
+        slots.setdefault(slot, name)
+        if root is None:
+            continue
         for other_name, other_root in roots:
             if _nested(root, other_root):
                 problems.add(
                     f"{root} is (or nests with) the Delta root of source {other_name!r}, {other_root}: each source "
                     "needs a Delta root of its own, or the tables of one would be merged into the other's",
-                    entry.lines.get("delta_root", raw.lines[source.name]),
-                    source=source.name,
+                    entry.lines.get("delta_root", raw.lines[name]),
+                    source=name,
                     field="delta_root",
                 )
                 break
-        roots.append((source.name, root))
+        roots.append((name, root))
 
 
 def load_sources(path: str | os.PathLike[str], *, data_dir: str) -> SourcesFile:

@@ -130,6 +130,11 @@ def test_a_slot_used_by_two_sources() -> None:
     )
     assert "slots are cluster-wide" in message
     assert "a slot name is 1 to 63 lower-case letters" in refused(SOURCE.replace("pgdecode_shop", "Shop-Slot"))
+    # A source with problems of its own still has its slot compared: both are said at once.
+    typo = text + "    tabels: [public.x]\n"  # in billing, the last source
+    lines = refused(typo).splitlines()
+    assert any("source 'billing': field 'slot': slot 'pgdecode_shop' is also the slot of" in line for line in lines)
+    assert any("source 'billing': field 'tabels': unknown field (did you mean 'tables'?)" in line for line in lines)
 
 
 @pytest.mark.parametrize(
