@@ -1239,7 +1239,7 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
                         return None  # converted on its way to Delta: the Spark pass checks what it becomes
                 wanted = [staged.OP, *plan.key, *numeric]
                 wanted += [c for c in (staged.OLD, staged.UNCHANGED_TOAST) if c in schema.names]
-                part = parquet.read(columns=wanted)
+                part = parquet.read(columns=list(dict.fromkeys(wanted)))
             op = part.column(staged.OP)
             ops = {entry["values"]: entry["counts"] for entry in pc.value_counts(op).to_pylist()}
             if set(ops) - set(counts):
@@ -2057,7 +2057,9 @@ def _merge_batches(
             continue
         try:
             table_events = staged_events(spark, plan)
-            table_profile = profile_from_parts(plan) or profile_events(table_events, plan, staged_key_ranges(plan))
+            table_profile = profile_from_parts(plan)
+            if table_profile is None:
+                table_profile = profile_events(table_events, plan, staged_key_ranges(plan))
         except (BatchError, MergeInputError):
             raise
         except Exception as exc:  # Spark's read of a damaged part: name the batch and the file
