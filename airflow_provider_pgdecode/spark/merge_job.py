@@ -1047,11 +1047,11 @@ def staged_key_bounds(plan: TablePlan) -> tuple[int, int] | None:
 
     Reads only file footers (local or on object storage); ``None`` when a statistic is missing.
     """
-    if len(plan.key) != 1 or not isinstance(plan.types[plan.key[0]].delta_type, (ShortType, IntegerType, LongType)):
+    key = integer_key(plan)
+    if key is None:
         return None
     import pyarrow.parquet as pq
 
-    key = plan.key[0]
     low: int | None = None
     high: int | None = None
     for segment in plan.segments:
@@ -1148,9 +1148,13 @@ class _KeyRangeCollector:
         return KeyRanges(self.key_min, self.key_max, merge_ranges(ranges))
 
 
+INTEGER_TYPES = (ShortType, IntegerType, LongType)
+"""Delta's integer types: a key of one of them has key ranges (:func:`integer_key`)."""
+
+
 def integer_key(plan: TablePlan) -> str | None:
     """The table's key column when it is one column of an integer type (the key ranges' case)."""
-    if len(plan.key) != 1 or not isinstance(plan.types[plan.key[0]].delta_type, (ShortType, IntegerType, LongType)):
+    if len(plan.key) != 1 or not isinstance(plan.types[plan.key[0]].delta_type, INTEGER_TYPES):
         return None
     return plan.key[0]
 
@@ -1234,7 +1238,7 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
                     return None  # a column absent from a part is kept by its changes
                 for column in plan.key:
                     kind, delta_type = schema.field(column).type, plan.types[column].delta_type
-                    integers = pa.types.is_integer(kind) and isinstance(delta_type, (ShortType, IntegerType, LongType))
+                    integers = pa.types.is_integer(kind) and isinstance(delta_type, INTEGER_TYPES)
                     if not (integers or (pa.types.is_string(kind) and isinstance(delta_type, StringType))):
                         return None  # converted on its way to Delta: the Spark pass checks what it becomes
                 wanted = [staged.OP, *plan.key, *numeric]

@@ -518,15 +518,16 @@ def parse_sources(text: str, path: str | os.PathLike[str], *, data_dir: str) -> 
         merged = {**defaults, **raw, "name": name}
         config = _validate(SourceConfig, merged, problems, raw, source=name, line=line)
         if isinstance(config, SourceConfig):
-            sources.append(config)
-            claims.append((name, config.slot, _located(config, data_dir).delta_root))
+            located = _located(config, data_dir)
+            sources.append(located)
+            claims.append((name, located.slot, located.delta_root))
         elif isinstance(merged.get("slot"), str):
             # Checked against the others now, not only once this source's own problems are fixed.
             claims.append((name, merged["slot"], None))
 
     _check_unique(claims, raw_sources, problems)
     problems.raise_if_any()
-    return SourcesFile(path, tuple(_located(s, data_dir) for s in sources))
+    return SourcesFile(path, tuple(sources))
 
 
 def _located(source: SourceConfig, data_dir: str) -> SourceConfig:
