@@ -1,7 +1,8 @@
 """Turning a table's staged changes into one MERGE source: the last state per key.
 
 Every function here is a pure DataFrame transformation (no action, no Delta access), except
-:func:`resolve_lineage_roots`, which iterates a small join until move chains are followed.
+:func:`resolve_lineage_roots`, which iterates a small join until move chains are followed, and
+:func:`superseded_effects`, which finds on the driver (pyarrow) the effects a later one replaces.
 
 Vocabulary:
 
@@ -19,11 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from airflow_provider_pgdecode.batch.format import DELTA_COLUMNS
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
 
 LSN = "__lsn"
 SEQ = "__seq"
@@ -137,6 +143,79 @@ def collapse_simple(effects: DataFrame, spec: CollapseInput, *, allow_keep: bool
         aggregates.append(F.max_by(F.struct(col(column).alias("v")), _setter_order(column)).alias(f"__set_{index}"))
     grouped = effects.groupBy(*[col(name) for name in spec.key]).agg(*aggregates)
     return _final_columns(grouped, spec, allow_keep=allow_keep)
+
+
+@dataclass(frozen=True)
+class StagedKeys:
+    """The key-related columns of one staged part, as read on the driver: its ops, new key
+    values, old key values (null where a change sent none), commit LSNs and positions."""
+
+    op: pa.ChunkedArray
+    new: tuple[pa.ChunkedArray, ...]
+    old: tuple[pa.ChunkedArray, ...]
+    lsn: pa.ChunkedArray
+    seq: pa.ChunkedArray
+
+
+def _effect_keys(part: StagedKeys) -> tuple[pa.Table, pa.Table]:
+    """The part's upsert and delete effects (as :func:`effects_of` makes them): key, kind, order."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    # As key_changed: an old key sent and different from the new one (a null new key differs).
+    changed: pa.ChunkedArray | pa.Array = pa.array([False] * len(part.op), pa.bool_())
+    for new, old in zip(part.new, part.old):
+        differs = pc.fill_null(pc.not_equal(old, new), True)
+        changed = pc.or_(changed, pc.and_(pc.is_valid(old), differs))
+    upsert = pc.is_in(part.op, value_set=pa.array(["I", "U"]))
+    delete = pc.or_(pc.equal(part.op, "D"), pc.and_(pc.equal(part.op, "U"), changed))
+
+    def effects(mask: pa.ChunkedArray, keys: tuple[pa.ChunkedArray, ...], kind: str) -> pa.Table:
+        columns = {f"k{i}": key for i, key in enumerate(keys)}
+        table = pa.table({**columns, LSN: part.lsn, SEQ: part.seq}).filter(mask)
+        return table.append_column(KIND, pa.array([kind] * table.num_rows, pa.string()))
+
+    return effects(upsert, part.new, UPSERT), effects(delete, part.old, DELETE)
+
+
+def superseded_effects(parts: Sequence[StagedKeys]) -> pa.Table | None:
+    """The effects some later effect on the same key replaces (``__kind``, ``__lsn``, ``__seq``),
+    which is all the collapse without kept columns drops (:func:`collapse_known`).
+
+    ``None`` when the parts' key types differ or a delete effect's key has a null (the Spark
+    collapse then decides, as it groups nulls its own way)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    tables = [table for part in parts for table in _effect_keys(part)]
+    try:
+        effects = pa.concat_tables(tables)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
+    width = len(parts[0].new) if parts else 0
+    if any(effects.column(f"k{i}").null_count for i in range(width)):
+        return None
+    ordered = effects.sort_by([*[(f"k{i}", "ascending") for i in range(width)], (LSN, "ascending"), (SEQ, "ascending")])
+    count = ordered.num_rows
+    if count < 2:
+        return ordered.select([KIND, LSN, SEQ]).slice(0, 0)
+    same = pa.chunked_array([pa.array([True] * (count - 1), pa.bool_())])
+    for index in range(width):
+        key = ordered.column(f"k{index}")
+        same = pc.and_(same, pc.equal(key.slice(0, count - 1), key.slice(1)))
+    return ordered.slice(0, count - 1).filter(same).select([KIND, LSN, SEQ])
+
+
+def collapse_known(spark: SparkSession, effects: DataFrame, spec: CollapseInput, superseded: pa.Table) -> DataFrame:
+    """Last state per key when no column is kept and the driver already knows which effects are
+    not the last of their key (:func:`superseded_effects`): those are dropped, by a broadcast
+    anti-join when there are any. Same rows as :func:`collapse_simple`, without its shuffle and
+    sort of every effect."""
+    if superseded.num_rows:
+        dropped = spark.createDataFrame(superseded)
+        effects = effects.join(F.broadcast(dropped), on=[KIND, LSN, SEQ], how="left_anti")
+    columns = [col(name) for name in (*spec.key, *spec.value_columns, *spec.metadata_columns)]
+    return effects.select(*columns, F.col(KIND))
 
 
 def _final_columns(grouped: DataFrame, spec: CollapseInput, *, allow_keep: bool) -> DataFrame:

@@ -110,6 +110,7 @@ from airflow_provider_pgdecode.spark.types import (
 from airflow_provider_pgdecode.typemap import ARRAYS_AS_JSON, ARRAYS_AS_LIST, TEXT
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("airflow_provider_pgdecode.spark.merge")
@@ -278,6 +279,9 @@ class Profile:
     """UPDATEs and DELETEs staged without an old image."""
     truncations: tuple[Truncate, ...] = ()
     """Every TRUNCATE of the table among the changes, in commit order."""
+    superseded: pa.Table | None = field(default=None, compare=False)
+    """The effects a later one on the same key replaces (:func:`.collapse.superseded_effects`),
+    when :func:`profile_from_parts` found them: the collapse then only drops these."""
 
     @property
     def truncate_at(self) -> tuple[int, int] | None:
@@ -1224,6 +1228,7 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
     if len(plan.key) == 1 and key is None:
         return None  # the bounds of a key of other values come from the Spark pass
     collector = _KeyRangeCollector(staged_key_bounds(plan)) if key is not None else None
+    keys: list[collapse.StagedKeys] = []
     counts = {"I": 0, "U": 0, "D": 0}
     missing_old = 0
     for segment in segments:
@@ -1241,7 +1246,7 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
                     integers = pa.types.is_integer(kind) and isinstance(delta_type, INTEGER_TYPES)
                     if not (integers or (pa.types.is_string(kind) and isinstance(delta_type, StringType))):
                         return None  # converted on its way to Delta: the Spark pass checks what it becomes
-                wanted = [staged.OP, *plan.key, *numeric]
+                wanted = [staged.OP, COMMIT_LSN, staged.SEQ, *plan.key, *numeric]
                 wanted += [c for c in (staged.OLD, staged.UNCHANGED_TOAST) if c in schema.names]
                 part = parquet.read(columns=list(dict.fromkeys(wanted)))
             op = part.column(staged.OP)
@@ -1280,6 +1285,15 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
             missing_old += pc.sum(pc.and_(changed, pc.invert(has_old))).as_py() or 0
             if collector is not None and key is not None:
                 collector.add(part.column(key), _old_value(part, key))
+            keys.append(
+                collapse.StagedKeys(
+                    op=op,
+                    new=tuple(part.column(c) for c in plan.key),
+                    old=tuple(_old_value(part, c) for c in plan.key),
+                    lsn=part.column(COMMIT_LSN),
+                    seq=part.column(staged.SEQ),
+                )
+            )
     ranges = collector.result() if collector is not None else None
     return Profile(
         changes=sum(counts.values()),
@@ -1296,6 +1310,7 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
         key_max=None if ranges is None else ranges.key_max,
         key_ranges=None if ranges is None else ranges.ranges,
         missing_old=missing_old,
+        superseded=collapse.superseded_effects(keys),
     )
 
 
@@ -1348,6 +1363,8 @@ def merge_source(spark: SparkSession, events: DataFrame, plan: TablePlan, profil
         events = events.where(collapse.after(*profile.truncate_at))
     spec = CollapseInput(key=plan.key, value_columns=plan.value_columns, keep_columns=profile.keep_columns)
     effects = collapse.effects_of(events, spec)
+    if profile.superseded is not None and not profile.keep_columns and profile.truncate_at is None:
+        return collapse.collapse_known(spark, effects, spec, profile.superseded)
     allow_keep = profile.truncate_at is None and plan.state.exists
     if profile.keep_moves and profile.keep_columns:
         target = spark.read.format("delta").load(plan.path) if plan.state.exists and allow_keep else None

@@ -12,6 +12,8 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_pgdecode.batch.manifest import read_batches
+from airflow_provider_pgdecode.spark import collapse
+from airflow_provider_pgdecode.spark.collapse import CollapseInput
 from airflow_provider_pgdecode.spark.merge_job import (
     MergeOptions,
     Profile,
@@ -94,6 +96,45 @@ def test_parts_profile_of_a_two_column_key_equals_the_spark_pass(spark: Any, tmp
     assert from_parts is not None
     assert (from_parts.inserts, from_parts.updates, from_parts.deletes) == (2, 1, 1)
     assert from_parts == spark_profile(spark, plan)
+
+
+def collapsed_both_ways(spark: Any, plan: TablePlan) -> tuple[list[Any], list[Any], Profile]:
+    """The plan's merge source by the driver's known collapse and by the Spark collapse."""
+    profile = profile_from_parts(plan)
+    assert profile is not None and profile.superseded is not None
+    spec = CollapseInput(key=plan.key, value_columns=plan.value_columns, keep_columns=())
+    effects = collapse.effects_of(staged_events(spark, plan), spec)
+    known = collapse.collapse_known(spark, effects, spec, profile.superseded)
+    grouped = collapse.collapse_simple(effects, spec, allow_keep=False)
+    assert known.columns == grouped.columns
+    return sorted(map(tuple, known.collect())), sorted(map(tuple, grouped.collect())), profile
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_known_collapse_equals_the_spark_collapse(spark: Any, tmp_path: Path, seed: int) -> None:
+    """Dropping the effects the driver found superseded leaves the rows the Spark collapse keeps."""
+    table = random_changes(seed)
+    # Several changes of one key in one transaction, a move and a key inserted again after it left.
+    lsn = BASE + 10_000
+    table.insert(lsn, id=7_000, name="a", amount="1.00").update(lsn, id=7_000, name="b", amount="2.00")
+    table.update(lsn, {"id": 7_000}, id=7_001, name="c", amount="3.00").insert(lsn, id=7_000, name="d", amount="4.00")
+    table.delete(lsn + 16, id=7_001)
+    known, grouped, profile = collapsed_both_ways(spark, plan_of(spark, tmp_path, [table]))
+    assert profile.superseded is not None and profile.superseded.num_rows > 0
+    assert len(known) == len({row[0] for row in known})  # one row per key
+    assert known == grouped
+
+
+def test_the_known_collapse_of_a_two_column_key(spark: Any, tmp_path: Path) -> None:
+    table = TableChanges(
+        "public", "lines", [("order_id", "bigint", pa.int64()), ("sku", "text", pa.string())], key=("order_id", "sku")
+    )
+    table.insert(BASE + 16, order_id=1, sku="a").insert(BASE + 16, order_id=1, sku="b")
+    table.update(BASE + 32, {"order_id": 1, "sku": "b"}, order_id=1, sku="a2").delete(BASE + 48, order_id=1, sku="a")
+    table.insert(BASE + 64, order_id=1, sku="b")
+    known, grouped, profile = collapsed_both_ways(spark, plan_of(spark, tmp_path, [table]))
+    assert profile.superseded is not None and profile.superseded.num_rows == 3
+    assert known == grouped
 
 
 def _toast(t: TableChanges) -> None:
