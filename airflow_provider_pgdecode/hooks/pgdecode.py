@@ -185,6 +185,15 @@ class PgDecodeHook(PostgresHook):
         """
         return self.get_slot_client().describe(slot_name)
 
+    def idle_slots(self, min_lag_bytes: int, besides: str) -> list[SlotInfo]:
+        """The cluster's other logical slots that no process uses and that hold back more than
+        ``min_lag_bytes`` of WAL (:meth:`SlotClient.idle_slots`).
+
+        :param min_lag_bytes: report slots lagging the server's WAL by more bytes.
+        :param besides: the slot not to report (the caller's own).
+        """
+        return self.get_slot_client().idle_slots(min_lag_bytes, besides)
+
     def peek_changes(
         self,
         slot_name: str,

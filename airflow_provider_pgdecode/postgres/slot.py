@@ -213,6 +213,11 @@ class SlotClient:
             cur.execute(query, params)
             return cur.fetchone()
 
+    def _all(self, query: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        with self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query, params)
+            return cur.fetchall()
+
     def _database(self) -> str:
         return self.conn.info.dbname
 
@@ -273,6 +278,10 @@ class SlotClient:
         return self._one("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (name,)) is not None
 
     def _describe(self, name: str) -> SlotInfo | None:
+        found = self._slots("WHERE slot_name = %s", (name,))
+        return found[0] if found else None
+
+    def _slots(self, where: str, params: tuple[Any, ...] = ()) -> list[SlotInfo]:
         version = self.server_version_num()
         two_phase = "two_phase" if version >= 140000 else "false"
         wal = "wal_status, safe_wal_size" if version >= 130000 else "NULL::text, NULL::int8"
@@ -282,16 +291,18 @@ class SlotClient:
             if version >= FAILOVER_SERVER_VERSION
             else "false, NULL::text, NULL::timestamptz"
         )
-        row = self._one(
+        rows = self._all(
             f"SELECT slot_name::text, plugin::text, slot_type, database::text, temporary, active, {two_phase},"
             f" restart_lsn::text, confirmed_flush_lsn::text, {wal},"
             " (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text,"
             f" {since_17}"
-            " FROM pg_replication_slots WHERE slot_name = %s",
-            (name,),
+            f" FROM pg_replication_slots {where} ORDER BY slot_name",
+            params,
         )
-        if row is None:
-            return None
+        return [self._slot_info(row) for row in rows]
+
+    @staticmethod
+    def _slot_info(row: Sequence[Any]) -> SlotInfo:
         confirmed = _lsn(row[8])
         current = Lsn.parse(row[11])
         return SlotInfo(
@@ -312,6 +323,15 @@ class SlotClient:
             invalidation_reason=row[13],
             inactive_since=row[14],
         )
+
+    def idle_slots(self, min_lag_bytes: int, besides: str) -> list[SlotInfo]:
+        """The cluster's logical slots other than ``besides`` that no process uses and that hold back
+        more than ``min_lag_bytes`` of WAL: what a source removed from the pipeline leaves behind."""
+        return [
+            info
+            for info in self._slots("WHERE slot_type = 'logical' AND NOT active AND slot_name <> %s", (besides,))
+            if (info.lag_bytes or 0) > min_lag_bytes
+        ]
 
     def describe(self, name: str) -> SlotInfo:
         """The slot's state; :class:`SlotError` when it does not exist."""

@@ -39,7 +39,11 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
     * ``wal_status = 'unreserved'``: it retains more WAL than ``max_slot_wal_keep_size`` and
       will be lost at the server's next checkpoint unless it advances →
       :class:`AirflowException` (a retry after the pipeline advanced the slot can pass);
-    * ``lag_bytes > max_lag_bytes`` (when given) → :class:`AirflowException`.
+    * ``lag_bytes > max_lag_bytes`` (when given) → :class:`AirflowException`;
+    * other logical slots of the cluster that no process uses and that hold back more than
+      ``max_lag_bytes`` of WAL (when given) → a warning naming each and how to drop it, since the
+      server keeps that WAL for them (a source removed from the sources file keeps its slot); the
+      check still passes: only whoever knows what reads a slot can drop it.
 
     With ``heartbeat=True`` the check also writes a heartbeat (a non-transactional logical
     message, ``pg_logical_emit_message``) when the slot has nothing pending to decode, so that
@@ -49,7 +53,8 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
     before the lag check, so an idle slot can still recover.
 
     On success the XCom value is the slot's description (``SlotInfo.to_dict()``) plus
-    ``heartbeat_lsn``. The check passes or fails on its first poke: it never waits.
+    ``heartbeat_lsn`` and ``idle_slots`` (the names warned about). The check passes or fails on
+    its first poke: it never waits.
 
     Place it where its failure alerts without blocking the extract (e.g. a parallel branch):
     the extract, merge and confirm are what advance a lagging or unreserved slot.
@@ -109,6 +114,7 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
                 check_readable(info, self.plugin)
             self._check_state(info)
             heartbeat_lsn = self._maybe_heartbeat(hook, info) if self.heartbeat else None
+            idle = hook.idle_slots(self.max_lag_bytes, besides=name) if self.max_lag_bytes is not None else []
         lag = info.lag_bytes or 0
         if self.max_lag_bytes is not None and lag > self.max_lag_bytes:
             raise AirflowException(
@@ -117,6 +123,18 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
                 f"{_size(self.max_lag_bytes)}; the server retains that WAL for it. Run the pipeline (extract, "
                 "merge, confirm) to advance the slot, check that its DAG is not paused or failing, or drop the "
                 "slot if nothing reads it any more"
+            )
+        for other in idle:
+            self.log.warning(
+                "replication slot %r (database %s, plugin %s) is not in use and holds back %s of WAL on this server, "
+                "more than max_lag_bytes %s: if no pipeline reads it any more (a source removed from the sources "
+                "file keeps its slot), drop it with SELECT pg_drop_replication_slot('%s')",
+                other.slot_name,
+                other.database,
+                other.plugin,
+                _size(other.lag_bytes),
+                _size(self.max_lag_bytes),
+                other.slot_name,
             )
         self.log.info(
             "Slot %s is healthy: plugin %s, wal_status %s, confirmed %s, lag %s, safe_wal_size %s%s",
@@ -130,7 +148,11 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
         )
         return PokeReturnValue(
             is_done=True,
-            xcom_value={**info.to_dict(), "heartbeat_lsn": None if heartbeat_lsn is None else str(heartbeat_lsn)},
+            xcom_value={
+                **info.to_dict(),
+                "heartbeat_lsn": None if heartbeat_lsn is None else str(heartbeat_lsn),
+                "idle_slots": [other.slot_name for other in idle],
+            },
         )
 
     def _check_state(self, info: SlotInfo) -> None:

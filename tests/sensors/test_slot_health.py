@@ -86,6 +86,38 @@ def test_lag_over_the_limit_fails_with_a_retryable_error(
     assert not isinstance(caught.value, AirflowFailException)
 
 
+def test_an_idle_slot_left_behind_is_named_while_the_check_passes(
+    source_conn: str, pg_cluster: ThrowawayCluster, pg_dsn: str, slot_name: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A slot no pipeline reads any more (its source removed) holds back WAL for ever: the health
+    check of a slot on the same server names it and says how to drop it, and still passes."""
+    left_behind = f"{slot_name}_gone"
+    with PgDecodeHook() as hook:
+        hook.ensure_slot(slot_name)
+        hook.ensure_slot(left_behind)
+        busy_elsewhere(pg_cluster)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the checked slot is caught up
+            conn.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())", (slot_name,))
+            lag = conn.execute(
+                "SELECT pg_current_wal_lsn() - confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                (left_behind,),
+            ).fetchone()[0]
+        assert lag > 0
+        try:
+            health = PgDecodeSlotHealthSensor(task_id="h", slot_name=slot_name, max_lag_bytes=int(lag) - 1).poke({})
+            assert health.is_done
+            assert left_behind in health.xcom_value["idle_slots"]
+            assert slot_name not in health.xcom_value["idle_slots"]
+            assert f"SELECT pg_drop_replication_slot('{left_behind}')" in "".join(capfd.readouterr())
+            # Within the limit, or without one, nothing is said.
+            quiet = PgDecodeSlotHealthSensor(task_id="h", slot_name=slot_name, max_lag_bytes=int(lag) + (1 << 20))
+            assert left_behind not in quiet.poke({}).xcom_value["idle_slots"]
+            assert PgDecodeSlotHealthSensor(task_id="h", slot_name=slot_name).poke({}).xcom_value["idle_slots"] == []
+            assert left_behind not in "".join(capfd.readouterr())
+        finally:
+            hook.drop_slot(left_behind)
+
+
 def test_missing_slot_and_wrong_plugin_fail_for_good(source_conn: str, slot_name: str) -> None:
     sensor = PgDecodeSlotHealthSensor(task_id="health", slot_name=slot_name)
     with pytest.raises(AirflowFailException, match=f"replication slot '{slot_name}' does not exist"):
