@@ -163,7 +163,7 @@ def _effect_keys(part: StagedKeys) -> tuple[pa.Table, pa.Table]:
     import pyarrow.compute as pc
 
     # As key_changed: an old key sent and different from the new one (a null new key differs).
-    changed: pa.ChunkedArray | pa.Array = pa.array([False] * len(part.op), pa.bool_())
+    changed: pa.ChunkedArray | pa.Array = pa.repeat(False, len(part.op))
     for new, old in zip(part.new, part.old):
         differs = pc.fill_null(pc.not_equal(old, new), True)
         changed = pc.or_(changed, pc.and_(pc.is_valid(old), differs))
@@ -173,7 +173,7 @@ def _effect_keys(part: StagedKeys) -> tuple[pa.Table, pa.Table]:
     def effects(mask: pa.ChunkedArray, keys: tuple[pa.ChunkedArray, ...], kind: str) -> pa.Table:
         columns = {f"k{i}": key for i, key in enumerate(keys)}
         table = pa.table({**columns, LSN: part.lsn, SEQ: part.seq}).filter(mask)
-        return table.append_column(KIND, pa.array([kind] * table.num_rows, pa.string()))
+        return table.append_column(KIND, pa.repeat(pa.scalar(kind, pa.string()), table.num_rows))
 
     return effects(upsert, part.new, UPSERT), effects(delete, part.old, DELETE)
 
@@ -182,24 +182,29 @@ def superseded_effects(parts: Sequence[StagedKeys]) -> pa.Table | None:
     """The effects some later effect on the same key replaces (``__kind``, ``__lsn``, ``__seq``),
     which is all the collapse without kept columns drops (:func:`collapse_known`).
 
-    ``None`` when the parts' key types differ or a delete effect's key has a null (the Spark
-    collapse then decides, as it groups nulls its own way)."""
+    ``None`` when the parts' key types differ, a delete effect's key has a null (the Spark
+    collapse then decides, as it groups nulls its own way) or two effects of one kind share a
+    commit LSN and position (they could not be told apart when dropped)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     tables = [table for part in parts for table in _effect_keys(part)]
+    if not tables:
+        return None
     try:
         effects = pa.concat_tables(tables)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         return None
-    width = len(parts[0].new) if parts else 0
+    width = len(parts[0].new)
     if any(effects.column(f"k{i}").null_count for i in range(width)):
+        return None
+    if effects.group_by([KIND, LSN, SEQ]).aggregate([]).num_rows != effects.num_rows:
         return None
     ordered = effects.sort_by([*[(f"k{i}", "ascending") for i in range(width)], (LSN, "ascending"), (SEQ, "ascending")])
     count = ordered.num_rows
     if count < 2:
         return ordered.select([KIND, LSN, SEQ]).slice(0, 0)
-    same = pa.chunked_array([pa.array([True] * (count - 1), pa.bool_())])
+    same: pa.ChunkedArray | pa.Array = pa.repeat(True, count - 1)
     for index in range(width):
         key = ordered.column(f"k{index}")
         same = pc.and_(same, pc.equal(key.slice(0, count - 1), key.slice(1)))

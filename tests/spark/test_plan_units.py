@@ -11,6 +11,7 @@ import pytest
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, read_batches
 from airflow_provider_pgdecode.errors import BatchError, MergeInputError, UnmappedTypeError
+from airflow_provider_pgdecode.spark.collapse import StagedKeys, superseded_effects
 from airflow_provider_pgdecode.spark.merge_job import delta_table_path, merge_condition, merge_ranges
 from airflow_provider_pgdecode.spark.session import delta_maven_coordinates, delta_spark_conf, ivy_dir
 from airflow_provider_pgdecode.spark.types import map_catalog_type, parse_unbounded_numeric_rule
@@ -237,3 +238,38 @@ def test_key_ranges_join_neighbouring_buckets_and_keep_real_gaps() -> None:
     unbounded.add(pa.array([5, 900_000], pa.int64()), pa.nulls(2, pa.int64()))
     assert unbounded.result().ranges == [(5, 900_000)]  # type: ignore[union-attr]
     assert _KeyRangeCollector(None).result() is None
+
+
+def _keys(ops: list[str], new: list[Any], old: list[Any], lsns: list[int], seqs: list[int]) -> StagedKeys:
+    def chunked(values: list[Any], kind: pa.DataType) -> pa.ChunkedArray:
+        return pa.chunked_array([pa.array(values, kind)])
+
+    return StagedKeys(
+        op=chunked(ops, pa.string()),
+        new=(chunked(new, pa.int64()),),
+        old=(chunked(old, pa.int64()),),
+        lsn=chunked(lsns, pa.int64()),
+        seq=chunked(seqs, pa.int32()),
+    )
+
+
+def test_superseded_effects_are_all_but_the_last_of_each_key() -> None:
+    # INSERT 1; UPDATE 1; UPDATE moving 1 -> 2 (an upsert at 2, a delete at 1); DELETE 2; INSERT 1 again.
+    part = _keys(["I", "U", "U", "D", "I"], [1, 1, 2, None, 1], [None, None, 1, 2, None], [10, 20, 30, 40, 50], [0] * 5)
+    superseded = superseded_effects([part])
+    assert superseded is not None
+    assert sorted(superseded.to_pylist(), key=lambda e: (e["__lsn"], e["__kind"])) == [
+        {"__kind": "U", "__lsn": 10, "__seq": 0},
+        {"__kind": "U", "__lsn": 20, "__seq": 0},
+        {"__kind": "D", "__lsn": 30, "__seq": 0},  # key 1's delete, before its INSERT at 50
+        {"__kind": "U", "__lsn": 30, "__seq": 0},  # key 2's upsert, before its DELETE at 40
+    ]
+    # Within one transaction the position orders; keys changed once supersede nothing.
+    assert superseded_effects([_keys(["I", "U", "I"], [1, 1, 2], [None] * 3, [10] * 3, [0, 1, 2])]).num_rows == 1
+    assert superseded_effects([_keys(["I", "I"], [1, 2], [None] * 2, [10, 20], [0, 0])]).num_rows == 0
+
+
+def test_superseded_effects_stand_aside_when_effects_cannot_be_told_apart() -> None:
+    # Two INSERTs at one commit LSN and position: dropping one by its id would drop both.
+    assert superseded_effects([_keys(["I", "I"], [1, 2], [None] * 2, [10, 10], [0, 0])]) is None
+    assert superseded_effects([]) is None
