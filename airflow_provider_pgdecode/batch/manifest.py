@@ -188,6 +188,9 @@ class BatchManifest:
     #: Which batch bound ended the batch before its ceiling (``"changes"`` or ``"wal_bytes"``,
     #: capture/bounds.py); ``None``: it read up to the ceiling, the slot was caught up.
     bounded_by: str | None = None
+    #: Where a second decoding session began (capture/sessions.py: the range above it was
+    #: decoded over a temporary copy of the slot, at the same time); ``None``: one session.
+    decode_split: str | None = None
     #: Rows the server sent per change of the batch's transactions, up to its end (None: no
     #: change): the next batch's row limit is sized by it (capture/bounds.py).
     rows_per_change: float | None = None

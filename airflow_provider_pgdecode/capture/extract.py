@@ -16,11 +16,13 @@ Example (a psycopg connection in autocommit mode, a slot created with test_decod
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import ExitStack
 from typing import Any
 
 import pyarrow as pa
@@ -41,6 +43,7 @@ from airflow_provider_pgdecode.capture.bounds import CHANGES, WAL_BYTES, BatchBo
 from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
 from airflow_provider_pgdecode.capture.reconcile import reconcile
 from airflow_provider_pgdecode.capture.renames import KnownTables, follow_selection, follow_staged
+from airflow_provider_pgdecode.capture.sessions import second_session, split_point, two_sessions_refused
 from airflow_provider_pgdecode.capture.table_snapshot import (
     DEFAULT_ROWS_PER_BATCH,
     TableSnapshotter,
@@ -112,6 +115,8 @@ def extract_batch(
     table_options: Mapping[str, TableOptions | Mapping[str, Any]] | None = None,
     bounds: BatchBounds | None = None,
     later_tables: Callable[[str, str], bool] | None = None,
+    two_sessions: bool = True,
+    split_at: Lsn | None = None,
 ) -> BatchManifest:
     """Stage the slot's changes from its confirmed position (or the checkpoint) up to a ceiling.
 
@@ -157,6 +162,11 @@ def extract_batch(
         changes is staged too (:func:`~airflow_provider_pgdecode.capture.tables.later_tables`: a
         table created after the run chose its tables that its patterns, or "every table", select);
         such a table must have a usable key (or be ``append_only``) as the others.
+    :param two_sessions: decode a large range in two sessions at once, the upper half over a
+        temporary copy of the slot (:mod:`~airflow_provider_pgdecode.capture.sessions`: when and
+        why it gives the same batch); ``manifest.decode_split`` says where the second began.
+    :param split_at: where the second session begins, instead of halfway (for tests: a split
+        inside a given transaction); the range need not be large.
     :returns: the manifest of the staged batch (``manifest.path`` is its directory).
     """
     bounds = bounds if bounds is not None else BatchBounds()
@@ -224,7 +234,8 @@ def extract_batch(
         upto = ceiling if limit is None else min(ceiling, max(limit, floor or limit))
         peek_rows = bounds.peek_rows(checkpoint.rows_per_change if checkpoint is not None else None)
         started = time.monotonic()
-        while True:
+        decode_split: Lsn | None = None
+        for attempt in itertools.count():
             assembler = TransactionAssembler(
                 pending,
                 memory_items,
@@ -242,8 +253,18 @@ def extract_batch(
                 upto,
                 f" (at most {peek_rows} rows decoded)" if peek_rows is not None else "",
             )
+            row_limited = False
             if upto > confirmed and fast is not None:
-                with slots.peek_copy(slot_name, upto, options, upto_rows=peek_rows) as copy:
+                split = None
+                if attempt == 0 and upto == ceiling:
+                    split = _split(plugin, info.two_phase, options, start_lsn, upto, two_sessions, split_at)
+                with ExitStack() as stack:
+                    half = None
+                    if split is not None:
+                        half = stack.enter_context(second_session(conn, slot_name, split, upto, options, peek_rows))
+                    copy = stack.enter_context(
+                        slots.peek_copy(slot_name, upto if half is None else half.split, options, upto_rows=peek_rows)
+                    )
                     writer, rows = extract_native(  # type: ignore[assignment]
                         fast,
                         copy,
@@ -256,7 +277,14 @@ def extract_batch(
                         memory_items,
                         resume_after,
                         cut,
+                        None if half is None else half.follow,
                     )
+                    if half is not None and half.taken:
+                        decode_split = half.split
+                    if peek_rows is not None:
+                        # Each session had the row limit; the batch stopped at it if the last one read did.
+                        last = rows - (half.first_rows or 0) if half is not None and half.taken else rows
+                        row_limited = last >= peek_rows
             elif upto > confirmed:
                 rows = _extract_python(
                     slots.peek(slot_name, upto, options, chunk_rows, upto_rows=peek_rows),
@@ -268,11 +296,12 @@ def extract_batch(
                     progress_every,
                     started,
                 )
+                row_limited = peek_rows is not None and rows >= peek_rows
             else:
                 rows = 0
             if cut is not None and cut.cut_by is not None:
                 assembler.abandon_open()
-            limited = upto < ceiling or (peek_rows is not None and rows >= peek_rows)
+            limited = upto < ceiling or row_limited
             if assembler.safe_lsn is not None or not limited:
                 break
             # Not one transaction ended within the limits the server was given (a transaction
@@ -288,7 +317,7 @@ def extract_batch(
         bounded_by = cut.cut_by if cut is not None and cut.cut_by is not None else None
         if bounded_by is None and upto < ceiling:
             bounded_by = WAL_BYTES
-        elif bounded_by is None and peek_rows is not None and rows >= peek_rows:
+        elif bounded_by is None and row_limited:
             bounded_by = CHANGES
         # Rows per change of this batch up to its end: the next batch sizes the server's row limit
         # by it. Past a cut the rows read include some of the next transaction: count BEGIN and
@@ -354,12 +383,15 @@ def extract_batch(
             excluded_tables=sorted(f"{schema}.{table}" for schema, table in excluded_names),
             table_oids=followed.known.record(),
             bounded_by=bounded_by,
+            decode_split=None if decode_split is None else str(decode_split),
             rows_per_change=round(rows_used / changes_used, 3) if changes_used else None,
         )
         if followed.dropped_changes:
             manifest.skipped["dropped_table_changes"] = followed.dropped_changes
         if stats.origin_dropped:
             manifest.skipped["replicated_transactions"] = stats.origin_dropped
+        if stats.second_session_repeats:
+            manifest.skipped["second_session_repeats"] = stats.second_session_repeats
         manifest.write(tmp)
         manifest.path = publish_batch(tmp, staging, f"{slot_name}/{batch_dir_name(start_lsn, end_lsn)}", manifest)
         _log_progress(rows, writer, started, end_lsn, done=True)
@@ -367,6 +399,27 @@ def extract_batch(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _split(
+    plugin: str,
+    two_phase_slot: bool,
+    options: list[tuple[str, str]],
+    start: Lsn,
+    upto: Lsn,
+    two_sessions: bool,
+    split_at: Lsn | None,
+) -> Lsn | None:
+    """Where a second decoding session begins, or None for one session."""
+    if not two_sessions:
+        return None
+    refused = two_sessions_refused(plugin, two_phase_slot, options)
+    if refused is not None:
+        log.debug("Decoding in one session: %s", refused)
+        return None
+    if split_at is not None:
+        return split_at if start < split_at < upto else None
+    return split_point(start, upto)
 
 
 def _backlog_beyond(bounds: BatchBounds, slots: SlotClient, start: Lsn) -> str | None:

@@ -541,9 +541,15 @@ def extract_native(
     memory_items: int,
     resume_after: Lsn | None,
     cut: BatchCut | None = None,
+    more: Callable[[int], Any | None] | None = None,
 ) -> tuple[NativeWriter, int]:
     """Run the peek's COPY (a psycopg ``Copy`` in progress, or any iterable of COPY blocks)
     through the C reader; returns the writer and the rows read.
+
+    ``more``: asked, when a COPY has ended, with the rows read from it, for the COPY that
+    continues it (the second decoding session's, :mod:`~airflow_provider_pgdecode.capture.sessions`)
+    or None. That one is read resuming after the position reached (what both deliver is kept
+    once), with the streams still in progress dropped: it delivers them again from their start.
 
     ``parser`` is the plugin's Python parser (used for the rows handed over, and for pgoutput's
     Relation and Type messages); ``assembler`` and ``writer`` are those of the Python path.
@@ -623,7 +629,7 @@ def extract_native(
         elif kind == "end":  # rows of a transaction cut off by the end, for the assembler to judge
             python_rows(result[1])
 
-    try:
+    def read(copy: Any) -> None:
         pgconn = _libpq_connection(native, copy)
         if pgconn is not None:
             # Rows straight from libpq into the reader: no Python object per row.
@@ -643,6 +649,22 @@ def extract_native(
             reader.feed(block)
             while (result := run()) is not None:
                 handle(result)
+
+    try:
+        read(copy)
+        if more is not None and (cut is None or cut.cut_by is None):
+            following = more(reader.stats()["rows_read"])
+            if following is not None:
+                assembler.drop_streams()
+                if assembler.idle:
+                    reader.resume()
+                reached = max(
+                    (Lsn(x) for x in (reader.stats()["safe_lsn"], assembler.safe_lsn) if x is not None), default=None
+                )
+                reader.next_copy(None if reached is None else int(reached))
+                assembler.resume_from(reached)
+                read(following)
+                assembler.end_resume()
         out.wait()  # no part is still being written when the extract goes on (or fails)
     except BaseException:
         out.abort()

@@ -153,6 +153,8 @@ class AssemblerStats:
     duplicate_prepares: int = 0
     already_handled: int = 0
     streams_dropped: int = 0
+    #: transactions and PREPAREs a second decoding session delivered again (dropped)
+    second_session_repeats: int = 0
     origin_dropped: int = 0
     subtransactions_rolled_back: int = 0
     resolved: list[ResolvedPrepared] = field(default_factory=list)
@@ -205,6 +207,7 @@ class TransactionAssembler:
         #: The LSN through which every row has been fully handled (None: nothing yet).
         self.safe_lsn: Lsn | None = None
         self.stats = AssemblerStats()
+        self._counted = (0, 0)
 
     # -- public API ---------------------------------------------------------------------
 
@@ -241,17 +244,37 @@ class TransactionAssembler:
 
     def finish(self) -> None:
         """Check that the input ended on a transaction boundary; drop streams still in progress."""
-        for stream in self._streams.values():
-            # Its commit is beyond the rows read: the next read streams it again from the start.
-            log.info("streamed transaction %s is still in progress at the end of the batch", stream.xid)
-            stream.items.discard()
-            self.stats.streams_dropped += 1
-        self._streams.clear()
+        self.drop_streams()
         if self._open is not None and self._open.first_position is None:
             raise AssemblyError(
                 f"transaction {self._open.xid} began at LSN {self._open.begin_lsn} but neither committed "
                 "nor prepared within the rows read: the slot output was cut inside a transaction"
             )
+
+    def drop_streams(self) -> None:
+        """Drop the streamed transactions in progress: the input that follows delivers them again
+        from their start (the next read of the slot, or a second decoding session)."""
+        for stream in self._streams.values():
+            # Its commit is beyond the rows read: the next read streams it again from the start.
+            log.info("streamed transaction %s is still in progress at the end of the rows read", stream.xid)
+            stream.items.discard()
+            self.stats.streams_dropped += 1
+        self._streams.clear()
+
+    def resume_from(self, lsn: Lsn | None) -> None:
+        """The input goes on with a second decoding session's rows, which repeat what was read up
+        to ``lsn`` (at most the transaction that crossed the split, and PREPAREs): drop those
+        again. Counted apart, as :attr:`AssemblerStats.second_session_repeats`, until
+        :meth:`end_resume`."""
+        if lsn is not None and (self.resume_after is None or lsn > self.resume_after):
+            self.resume_after = lsn
+        self._counted = (self.stats.already_handled, self.stats.duplicate_prepares)
+
+    def end_resume(self) -> None:
+        handled, duplicates = self._counted
+        stats = self.stats
+        stats.second_session_repeats += stats.already_handled - handled + stats.duplicate_prepares - duplicates
+        stats.already_handled, stats.duplicate_prepares = handled, duplicates
 
     @property
     def idle(self) -> bool:

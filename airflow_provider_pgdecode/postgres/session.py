@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg
 from psycopg import pq
+from psycopg.conninfo import make_conninfo
 
 from airflow_provider_pgdecode.errors import StagingError
 
@@ -81,6 +82,17 @@ def connect(dsn: str) -> Connection:
     return psycopg.connect(dsn, autocommit=True)
 
 
+def connect_like(conn: Connection) -> Connection:
+    """A new autocommit connection with every libpq parameter ``conn`` was opened with (password
+    and TLS settings included): a second session on the same server, database and role."""
+    params = {
+        option.keyword.decode(): option.val.decode()
+        for option in conn.pgconn.info
+        if option.val is not None and option.val != b""
+    }
+    return psycopg.connect(make_conninfo(**params), autocommit=True)
+
+
 def database_name(conn: Connection) -> str:
     """The name of the database ``conn`` is connected to."""
     return conn.info.dbname
@@ -132,6 +144,7 @@ __all__ = [
     "begin_read_only_snapshot",
     "commit",
     "connect",
+    "connect_like",
     "database_name",
     "pin_settings",
     "require_autocommit",

@@ -552,6 +552,25 @@ class SlotClient:
                 except psycopg.Error as exc:
                     raise self._error(exc, name, "peeking changes") from exc
 
+    def copy_at(self, name: str, copy_name: str, position: Lsn) -> Lsn:
+        """Copy slot ``name`` as a temporary slot of this session, ``copy_name``, and move the copy
+        to ``position`` (PostgreSQL reads the WAL up to there without decoding it); returns the
+        copy's position. The copy goes with the session; ``name`` is left as it was.
+
+        A copy starts decoding where the copy stands, as the slot would after a confirm of
+        ``position``: a second session decodes the range beyond it while the slot's own session
+        decodes the range before (:mod:`airflow_provider_pgdecode.capture.sessions`).
+        """
+        try:
+            self._one("SELECT pg_copy_logical_replication_slot(%s, %s, true)", (name, copy_name))
+            row = self._one(
+                "SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)", (copy_name, str(position))
+            )
+        except psycopg.Error as exc:
+            raise self._error(exc, name, "copying") from exc
+        assert row is not None
+        return Lsn.parse(row[0])
+
     def advance(self, name: str, lsn: Lsn) -> Lsn:
         """Confirm the slot up to ``lsn``; never moves backwards. Returns the slot's new position.
 

@@ -71,6 +71,27 @@ static PyObject *Reader_set_python_totals(Reader *r, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* next_copy(resume_after or None): read another peek's COPY after this one's trailer (the
+ * extract's second decoding session); its transactions committed at or before resume_after
+ * were read already and go to Python, which drops them. */
+static PyObject *Reader_next_copy(Reader *r, PyObject *arg) {
+    if (!r->ended || r->open) {
+        PyErr_SetString(PyExc_RuntimeError, "next_copy() before the COPY ended on a transaction boundary");
+        return NULL;
+    }
+    if (arg != Py_None) {
+        long long lsn = PyLong_AsLongLong(arg);
+        if (lsn == -1 && PyErr_Occurred()) return NULL;
+        r->resume_after = lsn;
+        r->has_resume = 1;
+    }
+    r->in.len = 0;
+    r->pos = 0;
+    r->header_done = 0;
+    r->ended = 0;
+    Py_RETURN_NONE;
+}
+
 static PyObject *Reader_stop(Reader *r, PyObject *unused) {
     r->stopped = 1;
     Py_RETURN_NONE;
@@ -352,6 +373,7 @@ static PyMethodDef Reader_methods[] = {
     {"resume", (PyCFunction)Reader_resume, METH_NOARGS, "leave pass-through mode"},
     {"set_bounds", (PyCFunction)Reader_set_bounds, METH_VARARGS, "batch bounds: (max_changes, max_commit_lsn)"},
     {"set_python_totals", (PyCFunction)Reader_set_python_totals, METH_VARARGS, "changes and holds of the Python path"},
+    {"next_copy", (PyCFunction)Reader_next_copy, METH_O, "read another COPY: (resume_after or None)"},
     {"stop", (PyCFunction)Reader_stop, METH_NOARGS, "drop the rest of the COPY (the batch was cut)"},
     {"table_id", (PyCFunction)Reader_table_id, METH_VARARGS, "table id (-1 excluded)"},
     {"layout", (PyCFunction)Reader_layout, METH_O, "(names, types) or None"},

@@ -1,0 +1,174 @@
+"""The extract's second decoding session: the upper half of a batch's range is decoded on a second
+connection, over a temporary copy of the slot, while the slot's own session decodes the lower half.
+
+Why: ``pg_logical_slot_peek_*changes`` decodes its whole range on one server core before it sends a
+row, and the client can do nothing meanwhile. Two sessions decode the two halves at once; the
+extract reads the first half while the server still decodes the second or sends it. Measured on
+two cores (500,000 changes, bench/extract_bench.py): both halves through ``psql`` take 0.56 s
+(test_decoding) and 0.37 s (pgoutput) against 0.81 s and 0.45 s for one raw decode. The server
+spends no more CPU than for one peek, but for reading the WAL of the first half once more without
+decoding it (``pg_replication_slot_advance``: 25 ms here).
+
+Why the two halves together are the batch one peek would give:
+
+* The copy starts where the slot stands and is moved to the split LSN, as the slot itself would
+  be by a confirm of that position: it then delivers what the slot would deliver after such a
+  confirm, which PostgreSQL's restart rules make exact (transactions whose commit record starts
+  at or after the split, whole, with the streamed ones streamed again from their start).
+* The first session's peek stops at the split (``upto_lsn``): it delivers the transactions whose
+  commit record starts before the split, and at most the one record that crosses it. The
+  second half is read resuming after the first half's last position, so a transaction delivered
+  by both is dropped the second time, as after a failed confirm. Streams the first half left in
+  progress are dropped at the switch; the second half delivers them again, whole.
+* A copy is not a two-phase slot. pgoutput's ``two_phase`` option makes it one from the split on,
+  so it may deliver again a PREPARE that the first half (or an earlier batch) delivered; the
+  assembler keeps a PREPARE once. test_decoding has no such option: a two-phase test_decoding
+  slot is read in one session (a copy would deliver prepared transactions only at commit).
+
+One session only, too, when the range is small (under :data:`MIN_SPLIT_WAL_BYTES`), when the
+previous batch was cut by a bound (a backlog: the batch is likely cut within the first half,
+and the second session's decoding would be spent in vain), when table snapshot chunks are staged
+(the Python path), or when the server refuses the copy (no free replication slot: logged).
+
+Example::
+
+    from airflow_provider_pgdecode.capture.sessions import split_point
+    from airflow_provider_pgdecode.decoding.lsn import Lsn
+
+    split_point(Lsn.parse("0/1000000"), Lsn.parse("0/9000000"))  # Lsn('0/5000000')
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import SlotError
+from airflow_provider_pgdecode.postgres.session import Connection, DatabaseError, connect_like
+from airflow_provider_pgdecode.postgres.slot import SlotClient
+
+log = logging.getLogger(__name__)
+
+MIN_SPLIT_WAL_BYTES = 32 << 20
+"""A range of less WAL is decoded in one session: a second one's setup (a connection, a slot copy
+moved by reading the WAL, ~50 ms) would cost more than it saves."""
+
+
+def split_point(start: Lsn, upto: Lsn, min_wal_bytes: int = MIN_SPLIT_WAL_BYTES) -> Lsn | None:
+    """Where the second session starts: halfway from ``start`` to ``upto``, or None when the range
+    holds less than ``min_wal_bytes`` of WAL."""
+    size = int(upto) - int(start)
+    if size < max(min_wal_bytes, 2):
+        return None
+    return Lsn(int(start) + size // 2)
+
+
+def two_sessions_refused(plugin: str, two_phase_slot: bool, options: Sequence[tuple[str, str]]) -> str | None:
+    """Why a slot's range cannot be decoded in two sessions (its copy would decode it otherwise),
+    or None."""
+    if not two_phase_slot:
+        return None
+    if plugin == "pgoutput" and ("two_phase", "true") in options:
+        return None
+    return f"a copy of a two-phase {plugin} slot would not decode prepared transactions at PREPARE"
+
+
+class SecondHalf:
+    """The second session's peek, started; :meth:`follow` hands its COPY to the reader."""
+
+    def __init__(self, started: Future[Any], split: Lsn, row_limit: int | None) -> None:
+        self.started = started
+        self.split = split
+        self.row_limit = row_limit
+        #: rows of the first half (set when it ended)
+        self.first_rows: int | None = None
+        self.taken = False
+
+    def follow(self, first_rows: int) -> Any | None:
+        """The COPY that continues the first half, which ended after ``first_rows`` rows; None when
+        the first half stopped at the row limit: then the batch ends within it."""
+        self.first_rows = first_rows
+        if self.row_limit is not None and first_rows >= self.row_limit:
+            return None
+        copy = self.started.result()  # the second session's error, if it failed
+        self.taken = True
+        return copy
+
+
+@contextmanager
+def second_session(
+    conn: Connection,
+    slot_name: str,
+    split: Lsn,
+    upto: Lsn,
+    options: Sequence[tuple[str, str]],
+    upto_rows: int | None,
+) -> Iterator[SecondHalf | None]:
+    """Start decoding ``split``..``upto`` of ``slot_name`` on a second connection like ``conn``;
+    gives the :class:`SecondHalf`, or None (logged) when the server refuses. The copy of the slot
+    goes with the connection, which is closed at the end of the block (its peek cancelled when it
+    was not read to the end)."""
+    try:
+        other = connect_like(conn)
+    except DatabaseError as exc:
+        log.warning("Decoding in one session: a second connection failed (%s)", exc)
+        yield None
+        return
+    copy_name = f"pgdecode_split_{os.getpid()}_{other.info.backend_pid}"
+    try:
+        client = SlotClient(other)
+        try:
+            position = client.copy_at(slot_name, copy_name, split)
+        except SlotError as exc:
+            log.warning("Decoding in one session: %s", exc)
+            yield None
+            return
+        if position != split:
+            log.warning("Decoding in one session: the slot's copy stopped at %s, not at %s", position, split)
+            yield None
+            return
+        peek = client.peek_copy(copy_name, upto, options, upto_rows=upto_rows)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgdecode-second-session") as pool:
+            # The COPY's first message comes once the server has decoded the whole range: wait for
+            # it on a thread (libpq releases the GIL) while this one starts the first half.
+            started = pool.submit(peek.__enter__)
+            half = SecondHalf(started, split, upto_rows)
+            log.info("Decoding in two sessions: from %s on over a copy of slot %s", split, slot_name)
+            try:
+                yield half
+            except BaseException as exc:
+                other.cancel_safe()
+                _end(started, peek, exc)
+                raise
+            if half.taken:  # read to its end by the extract, which returned normally
+                peek.__exit__(None, None, None)
+            else:  # the batch ended within the first half: stop the decoding
+                other.cancel_safe()
+                _end(started, peek, _Abandoned())
+    finally:
+        other.close()
+
+
+class _Abandoned(Exception):
+    """The second half is not needed: its COPY is cancelled."""
+
+
+def _end(started: Future[Any], peek: AbstractContextManager[Any], exc: BaseException) -> None:
+    """End a second half that will not be read (after a cancel): its COPY and transaction."""
+    try:
+        started.result()
+    except Exception as error:  # cancelled before its first row: nothing to end
+        log.debug("The second decoding session ended: %s", error)
+        return
+    try:
+        peek.__exit__(type(exc), exc, exc.__traceback__)
+    except Exception as error:
+        log.debug("The second decoding session ended: %s", error)
+
+
+__all__ = ["MIN_SPLIT_WAL_BYTES", "SecondHalf", "second_session", "split_point", "two_sessions_refused"]

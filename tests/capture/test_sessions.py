@@ -1,0 +1,203 @@
+"""A batch decoded in two sessions (the upper half over a temporary copy of the slot) is the batch
+one session gives: prepared transactions across the split, a streamed transaction in progress at
+it, messages, TRUNCATE, bounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.batch.manifest import BatchManifest
+from airflow_provider_pgdecode.capture.bounds import BatchBounds
+from airflow_provider_pgdecode.capture.extract import extract_batch
+from airflow_provider_pgdecode.capture.sessions import MIN_SPLIT_WAL_BYTES, split_point, two_sessions_refused
+from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.decoding.pgoutput import pgoutput_options
+from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS
+from tests.capture.test_extract_pgoutput import staged
+
+PUBLICATION = "split_pub"
+
+
+def test_split_point_halves_a_large_range_only() -> None:
+    start = Lsn(1 << 32)
+    assert split_point(start, Lsn(int(start) + MIN_SPLIT_WAL_BYTES - 1)) is None
+    assert split_point(start, Lsn(int(start) + 2 * MIN_SPLIT_WAL_BYTES)) == Lsn(int(start) + MIN_SPLIT_WAL_BYTES)
+    assert split_point(start, Lsn(int(start) + 10), min_wal_bytes=0) == Lsn(int(start) + 5)
+
+
+def test_two_phase_test_decoding_slot_is_read_in_one_session() -> None:
+    assert two_sessions_refused("test_decoding", False, list(DEFAULT_OPTIONS)) is None
+    refused = two_sessions_refused("test_decoding", True, list(DEFAULT_OPTIONS))
+    assert refused is not None and "two-phase test_decoding" in refused
+    assert two_sessions_refused("pgoutput", True, pgoutput_options("p", 150000, two_phase=True)) is None
+    assert two_sessions_refused("pgoutput", True, pgoutput_options("p", 150000)) is not None
+
+
+def outcome(manifest: BatchManifest) -> dict[str, Any]:
+    """What a batch holds, without how it was read."""
+    skipped = {k: v for k, v in manifest.skipped.items() if k not in ("rows_read", "second_session_repeats")}
+    return {
+        "rows": staged(manifest),
+        "end_lsn": manifest.end_lsn,
+        "changes": manifest.changes,
+        "transactions": manifest.transactions,
+        "pending": sorted(p["gid"] for p in manifest.prepared_pending),
+        "committed": sorted(p["gid"] for p in manifest.prepared_committed),
+        "rolled_back": sorted(p["gid"] for p in manifest.prepared_rolled_back if p["seen"]),
+        "messages": manifest.messages,
+        "bounded_by": manifest.bounded_by,
+        "skipped": skipped,
+    }
+
+
+def streaming_dsn(dsn: str) -> str:
+    """The DSN with a tiny logical_decoding_work_mem: large transactions are streamed (pgoutput)
+    or spilled; the second session's connection, made like the first, has it too."""
+    params = conninfo_to_dict(dsn)
+    params["options"] = "-c logical_decoding_work_mem=64kB"
+    return make_conninfo(**params)
+
+
+@pytest.fixture()
+def split_source(pg_conn: psycopg.Connection, slot_name: str):
+    pg_conn.execute(f"drop table if exists split_a, split_b cascade; drop publication if exists {PUBLICATION}")
+    pg_conn.execute(
+        "create table split_a (id int primary key, v text); create table split_b (id int primary key, n int);"
+        f" create publication {PUBLICATION} for table split_a, split_b"
+    )
+    yield slot_name
+    pg_conn.execute(
+        "select pg_drop_replication_slot(slot_name) from pg_replication_slots where slot_name = %s and not active",
+        (slot_name + "_po",),
+    )
+    pg_conn.execute(f"drop publication if exists {PUBLICATION}")
+
+
+def _prepare(conn: psycopg.Connection, gid: str, statement: str) -> None:
+    conn.execute("begin")
+    conn.execute(statement)
+    conn.execute(f"prepare transaction '{gid}'")
+
+
+@pytest.mark.pg_matrix(since=15)
+@pytest.mark.parametrize(
+    ("plugin", "two_phase"), [("pgoutput", True), ("test_decoding", False)], ids=["pgoutput-2pc", "test_decoding"]
+)
+def test_two_sessions_stage_the_batch_one_session_stages(
+    pg_conn: psycopg.Connection, matrix_dsn: str, split_source: str, tmp_path: Path, plugin: str, two_phase: bool
+) -> None:
+    c = pg_conn
+    slot = split_source if plugin == "test_decoding" else split_source + "_po"
+    publication = PUBLICATION if plugin == "pgoutput" else None
+    c.execute("select pg_create_logical_replication_slot(%s, %s, false, %s)", (slot, plugin, two_phase))
+    # An earlier batch leaves g0 prepared and pending.
+    c.execute("insert into split_a select g, 'a' || g from generate_series(1, 50) g")
+    _prepare(c, "g0", "insert into split_b values (100000, 0)")
+    with psycopg.connect(streaming_dsn(matrix_dsn), autocommit=True) as conn:
+        first = extract_batch(conn, slot, tmp_path / "first", plugin=plugin, publication=publication)
+    conn_lsn = first.end_lsn
+    c.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, conn_lsn))
+    checkpoint = Checkpoint.from_manifest(first)
+
+    _prepare(c, "g1", "update split_a set v = 'g1' where id <= 10")  # prepared below the split
+    _prepare(c, "g4", "delete from split_a where id = 50")  # rolled back above it
+    c.execute("select pg_logical_emit_message(false, 'split', 'below')")
+    with psycopg.connect(matrix_dsn, autocommit=True) as other:
+        other.execute("begin")  # a large transaction in progress at the split (streamed by pgoutput)
+        other.execute("insert into split_b select g, g from generate_series(1, 3000) g")
+        c.execute("insert into split_a values (100, 'committed below')")
+        split = Lsn.parse(str(c.execute("select pg_current_wal_insert_lsn()").fetchone()[0]))
+        c.execute("insert into split_a values (101, 'committed above')")
+        other.execute("update split_b set n = -n where id <= 1500")
+        other.execute("commit")
+    c.execute("commit prepared 'g1'")
+    c.execute("commit prepared 'g0'")
+    c.execute("rollback prepared 'g4'")
+    _prepare(c, "g3", "insert into split_a values (300, 'g3')")
+    c.execute("commit prepared 'g3'")
+    _prepare(c, "g2", "insert into split_a values (200, 'g2 pending')")  # still pending at the end
+    c.execute("select pg_logical_emit_message(false, 'split', 'above')")
+    c.execute("truncate split_b")
+    c.execute("insert into split_b values (1, 1)")
+    upto = Lsn.parse(str(c.execute("select pg_current_wal_flush_lsn()").fetchone()[0]))
+
+    batches = {}
+    for two in (False, True):
+        with psycopg.connect(streaming_dsn(matrix_dsn), autocommit=True) as conn:
+            batches[two] = extract_batch(
+                conn,
+                slot,
+                tmp_path / str(two),
+                plugin=plugin,
+                publication=publication,
+                checkpoint=checkpoint,
+                upto_lsn=upto,
+                two_sessions=two,
+                split_at=split,
+            )
+    one, both = batches[False], batches[True]
+    assert one.decode_split is None and both.decode_split == str(split)
+    assert outcome(both) == outcome(one)
+    rows = outcome(one)["rows"]
+    assert any(r["v"] == "g1" for r in rows["public.split_a"])  # the test holds what it is about
+    assert len(rows["public.split_b"]) > 3000
+    if two_phase:
+        assert outcome(one)["pending"] == ["g2"] and outcome(one)["committed"] == ["g0", "g1", "g3"]
+        assert outcome(one)["rolled_back"] == ["g4"]
+        # the second session delivered g1's and g0's PREPAREs again; kept once
+        assert both.skipped.get("second_session_repeats", 0) >= 1
+    # the slot's copy went with the second session
+    assert not c.execute("select count(*) from pg_replication_slots where temporary").fetchone()[0]
+
+
+@pytest.mark.postgres
+def test_a_two_phase_test_decoding_slot_is_decoded_in_one_session(
+    pg_conn: psycopg.Connection, split_source: str, tmp_path: Path
+) -> None:
+    c = pg_conn
+    c.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (split_source,))
+    c.execute("insert into split_a select g, 'x' from generate_series(1, 100) g")
+    middle = Lsn.parse(str(c.execute("select pg_current_wal_insert_lsn()").fetchone()[0]))
+    c.execute("insert into split_a select g, 'y' from generate_series(101, 200) g")
+    manifest = extract_batch(c, split_source, tmp_path, split_at=middle)
+    assert manifest.decode_split is None and manifest.changes == 200
+
+
+@pytest.mark.pg_matrix(since=15)
+@pytest.mark.parametrize("max_changes", [150, 1000], ids=["cut-below-split", "cut-above-split"])
+def test_bounds_cut_a_two_session_batch_where_they_cut_one_session(
+    pg_conn: psycopg.Connection, split_source: str, tmp_path: Path, max_changes: int
+) -> None:
+    c = pg_conn
+    slot = split_source + "_po"
+    c.execute("select pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot,))
+    for start in range(0, 1600, 100):
+        c.execute(
+            "insert into split_a select g, 'v' from generate_series(%s::int, %s::int) g", (start + 1, start + 100)
+        )
+        if start == 700:
+            split = Lsn.parse(str(c.execute("select pg_current_wal_insert_lsn()").fetchone()[0]))
+    batches = {}
+    for two in (False, True):
+        batches[two] = extract_batch(
+            c,
+            slot,
+            tmp_path / str(two),
+            plugin="pgoutput",
+            publication=PUBLICATION,
+            bounds=BatchBounds(max_changes=max_changes),
+            two_sessions=two,
+            split_at=split,
+        )
+    one, both = batches[False], batches[True]
+    assert outcome(both) == outcome(one)
+    assert one.bounded_by == "changes" and one.changes <= max_changes
+    # a cut below the split leaves the second session unread (and cancelled); above, it is read
+    assert both.decode_split == (None if max_changes < 800 else str(split))
+    assert not c.execute("select count(*) from pg_replication_slots where temporary").fetchone()[0]
