@@ -9,7 +9,8 @@ plugin (a ``test_decoding`` slot and a ``pgoutput`` slot over the same WAL):
             received by ``psql`` and dropped: the server's decode, its sending and a client that
             does nothing with the bytes, the most any extract that peeks can reach;
 3. extract: :func:`extract_batch` over the same slot and ceiling, to Parquet, with the native
-            fast path, in a child process so its peak memory (max RSS) is its own;
+            fast path and its defaults (two decoding sessions where they apply:
+            capture/sessions.py), in a child process so its peak memory (max RSS) is its own;
 4. extract of the first fifth of the range, to show peak memory does not grow with batch size;
 5. the same full extract through the pure-Python path (``native=False``), for comparison
    (``--no-python`` skips it);
@@ -29,6 +30,7 @@ the native extract's ratio to the raw decode, quiet and busy, with the load aver
 peak memory of the extracts. Usage::
 
     make bench-extract            # or: .venv/bin/python -m bench.extract_bench --changes 500000
+    .venv/bin/python -m bench.extract_bench --one-phase   # slots without two-phase decoding
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ from airflow_provider_pgdecode.postgres.session import PINNED_GUCS
 from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
 
 SLOTS = {"test_decoding": "bench_td", "pgoutput": "bench_po"}
+#: Two-phase slots, as the DAG makes them; ``--one-phase`` turns it off for the run (then a
+#: test_decoding slot is decoded in two sessions too: capture/sessions.py).
+TWO_PHASE = True
 PUBLICATION = "bench_pub"
 # Decoding of a 500k-change workload should not spill to disk in either run.
 SERVER_SETTINGS = {
@@ -72,7 +77,7 @@ def make_workload(conn: psycopg.Connection, changes: int, txn_size: int) -> None
     )
     conn.execute(f"create publication {PUBLICATION} for table orders")
     for plugin, slot in SLOTS.items():
-        conn.execute("select pg_create_logical_replication_slot(%s, %s, false, true)", (slot, plugin))
+        conn.execute("select pg_create_logical_replication_slot(%s, %s, false, %s)", (slot, plugin, TWO_PHASE))
     inserts = changes * 8 // 10
     updates = changes // 10
     deletes = changes - inserts - updates
@@ -96,7 +101,7 @@ def plugin_options(conn: psycopg.Connection, plugin: str) -> list[str]:
     if plugin == "test_decoding":
         pairs = list(DEFAULT_OPTIONS)
     else:
-        pairs = pgoutput_options(PUBLICATION, conn.info.server_version, two_phase=True)
+        pairs = pgoutput_options(PUBLICATION, conn.info.server_version, two_phase=TWO_PHASE)
     return [v for pair in pairs for v in pair]
 
 
@@ -304,6 +309,7 @@ def main() -> int:
     parser.add_argument("--no-python", action="store_true", help="skip the pure-Python extract")
     parser.add_argument("--no-busy", action="store_true", help="skip the runs under a competing CPU load")
     parser.add_argument("--no-walsender", action="store_true", help="skip the replication protocol's server CPU")
+    parser.add_argument("--one-phase", action="store_true", help="slots without two-phase decoding")
     parser.add_argument("--repeat", type=int, default=3, help="extracts per plugin and mode (the median is shown)")
     parser.add_argument("--load", type=int, default=os.cpu_count() or 1, help="busy-loop processes of the busy runs")
     parser.add_argument(
@@ -313,6 +319,8 @@ def main() -> int:
     if args.child:
         child(*args.child)
         return 0
+    global TWO_PHASE
+    TWO_PHASE = not args.one_phase
 
     results: dict[str, dict] = {}
     work = Path(tempfile.mkdtemp(prefix="pgdecode-bench-"))

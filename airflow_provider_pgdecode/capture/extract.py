@@ -43,7 +43,12 @@ from airflow_provider_pgdecode.capture.bounds import CHANGES, WAL_BYTES, BatchBo
 from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
 from airflow_provider_pgdecode.capture.reconcile import reconcile
 from airflow_provider_pgdecode.capture.renames import KnownTables, follow_selection, follow_staged
-from airflow_provider_pgdecode.capture.sessions import second_session, split_point, two_sessions_refused
+from airflow_provider_pgdecode.capture.sessions import (
+    second_session,
+    split_point,
+    two_sessions_refused,
+    two_sessions_wanted,
+)
 from airflow_provider_pgdecode.capture.table_snapshot import (
     DEFAULT_ROWS_PER_BATCH,
     TableSnapshotter,
@@ -115,7 +120,7 @@ def extract_batch(
     table_options: Mapping[str, TableOptions | Mapping[str, Any]] | None = None,
     bounds: BatchBounds | None = None,
     later_tables: Callable[[str, str], bool] | None = None,
-    two_sessions: bool = True,
+    two_sessions: bool | None = None,
     split_at: Lsn | None = None,
 ) -> BatchManifest:
     """Stage the slot's changes from its confirmed position (or the checkpoint) up to a ceiling.
@@ -165,6 +170,7 @@ def extract_batch(
     :param two_sessions: decode a large range in two sessions at once, the upper half over a
         temporary copy of the slot (:mod:`~airflow_provider_pgdecode.capture.sessions`: when and
         why it gives the same batch); ``manifest.decode_split`` says where the second began.
+        Default on unless ``PGDECODE_TWO_SESSIONS=0`` (``[pgdecode] two_sessions``).
     :param split_at: where the second session begins, instead of halfway (for tests: a split
         inside a given transaction); the range need not be large.
     :returns: the manifest of the staged batch (``manifest.path`` is its directory).
@@ -407,11 +413,11 @@ def _split(
     options: list[tuple[str, str]],
     start: Lsn,
     upto: Lsn,
-    two_sessions: bool,
+    two_sessions: bool | None,
     split_at: Lsn | None,
 ) -> Lsn | None:
     """Where a second decoding session begins, or None for one session."""
-    if not two_sessions:
+    if not two_sessions_wanted(two_sessions):
         return None
     refused = two_sessions_refused(plugin, two_phase_slot, options)
     if refused is not None:

@@ -59,6 +59,14 @@ MIN_SPLIT_WAL_BYTES = 32 << 20
 moved by reading the WAL, ~50 ms) would cost more than it saves."""
 
 
+def two_sessions_wanted(two_sessions: bool | None) -> bool:
+    """``two_sessions`` if given, else the environment (``PGDECODE_TWO_SESSIONS=0`` turns them
+    off; default on)."""
+    if two_sessions is not None:
+        return two_sessions
+    return os.environ.get("PGDECODE_TWO_SESSIONS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def split_point(start: Lsn, upto: Lsn, min_wal_bytes: int = MIN_SPLIT_WAL_BYTES) -> Lsn | None:
     """Where the second session starts: halfway from ``start`` to ``upto``, or None when the range
     holds less than ``min_wal_bytes`` of WAL."""
@@ -171,4 +179,11 @@ def _end(started: Future[Any], peek: AbstractContextManager[Any], exc: BaseExcep
         log.debug("The second decoding session ended: %s", error)
 
 
-__all__ = ["MIN_SPLIT_WAL_BYTES", "SecondHalf", "second_session", "split_point", "two_sessions_refused"]
+__all__ = [
+    "MIN_SPLIT_WAL_BYTES",
+    "SecondHalf",
+    "second_session",
+    "split_point",
+    "two_sessions_refused",
+    "two_sessions_wanted",
+]

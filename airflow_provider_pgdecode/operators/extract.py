@@ -343,7 +343,8 @@ class PgDecodeExtractOperator(BaseOperator):
                 bounds=bounds,
                 # A table created while the run reads the slot, that the selection takes: staged too.
                 later_tables=later_tables(as_table_names(self.tables), as_table_names(self.exclude_tables)),
-                **{"native": pgdecode_bool("native"), **options},  # [pgdecode] native, unless extract_options says
+                # [pgdecode] native and two_sessions, unless extract_options says
+                **{"native": pgdecode_bool("native"), "two_sessions": pgdecode_bool("two_sessions"), **options},
             )
             not_staged = manifest.skipped.get("excluded_table_changes", 0)
             if not_staged:

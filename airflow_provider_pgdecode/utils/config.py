@@ -130,6 +130,17 @@ SETTINGS: dict[str, Setting] = {
             handed_down=True,
         ),
         Setting(
+            "two_sessions",
+            "PGDECODE_TWO_SESSIONS",
+            "True",
+            "boolean",
+            "Decode a large range (32 MiB of WAL or more) in two sessions at once, the upper half over a "
+            "temporary copy of the slot (one more replication slot while the extract runs); False: one "
+            "session (the same batches, slower).",
+            "False",
+            handed_down=True,
+        ),
+        Setting(
             "ivy_dir",
             "PGDECODE_IVY_DIR",
             "",

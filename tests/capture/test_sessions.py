@@ -15,7 +15,12 @@ from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.capture.bounds import BatchBounds
 from airflow_provider_pgdecode.capture.extract import extract_batch
-from airflow_provider_pgdecode.capture.sessions import MIN_SPLIT_WAL_BYTES, split_point, two_sessions_refused
+from airflow_provider_pgdecode.capture.sessions import (
+    MIN_SPLIT_WAL_BYTES,
+    split_point,
+    two_sessions_refused,
+    two_sessions_wanted,
+)
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.pgoutput import pgoutput_options
 from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS
@@ -37,6 +42,14 @@ def test_two_phase_test_decoding_slot_is_read_in_one_session() -> None:
     assert refused is not None and "two-phase test_decoding" in refused
     assert two_sessions_refused("pgoutput", True, pgoutput_options("p", 150000, two_phase=True)) is None
     assert two_sessions_refused("pgoutput", True, pgoutput_options("p", 150000)) is not None
+
+
+def test_the_setting_turns_two_sessions_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PGDECODE_TWO_SESSIONS", raising=False)
+    assert two_sessions_wanted(None) is True
+    monkeypatch.setenv("PGDECODE_TWO_SESSIONS", "0")
+    assert two_sessions_wanted(None) is False
+    assert two_sessions_wanted(True) is True
 
 
 def outcome(manifest: BatchManifest) -> dict[str, Any]:

@@ -45,6 +45,7 @@ def test_every_setting_is_documented_with_its_default() -> None:
         "retention_days",
         "spool_dir",
         "native",
+        "two_sessions",
         "ivy_dir",
         "delta_jars",
         "delta_package",
