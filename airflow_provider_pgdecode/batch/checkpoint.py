@@ -30,6 +30,8 @@ class Checkpoint:
         (:attr:`BatchManifest.table_oids`): how a renamed table is followed.
     :param rows_per_change: the batch's rows per change (:attr:`BatchManifest.rows_per_change`):
         the next batch sizes the server's row limit by it.
+    :param wal_bytes_per_change: the batch's WAL per change (:attr:`BatchManifest.wal_bytes_per_change`):
+        the next batch places its second decoding session by it.
     """
 
     slot: str
@@ -39,6 +41,7 @@ class Checkpoint:
     snapshots: dict[str, Any] = field(default_factory=dict)
     table_oids: dict[str, Any] = field(default_factory=dict)
     rows_per_change: float | None = None
+    wal_bytes_per_change: float | None = None
 
     @classmethod
     def from_manifest(cls, manifest: BatchManifest) -> Checkpoint:
@@ -53,6 +56,7 @@ class Checkpoint:
             dict(manifest.snapshots),
             dict(manifest.table_oids),
             manifest.rows_per_change,
+            manifest.wal_bytes_per_change,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -64,6 +68,7 @@ class Checkpoint:
             "snapshots": self.snapshots,
             "table_oids": self.table_oids,
             "rows_per_change": self.rows_per_change,
+            "wal_bytes_per_change": self.wal_bytes_per_change,
         }
 
     @classmethod
@@ -77,6 +82,7 @@ class Checkpoint:
                 dict(data.get("snapshots") or {}),
                 dict(data.get("table_oids") or {}),
                 float(data["rows_per_change"]) if data.get("rows_per_change") is not None else None,
+                float(data["wal_bytes_per_change"]) if data.get("wal_bytes_per_change") is not None else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StagingError(f"malformed checkpoint {data!r}: {exc}") from None

@@ -194,6 +194,9 @@ class BatchManifest:
     #: Rows the server sent per change of the batch's transactions, up to its end (None: no
     #: change): the next batch's row limit is sized by it (capture/bounds.py).
     rows_per_change: float | None = None
+    #: Bytes of WAL from the batch's start to its end per change it staged (None: no change): the
+    #: next batch places its second decoding session by it (capture/sessions.py).
+    wal_bytes_per_change: float | None = None
     #: ``host:port`` of the PostgreSQL server the batch was read from, as the extract connected
     #: to it (None in batches staged before it was recorded): its tables' lineage namespace.
     server: str | None = None

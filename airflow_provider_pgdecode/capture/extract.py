@@ -40,10 +40,11 @@ from airflow_provider_pgdecode.batch.publish import batch_workdir, publish_batch
 from airflow_provider_pgdecode.batch.storage import Storage, as_storage
 from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter, check_append_only
 from airflow_provider_pgdecode.capture.bounds import CHANGES, WAL_BYTES, BatchBounds, BatchCut
-from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
+from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted, start_warm_up
 from airflow_provider_pgdecode.capture.reconcile import reconcile
 from airflow_provider_pgdecode.capture.renames import KnownTables, follow_selection, follow_staged
 from airflow_provider_pgdecode.capture.sessions import (
+    expected_end,
     second_session,
     split_point,
     two_sessions_refused,
@@ -261,9 +262,24 @@ def extract_batch(
             )
             row_limited = False
             if upto > confirmed and fast is not None:
+                if attempt == 0:
+                    start_warm_up()  # while the server decodes, before the COPY's first row
                 split = None
                 if attempt == 0 and upto == ceiling:
-                    split = _split(plugin, info.two_phase, options, start_lsn, upto, two_sessions, split_at)
+                    split = _split(
+                        plugin,
+                        info.two_phase,
+                        options,
+                        start_lsn,
+                        expected_end(
+                            start_lsn,
+                            upto,
+                            bounds.max_changes,
+                            checkpoint.wal_bytes_per_change if checkpoint is not None else None,
+                        ),
+                        two_sessions,
+                        split_at,
+                    )
                 with ExitStack() as stack:
                     half = None
                     if split is not None:
@@ -391,6 +407,11 @@ def extract_batch(
             bounded_by=bounded_by,
             decode_split=None if decode_split is None else str(decode_split),
             rows_per_change=round(rows_used / changes_used, 3) if changes_used else None,
+            wal_bytes_per_change=(
+                round((int(end_lsn) - int(start_lsn)) / changes_used, 1)
+                if changes_used and end_lsn > start_lsn
+                else None
+            ),
         )
         if followed.dropped_changes:
             manifest.skipped["dropped_table_changes"] = followed.dropped_changes
@@ -412,11 +433,12 @@ def _split(
     two_phase_slot: bool,
     options: list[tuple[str, str]],
     start: Lsn,
-    upto: Lsn,
+    end: Lsn,
     two_sessions: bool | None,
     split_at: Lsn | None,
 ) -> Lsn | None:
-    """Where a second decoding session begins, or None for one session."""
+    """Where a second decoding session begins (halfway to the batch's expected ``end``), or None
+    for one session."""
     if not two_sessions_wanted(two_sessions):
         return None
     refused = two_sessions_refused(plugin, two_phase_slot, options)
@@ -424,8 +446,8 @@ def _split(
         log.debug("Decoding in one session: %s", refused)
         return None
     if split_at is not None:
-        return split_at if start < split_at < upto else None
-    return split_point(start, upto)
+        return split_at if start < split_at < end else None
+    return split_point(start, end)
 
 
 def _backlog_beyond(bounds: BatchBounds, slots: SlotClient, start: Lsn) -> str | None:

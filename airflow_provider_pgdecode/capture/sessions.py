@@ -76,6 +76,16 @@ def split_point(start: Lsn, upto: Lsn, min_wal_bytes: int = MIN_SPLIT_WAL_BYTES)
     return Lsn(int(start) + size // 2)
 
 
+def expected_end(start: Lsn, upto: Lsn, max_changes: int | None, wal_bytes_per_change: float | None) -> Lsn:
+    """Where a batch from ``start`` is likely to end: ``upto``, or sooner when ``max_changes``
+    changes at ``wal_bytes_per_change`` (the previous batch's) end it sooner. In a backlog the
+    second session then begins halfway to there, not halfway to ``upto``: its decoding beyond
+    the batch's end would be spent in vain."""
+    if max_changes is None or not wal_bytes_per_change:
+        return upto
+    return min(upto, Lsn(int(start) + int(max_changes * wal_bytes_per_change)))
+
+
 def two_sessions_refused(plugin: str, two_phase_slot: bool, options: Sequence[tuple[str, str]]) -> str | None:
     """Why a slot's range cannot be decoded in two sessions (its copy would decode it otherwise),
     or None."""
@@ -181,6 +191,7 @@ def _end(started: Future[Any], peek: AbstractContextManager[Any], exc: BaseExcep
 
 __all__ = [
     "MIN_SPLIT_WAL_BYTES",
+    "expected_end",
     "SecondHalf",
     "second_session",
     "split_point",

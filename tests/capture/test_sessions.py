@@ -17,6 +17,7 @@ from airflow_provider_pgdecode.capture.bounds import BatchBounds
 from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.capture.sessions import (
     MIN_SPLIT_WAL_BYTES,
+    expected_end,
     split_point,
     two_sessions_refused,
     two_sessions_wanted,
@@ -34,6 +35,15 @@ def test_split_point_halves_a_large_range_only() -> None:
     assert split_point(start, Lsn(int(start) + MIN_SPLIT_WAL_BYTES - 1)) is None
     assert split_point(start, Lsn(int(start) + 2 * MIN_SPLIT_WAL_BYTES)) == Lsn(int(start) + MIN_SPLIT_WAL_BYTES)
     assert split_point(start, Lsn(int(start) + 10), min_wal_bytes=0) == Lsn(int(start) + 5)
+
+
+def test_a_backlog_batch_is_split_halfway_to_where_its_change_bound_is_expected() -> None:
+    start, upto = Lsn(1 << 32), Lsn((1 << 32) + (1 << 30))
+    assert expected_end(start, upto, None, 200.0) == upto
+    assert expected_end(start, upto, 1_000_000, None) == upto
+    assert expected_end(start, upto, 1_000_000, 200.0) == Lsn(int(start) + 200_000_000)
+    assert expected_end(start, upto, 1_000_000, 5000.0) == upto  # the ceiling comes first
+    assert split_point(start, expected_end(start, upto, 1_000_000, 200.0)) == Lsn(int(start) + 100_000_000)
 
 
 def test_two_phase_test_decoding_slot_is_read_in_one_session() -> None:
