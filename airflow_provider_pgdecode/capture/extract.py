@@ -40,7 +40,7 @@ from airflow_provider_pgdecode.batch.publish import batch_workdir, publish_batch
 from airflow_provider_pgdecode.batch.storage import Storage, as_storage
 from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter, check_append_only
 from airflow_provider_pgdecode.capture.bounds import CHANGES, WAL_BYTES, BatchBounds, BatchCut
-from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted, start_warm_up
+from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
 from airflow_provider_pgdecode.capture.reconcile import reconcile
 from airflow_provider_pgdecode.capture.renames import KnownTables, follow_selection, follow_staged
 from airflow_provider_pgdecode.capture.sessions import (
@@ -262,8 +262,6 @@ def extract_batch(
             )
             row_limited = False
             if upto > confirmed and fast is not None:
-                if attempt == 0:
-                    start_warm_up()  # while the server decodes, before the COPY's first row
                 split = None
                 if attempt == 0 and upto == ceiling:
                     split = _split(

@@ -66,7 +66,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -482,63 +481,6 @@ class NativeWriter:
         return self.writer.save_prepared(prepared)
 
 
-# Columns of the warm-up part: the types a part most often holds, with a value of each.
-_WARM_UP_COLUMNS = (
-    ("bigint", "1"),
-    ("integer", "2"),
-    ("text", "text"),
-    ("numeric(12,2)", "1.50"),
-    ("timestamp with time zone", "2026-01-01 00:00:00+00"),
-    ("date", "2026-01-01"),
-    ("boolean", "t"),
-    ("double precision", "1.5"),
-    ("text[]", "{a,b}"),
-    ("jsonb", '{"a": 1}'),
-)
-
-
-def warm_up(rows: int = 4096) -> int:
-    """Convert and write one small part in memory, as :meth:`NativeWriter._write_part` does; returns
-    its size in bytes.
-
-    What the first part of a process pays once (pyarrow's compute kernels and Parquet writer set
-    up, the memory pool's first pages) is then paid while the server decodes, before the COPY's
-    first row: the extract starts it on a thread of its own right before the peek.
-    """
-    n = rows
-    meta = metadata_columns(
-        pa.array(range(n), pa.int64()),
-        pa.array(range(n), pa.int32()),
-        pa.array(["I"] * n, pa.string()),
-        pa.array([1] * n, pa.int64()),
-        pa.array([0] * n, pa.timestamp("us", tz="UTC")),
-        pa.array(range(n), pa.int64()),
-        pa.nulls(n, pa.list_(pa.string())),
-    )
-    new = [
-        (f"c{i}", pg_type, pa.array([value] * n, pa.string())) for i, (pg_type, value) in enumerate(_WARM_UP_COLUMNS)
-    ]
-    staged = stage_values("pgdecode", "warm_up", TableOptions(), meta, new, [])
-    table = pa.table({**meta, **staged.values})
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, **change_part_options(table.schema))
-    return int(sink.tell())
-
-
-def start_warm_up() -> threading.Thread:
-    """:func:`warm_up` on a daemon thread (an error there is logged, never raised)."""
-
-    def run() -> None:
-        try:
-            warm_up()
-        except Exception as exc:  # it only saves time; the extract goes on without it
-            log.debug("Native extract: warm-up failed (%s)", exc)
-
-    thread = threading.Thread(target=run, name="pgdecode-warm-up", daemon=True)
-    thread.start()
-    return thread
-
-
 _libpq_path: str | None | bool = False
 
 
@@ -742,4 +684,4 @@ def extract_native(
     return out, stats["rows_read"]
 
 
-__all__ = ["NativeWriter", "extract_native", "load_native", "native_wanted", "start_warm_up", "warm_up"]
+__all__ = ["NativeWriter", "extract_native", "load_native", "native_wanted"]
