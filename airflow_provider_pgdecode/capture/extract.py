@@ -44,6 +44,7 @@ from airflow_provider_pgdecode.capture.native import extract_native, load_native
 from airflow_provider_pgdecode.capture.reconcile import reconcile
 from airflow_provider_pgdecode.capture.renames import KnownTables, follow_selection, follow_staged
 from airflow_provider_pgdecode.capture.sessions import (
+    SecondHalf,
     expected_end,
     second_session,
     split_point,
@@ -282,7 +283,8 @@ def extract_batch(
                     half = None
                     if split is not None:
                         half = stack.enter_context(second_session(conn, slot_name, split, upto, options, peek_rows))
-                    copy = stack.enter_context(
+                    lower = stack.enter_context(ExitStack())  # the lower half's peek, ended before a fallback
+                    copy = lower.enter_context(
                         slots.peek_copy(slot_name, upto if half is None else half.split, options, upto_rows=peek_rows)
                     )
                     writer, rows = extract_native(  # type: ignore[assignment]
@@ -297,14 +299,19 @@ def extract_batch(
                         memory_items,
                         resume_after,
                         cut,
-                        None if half is None else half.follow,
+                        None
+                        if half is None
+                        else _upper_half(half, stack, lower, slots, slot_name, upto, options, peek_rows),
                     )
                     if half is not None and half.taken:
                         decode_split = half.split
                     if peek_rows is not None:
-                        # Each session had the row limit; the batch stopped at it if the last one read did.
-                        last = rows - (half.first_rows or 0) if half is not None and half.taken else rows
-                        row_limited = last >= peek_rows
+                        # Each peek had a row limit; the batch stopped at it if the last one read did.
+                        last, row_limit = rows, peek_rows
+                        if half is not None and (half.taken or half.refused):
+                            last = rows - (half.first_rows or 0)
+                            row_limit = peek_rows if half.taken else peek_rows + (half.first_rows or 0)
+                        row_limited = last >= row_limit
             elif upto > confirmed:
                 rows = _extract_python(
                     slots.peek(slot_name, upto, options, chunk_rows, upto_rows=peek_rows),
@@ -424,6 +431,31 @@ def extract_batch(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _upper_half(
+    half: SecondHalf,
+    stack: ExitStack,
+    lower: ExitStack,
+    slots: SlotClient,
+    slot_name: str,
+    upto: Lsn,
+    options: list[tuple[str, str]],
+    peek_rows: int | None,
+) -> Callable[[int], Any | None]:
+    """What the reader reads after the lower half: the second session's COPY; when that session
+    failed, the slot's own peek up to ``upto`` (decoding the lower half again, whose rows the
+    reader drops: slower, but the batch is whole)."""
+
+    def following(first_rows: int) -> Any | None:
+        copy = half.follow(first_rows)
+        if copy is None and half.refused:
+            lower.close()  # the lower half's COPY holds the connection
+            limit = None if peek_rows is None else peek_rows + first_rows
+            return stack.enter_context(slots.peek_copy(slot_name, upto, options, upto_rows=limit))
+        return copy
+
+    return following
 
 
 def _split(

@@ -49,7 +49,7 @@ from typing import Any
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import SlotError
-from airflow_provider_pgdecode.postgres.session import Connection, DatabaseError, connect_like
+from airflow_provider_pgdecode.postgres.session import Connection, connect, conninfo_like
 from airflow_provider_pgdecode.postgres.slot import SlotClient
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ def two_sessions_refused(plugin: str, two_phase_slot: bool, options: Sequence[tu
 
 
 class SecondHalf:
-    """The second session's peek, started; :meth:`follow` hands its COPY to the reader."""
+    """The second session, being started on a thread; :meth:`follow` hands its COPY to the reader."""
 
     def __init__(self, started: Future[Any], split: Lsn, row_limit: int | None) -> None:
         self.started = started
@@ -105,17 +105,69 @@ class SecondHalf:
         self.row_limit = row_limit
         #: rows of the first half (set when it ended)
         self.first_rows: int | None = None
+        #: the second session's COPY was handed to the reader
         self.taken = False
+        #: the second session could not be started: the caller reads the upper half from the slot
+        self.refused = False
 
     def follow(self, first_rows: int) -> Any | None:
         """The COPY that continues the first half, which ended after ``first_rows`` rows; None when
-        the first half stopped at the row limit: then the batch ends within it."""
+        the first half stopped at the row limit (then the batch ends within it), or when the second
+        session could not be started (:attr:`refused`, logged)."""
         self.first_rows = first_rows
         if self.row_limit is not None and first_rows >= self.row_limit:
             return None
-        copy = self.started.result()  # the second session's error, if it failed
+        try:
+            copy = self.started.result()
+        except Exception as exc:
+            log.warning("Decoding the upper half in the slot's own session: the second session failed (%s)", exc)
+            self.refused = True
+            return None
         self.taken = True
         return copy
+
+
+class _Second:
+    """What the thread that starts the second session made so far, for the cleanup."""
+
+    def __init__(self) -> None:
+        self.other: Connection | None = None
+        self.peek: AbstractContextManager[Any] | None = None
+        self.abandoned = False
+
+    def check(self) -> None:
+        if self.abandoned:
+            raise _Abandoned("the second half is not needed")
+
+    def abandon(self) -> None:
+        self.abandoned = True
+        if self.other is not None:
+            self.other.cancel_safe()
+
+
+def _start(
+    state: _Second,
+    conninfo: str,
+    slot_name: str,
+    split: Lsn,
+    upto: Lsn,
+    options: Sequence[tuple[str, str]],
+    upto_rows: int | None,
+) -> Any:
+    """The second session: a connection, the slot's copy moved to ``split``, its peek sent; the
+    COPY, once the server has decoded the range (its first message comes then)."""
+    other = state.other = connect(conninfo)
+    state.check()
+    client = SlotClient(other)
+    copy_name = f"pgdecode_split_{os.getpid()}_{other.info.backend_pid}"
+    position = client.copy_at(slot_name, copy_name, split)
+    if position != split:
+        raise SlotError(f"the copy of slot {slot_name!r} stopped at {position}, not at {split}")
+    state.check()
+    peek = client.peek_copy(copy_name, upto, options, upto_rows=upto_rows)
+    copy = peek.__enter__()
+    state.peek = peek
+    return copy
 
 
 @contextmanager
@@ -127,66 +179,64 @@ def second_session(
     options: Sequence[tuple[str, str]],
     upto_rows: int | None,
 ) -> Iterator[SecondHalf | None]:
-    """Start decoding ``split``..``upto`` of ``slot_name`` on a second connection like ``conn``;
-    gives the :class:`SecondHalf`, or None (logged) when the server refuses. The copy of the slot
-    goes with the connection, which is closed at the end of the block (its peek cancelled when it
-    was not read to the end)."""
-    try:
-        other = connect_like(conn)
-    except DatabaseError as exc:
-        log.warning("Decoding in one session: a second connection failed (%s)", exc)
+    """Start decoding ``split``..``upto`` of ``slot_name`` in a second session like ``conn``'s,
+    on a thread, while the caller starts the first half; gives the :class:`SecondHalf`, or None
+    (logged) when the server has no replication slot to spare for the copy. The copy goes with
+    the second connection, closed at the end of the block (its peek cancelled when it was not
+    read to the end)."""
+    free = SlotClient(conn).free_slots()
+    if free < 1:
+        log.warning(
+            "Decoding in one session: no replication slot to spare for a copy of %s (max_replication_slots)",
+            slot_name,
+        )
         yield None
         return
-    copy_name = f"pgdecode_split_{os.getpid()}_{other.info.backend_pid}"
-    try:
-        client = SlotClient(other)
+    state = _Second()
+    conninfo = conninfo_like(conn)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgdecode-second-session") as pool:
+        # Connecting, copying the slot and moving the copy take ~40 ms, and the COPY's first
+        # message comes once the server has decoded the whole range: all of it on a thread
+        # (libpq releases the GIL) while this one starts the first half.
+        started = pool.submit(_start, state, conninfo, slot_name, split, upto, options, upto_rows)
+        half = SecondHalf(started, split, upto_rows)
+        log.info("Decoding in two sessions: from %s on over a copy of slot %s", split, slot_name)
         try:
-            position = client.copy_at(slot_name, copy_name, split)
-        except SlotError as exc:
-            log.warning("Decoding in one session: %s", exc)
-            yield None
-            return
-        if position != split:
-            log.warning("Decoding in one session: the slot's copy stopped at %s, not at %s", position, split)
-            yield None
-            return
-        peek = client.peek_copy(copy_name, upto, options, upto_rows=upto_rows)
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgdecode-second-session") as pool:
-            # The COPY's first message comes once the server has decoded the whole range: wait for
-            # it on a thread (libpq releases the GIL) while this one starts the first half.
-            started = pool.submit(peek.__enter__)
-            half = SecondHalf(started, split, upto_rows)
-            log.info("Decoding in two sessions: from %s on over a copy of slot %s", split, slot_name)
-            try:
-                yield half
-            except BaseException as exc:
-                other.cancel_safe()
-                _end(started, peek, exc)
-                raise
-            if half.taken:  # read to its end by the extract, which returned normally
-                peek.__exit__(None, None, None)
-            else:  # the batch ended within the first half: stop the decoding
-                other.cancel_safe()
-                _end(started, peek, _Abandoned())
-    finally:
-        other.close()
+            yield half
+        except BaseException as exc:
+            state.abandon()
+            _end(started, state, exc)
+            raise
+        finally:
+            if not half.taken:
+                state.abandon()
+        if half.taken:  # read to its end by the extract, which returned normally
+            assert state.peek is not None
+            state.peek.__exit__(None, None, None)
+        else:  # the batch ended within the first half, or the second session failed
+            _end(started, state, _Abandoned("the second half is not needed"))
+        if state.other is not None:
+            state.other.close()
 
 
 class _Abandoned(Exception):
     """The second half is not needed: its COPY is cancelled."""
 
 
-def _end(started: Future[Any], peek: AbstractContextManager[Any], exc: BaseException) -> None:
-    """End a second half that will not be read (after a cancel): its COPY and transaction."""
+def _end(started: Future[Any], state: _Second, exc: BaseException) -> None:
+    """End a second session that will not be read (after a cancel): its COPY, its connection."""
     try:
         started.result()
-    except Exception as error:  # cancelled before its first row: nothing to end
+    except Exception as error:  # failed, or cancelled before its first row: nothing to end
         log.debug("The second decoding session ended: %s", error)
-        return
-    try:
-        peek.__exit__(type(exc), exc, exc.__traceback__)
-    except Exception as error:
-        log.debug("The second decoding session ended: %s", error)
+    else:
+        try:
+            assert state.peek is not None
+            state.peek.__exit__(type(exc), exc, exc.__traceback__)
+        except Exception as error:
+            log.debug("The second decoding session ended: %s", error)
+    if state.other is not None:
+        state.other.close()
 
 
 __all__ = [

@@ -82,15 +82,15 @@ def connect(dsn: str) -> Connection:
     return psycopg.connect(dsn, autocommit=True)
 
 
-def connect_like(conn: Connection) -> Connection:
-    """A new autocommit connection with every libpq parameter ``conn`` was opened with (password
-    and TLS settings included): a second session on the same server, database and role."""
+def conninfo_like(conn: Connection) -> str:
+    """A conninfo string with every libpq parameter ``conn`` was opened with (password and TLS
+    settings included): for a second session on the same server, database and role."""
     params = {
         option.keyword.decode(): option.val.decode()
         for option in conn.pgconn.info
         if option.val is not None and option.val != b""
     }
-    return psycopg.connect(make_conninfo(**params), autocommit=True)
+    return make_conninfo(**params)
 
 
 def database_name(conn: Connection) -> str:
@@ -144,7 +144,7 @@ __all__ = [
     "begin_read_only_snapshot",
     "commit",
     "connect",
-    "connect_like",
+    "conninfo_like",
     "database_name",
     "pin_settings",
     "require_autocommit",

@@ -552,6 +552,14 @@ class SlotClient:
                 except psycopg.Error as exc:
                     raise self._error(exc, name, "peeking changes") from exc
 
+    def free_slots(self) -> int:
+        """Replication slots the server can still create (``max_replication_slots`` less those that exist)."""
+        row = self._one(
+            "SELECT current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots)"
+        )
+        assert row is not None
+        return int(row[0])
+
     def copy_at(self, name: str, copy_name: str, position: Lsn) -> Lsn:
         """Copy slot ``name`` as a temporary slot of this session, ``copy_name``, and move the copy
         to ``position`` (PostgreSQL reads the WAL up to there without decoding it); returns the

@@ -224,3 +224,62 @@ def test_bounds_cut_a_two_session_batch_where_they_cut_one_session(
     # a cut below the split leaves the second session unread (and cancelled); above, it is read
     assert both.decode_split == (None if max_changes < 800 else str(split))
     assert not c.execute("select count(*) from pg_replication_slots where temporary").fetchone()[0]
+
+
+def _two_halves(c: psycopg.Connection, rows: int = 400) -> Lsn:
+    """Transactions of 50 inserts into split_a, and an LSN between the halves."""
+    split = Lsn(0)
+    for start in range(0, rows, 50):
+        c.execute("insert into split_a select g, 'v' from generate_series(%s::int, %s::int) g", (start + 1, start + 50))
+        if start + 50 == rows // 2:
+            split = Lsn.parse(str(c.execute("select pg_current_wal_insert_lsn()").fetchone()[0]))
+    return split
+
+
+@pytest.mark.postgres
+def test_without_a_slot_to_spare_the_batch_is_read_in_one_session(
+    pg_conn: psycopg.Connection, split_source: str, tmp_path: Path
+) -> None:
+    c = pg_conn
+    slot = split_source + "_po"
+    c.execute("select pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot,))
+    split = _two_halves(c)
+    free = c.execute(
+        "select current_setting('max_replication_slots')::int - count(*) from pg_replication_slots"
+    ).fetchone()[0]
+    fillers = [f"filler_{slot}_{i}" for i in range(free)]
+    for name in fillers:
+        c.execute("select pg_create_physical_replication_slot(%s)", (name,))
+    try:
+        manifest = extract_batch(c, slot, tmp_path, plugin="pgoutput", publication=PUBLICATION, split_at=split)
+    finally:
+        for name in fillers:
+            c.execute("select pg_drop_replication_slot(%s)", (name,))
+    assert manifest.decode_split is None and manifest.changes == 400
+
+
+@pytest.mark.postgres
+def test_when_the_second_session_fails_the_slot_reads_the_upper_half(
+    pg_conn: psycopg.Connection, pg_dsn: str, split_source: str, tmp_path: Path
+) -> None:
+    c = pg_conn
+    slot = split_source + "_po"
+    c.execute("select pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot,))
+    split = _two_halves(c)
+    # A role allowed one connection: the second session cannot connect.
+    c.execute("drop role if exists pgdecode_one_session")
+    c.execute("create role pgdecode_one_session login replication connection limit 1")
+    try:
+        params = conninfo_to_dict(pg_dsn)
+        params["user"] = "pgdecode_one_session"
+        one = extract_batch(c, slot, tmp_path / "one", plugin="pgoutput", publication=PUBLICATION, two_sessions=False)
+        with psycopg.connect(make_conninfo(**params), autocommit=True) as conn:
+            fallback = extract_batch(
+                conn, slot, tmp_path / "fallback", plugin="pgoutput", publication=PUBLICATION, split_at=split
+            )
+    finally:
+        c.execute("drop role if exists pgdecode_one_session")
+    assert fallback.decode_split is None
+    assert outcome(fallback) == outcome(one) and one.changes == 400
+    # the slot's own peek delivered the lower half again, dropped as repeats
+    assert fallback.skipped["second_session_repeats"] >= 4
