@@ -48,7 +48,9 @@ thread (transfer, C parsing, take) spends ~0.3-0.4 µs of CPU per row and the wr
 :func:`~airflow_provider_pgdecode.batch.format.change_part_options`; before those ~0.8); the
 Python path spends ~12 µs per row. Since the server materialises the peek before sending its
 first row, all of this comes after the server's decode: on two cores, where reader, writer and
-the sending backend compete, the extract's ratio to the raw decode is bounded by that CPU.
+the sending backend compete, the extract's ratio to the raw decode is bounded by that CPU. A
+large range is decoded in two sessions (:mod:`~airflow_provider_pgdecode.capture.sessions`):
+the reader reads the lower half while the server still decodes the upper one.
 
 Known difference: a column of the old-key image whose type changes within one part takes the
 type first registered for the table while rows with it are buffered (the Python writer takes
