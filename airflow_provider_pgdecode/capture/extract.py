@@ -262,6 +262,7 @@ def extract_batch(
                 f" (at most {peek_rows} rows decoded)" if peek_rows is not None else "",
             )
             row_limited = False
+            repeated_rows = 0
             if upto > confirmed and fast is not None:
                 split = None
                 if attempt == 0 and upto == ceiling:
@@ -305,6 +306,8 @@ def extract_batch(
                     )
                     if half is not None and half.taken:
                         decode_split = half.split
+                    if half is not None and half.refused:
+                        repeated_rows = half.first_rows or 0
                     if peek_rows is not None:
                         # Each peek had a row limit; the batch stopped at it if the last one read did.
                         last, row_limit = rows, peek_rows
@@ -351,7 +354,7 @@ def extract_batch(
         # COMMIT of each transaction taken instead.
         stats = assembler.stats
         changes_used = stats.changes
-        rows_used = rows
+        rows_used = rows - repeated_rows  # a fallback's peek delivered the lower half again
         if cut is not None and cut.cut_by is not None:
             rows_used = changes_used + 2 * (stats.transactions + stats.empty_transactions)
         tables_staged, messages = writer.close()

@@ -283,3 +283,4 @@ def test_when_the_second_session_fails_the_slot_reads_the_upper_half(
     assert outcome(fallback) == outcome(one) and one.changes == 400
     # the slot's own peek delivered the lower half again, dropped as repeats
     assert fallback.skipped["second_session_repeats"] >= 4
+    assert fallback.rows_per_change == one.rows_per_change  # rows delivered twice are not counted
