@@ -26,9 +26,12 @@ Why the two halves together are the batch one peek would give:
   slot is read in one session (a copy would deliver prepared transactions only at commit).
 
 One session only, too, when the range is small (under :data:`MIN_SPLIT_WAL_BYTES`), when the
-previous batch was cut by a bound (a backlog: the batch is likely cut within the first half,
-and the second session's decoding would be spent in vain), when table snapshot chunks are staged
-(the Python path), or when the server refuses the copy (no free replication slot: logged).
+WAL bound lowers the batch's ceiling (a backlog: the upper half would mostly be decoded in
+vain), on the Python path (table snapshot chunks staged, no extension), or when the server has
+no replication slot to spare for the copy (logged). A batch that ``max_batch_changes`` is
+expected to end early, at the previous batch's WAL per change, splits halfway to that expected
+end (:func:`expected_end`). When the second session fails once started, the slot's own session
+reads the upper half after the lower one (logged; slower, the same batch).
 
 Example::
 
