@@ -28,6 +28,25 @@ KEPT_MODES: tuple[str, ...] = ("history", "soft_delete")
 BadValuePolicy = Literal["fail", "quarantine"]
 ArrayStaging = Literal["list", "json"]
 
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def yes_or_no(value: object) -> bool | None:
+    """A yes/no given as a bool or as text (a setting, an environment variable, a rendered template
+    field, a connection's extra): True for one of :data:`TRUE_WORDS`, False for one of
+    :data:`FALSE_WORDS` (any case, spaces around), None for anything else; the caller decides
+    whether that means its default or an error."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in TRUE_WORDS:
+        return True
+    if text in FALSE_WORDS:
+        return False
+    return None
+
+
 DEFAULT_MAX_VALUE_BYTES = 64 * 1024 * 1024
 """The largest value (bytes of the text PostgreSQL printed) staged by default: 64 MiB."""
 

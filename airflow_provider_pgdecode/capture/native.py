@@ -91,7 +91,7 @@ from airflow_provider_pgdecode.batch.format import (
     table_path,
 )
 from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary
-from airflow_provider_pgdecode.batch.options import TableOptions, options_for
+from airflow_provider_pgdecode.batch.options import TableOptions, options_for, yes_or_no
 from airflow_provider_pgdecode.batch.values import arrow_type
 from airflow_provider_pgdecode.batch.writer import (
     BatchWriter,
@@ -133,7 +133,7 @@ def native_wanted(native: bool | None) -> bool:
     """``native`` if given, else the environment (``PGDECODE_NATIVE=0`` turns it off; default on)."""
     if native is not None:
         return native
-    return os.environ.get("PGDECODE_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return yes_or_no(os.environ.get("PGDECODE_NATIVE", "")) is not False
 
 
 def _micros(when: datetime | None) -> int | None:

@@ -50,6 +50,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
+from airflow_provider_pgdecode.batch.options import yes_or_no
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import SlotError
 from airflow_provider_pgdecode.postgres.session import Connection, connect, conninfo_like
@@ -67,7 +68,7 @@ def two_sessions_wanted(two_sessions: bool | None) -> bool:
     off; default on)."""
     if two_sessions is not None:
         return two_sessions
-    return os.environ.get("PGDECODE_TWO_SESSIONS", "1").strip().lower() not in ("0", "false", "no", "off")
+    return yes_or_no(os.environ.get("PGDECODE_TWO_SESSIONS", "")) is not False
 
 
 def split_point(start: Lsn, upto: Lsn, min_wal_bytes: int = MIN_SPLIT_WAL_BYTES) -> Lsn | None:

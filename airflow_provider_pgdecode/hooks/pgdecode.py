@@ -10,6 +10,7 @@ import psycopg
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from psycopg.conninfo import make_conninfo
 
+from airflow_provider_pgdecode.batch.options import yes_or_no
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, ReplicaIdentity
 from airflow_provider_pgdecode.postgres.readiness import check_readiness, describe_readiness, read_server_facts
@@ -89,9 +90,7 @@ class PgDecodeHook(PostgresHook):
         extra = self.get_connection(self.get_conn_id()).extra_dejson
         plugin = self.plugin or extra.get("plugin") or "test_decoding"
         two_phase = self.two_phase if self.two_phase is not None else extra.get("two_phase", True)
-        if isinstance(two_phase, str):
-            two_phase = two_phase.strip().lower() not in ("false", "0", "no", "off", "")
-        return str(plugin), bool(two_phase)
+        return str(plugin), yes_or_no(two_phase) is not False
 
     def test_connection(self) -> tuple[bool, str]:  # type: ignore[override]  # DbApiHook is unannotated
         """Check that a slot can be created and read over this connection; never raises.

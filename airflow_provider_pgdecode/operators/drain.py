@@ -9,6 +9,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_provider_pgdecode.batch.options import yes_or_no
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
@@ -126,7 +127,7 @@ class PgDecodeDrainOperator(BaseOperator):
         if not isinstance(first, dict) or not first.get("bounded_by"):
             self.log.info("The cycle's batch reached the server's WAL position: nothing to drain")
             return result
-        if str(self.enabled).lower() in ("false", "0", "no", ""):
+        if yes_or_no(self.enabled) is False or str(self.enabled).strip() == "":
             self.log.info("The batch ended at its %s bound; draining is off, the next run goes on", first["bounded_by"])
             result["caught_up"] = False
             return result

@@ -298,12 +298,16 @@ def check_readiness(facts: ServerFacts, *, plugin: str = "test_decoding", two_ph
 def describe_readiness(facts: ServerFacts, *, plugin: str = "test_decoding", two_phase: bool = False) -> str:
     """What was checked and found, for a connection test that passed: one line."""
     role = "superuser" if facts.superuser else "REPLICATION"
+    free = facts.max_replication_slots - facts.replication_slots_used
+    slots = f"{free} of {facts.max_replication_slots} replication slots free"
+    if free == 1 and not (two_phase and plugin == "test_decoding"):
+        # The extract decodes a large range in two sessions through a temporary copy of the slot.
+        slots += " (the slot takes it: large batches decode in one session, two need one more free slot)"
     parts = [
         f"PostgreSQL {facts.server_version}",
         f"wal_level={facts.wal_level}",
         f"role {facts.role!r} has {role}",
-        f"{facts.max_replication_slots - facts.replication_slots_used} of {facts.max_replication_slots} "
-        "replication slots free",
+        slots,
         f"{facts.max_wal_senders - facts.wal_senders_used} of {facts.max_wal_senders} WAL senders free",
     ]
     if two_phase:

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_pgdecode.batch.options import yes_or_no
 from airflow_provider_pgdecode.errors import ConfigurationError
 
 SECTION = "pgdecode"
@@ -203,9 +204,6 @@ SETTINGS: dict[str, Setting] = {
     )
 }
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
-
 
 def provider_config() -> dict[str, Any]:
     """The ``config`` entry of :func:`~airflow_provider_pgdecode.get_provider_info.get_provider_info`."""
@@ -270,11 +268,10 @@ def pgdecode_int(name: str) -> int | None:
 
 def pgdecode_bool(name: str) -> bool:
     """A boolean setting (``True``/``False``, also ``1``/``0``, ``yes``/``no``, ``on``/``off``)."""
-    value = pgdecode_setting(name).strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
+    value = pgdecode_setting(name)
+    flag = yes_or_no(value)
+    if flag is not None:
+        return flag
     raise ConfigurationError(
         f"[{SECTION}] {name} = {value!r} is not a boolean: set AIRFLOW__{SECTION.upper()}__{name.upper()} "
         f"(or ${_setting(name).env}) to True or False"

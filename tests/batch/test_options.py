@@ -1,6 +1,6 @@
 import pytest
 
-from airflow_provider_pgdecode.batch.options import DEFAULT_OPTIONS, options_for, parse_table_options
+from airflow_provider_pgdecode.batch.options import DEFAULT_OPTIONS, options_for, parse_table_options, yes_or_no
 from airflow_provider_pgdecode.errors import ConfigurationError
 
 
@@ -45,3 +45,23 @@ def test_history_and_soft_delete_modes_are_accepted_and_the_wording_lists_every_
     with pytest.raises(ConfigurationError) as err:
         parse_table_options({"public.t": {"mode": "scd2"}})
     assert "mode in ('merge', 'append_only', 'history', 'soft_delete')" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (True, True),
+        (False, False),
+        (" Yes ", True),
+        ("ON", True),
+        ("1", True),
+        ("off", False),
+        ("False", False),
+        ("0", False),
+        ("", None),
+        ("maybe", None),
+        (None, None),
+    ],
+)
+def test_yes_or_no_reads_the_words_every_setting_accepts(value: object, expected: bool | None) -> None:
+    assert yes_or_no(value) is expected

@@ -15,6 +15,7 @@ from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.capture.bounds import BatchBounds
 from airflow_provider_pgdecode.capture.extract import extract_batch
+from airflow_provider_pgdecode.capture.native import native_wanted
 from airflow_provider_pgdecode.capture.sessions import (
     MIN_SPLIT_WAL_BYTES,
     expected_end,
@@ -54,12 +55,15 @@ def test_two_phase_test_decoding_slot_is_read_in_one_session() -> None:
     assert two_sessions_refused("pgoutput", True, pgoutput_options("p", 150000)) is not None
 
 
-def test_the_setting_turns_two_sessions_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("PGDECODE_TWO_SESSIONS", raising=False)
-    assert two_sessions_wanted(None) is True
-    monkeypatch.setenv("PGDECODE_TWO_SESSIONS", "0")
-    assert two_sessions_wanted(None) is False
-    assert two_sessions_wanted(True) is True
+def test_the_settings_turn_two_sessions_and_the_native_reader_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    for wanted, name in ((native_wanted, "PGDECODE_NATIVE"), (two_sessions_wanted, "PGDECODE_TWO_SESSIONS")):
+        monkeypatch.delenv(name, raising=False)
+        assert wanted(None) is True  # on unless turned off
+        monkeypatch.setenv(name, " Off ")
+        assert wanted(None) is False
+        assert wanted(True) is True  # an argument wins over the environment
+        monkeypatch.setenv(name, "yes")
+        assert wanted(None) is True
 
 
 def outcome(manifest: BatchManifest) -> dict[str, Any]:

@@ -53,6 +53,15 @@ def test_a_ready_server_has_no_problems() -> None:
     assert "wal_level=logical" in described and "7 of 10 replication slots free" in described
     assert "9 of 10 WAL senders free" in described and "max_prepared_transactions=20" in described
     assert "protocol up to 3" in described and "PostgreSQL 15.18" in described
+    assert "two need one more free slot" not in described
+
+
+def test_one_free_slot_is_said_to_leave_large_batches_one_session() -> None:
+    last = replace(READY, replication_slots_used=9)
+    assert "two need one more free slot" in describe_readiness(last, plugin="pgoutput", two_phase=True)
+    assert "two need one more free slot" in describe_readiness(last, plugin="test_decoding", two_phase=False)
+    # A two-phase test_decoding slot decodes in one session whatever is free.
+    assert "two need one more free slot" not in describe_readiness(last, plugin="test_decoding", two_phase=True)
 
 
 @pytest.mark.parametrize(
