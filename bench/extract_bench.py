@@ -52,11 +52,13 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.pgoutput import pgoutput_options
 from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS
 from airflow_provider_pgdecode.postgres.session import PINNED_GUCS
+from airflow_provider_pgdecode.postgres.slot import SlotClient, upper_slot_name
 from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
 
 SLOTS = {"test_decoding": "bench_td", "pgoutput": "bench_po"}
-#: Two-phase slots, as the DAG makes them; ``--one-phase`` turns it off for the run (then a
-#: test_decoding slot is decoded in two sessions too: capture/sessions.py).
+#: Two-phase slots, as the DAG makes them; ``--one-phase`` turns it off for the run. A two-phase
+#: test_decoding slot's upper halves are decoded over its upper-half slot (capture/sessions.py),
+#: which a first large batch creates; here it is created with the slot, as after that batch.
 TWO_PHASE = True
 PUBLICATION = "bench_pub"
 # Decoding of a 500k-change workload should not spill to disk in either run.
@@ -78,6 +80,8 @@ def make_workload(conn: psycopg.Connection, changes: int, txn_size: int) -> None
     conn.execute(f"create publication {PUBLICATION} for table orders")
     for plugin, slot in SLOTS.items():
         conn.execute("select pg_create_logical_replication_slot(%s, %s, false, %s)", (slot, plugin, TWO_PHASE))
+        if TWO_PHASE and plugin == "test_decoding":
+            SlotClient(conn).create(str(upper_slot_name(slot)), plugin, two_phase=True)
     inserts = changes * 8 // 10
     updates = changes // 10
     deletes = changes - inserts - updates
@@ -401,7 +405,9 @@ def main() -> int:
                     f"{mode:5s} floor (COPY to psql): ratio {floors[len(floors) // 2]:.2f}  (median of "
                     f"{', '.join(f'{r:.2f}' for r in floors)}: the peek sent as COPY to a client that drops it)"
                 )
-            if m["raw_rows"] != m["full"]["rows"]:
+            # pgoutput's second session sends the table's Relation message again: one row more.
+            extra = m["full"]["rows"] - m["raw_rows"]
+            if extra != 0 and not (plugin == "pgoutput" and extra == 1):
                 print(f"WARNING: raw and extract read different row counts for {plugin} ({mode})", file=sys.stderr)
                 status = 1
         if r["python"] is not None:

@@ -180,13 +180,15 @@ def pg_conn(matrix_dsn: str) -> Iterator[psycopg.Connection[Any]]:
 
 @pytest.fixture
 def slot_name(matrix_dsn: str) -> Iterator[str]:
-    """A unique slot name; the slot is dropped afterwards, since an idle slot retains WAL."""
+    """A unique slot name; the slot is dropped afterwards, since an idle slot retains WAL, with the
+    slots named after it (``_po``, the upper-half slot ``_upper``)."""
     name = f"t_{uuid.uuid4().hex[:16]}"
     yield name
     with psycopg.connect(matrix_dsn, autocommit=True) as conn:
         conn.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s AND NOT active",
-            (name,),
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+            " WHERE (slot_name = %s OR slot_name LIKE %s) AND NOT active",
+            (name, name + "\\_%"),
         )
 
 

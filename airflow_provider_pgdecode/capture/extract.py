@@ -48,8 +48,8 @@ from airflow_provider_pgdecode.capture.sessions import (
     expected_end,
     second_session,
     split_point,
-    two_sessions_refused,
     two_sessions_wanted,
+    upper_slot_needed,
 )
 from airflow_provider_pgdecode.capture.table_snapshot import (
     DEFAULT_ROWS_PER_BATCH,
@@ -267,9 +267,6 @@ def extract_batch(
                 split = None
                 if attempt == 0 and upto == ceiling:
                     split = _split(
-                        plugin,
-                        info.two_phase,
-                        options,
                         start_lsn,
                         expected_end(
                             start_lsn,
@@ -283,7 +280,17 @@ def extract_batch(
                 with ExitStack() as stack:
                     half = None
                     if split is not None:
-                        half = stack.enter_context(second_session(conn, slot_name, split, upto, options, peek_rows))
+                        half = stack.enter_context(
+                            second_session(
+                                conn,
+                                slot_name,
+                                split,
+                                upto,
+                                options,
+                                peek_rows,
+                                upper=upper_slot_needed(plugin, info.two_phase, options),
+                            )
+                        )
                     lower = stack.enter_context(ExitStack())  # the lower half's peek, ended before a fallback
                     copy = lower.enter_context(
                         slots.peek_copy(slot_name, upto if half is None else half.split, options, upto_rows=peek_rows)
@@ -462,9 +469,6 @@ def _upper_half(
 
 
 def _split(
-    plugin: str,
-    two_phase_slot: bool,
-    options: list[tuple[str, str]],
     start: Lsn,
     end: Lsn,
     two_sessions: bool | None,
@@ -473,10 +477,6 @@ def _split(
     """Where a second decoding session begins (halfway to the batch's expected ``end``), or None
     for one session."""
     if not two_sessions_wanted(two_sessions):
-        return None
-    refused = two_sessions_refused(plugin, two_phase_slot, options)
-    if refused is not None:
-        log.debug("Decoding in one session: %s", refused)
         return None
     if split_at is not None:
         return split_at if start < split_at < end else None

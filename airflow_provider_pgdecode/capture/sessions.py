@@ -1,5 +1,6 @@
 """The extract's second decoding session: the upper half of a batch's range is decoded on a second
-connection, over a temporary copy of the slot, while the slot's own session decodes the lower half.
+connection, over a temporary copy of the slot (or its upper-half slot), while the slot's own
+session decodes the lower half.
 
 Why: ``pg_logical_slot_peek_*changes`` decodes its whole range on one server core before it sends a
 row, and the client can do nothing meanwhile. Two sessions decode the two halves at once; the
@@ -22,13 +23,20 @@ Why the two halves together are the batch one peek would give:
   progress are dropped at the switch; the second half delivers them again, whole.
 * A copy is not a two-phase slot. pgoutput's ``two_phase`` option makes it one from the split on,
   so it may deliver again a PREPARE that the first half (or an earlier batch) delivered; the
-  assembler keeps a PREPARE once. test_decoding has no such option: a two-phase test_decoding
-  slot is read in one session (a copy would deliver prepared transactions only at commit).
+  assembler keeps a PREPARE once. test_decoding has no such option (a copy would deliver a
+  prepared transaction only at its commit, a pending one not at all), so a two-phase
+  test_decoding slot has an upper-half slot (:func:`~airflow_provider_pgdecode.postgres.slot.upper_slot_name`):
+  a two-phase slot of its own, made by the first large batch (:func:`_creating_upper`, while that
+  batch decodes in one session), moved to the split like a copy, and to the slot's position by
+  every confirm (:meth:`SlotClient.advance`). Two-phase from after the slot's own two-phase
+  point, it takes what was prepared before the split as delivered, as the slot would after a
+  confirm there; one from before the slot is dropped (:func:`_stale_upper`).
 
 One session only, too, when the range is small (under :data:`MIN_SPLIT_WAL_BYTES`), when the
 WAL bound lowers the batch's ceiling (a backlog: the upper half would mostly be decoded in
-vain), on the Python path (table snapshot chunks staged, no extension), or when the server has
-no replication slot to spare for the copy (logged). A batch that ``max_batch_changes`` is
+vain), on the Python path (table snapshot chunks staged, no extension), when the server has
+no replication slot to spare for the copy, or when the upper-half slot is missing, in use or
+beyond the batch (logged). A batch that ``max_batch_changes`` is
 expected to end early, at the previous batch's WAL per change, splits halfway to that expected
 end (:func:`expected_end`). When the second session fails once started, the slot's own session
 reads the upper half after the lower one (logged; slower, the same batch).
@@ -46,7 +54,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -54,13 +62,17 @@ from airflow_provider_pgdecode.batch.options import yes_or_no
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import SlotError
 from airflow_provider_pgdecode.postgres.session import Connection, connect, conninfo_like
-from airflow_provider_pgdecode.postgres.slot import SlotClient
+from airflow_provider_pgdecode.postgres.slot import SlotClient, SlotInfo, upper_slot_name
 
 log = logging.getLogger(__name__)
 
 MIN_SPLIT_WAL_BYTES = 32 << 20
 """A range of less WAL is decoded in one session: a second one's setup (a connection, a slot copy
 moved by reading the WAL, ~50 ms) would cost more than it saves."""
+
+
+UPPER_SLOT_WAIT_SECONDS = 2.0
+"""How long an extract waits at its end for its upper-half slot to be created (then cancels it)."""
 
 
 def two_sessions_wanted(two_sessions: bool | None) -> bool:
@@ -90,14 +102,11 @@ def expected_end(start: Lsn, upto: Lsn, max_changes: int | None, wal_bytes_per_c
     return min(upto, Lsn(int(start) + int(max_changes * wal_bytes_per_change)))
 
 
-def two_sessions_refused(plugin: str, two_phase_slot: bool, options: Sequence[tuple[str, str]]) -> str | None:
-    """Why a slot's range cannot be decoded in two sessions (its copy would decode it otherwise),
-    or None."""
-    if not two_phase_slot:
-        return None
-    if plugin == "pgoutput" and ("two_phase", "true") in options:
-        return None
-    return f"a copy of a two-phase {plugin} slot would not decode prepared transactions at PREPARE"
+def upper_slot_needed(plugin: str, two_phase_slot: bool, options: Sequence[tuple[str, str]]) -> bool:
+    """Whether the upper half is decoded over the slot's upper-half slot rather than a temporary
+    copy: a copy is not a two-phase slot, and only pgoutput's ``two_phase`` option makes it decode
+    as one (test_decoding has no such option)."""
+    return two_phase_slot and not (plugin == "pgoutput" and ("two_phase", "true") in options)
 
 
 class SecondHalf:
@@ -157,18 +166,24 @@ def _start(
     upto: Lsn,
     options: Sequence[tuple[str, str]],
     upto_rows: int | None,
+    upper: str | None,
 ) -> Any:
-    """The second session: a connection, the slot's copy moved to ``split``, its peek sent; the
-    COPY, once the server has decoded the range (its first message comes then)."""
+    """The second session: a connection, the slot's copy (or its upper-half slot ``upper``) moved
+    to ``split``, its peek sent; the COPY, once the server has decoded the range (its first
+    message comes then)."""
     other = state.other = connect(conninfo)
     state.check()
     client = SlotClient(other)
-    copy_name = f"pgdecode_split_{os.getpid()}_{other.info.backend_pid}"
-    position = client.copy_at(slot_name, copy_name, split)
+    if upper is None:
+        reader = f"pgdecode_split_{os.getpid()}_{other.info.backend_pid}"
+        position = client.copy_at(slot_name, reader, split)
+    else:
+        reader = upper
+        position = client.advance(upper, split, follow_upper=False)
     if position != split:
-        raise SlotError(f"the copy of slot {slot_name!r} stopped at {position}, not at {split}")
+        raise SlotError(f"slot {reader!r} stopped at {position}, not at {split}")
     state.check()
-    peek = client.peek_copy(copy_name, upto, options, upto_rows=upto_rows)
+    peek = client.peek_copy(reader, upto, options, upto_rows=upto_rows)
     copy = peek.__enter__()
     state.peek = peek
     return copy
@@ -182,14 +197,30 @@ def second_session(
     upto: Lsn,
     options: Sequence[tuple[str, str]],
     upto_rows: int | None,
+    upper: bool = False,
 ) -> Iterator[SecondHalf | None]:
     """Start decoding ``split``..``upto`` of ``slot_name`` in a second session like ``conn``'s,
     on a thread, while the caller starts the first half; gives the :class:`SecondHalf`, or None
     (logged) when the server has no replication slot to spare for the copy. The copy goes with
     the second connection, closed at the end of the block (its peek cancelled when it was not
-    read to the end)."""
-    free = SlotClient(conn).free_slots()
-    if free < 1:
+    read to the end).
+
+    With ``upper`` (:func:`upper_slot_needed`), the slot's upper-half slot decodes instead of a
+    copy; the second half may then begin later than ``split``, where that slot stands. When it
+    does not exist yet, it is created on a thread during this block (None: one session now)."""
+    client = SlotClient(conn)
+    upper_name = None
+    if upper:
+        upper_name, begin = _upper_slot(client, slot_name, split, upto)
+        if upper_name is None:
+            yield None
+            return
+        if begin is None:
+            with _creating_upper(conn, client, slot_name):
+                yield None
+            return
+        split = begin
+    elif client.free_slots() < 1:
         log.warning(
             "Decoding in one session: no replication slot to spare for a copy of %s (max_replication_slots)",
             slot_name,
@@ -202,9 +233,13 @@ def second_session(
         # Connecting, copying the slot and moving the copy take ~40 ms, and the COPY's first
         # message comes once the server has decoded the whole range: all of it on a thread
         # (libpq releases the GIL) while this one starts the first half.
-        started = pool.submit(_start, state, conninfo, slot_name, split, upto, options, upto_rows)
+        started = pool.submit(_start, state, conninfo, slot_name, split, upto, options, upto_rows, upper_name)
         half = SecondHalf(started, split, upto_rows)
-        log.info("Decoding in two sessions: from %s on over a copy of slot %s", split, slot_name)
+        log.info(
+            "Decoding in two sessions: from %s on over %s",
+            split,
+            f"slot {upper_name}" if upper_name else f"a copy of slot {slot_name}",
+        )
         try:
             yield half
         except BaseException as exc:
@@ -221,6 +256,87 @@ def second_session(
             _end(started, state, _Abandoned("the second half is not needed"))
         if state.other is not None:
             state.other.close()
+
+
+def _upper_slot(client: SlotClient, slot_name: str, split: Lsn, upto: Lsn) -> tuple[str | None, Lsn | None]:
+    """``slot_name``'s upper-half slot and where the second half begins over it: ``split``, or
+    later where that slot already stands; ``(name, None)`` when it is to be created; ``(None,
+    None)`` (logged) when it cannot serve this batch."""
+    name = upper_slot_name(slot_name)
+    if name is None:
+        log.info("Decoding in one session: slot name %s leaves no room for an upper-half slot", slot_name)
+        return None, None
+    info = client.find(name)
+    if info is None:
+        return name, None
+    main = client.describe(slot_name)
+    if (info.slot_type, info.database, info.plugin, info.two_phase) != ("logical", main.database, main.plugin, True):
+        log.info("Decoding in one session: slot %s is not a two-phase %s slot of %s", name, main.plugin, main.database)
+        return None, None
+    stale = _stale_upper(info, main)
+    if stale is not None:
+        log.warning("Dropping replication slot %s: %s; a later large batch makes it anew", name, stale)
+        client.drop(name)
+        return name, None
+    if info.active or info.confirmed_flush_lsn is None or info.confirmed_flush_lsn >= upto:
+        where = "in use" if info.active else f"at {info.confirmed_flush_lsn}, beyond this batch"
+        log.info("Decoding in one session: slot %s stands %s", name, where)
+        return None, None
+    return name, max(split, info.confirmed_flush_lsn)
+
+
+def _stale_upper(upper: SlotInfo, main: SlotInfo) -> str | None:
+    """Why an upper-half slot can serve its slot no more, or None. One two-phase from before the
+    slot (a slot of the same name dropped and made again by hand; PostgreSQL 18 shows it) would
+    take a transaction prepared in between as delivered at PREPARE, which the slot delivers only
+    at COMMIT PREPARED."""
+    if upper.wal_status == "lost" or upper.invalidation_reason:
+        return f"the server invalidated it ({upper.invalidation_reason or 'wal_status lost'})"
+    if upper.two_phase_at is not None and main.two_phase_at is not None and upper.two_phase_at < main.two_phase_at:
+        return f"it is two-phase from {upper.two_phase_at}, before slot {main.slot_name} ({main.two_phase_at})"
+    return None
+
+
+@contextmanager
+def _creating_upper(conn: Connection, client: SlotClient, slot_name: str) -> Iterator[None]:
+    """Create ``slot_name``'s upper-half slot on a second connection while the block runs (the
+    extract, in one session). Creating a slot waits until the transactions running then have
+    ended (prepared ones included); if that outlasts the block by :data:`UPPER_SLOT_WAIT_SECONDS`,
+    the creation is cancelled and tried again by the next large batch."""
+    name = upper_slot_name(slot_name)
+    assert name is not None
+    if client.free_slots() < 2:
+        log.info(
+            "Decoding in one session: slot %s is not created, to leave a replication slot free (max_replication_slots)",
+            name,
+        )
+        yield
+        return
+    main = client.describe(slot_name)
+    state = _Second()
+    conninfo = conninfo_like(conn)
+
+    def create() -> None:
+        other = state.other = connect(conninfo)
+        state.check()
+        SlotClient(other).create(name, plugin=str(main.plugin), two_phase=True)
+
+    log.info("Decoding in one session; creating slot %s for the upper halves of later large batches", name)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgdecode-upper-slot") as pool:
+        created = pool.submit(create)
+        try:
+            yield
+        finally:
+            if not wait([created], timeout=UPPER_SLOT_WAIT_SECONDS).done:
+                state.abandon()
+            try:
+                created.result()
+            except Exception as exc:
+                log.info("Slot %s was not created (tried again by the next large batch): %s", name, exc)
+            else:
+                log.info("Created slot %s beside %s", name, slot_name)
+            if state.other is not None:
+                state.other.close()
 
 
 class _Abandoned(Exception):
@@ -249,6 +365,6 @@ __all__ = [
     "SecondHalf",
     "second_session",
     "split_point",
-    "two_sessions_refused",
+    "upper_slot_needed",
     "two_sessions_wanted",
 ]

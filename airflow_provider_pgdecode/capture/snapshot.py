@@ -150,6 +150,7 @@ from airflow_provider_pgdecode.postgres.session import (
     server_address,
 )
 from airflow_provider_pgdecode.postgres.session import connect as _connect
+from airflow_provider_pgdecode.postgres.slot import SlotClient
 from airflow_provider_pgdecode.postgres.snapshot_queries import (
     copy_pages_csv,
     count_rows_in_first_pages,
@@ -210,6 +211,8 @@ def create_slot_with_snapshot(
     """
     if plugin not in SUPPORTED_PLUGINS:
         raise SlotError(f"output plugin {plugin!r} is not supported; use one of {', '.join(SUPPORTED_PLUGINS)}")
+    with _connect(dsn) as conn:  # an upper-half slot left from an earlier slot of that name
+        SlotClient(conn).drop_upper(slot_name)
     with replication_connection(dsn, slot_name) as repl:
         try:
             started = time.monotonic()

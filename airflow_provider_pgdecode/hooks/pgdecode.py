@@ -170,7 +170,8 @@ class PgDecodeHook(PostgresHook):
         return self.get_slot_client().ensure(slot_name, plugin=plugin, two_phase=two_phase, failover=failover)
 
     def drop_slot(self, slot_name: str, missing_ok: bool = True) -> bool:
-        """Drop the slot; returns whether it existed.
+        """Drop the slot, and its upper-half slot ``<slot_name>_upper`` when there is one (README,
+        "Two decoding sessions"); returns whether the slot existed.
 
         :param slot_name: the slot's name.
         :param missing_ok: when False, a missing slot raises SlotError.
@@ -210,7 +211,8 @@ class PgDecodeHook(PostgresHook):
         return self.get_slot_client().peek(slot_name, upto_lsn, options=options, chunk_size=chunk_size)
 
     def advance_slot(self, slot_name: str, lsn: Lsn) -> Lsn:
-        """Confirm the slot up to ``lsn`` (never backwards); returns its new position.
+        """Confirm the slot up to ``lsn`` (never backwards), moving its upper-half slot along;
+        returns its new position.
 
         :param slot_name: the slot's name.
         :param lsn: the end LSN of the last change durably stored.

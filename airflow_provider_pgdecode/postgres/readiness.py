@@ -300,9 +300,15 @@ def describe_readiness(facts: ServerFacts, *, plugin: str = "test_decoding", two
     role = "superuser" if facts.superuser else "REPLICATION"
     free = facts.max_replication_slots - facts.replication_slots_used
     slots = f"{free} of {facts.max_replication_slots} replication slots free"
-    if free == 1 and not (two_phase and plugin == "test_decoding"):
-        # The extract decodes a large range in two sessions through a temporary copy of the slot.
-        slots += " (the slot takes it: large batches decode in one session, two need one more free slot)"
+    # A large batch is decoded in two sessions, the upper half over a temporary copy of the slot
+    # or, for two-phase test_decoding, a second slot kept beside it (made while two are free).
+    upper = two_phase and plugin == "test_decoding"
+    if free < (3 if upper else 2):
+        second = "a second slot kept beside it (<slot>_upper)" if upper else "a copy of the slot while they run"
+        slots += (
+            f" (too few for large batches to decode in two sessions: they need {second}, "
+            f"and one slot left free; they decode in one)"
+        )
     parts = [
         f"PostgreSQL {facts.server_version}",
         f"wal_level={facts.wal_level}",

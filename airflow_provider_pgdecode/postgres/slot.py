@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import re
 import time
 from collections.abc import Generator, Iterator, Sequence
@@ -47,6 +48,8 @@ from airflow_provider_pgdecode.postgres.readiness import (
     two_phase_needs_newer_server,
 )
 from airflow_provider_pgdecode.postgres.session import PINNED_GUCS, pin_settings  # noqa: F401  (PINNED_GUCS: re-exported)
+
+log = logging.getLogger(__name__)
 
 SLOT_NAME_RE = re.compile(r"[a-z0-9_]{1,63}")
 """What PostgreSQL accepts as a replication slot name."""
@@ -144,6 +147,9 @@ class SlotInfo:
     ``wal_level_insufficient``, 18's ``idle_timeout``; ``None`` while it is valid (or before 17)."""
     inactive_since: datetime | None = None
     """Since when no process has used the slot (PostgreSQL 17+); ``None`` while in use or before 17."""
+    two_phase_at: Lsn | None = None
+    """From where a two-phase slot decodes prepared transactions at PREPARE (PostgreSQL 18+ shows it;
+    ``None`` before 18 and for other slots)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able values, LSNs as ``X/Y`` strings, times in ISO 8601."""
@@ -151,6 +157,18 @@ class SlotInfo:
             k: str(v) if isinstance(v, Lsn) else v.isoformat() if isinstance(v, datetime) else v
             for k, v in asdict(self).items()
         }
+
+
+UPPER_SLOT_SUFFIX = "_upper"
+
+
+def upper_slot_name(name: str) -> str | None:
+    """The name of ``name``'s upper-half slot: a two-phase slot pgdecode keeps beside a two-phase
+    slot whose temporary copy would not be two-phase (test_decoding), to decode the upper half of
+    a large batch in a second session (:mod:`airflow_provider_pgdecode.capture.sessions`). None
+    when ``name`` is too long for the suffix (then one session decodes every batch)."""
+    upper = name + UPPER_SLOT_SUFFIX
+    return upper if SLOT_NAME_RE.fullmatch(upper) else None
 
 
 def validate_slot_name(name: str) -> str:
@@ -291,11 +309,12 @@ class SlotClient:
             if version >= FAILOVER_SERVER_VERSION
             else "false, NULL::text, NULL::timestamptz"
         )
+        since_18 = "two_phase_at::text" if version >= 180000 else "NULL::text"
         rows = self._all(
             f"SELECT slot_name::text, plugin::text, slot_type, database::text, temporary, active, {two_phase},"
             f" restart_lsn::text, confirmed_flush_lsn::text, {wal},"
             " (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text,"
-            f" {since_17}"
+            f" {since_17}, {since_18}"
             f" FROM pg_replication_slots {where} ORDER BY slot_name",
             params,
         )
@@ -322,14 +341,19 @@ class SlotClient:
             failover=bool(row[12]),
             invalidation_reason=row[13],
             inactive_since=row[14],
+            two_phase_at=_lsn(row[15]),
         )
 
     def idle_slots(self, min_lag_bytes: int, besides: str) -> list[SlotInfo]:
         """The cluster's logical slots other than ``besides`` that no process uses and that hold back
-        more than ``min_lag_bytes`` of WAL: what a source removed from the pipeline leaves behind."""
+        more than ``min_lag_bytes`` of WAL: what a source removed from the pipeline leaves behind.
+        The upper-half slot of ``besides`` (:func:`upper_slot_name`) is not reported either."""
+        upper = upper_slot_name(besides) or besides
         return [
             info
-            for info in self._slots("WHERE slot_type = 'logical' AND NOT active AND slot_name <> %s", (besides,))
+            for info in self._slots(
+                "WHERE slot_type = 'logical' AND NOT active AND slot_name NOT IN (%s, %s)", (besides, upper)
+            )
             if (info.lag_bytes or 0) > min_lag_bytes
         ]
 
@@ -374,6 +398,8 @@ class SlotClient:
             if row is None or int(row[0]) == 0:
                 reason = prepared_transactions_off(0 if row is None else int(row[0]))
                 raise ServerNotReadyError(f"cannot create {kind} {name!r} in {self._where()}: {reason}")
+        if not temporary:
+            self.drop_upper(name)
         query: str
         params: tuple[Any, ...]
         # The function is STRICT: every argument is a non-NULL value, or no slot is created.
@@ -446,9 +472,16 @@ class SlotClient:
             )
         return info
 
-    def drop(self, name: str, missing_ok: bool = True) -> bool:
-        """Drop the slot; returns whether it existed. Drop unused slots: they retain WAL."""
+    def find(self, name: str) -> SlotInfo | None:
+        """The slot's state, or None when there is no slot of that name."""
         validate_slot_name(name)
+        return self._describe(name)
+
+    def drop(self, name: str, missing_ok: bool = True) -> bool:
+        """Drop the slot, and its upper-half slot (:func:`upper_slot_name`) when there is one;
+        returns whether the slot existed. Drop unused slots: they retain WAL."""
+        validate_slot_name(name)
+        self.drop_upper(name)
         try:
             self._one("SELECT pg_drop_replication_slot(%s)", (name,))
         except pg_errors.UndefinedObject as exc:
@@ -458,6 +491,18 @@ class SlotClient:
         except psycopg.Error as exc:
             raise self._error(exc, name, "dropping") from exc
         return True
+
+    def drop_upper(self, name: str) -> bool:
+        """Drop ``name``'s upper-half slot (:func:`upper_slot_name`) if there is one: with the slot,
+        and before a slot of that name is created, since one made before the slot would decode
+        prepared transactions as a slot two-phase from an earlier point."""
+        upper = upper_slot_name(name)
+        if upper is None or self._describe(upper) is None:
+            return False
+        dropped = self.drop(upper)
+        if dropped:
+            log.info("Dropped replication slot %s with %s", upper, name)
+        return dropped
 
     # -- reading and confirming ----------------------------------------------------------------
 
@@ -579,16 +624,39 @@ class SlotClient:
         assert row is not None
         return Lsn.parse(row[0])
 
-    def advance(self, name: str, lsn: Lsn) -> Lsn:
+    def advance(self, name: str, lsn: Lsn, follow_upper: bool = True) -> Lsn:
         """Confirm the slot up to ``lsn``; never moves backwards. Returns the slot's new position.
 
         The new position is persisted at the server's next checkpoint: after a crash the slot
-        may be back at an earlier position, and those changes are delivered again.
+        may be back at an earlier position, and those changes are delivered again. The slot's
+        upper-half slot (:func:`upper_slot_name`), when there is one behind, is moved there too
+        (unless ``follow_upper`` is False), so that it retains no WAL the slot does not.
         """
         target = Lsn.coerce(lsn)
         info = self.describe(name)
         if info.confirmed_flush_lsn is not None and target <= info.confirmed_flush_lsn:
-            return info.confirmed_flush_lsn
+            position = info.confirmed_flush_lsn
+        else:
+            position = self._advance(name, target)
+        if follow_upper:
+            self._follow(name, position)
+        return position
+
+    def _follow(self, name: str, position: Lsn) -> None:
+        """Move ``name``'s upper-half slot up to ``position``; a failure is logged, not raised (the
+        slot's confirm stands; the next extract decodes in one session if the upper slot is unusable)."""
+        upper = upper_slot_name(name)
+        found = None if upper is None else self._describe(upper)
+        if upper is None or found is None or found.active:
+            return
+        if found.confirmed_flush_lsn is not None and found.confirmed_flush_lsn >= position:
+            return
+        try:
+            self._advance(upper, position)
+        except SlotError as exc:
+            log.warning("Replication slot %s stays where it is: %s", upper, exc)
+
+    def _advance(self, name: str, target: Lsn) -> Lsn:
         try:
             row = self._one(
                 "SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)", (name, str(target))

@@ -20,12 +20,13 @@ from airflow_provider_pgdecode.capture.sessions import (
     MIN_SPLIT_WAL_BYTES,
     expected_end,
     split_point,
-    two_sessions_refused,
     two_sessions_wanted,
+    upper_slot_needed,
 )
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.pgoutput import pgoutput_options
 from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS
+from airflow_provider_pgdecode.postgres.slot import SlotClient, upper_slot_name
 from tests.capture.test_extract_pgoutput import staged
 
 PUBLICATION = "split_pub"
@@ -47,12 +48,12 @@ def test_a_backlog_batch_is_split_halfway_to_where_its_change_bound_is_expected(
     assert split_point(start, expected_end(start, upto, 1_000_000, 200.0)) == Lsn(int(start) + 100_000_000)
 
 
-def test_two_phase_test_decoding_slot_is_read_in_one_session() -> None:
-    assert two_sessions_refused("test_decoding", False, list(DEFAULT_OPTIONS)) is None
-    refused = two_sessions_refused("test_decoding", True, list(DEFAULT_OPTIONS))
-    assert refused is not None and "two-phase test_decoding" in refused
-    assert two_sessions_refused("pgoutput", True, pgoutput_options("p", 150000, two_phase=True)) is None
-    assert two_sessions_refused("pgoutput", True, pgoutput_options("p", 150000)) is not None
+def test_a_two_phase_test_decoding_slot_needs_its_upper_half_slot() -> None:
+    assert not upper_slot_needed("test_decoding", False, list(DEFAULT_OPTIONS))
+    assert upper_slot_needed("test_decoding", True, list(DEFAULT_OPTIONS))
+    assert not upper_slot_needed("pgoutput", True, pgoutput_options("p", 150000, two_phase=True))
+    assert upper_slot_needed("pgoutput", True, pgoutput_options("p", 150000))
+    assert upper_slot_name("shop") == "shop_upper" and upper_slot_name("s" * 58) is None
 
 
 def test_the_settings_turn_two_sessions_and_the_native_reader_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -114,7 +115,9 @@ def _prepare(conn: psycopg.Connection, gid: str, statement: str) -> None:
 
 @pytest.mark.pg_matrix(since=15)
 @pytest.mark.parametrize(
-    ("plugin", "two_phase"), [("pgoutput", True), ("test_decoding", False)], ids=["pgoutput-2pc", "test_decoding"]
+    ("plugin", "two_phase"),
+    [("pgoutput", True), ("test_decoding", True), ("test_decoding", False)],
+    ids=["pgoutput-2pc", "test_decoding-2pc", "test_decoding"],
 )
 def test_two_sessions_stage_the_batch_one_session_stages(
     pg_conn: psycopg.Connection, matrix_dsn: str, split_source: str, tmp_path: Path, plugin: str, two_phase: bool
@@ -123,6 +126,8 @@ def test_two_sessions_stage_the_batch_one_session_stages(
     slot = split_source if plugin == "test_decoding" else split_source + "_po"
     publication = PUBLICATION if plugin == "pgoutput" else None
     c.execute("select pg_create_logical_replication_slot(%s, %s, false, %s)", (slot, plugin, two_phase))
+    if plugin == "test_decoding" and two_phase:  # its upper half is decoded over the upper-half slot
+        SlotClient(c).create(str(upper_slot_name(slot)), plugin, two_phase=True)
     # An earlier batch leaves g0 prepared and pending.
     c.execute("insert into split_a select g, 'a' || g from generate_series(1, 50) g")
     _prepare(c, "g0", "insert into split_b values (100000, 0)")
@@ -177,23 +182,88 @@ def test_two_sessions_stage_the_batch_one_session_stages(
     if two_phase:
         assert outcome(one)["pending"] == ["g2"] and outcome(one)["committed"] == ["g0", "g1", "g3"]
         assert outcome(one)["rolled_back"] == ["g4"]
-        # the second session delivered g1's and g0's PREPAREs again; kept once
+    if plugin == "pgoutput":
+        # the copy, two-phase from the split on, delivered g1's and g0's PREPAREs again; kept once
+        # (the upper-half slot, two-phase since before the batch, delivers them as the slot would)
         assert both.skipped.get("second_session_repeats", 0) >= 1
     # the slot's copy went with the second session
     assert not c.execute("select count(*) from pg_replication_slots where temporary").fetchone()[0]
 
 
 @pytest.mark.postgres
-def test_a_two_phase_test_decoding_slot_is_decoded_in_one_session(
+def test_a_two_phase_test_decoding_slot_gets_an_upper_half_slot_that_follows_it(
     pg_conn: psycopg.Connection, split_source: str, tmp_path: Path
 ) -> None:
     c = pg_conn
-    c.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (split_source,))
+    slots = SlotClient(c)
+    slot, upper = split_source, str(upper_slot_name(split_source))
+    slots.create(slot, "test_decoding", two_phase=True)
+
+    def middle() -> Lsn:
+        return Lsn.parse(str(c.execute("select pg_current_wal_insert_lsn()").fetchone()[0]))
+
     c.execute("insert into split_a select g, 'x' from generate_series(1, 100) g")
-    middle = Lsn.parse(str(c.execute("select pg_current_wal_insert_lsn()").fetchone()[0]))
+    split = middle()
     c.execute("insert into split_a select g, 'y' from generate_series(101, 200) g")
-    manifest = extract_batch(c, split_source, tmp_path, split_at=middle)
+    first = extract_batch(c, slot, tmp_path / "first", split_at=split)
+    # No upper-half slot yet: one session, and the slot is made (beyond this batch) meanwhile.
+    assert first.decode_split is None and first.changes == 200
+    made = slots.describe(upper)
+    assert made.two_phase and made.plugin == "test_decoding" and not made.temporary
+    assert made.confirmed_flush_lsn is not None and made.confirmed_flush_lsn >= Lsn.parse(first.end_lsn)
+    # Not an idle slot of another pipeline: the health check leaves it out.
+    assert upper not in [info.slot_name for info in slots.idle_slots(0, besides=slot)]
+    slots.advance(slot, Lsn.parse(first.end_lsn))
+
+    _prepare(c, "u1", "update split_a set v = 'u1' where id <= 5")
+    c.execute("insert into split_a select g, 'z' from generate_series(201, 300) g")
+    split = middle()
+    c.execute("commit prepared 'u1'")
+    _prepare(c, "u2", "delete from split_a where id = 7")  # pending at the end
+    c.execute("insert into split_a select g, 'w' from generate_series(301, 400) g")
+    checkpoint = Checkpoint.from_manifest(first)
+    one = extract_batch(c, slot, tmp_path / "one", checkpoint=checkpoint, two_sessions=False)
+    both = extract_batch(c, slot, tmp_path / "both", checkpoint=checkpoint, split_at=split)
+    assert both.decode_split == str(split) and outcome(both) == outcome(one)
+    assert outcome(both)["pending"] == ["u2"] and outcome(both)["committed"] == ["u1"]
+
+    # The confirm moves the upper-half slot along (it retains no WAL the slot does not) ...
+    end = slots.advance(slot, Lsn.parse(both.end_lsn))
+    assert slots.describe(upper).confirmed_flush_lsn == end
+    # ... and dropping the slot drops it.
+    c.execute("rollback prepared 'u2'")
+    assert slots.drop(slot) and slots.find(upper) is None
+
+
+@pytest.mark.pg_matrix(since=18)
+def test_an_upper_half_slot_older_than_its_slot_is_made_anew(
+    pg_conn: psycopg.Connection, split_source: str, tmp_path: Path
+) -> None:
+    c = pg_conn
+    slots = SlotClient(c)
+    upper = str(upper_slot_name(split_source))
+    slots.create(upper, "test_decoding", two_phase=True)  # left from a slot of the same name, dropped by hand
+    c.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (split_source,))
+    older = slots.describe(upper).two_phase_at
+    c.execute("insert into split_a select g, 'x' from generate_series(1, 100) g")
+    split = Lsn.parse(str(c.execute("select pg_current_wal_insert_lsn()").fetchone()[0]))
+    c.execute("insert into split_a select g, 'y' from generate_series(101, 200) g")
+    manifest = extract_batch(c, split_source, tmp_path, split_at=split)
+    # PostgreSQL 18 shows where each is two-phase from: the older one is not used, but dropped and made again.
     assert manifest.decode_split is None and manifest.changes == 200
+    remade = slots.describe(upper).two_phase_at
+    assert older is not None and remade is not None and remade > older
+
+
+@pytest.mark.postgres
+def test_creating_a_slot_drops_an_upper_half_slot_left_from_an_earlier_one(
+    pg_conn: psycopg.Connection, split_source: str
+) -> None:
+    slots = SlotClient(pg_conn)
+    upper = str(upper_slot_name(split_source))
+    slots.create(upper, "test_decoding", two_phase=True)
+    slots.create(split_source, "test_decoding", two_phase=True)
+    assert slots.find(upper) is None and slots.find(split_source) is not None
 
 
 @pytest.mark.pg_matrix(since=15)

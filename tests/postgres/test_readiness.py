@@ -53,15 +53,19 @@ def test_a_ready_server_has_no_problems() -> None:
     assert "wal_level=logical" in described and "7 of 10 replication slots free" in described
     assert "9 of 10 WAL senders free" in described and "max_prepared_transactions=20" in described
     assert "protocol up to 3" in described and "PostgreSQL 15.18" in described
-    assert "two need one more free slot" not in described
+    assert "too few for large batches" not in described
 
 
-def test_one_free_slot_is_said_to_leave_large_batches_one_session() -> None:
-    last = replace(READY, replication_slots_used=9)
-    assert "two need one more free slot" in describe_readiness(last, plugin="pgoutput", two_phase=True)
-    assert "two need one more free slot" in describe_readiness(last, plugin="test_decoding", two_phase=False)
-    # A two-phase test_decoding slot decodes in one session whatever is free.
-    assert "two need one more free slot" not in describe_readiness(last, plugin="test_decoding", two_phase=True)
+def test_too_few_free_slots_are_said_to_leave_large_batches_in_one_session() -> None:
+    def said(used: int, plugin: str, two_phase: bool) -> bool:
+        facts = replace(READY, replication_slots_used=used)
+        return "too few for large batches" in describe_readiness(facts, plugin=plugin, two_phase=two_phase)
+
+    # The slot and a copy while a batch runs, or the slot and its upper-half slot, and one left free.
+    assert said(9, "pgoutput", True) and not said(8, "pgoutput", True)
+    assert said(9, "test_decoding", False) and not said(8, "test_decoding", False)
+    assert said(8, "test_decoding", True) and not said(7, "test_decoding", True)
+    assert "<slot>_upper" in describe_readiness(replace(READY, replication_slots_used=8), two_phase=True)
 
 
 @pytest.mark.parametrize(
