@@ -326,6 +326,9 @@ def _creating_upper(conn: Connection, client: SlotClient, slot_name: str) -> Ite
         created = pool.submit(create)
         try:
             yield
+        except BaseException:
+            state.abandon()  # the extract failed: no wait for the slot
+            raise
         finally:
             if not wait([created], timeout=UPPER_SLOT_WAIT_SECONDS).done:
                 state.abandon()

@@ -235,6 +235,33 @@ def test_a_two_phase_test_decoding_slot_gets_an_upper_half_slot_that_follows_it(
     assert slots.drop(slot) and slots.find(upper) is None
 
 
+@pytest.mark.postgres
+def test_an_upper_half_slot_that_waits_on_a_transaction_is_left_to_a_later_batch(
+    pg_conn: psycopg.Connection, matrix_dsn: str, split_source: str, tmp_path: Path
+) -> None:
+    c = pg_conn
+    slots = SlotClient(c)
+    upper = str(upper_slot_name(split_source))
+    slots.create(split_source, "test_decoding", two_phase=True)
+    c.execute("insert into split_a select g, 'x' from generate_series(1, 100) g")
+    split = Lsn.parse(str(c.execute("select pg_current_wal_insert_lsn()").fetchone()[0]))
+    c.execute("insert into split_a select g, 'y' from generate_series(101, 200) g")
+    with psycopg.connect(matrix_dsn, autocommit=True) as other:
+        other.execute("begin")  # running while the slot is made: its creation waits for it
+        other.execute("insert into split_b values (1, 1)")
+        manifest = extract_batch(c, split_source, tmp_path / "first", split_at=split)
+        # The batch is whole, in one session; the creation was cancelled, nothing left half-made.
+        assert manifest.decode_split is None and manifest.changes == 200
+        assert slots.find(upper) is None
+        assert not c.execute(
+            "select count(*) from pg_stat_activity where query like '%%pg_create_logical_replication_slot%%'"
+            " and state = 'active' and pid <> pg_backend_pid()"
+        ).fetchone()[0]
+        other.execute("commit")
+    extract_batch(c, split_source, tmp_path / "again", split_at=split)
+    assert slots.find(upper) is not None  # the next large batch made it
+
+
 @pytest.mark.pg_matrix(since=18)
 def test_an_upper_half_slot_older_than_its_slot_is_made_anew(
     pg_conn: psycopg.Connection, split_source: str, tmp_path: Path
