@@ -115,15 +115,7 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
             self._check_state(info)
             heartbeat_lsn = self._maybe_heartbeat(hook, info) if self.heartbeat else None
             idle = hook.idle_slots(self.max_lag_bytes, besides=name) if self.max_lag_bytes is not None else []
-        lag = info.lag_bytes or 0
-        if self.max_lag_bytes is not None and lag > self.max_lag_bytes:
-            raise AirflowException(
-                f"replication slot {name!r} lags the server's WAL by {_size(lag)} (confirmed at "
-                f"{info.confirmed_flush_lsn}, server at {info.current_lsn}), more than max_lag_bytes "
-                f"{_size(self.max_lag_bytes)}; the server retains that WAL for it. Run the pipeline (extract, "
-                "merge, confirm) to advance the slot, check that its DAG is not paused or failing, or drop the "
-                "slot if nothing reads it any more"
-            )
+        # Said before this slot's own lag may fail the check: both hold WAL back.
         for other in idle:
             self.log.warning(
                 "replication slot %r (database %s, plugin %s) is not in use and holds back %s of WAL on this server, "
@@ -135,6 +127,15 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
                 _size(other.lag_bytes),
                 _size(self.max_lag_bytes),
                 other.slot_name,
+            )
+        lag = info.lag_bytes or 0
+        if self.max_lag_bytes is not None and lag > self.max_lag_bytes:
+            raise AirflowException(
+                f"replication slot {name!r} lags the server's WAL by {_size(lag)} (confirmed at "
+                f"{info.confirmed_flush_lsn}, server at {info.current_lsn}), more than max_lag_bytes "
+                f"{_size(self.max_lag_bytes)}; the server retains that WAL for it. Run the pipeline (extract, "
+                "merge, confirm) to advance the slot, check that its DAG is not paused or failing, or drop the "
+                "slot if nothing reads it any more"
             )
         self.log.info(
             "Slot %s is healthy: plugin %s, wal_status %s, confirmed %s, lag %s, safe_wal_size %s%s",

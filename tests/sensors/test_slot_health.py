@@ -114,6 +114,11 @@ def test_an_idle_slot_left_behind_is_named_while_the_check_passes(
             assert left_behind not in quiet.poke({}).xcom_value["idle_slots"]
             assert PgDecodeSlotHealthSensor(task_id="h", slot_name=slot_name).poke({}).xcom_value["idle_slots"] == []
             assert left_behind not in "".join(capfd.readouterr())
+            # When the checked slot fails its own lag check, the other is named all the same.
+            busy_elsewhere(pg_cluster)
+            with pytest.raises(AirflowException, match=f"replication slot '{slot_name}' lags"):
+                PgDecodeSlotHealthSensor(task_id="h", slot_name=slot_name, max_lag_bytes=0).poke({})
+            assert f"SELECT pg_drop_replication_slot('{left_behind}')" in "".join(capfd.readouterr())
         finally:
             hook.drop_slot(left_behind)
 
