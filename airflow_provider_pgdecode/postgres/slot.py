@@ -398,7 +398,7 @@ class SlotClient:
             if row is None or int(row[0]) == 0:
                 reason = prepared_transactions_off(0 if row is None else int(row[0]))
                 raise ServerNotReadyError(f"cannot create {kind} {name!r} in {self._where()}: {reason}")
-        if not temporary:
+        if not temporary and self._describe(name) is None:  # one left from an earlier slot of that name
             self.drop_upper(name)
         query: str
         params: tuple[Any, ...]
