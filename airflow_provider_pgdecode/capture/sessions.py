@@ -211,12 +211,13 @@ def second_session(
     client = SlotClient(conn)
     upper_name = None
     if upper:
-        upper_name, begin = _upper_slot(client, slot_name, split, upto)
+        main = client.describe(slot_name)
+        upper_name, begin = _upper_slot(client, main, split, upto)
         if upper_name is None:
             yield None
             return
         if begin is None:
-            with _creating_upper(conn, client, slot_name):
+            with _creating_upper(conn, client, main):
                 yield None
             return
         split = begin
@@ -258,18 +259,17 @@ def second_session(
             state.other.close()
 
 
-def _upper_slot(client: SlotClient, slot_name: str, split: Lsn, upto: Lsn) -> tuple[str | None, Lsn | None]:
-    """``slot_name``'s upper-half slot and where the second half begins over it: ``split``, or
+def _upper_slot(client: SlotClient, main: SlotInfo, split: Lsn, upto: Lsn) -> tuple[str | None, Lsn | None]:
+    """The upper-half slot of slot ``main`` and where the second half begins over it: ``split``, or
     later where that slot already stands; ``(name, None)`` when it is to be created; ``(None,
     None)`` (logged) when it cannot serve this batch."""
-    name = upper_slot_name(slot_name)
+    name = upper_slot_name(main.slot_name)
     if name is None:
-        log.info("Decoding in one session: slot name %s leaves no room for an upper-half slot", slot_name)
+        log.info("Decoding in one session: slot name %s leaves no room for an upper-half slot", main.slot_name)
         return None, None
     info = client.find(name)
     if info is None:
         return name, None
-    main = client.describe(slot_name)
     if (info.slot_type, info.database, info.plugin, info.two_phase) != ("logical", main.database, main.plugin, True):
         log.info("Decoding in one session: slot %s is not a two-phase %s slot of %s", name, main.plugin, main.database)
         return None, None
@@ -298,12 +298,12 @@ def _stale_upper(upper: SlotInfo, main: SlotInfo) -> str | None:
 
 
 @contextmanager
-def _creating_upper(conn: Connection, client: SlotClient, slot_name: str) -> Iterator[None]:
-    """Create ``slot_name``'s upper-half slot on a second connection while the block runs (the
+def _creating_upper(conn: Connection, client: SlotClient, main: SlotInfo) -> Iterator[None]:
+    """Create the upper-half slot of slot ``main`` on a second connection while the block runs (the
     extract, in one session). Creating a slot waits until the transactions running then have
     ended (prepared ones included); if that outlasts the block by :data:`UPPER_SLOT_WAIT_SECONDS`,
     the creation is cancelled and tried again by the next large batch."""
-    name = upper_slot_name(slot_name)
+    name = upper_slot_name(main.slot_name)
     assert name is not None
     if client.free_slots() < 2:
         log.info(
@@ -312,7 +312,6 @@ def _creating_upper(conn: Connection, client: SlotClient, slot_name: str) -> Ite
         )
         yield
         return
-    main = client.describe(slot_name)
     state = _Second()
     conninfo = conninfo_like(conn)
 
@@ -337,7 +336,7 @@ def _creating_upper(conn: Connection, client: SlotClient, slot_name: str) -> Ite
             except Exception as exc:
                 log.info("Slot %s was not created (tried again by the next large batch): %s", name, exc)
             else:
-                log.info("Created slot %s beside %s", name, slot_name)
+                log.info("Created slot %s beside %s", name, main.slot_name)
             if state.other is not None:
                 state.other.close()
 

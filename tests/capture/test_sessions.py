@@ -84,6 +84,22 @@ def outcome(manifest: BatchManifest) -> dict[str, Any]:
     }
 
 
+def _insert_lsn(c: psycopg.Connection) -> Lsn:
+    return Lsn.parse(str(c.execute("select pg_current_wal_insert_lsn()").fetchone()[0]))
+
+
+def _two_halves(c: psycopg.Connection, rows: int = 400, per: int = 50) -> Lsn:
+    """Transactions of ``per`` inserts into split_a, ``rows`` in all, and an LSN between the halves."""
+    split = Lsn(0)
+    for start in range(0, rows, per):
+        c.execute(
+            "insert into split_a select g, 'v' from generate_series(%s::int, %s::int) g", (start + 1, start + per)
+        )
+        if start + per == rows // 2:
+            split = _insert_lsn(c)
+    return split
+
+
 def streaming_dsn(dsn: str) -> str:
     """The DSN with a tiny logical_decoding_work_mem: large transactions are streamed (pgoutput)
     or spilled; the second session's connection, made like the first, has it too."""
@@ -144,7 +160,7 @@ def test_two_sessions_stage_the_batch_one_session_stages(
         other.execute("begin")  # a large transaction in progress at the split (streamed by pgoutput)
         other.execute("insert into split_b select g, g from generate_series(1, 3000) g")
         c.execute("insert into split_a values (100, 'committed below')")
-        split = Lsn.parse(str(c.execute("select pg_current_wal_insert_lsn()").fetchone()[0]))
+        split = _insert_lsn(c)
         c.execute("insert into split_a values (101, 'committed above')")
         other.execute("update split_b set n = -n where id <= 1500")
         other.execute("commit")
@@ -198,13 +214,7 @@ def test_a_two_phase_test_decoding_slot_gets_an_upper_half_slot_that_follows_it(
     slots = SlotClient(c)
     slot, upper = split_source, str(upper_slot_name(split_source))
     slots.create(slot, "test_decoding", two_phase=True)
-
-    def middle() -> Lsn:
-        return Lsn.parse(str(c.execute("select pg_current_wal_insert_lsn()").fetchone()[0]))
-
-    c.execute("insert into split_a select g, 'x' from generate_series(1, 100) g")
-    split = middle()
-    c.execute("insert into split_a select g, 'y' from generate_series(101, 200) g")
+    split = _two_halves(c, 200, 100)
     first = extract_batch(c, slot, tmp_path / "first", split_at=split)
     # No upper-half slot yet: one session, and the slot is made (beyond this batch) meanwhile.
     assert first.decode_split is None and first.changes == 200
@@ -217,7 +227,7 @@ def test_a_two_phase_test_decoding_slot_gets_an_upper_half_slot_that_follows_it(
 
     _prepare(c, "u1", "update split_a set v = 'u1' where id <= 5")
     c.execute("insert into split_a select g, 'z' from generate_series(201, 300) g")
-    split = middle()
+    split = _insert_lsn(c)
     c.execute("commit prepared 'u1'")
     _prepare(c, "u2", "delete from split_a where id = 7")  # pending at the end
     c.execute("insert into split_a select g, 'w' from generate_series(301, 400) g")
@@ -243,9 +253,7 @@ def test_an_upper_half_slot_that_waits_on_a_transaction_is_left_to_a_later_batch
     slots = SlotClient(c)
     upper = str(upper_slot_name(split_source))
     slots.create(split_source, "test_decoding", two_phase=True)
-    c.execute("insert into split_a select g, 'x' from generate_series(1, 100) g")
-    split = Lsn.parse(str(c.execute("select pg_current_wal_insert_lsn()").fetchone()[0]))
-    c.execute("insert into split_a select g, 'y' from generate_series(101, 200) g")
+    split = _two_halves(c, 200, 100)
     with psycopg.connect(matrix_dsn, autocommit=True) as other:
         other.execute("begin")  # running while the slot is made: its creation waits for it
         other.execute("insert into split_b values (1, 1)")
@@ -272,9 +280,7 @@ def test_an_upper_half_slot_older_than_its_slot_is_made_anew(
     slots.create(upper, "test_decoding", two_phase=True)  # left from a slot of the same name, dropped by hand
     c.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (split_source,))
     older = slots.describe(upper).two_phase_at
-    c.execute("insert into split_a select g, 'x' from generate_series(1, 100) g")
-    split = Lsn.parse(str(c.execute("select pg_current_wal_insert_lsn()").fetchone()[0]))
-    c.execute("insert into split_a select g, 'y' from generate_series(101, 200) g")
+    split = _two_halves(c, 200, 100)
     manifest = extract_batch(c, split_source, tmp_path, split_at=split)
     # PostgreSQL 18 shows where each is two-phase from: the older one is not used, but dropped and made again.
     assert manifest.decode_split is None and manifest.changes == 200
@@ -301,12 +307,7 @@ def test_bounds_cut_a_two_session_batch_where_they_cut_one_session(
     c = pg_conn
     slot = split_source + "_po"
     c.execute("select pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot,))
-    for start in range(0, 1600, 100):
-        c.execute(
-            "insert into split_a select g, 'v' from generate_series(%s::int, %s::int) g", (start + 1, start + 100)
-        )
-        if start == 700:
-            split = Lsn.parse(str(c.execute("select pg_current_wal_insert_lsn()").fetchone()[0]))
+    split = _two_halves(c, 1600, 100)
     batches = {}
     for two in (False, True):
         batches[two] = extract_batch(
@@ -325,16 +326,6 @@ def test_bounds_cut_a_two_session_batch_where_they_cut_one_session(
     # a cut below the split leaves the second session unread (and cancelled); above, it is read
     assert both.decode_split == (None if max_changes < 800 else str(split))
     assert not c.execute("select count(*) from pg_replication_slots where temporary").fetchone()[0]
-
-
-def _two_halves(c: psycopg.Connection, rows: int = 400) -> Lsn:
-    """Transactions of 50 inserts into split_a, and an LSN between the halves."""
-    split = Lsn(0)
-    for start in range(0, rows, 50):
-        c.execute("insert into split_a select g, 'v' from generate_series(%s::int, %s::int) g", (start + 1, start + 50))
-        if start + 50 == rows // 2:
-            split = Lsn.parse(str(c.execute("select pg_current_wal_insert_lsn()").fetchone()[0]))
-    return split
 
 
 @pytest.mark.postgres
