@@ -214,3 +214,73 @@ def test_a_reader_in_a_cycle_with_its_callback_is_freed() -> None:
     del r, relation, marker, holder
     gc.collect()
     assert freed() is None
+
+
+def many_inserts(txns: int, per: int, first_xid: int = 10, lsn: int = 1000) -> list[tuple[int, int | None, bytes]]:
+    """``txns`` transactions of ``per`` INSERTs each into public.t (ids from 0, text values of 20+ bytes)."""
+    rows: list[tuple[int, int | None, bytes]] = []
+    for t in range(txns):
+        xid = first_xid + t
+        rows.append((lsn, xid, b"BEGIN %d" % xid))
+        for i in range(per):
+            lsn += 1
+            n = t * per + i
+            rows.append((lsn, xid, b"table public.t: INSERT: id[integer]:%d v[text]:'value number %08d'" % (n, n)))
+        lsn += 1
+        rows.append((lsn, xid, b"COMMIT %d" % xid))
+        lsn += 1
+    return rows
+
+
+def _column(b: dict[str, Any], i: int) -> list[bytes]:
+    valid, nulls, offsets, data = b["values"][i]
+    offs = struct.unpack(f"<{b['n'] + 1}i", bytes(memoryview(offsets)))
+    raw = bytes(memoryview(data))
+    return [raw[offs[j] : offs[j + 1]] for j in range(b["n"])]
+
+
+def test_large_parts_are_handed_over_without_a_copy_and_their_buffers_reused() -> None:
+    """Parts of more than 64 KiB per buffer leave the reader as read-only buffer objects (no copy);
+    once released, their memory serves the next part. What stays buffered is kept intact either
+    way, while a taken part is still held and after it is gone."""
+    r = reader(part_rows=1_000_000, memory_items=100_000)
+    rows = many_inserts(10, 1000)
+    drain(r, copy_data(rows), 65536)
+    tid = r.table_id("public", "t")
+    assert r.pending(tid) == 10_000
+    first = r.take(tid, 6000)
+    assert not isinstance(first["values"][1][3], bytes)  # handed over, not copied
+    with pytest.raises(TypeError):
+        memoryview(first["values"][1][3])[0] = 0  # read-only
+    assert _column(first, 1) == [b"value number %08d" % n for n in range(6000)]
+    assert struct.unpack("<6000q", bytes(memoryview(first["commit_lsn"])))[5999] == rows[6 * 1002 - 1][0]
+    second = r.take(tid, 4000)  # while the first part is still held
+    assert _column(second, 0) == [b"%d" % n for n in range(6000, 10_000)]
+    assert _column(first, 1)[-1] == b"value number 00005999"  # untouched by the second take
+    del first, second  # their buffers become spares
+    more = reader_rows_after(r, many_inserts(3, 1000, first_xid=100))
+    assert more == 3000
+    third = r.take(tid, 3000)
+    assert _column(third, 1) == [b"value number %08d" % n for n in range(3000)]
+    assert r.pending(tid) == 0
+
+
+def reader_rows_after(r: Any, rows: list[tuple[int, int | None, bytes]]) -> int:
+    """Feed another COPY to reader ``r`` (after the one it ended) and return its buffered rows of public.t."""
+    r.next_copy(None)
+    drain(r, copy_data(rows), 65536)
+    return int(r.pending(r.table_id("public", "t")))
+
+
+@pytest.mark.parametrize("size", [1, 7, 64, 4096])
+def test_a_transaction_handed_over_late_keeps_its_rows_across_blocks(size: int) -> None:
+    """The open transaction's rows stay in the input buffer until its COMMIT (a handover gives them
+    as read): fed in small blocks, the input is compacted many times meanwhile."""
+    inserts = many_inserts(1, 300, lsn=2000)[:-1]  # BEGIN and 300 INSERTs
+    unusual = (5000, 10, b"table public.t: TRUNCATE: (no-flags)")
+    rows = many_inserts(2, 5, first_xid=1) + inserts + [unusual, (5001, 10, b"COMMIT 10")]
+    r = reader()
+    results = drain(r, copy_data(rows), size)
+    handed = [res for res in results if res[0] == "rows"]
+    assert handed[0][1] == inserts + [unusual]
+    assert r.pending(r.table_id("public", "t")) == 10  # the two fast transactions before it

@@ -75,24 +75,122 @@ static PyObject *bitmap(const uint8_t *valid, Py_ssize_t n, Py_ssize_t *nulls) {
     return out;
 }
 
+/* ---------------------------------------------------------------- handing buffers over */
+
+/* A part's buffer handed to Python without a copy: read-only, the buffer protocol (pyarrow wraps
+ * it as is). When Python lets it go, its memory becomes a spare of the reader that made it, for a
+ * later part: copying each part out of the buffers (and touching fresh pages for the copy) was a
+ * tenth of the reader's CPU. */
+typedef struct {
+    PyObject_HEAD
+    char *p;
+    Py_ssize_t len, cap;
+    Reader *owner; /* strong: its spares outlive the block */
+} Block;
+
+static int Block_getbuffer(Block *b, Py_buffer *view, int flags) {
+    return PyBuffer_FillInfo(view, (PyObject *)b, b->p, b->len, 1, flags);
+}
+
+static void Block_dealloc(Block *b) {
+    Reader *r = b->owner;
+    if (r && r->nspares < SPARES_MAX && r->spare_bytes + b->cap <= SPARE_BYTES_MAX) {
+        r->spares[r->nspares].p = b->p;
+        r->spares[r->nspares].cap = b->cap;
+        r->nspares++;
+        r->spare_bytes += b->cap;
+    } else {
+        PyMem_Free(b->p);
+    }
+    Py_XDECREF((PyObject *)r);
+    PyObject_Free(b);
+}
+
+static PyBufferProcs Block_as_buffer = {(getbufferproc)Block_getbuffer, NULL};
+
+static PyTypeObject BlockType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "airflow_provider_pgdecode.capture._native.Block",
+    .tp_basicsize = sizeof(Block),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)Block_dealloc,
+    .tp_as_buffer = &Block_as_buffer,
+    .tp_doc = "a part's buffer taken from the reader (read-only; the buffer protocol)",
+};
+
+int block_type_ready(void) { return PyType_Ready(&BlockType); }
+
+void spares_free(Reader *r) {
+    for (int i = 0; i < r->nspares; i++) PyMem_Free(r->spares[i].p);
+    r->nspares = 0;
+    r->spare_bytes = 0;
+}
+
+/* The smallest spare of at least `cap` bytes (removed from the spares), or a new buffer. */
+static char *spare_or_new(Reader *r, Py_ssize_t cap, Py_ssize_t *got) {
+    int best = -1;
+    for (int i = 0; i < r->nspares; i++)
+        if (r->spares[i].cap >= cap && (best < 0 || r->spares[i].cap < r->spares[best].cap)) best = i;
+    if (best >= 0) {
+        char *p = r->spares[best].p;
+        *got = r->spares[best].cap;
+        r->spare_bytes -= *got;
+        r->spares[best] = r->spares[--r->nspares];
+        return p;
+    }
+    char *p = PyMem_Malloc(cap);
+    if (!p) { PyErr_NoMemory(); return NULL; }
+    *got = cap;
+    return p;
+}
+
+/* Below this many bytes a part's buffer is copied out (bytes), above it handed over (a Block). */
+#define HAND_OVER_MIN ((Py_ssize_t)64 << 10)
+
+/* The first `bytes` bytes of b for Python; b keeps its bytes from `keep` on (keep <= bytes). Large
+ * ones go without a copy: b's memory becomes the Block and b continues in a buffer of the same
+ * capacity (a spare when there is one) holding the kept bytes, usually few (the open
+ * transaction's rows). */
+static PyObject *hand_over(Reader *r, Buf *b, Py_ssize_t bytes, Py_ssize_t keep) {
+    if (bytes < HAND_OVER_MIN) {
+        PyObject *out = PyBytes_FromStringAndSize(b->p, bytes);
+        if (out) buf_shift(b, keep);
+        return out;
+    }
+    Py_ssize_t rest = b->len - keep, cap;
+    char *fresh = spare_or_new(r, b->cap, &cap);
+    if (!fresh) return NULL;
+    Block *blk = PyObject_New(Block, &BlockType);
+    if (!blk) {
+        PyMem_Free(fresh);
+        return NULL;
+    }
+    if (rest > 0) memcpy(fresh, b->p + keep, rest);
+    blk->p = b->p;
+    blk->len = bytes;
+    blk->cap = b->cap;
+    Py_INCREF((PyObject *)r);
+    blk->owner = r;
+    b->p = fresh;
+    b->cap = cap;
+    b->len = rest;
+    return (PyObject *)blk;
+}
+
 /* (validity bitmap, null count, offsets, data) of the first k rows; removes them. */
-static PyObject *tc_take(TextCol *c, Py_ssize_t k) {
+static PyObject *tc_take(Reader *r, TextCol *c, Py_ssize_t k) {
     Py_ssize_t nulls = 0;
     PyObject *valid = bitmap((uint8_t *)c->valid.p, k, &nulls);
     if (!valid) return NULL;
-    int32_t *offs = (int32_t *)c->offs.p;
-    int32_t cut = offs[k];
-    PyObject *o = PyBytes_FromStringAndSize(c->offs.p, (k + 1) * 4);
-    PyObject *d = PyBytes_FromStringAndSize(c->data.p, cut);
+    int32_t cut = ((int32_t *)c->offs.p)[k];
+    Py_ssize_t rest = c->n - k;
+    PyObject *o = hand_over(r, &c->offs, (k + 1) * 4, k * 4);
+    PyObject *d = o ? hand_over(r, &c->data, cut, cut) : NULL;
     if (!o || !d) { Py_XDECREF(o); Py_XDECREF(d); Py_DECREF(valid); return NULL; }
     PyObject *res = Py_BuildValue("(NnNN)", valid, nulls, o, d);
     if (!res) return NULL;
-    /* compact the rest */
-    Py_ssize_t rest = c->n - k;
-    memmove(offs, offs + k, (rest + 1) * 4);
+    /* the rest's offsets start at 0 */
+    int32_t *offs = (int32_t *)c->offs.p;
     for (Py_ssize_t i = 0; i <= rest; i++) offs[i] -= cut;
-    c->offs.len = (rest + 1) * 4;
-    buf_shift(&c->data, cut);
     buf_shift(&c->valid, k);
     c->n = rest;
     return res;
@@ -228,10 +326,8 @@ void table_free(Table *t) {
 
 /* ---------------------------------------------------------------- taking parts */
 
-static PyObject *fixed_take(Buf *b, Py_ssize_t k, Py_ssize_t width) {
-    PyObject *out = PyBytes_FromStringAndSize(b->p, k * width);
-    if (out) buf_shift(b, k * width);
-    return out;
+static PyObject *fixed_take(Reader *r, Buf *b, Py_ssize_t k, Py_ssize_t width) {
+    return hand_over(r, b, k * width, k * width);
 }
 
 static PyObject *valid_take(Buf *b, Py_ssize_t k) {
@@ -253,8 +349,8 @@ PyObject *Reader_take(Reader *r, PyObject *args) {
     if (!d) return NULL;
 #define SET(key, expr) do { PyObject *_v = (expr); if (!_v || PyDict_SetItemString(d, key, _v) < 0) { Py_XDECREF(_v); Py_DECREF(d); return NULL; } Py_DECREF(_v); } while (0)
     SET("n", PyLong_FromSsize_t(k));
-    SET("commit_lsn", fixed_take(&t->commit_lsn, k, 8));
-    SET("seq", fixed_take(&t->seq, k, 4));
+    SET("commit_lsn", fixed_take(r, &t->commit_lsn, k, 8));
+    SET("seq", fixed_take(r, &t->seq, k, 4));
     {
         PyObject *offs = PyBytes_FromStringAndSize(NULL, (k + 1) * 4);
         if (!offs) { Py_DECREF(d); return NULL; }
@@ -262,30 +358,30 @@ PyObject *Reader_take(Reader *r, PyObject *args) {
         for (Py_ssize_t i = 0; i <= k; i++) o[i] = (int32_t)i;
         SET("op_offsets", offs);
     }
-    SET("op", fixed_take(&t->op, k, 1));
+    SET("op", fixed_take(r, &t->op, k, 1));
     SET("xid_valid", valid_take(&t->xid_valid, k));
-    SET("xid", fixed_take(&t->xid, k, 8));
+    SET("xid", fixed_take(r, &t->xid, k, 8));
     SET("ctime_valid", valid_take(&t->ctime_valid, k));
-    SET("ctime", fixed_take(&t->ctime, k, 8));
-    SET("change_lsn", fixed_take(&t->change_lsn, k, 8));
-    SET("has_old", fixed_take(&t->has_old, k, 1));
+    SET("ctime", fixed_take(r, &t->ctime, k, 8));
+    SET("change_lsn", fixed_take(r, &t->change_lsn, k, 8));
+    SET("has_old", fixed_take(r, &t->has_old, k, 1));
     {
         int32_t *toffs = (int32_t *)t->toast_offs.p;
         Py_ssize_t child = toffs[k];
-        SET("toast_offsets", PyBytes_FromStringAndSize(t->toast_offs.p, (k + 1) * 4));
         Py_ssize_t rest = t->toast_offs.len / 4 - 1 - k;
-        memmove(toffs, toffs + k, (rest + 1) * 4);
+        SET("toast_offsets", hand_over(r, &t->toast_offs, (k + 1) * 4, k * 4));
+        toffs = (int32_t *)t->toast_offs.p;
         for (Py_ssize_t i = 0; i <= rest; i++) toffs[i] -= (int32_t)child;
         t->toast_offs.len = (rest + 1) * 4;
         SET("toast_valid", valid_take(&t->toast_valid, k));
         SET("toast_n", PyLong_FromSsize_t(child));
-        SET("toast_names", tc_take(&t->toast_names, child));
+        SET("toast_names", tc_take(r, &t->toast_names, child));
     }
     {
         PyObject *vals = PyList_New(t->ncols);
         if (!vals) { Py_DECREF(d); return NULL; }
         for (Py_ssize_t i = 0; i < t->ncols; i++) {
-            PyObject *c = tc_take(&t->cols[i], k);
+            PyObject *c = tc_take(r, &t->cols[i], k);
             if (!c) { Py_DECREF(vals); Py_DECREF(d); return NULL; }
             PyList_SET_ITEM(vals, i, c);
         }
@@ -299,7 +395,7 @@ PyObject *Reader_take(Reader *r, PyObject *args) {
             int any = 0;
             for (Py_ssize_t row = 0; row < k && !any; row++) any = f->present.p[row];
             buf_shift(&f->present, k);
-            PyObject *c = tc_take(&f->col, k);
+            PyObject *c = tc_take(r, &f->col, k);
             if (!c) { Py_DECREF(olds); Py_DECREF(d); return NULL; }
             if (!any) { Py_DECREF(c); continue; }
             PyObject *item = Py_BuildValue("(OON)", f->name, f->type, c);

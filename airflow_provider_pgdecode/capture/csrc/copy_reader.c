@@ -22,8 +22,50 @@ static PyObject *copy_error(const char *what) {
     return NULL;
 }
 
+/* Drop the input read, but the open transaction's rows (a handover gives them to Python): they
+ * stay where the COPY put them instead of being copied aside row by row. */
 void compact_input(Reader *r) {
-    if (r->pos > 0) { buf_shift(&r->in, r->pos); r->pos = 0; }
+    Py_ssize_t drop = r->raw_rows ? r->raw_from : r->pos;
+    if (drop > 0) {
+        buf_shift(&r->in, drop);
+        r->pos -= drop;
+        r->raw_from -= r->raw_rows ? drop : 0;
+    }
+}
+
+/* One row of the COPY (lsn, xid, data) at b, after its field count: its size from b; 0 when
+ * `avail` bytes do not hold it whole; -1 (error set) when malformed. */
+Py_ssize_t copy_row(const char *b, Py_ssize_t avail, int64_t *lsn, int64_t *xid, int *xid_null, const char **data,
+                    Py_ssize_t *len) {
+    /* lsn (pg_lsn or int8: 8 bytes), xid (xid: 4 bytes, or int8; NULL), data (bytea) */
+    Py_ssize_t p = 2;
+    if (avail < p + 4) return 0;
+    if ((int32_t)be32(b + p) != 8) { copy_error("lsn is not 8 bytes"); return -1; }
+    if (avail < p + 12) return 0;
+    *lsn = be64(b + p + 4);
+    p += 12;
+    if (avail < p + 4) return 0;
+    int32_t xl = (int32_t)be32(b + p);
+    *xid = 0;
+    *xid_null = 1;
+    if (xl == 4 || xl == 8) {
+        if (avail < p + 4 + xl) return 0;
+        *xid = xl == 4 ? (int64_t)be32(b + p + 4) : be64(b + p + 4);
+        *xid_null = *xid == 0; /* the Python path reads 0 as None too */
+        p += 4 + xl;
+    } else if (xl == -1) {
+        p += 4;
+    } else {
+        copy_error("xid is neither 4 nor 8 bytes");
+        return -1;
+    }
+    if (avail < p + 4) return 0;
+    int32_t dl = (int32_t)be32(b + p);
+    if (dl < 0) { copy_error("data is NULL"); return -1; }
+    if (avail < p + 4 + dl) return 0;
+    *data = b + p + 4;
+    *len = dl;
+    return p + 4 + dl;
 }
 
 #define NEED_INPUT do { compact_input(r); *need = 1; return NULL; } while (0)
@@ -60,33 +102,15 @@ static PyObject *parse_some(Reader *r, int *need) {
             return Py_BuildValue("(sN)", "end", PyList_New(0));
         }
         if (nf != 3) return copy_error("expected 3 columns per row");
-        /* lsn (pg_lsn or int8: 8 bytes), xid (xid: 4 bytes, or int8; NULL), data (bytea) */
-        Py_ssize_t p = 2;
-        if (avail < p + 4) NEED_INPUT;
-        if ((int32_t)be32(b + p) != 8) return copy_error("lsn is not 8 bytes");
-        if (avail < p + 12) NEED_INPUT;
-        int64_t lsn = be64(b + p + 4);
-        p += 12;
-        if (avail < p + 4) NEED_INPUT;
-        int32_t xl = (int32_t)be32(b + p);
-        int64_t xid = 0;
-        int xid_null = 1;
-        if (xl == 4 || xl == 8) {
-            if (avail < p + 4 + xl) NEED_INPUT;
-            xid = xl == 4 ? (int64_t)be32(b + p + 4) : be64(b + p + 4);
-            xid_null = xid == 0; /* the Python path reads 0 as None too */
-            p += 4 + xl;
-        } else if (xl == -1) {
-            p += 4;
-        } else {
-            return copy_error("xid is neither 4 nor 8 bytes");
-        }
-        if (avail < p + 4) NEED_INPUT;
-        int32_t dl = (int32_t)be32(b + p);
-        if (dl < 0) return copy_error("data is NULL");
-        if (avail < p + 4 + dl) NEED_INPUT;
-        const char *data = b + p + 4;
-        r->pos += p + 4 + dl;
+        int64_t lsn, xid;
+        int xid_null;
+        const char *data;
+        Py_ssize_t dl;
+        Py_ssize_t size = copy_row(b, avail, &lsn, &xid, &xid_null, &data, &dl);
+        if (size < 0) return NULL;
+        if (size == 0) NEED_INPUT;
+        Py_ssize_t row_at = r->pos;
+        r->pos += size;
         r->rows_read++;
         if (r->stopped) continue;
         if (r->passthrough) {
@@ -105,7 +129,7 @@ static PyObject *parse_some(Reader *r, int *need) {
             if (!row) return NULL;
             return Py_BuildValue("(s[N])", "rows", row);
         }
-        if (r->open && raw_put(r, lsn, xid_null ? INT64_MIN : xid, xid_null, data, dl) < 0) return NULL;
+        if (r->open && r->raw_rows++ == 0) r->raw_from = row_at;
         if (out) return out;
     }
 }

@@ -14,7 +14,7 @@
  *                once the trailer was read or libpq ended the COPY.
  * Only plain committed transactions of INSERT/UPDATE/DELETE are handled here. Any other row,
  * and any row this scanner cannot read, is handed to Python together with the raw rows of the
- * transaction it belongs to (the scanner keeps a copy of them); the reader then passes every
+ * transaction it belongs to (kept as read in the input buffer until its COMMIT); the reader then passes every
  * row through until Python calls resume(). Python parses such rows with the pure-Python parsers,
  * so errors and rare cases behave exactly as on the Python path.
  *
@@ -352,9 +352,10 @@ static void Reader_dealloc(Reader *r) {
     for (Py_ssize_t i = 0; i < r->nrels; i++) relation_free(&r->rels[i]);
     PyMem_Free(r->rels);
     Py_XDECREF(r->include_cb); Py_XDECREF(r->relation_cb); Py_XDECREF(r->toast_marker); Py_XDECREF(r->table_ids);
-    buf_free(&r->in); buf_free(&r->txn_tables); buf_free(&r->txn_tids); buf_free(&r->raw); buf_free(&r->scratch);
+    buf_free(&r->in); buf_free(&r->txn_tables); buf_free(&r->txn_tids); buf_free(&r->scratch);
     PyMem_Free(r->cols);
     for (int i = 0; i < 8; i++) buf_free(&r->head_cache[i]);
+    spares_free(r);
     Py_TYPE(r)->tp_free((PyObject *)r);
 }
 
@@ -408,7 +409,7 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_native", "pgdecode native fast path", -1, module_methods};
 
 PyMODINIT_FUNC PyInit__native(void) {
-    if (PyType_Ready(&ReaderType) < 0) return NULL;
+    if (PyType_Ready(&ReaderType) < 0 || block_type_ready() < 0) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
     Py_INCREF(&ReaderType);

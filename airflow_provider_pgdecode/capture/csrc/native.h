@@ -140,6 +140,15 @@ typedef struct {
 enum { P_TEST_DECODING = 0, P_PGOUTPUT = 1 };
 enum { OK = 0, UNUSUAL = 1, FAIL = -1 };
 
+/* Large buffers handed to Python by take() come back here once Python is done with them. */
+#define SPARES_MAX 64
+#define SPARE_BYTES_MAX ((Py_ssize_t)256 << 20)
+
+typedef struct {
+    char *p;
+    Py_ssize_t cap;
+} Spare;
+
 typedef struct {
     PyObject_HEAD
     int plugin;
@@ -162,7 +171,9 @@ typedef struct {
     Py_ssize_t txn_items, txn_skipped;
     Buf txn_tables; /* Py_ssize_t per touched table */
     Buf txn_tids;   /* int32 table id per included row */
-    Buf raw; Py_ssize_t raw_rows;
+    /* the open transaction's rows as read (for a handover): raw_rows COPY rows from offset raw_from
+     * of `in`, which keeps them (compact_input drops only what lies before) */
+    Py_ssize_t raw_from, raw_rows;
     /* test_decoding: raw "schema.table" texts of recent lines -> table id */
     Buf head_cache[8]; Py_ssize_t head_tid[8]; int head_next;
     /* scratch */
@@ -176,6 +187,8 @@ typedef struct {
     int64_t max_commit_lsn; int has_max_commit;
     long long py_changes; int py_holds;
     int stopped; /* the batch was cut: the rest of the COPY is read and dropped */
+    /* buffers of parts written and released, for the next parts (see hand_over in buffers.c) */
+    Spare spares[SPARES_MAX]; int nspares; Py_ssize_t spare_bytes;
 } Reader;
 
 /* ---------------------------------------------------------------- per-row helpers (static inline) */
@@ -266,11 +279,12 @@ int set_layout(Table *t, PyObject *names, PyObject *types);
 Py_ssize_t old_field(Table *t, const char *name, Py_ssize_t nlen, const char *type, Py_ssize_t tlen);
 void table_free(Table *t);
 PyObject *Reader_take(Reader *r, PyObject *args);
+int block_type_ready(void);
+void spares_free(Reader *r);
 
 /* parts.c */
 Py_ssize_t lookup_table_obj(Reader *r, PyObject *schema, PyObject *table);
 Py_ssize_t lookup_table(Reader *r, const char *s, Py_ssize_t slen, const char *t, Py_ssize_t tlen);
-int raw_put(Reader *r, int64_t lsn, int64_t xid, int xid_null, const char *data, Py_ssize_t len);
 PyObject *raw_row(int64_t lsn, int64_t xid, const char *data, Py_ssize_t len);
 PyObject *handover(Reader *r, int have_current, int64_t lsn, int64_t xid, const char *data, Py_ssize_t len);
 int check_tid(Reader *r, Py_ssize_t tid);
@@ -285,6 +299,8 @@ Relation *find_rel(Reader *r, uint32_t relid);
 int po_row(Reader *r, int64_t lsn, int64_t xid, int xid_null, const char *s, Py_ssize_t n, PyObject **out);
 
 /* copy_reader.c */
+Py_ssize_t copy_row(const char *b, Py_ssize_t avail, int64_t *lsn, int64_t *xid, int *xid_null, const char **data,
+                    Py_ssize_t *len);
 void compact_input(Reader *r);
 PyObject *Reader_run(Reader *r, PyObject *unused);
 PyObject *native_bind_libpq(PyObject *mod, PyObject *arg);

@@ -3,8 +3,8 @@
  * part_rows rows over all tables, the largest table flushed first), for the transactions the
  * scanners read in C; capture/native.py's NativeWriter applies the same rules to transactions
  * assembled in Python and writes the parts. Here: the reader's tables (table id per
- * (schema, table), the include callback), the open transaction with a raw copy of its rows for
- * a handover to Python, and its COMMIT, which fills in the commit fields and replays the
+ * (schema, table), the include callback), the open transaction and the handover of its rows as
+ * read (kept in the input buffer: copy_reader.c's compact_input) to Python, and its COMMIT, which fills in the commit fields and replays the
  * writer's budget over the transaction's rows to list the parts to write.
  */
 #include "native.h"
@@ -60,13 +60,6 @@ Py_ssize_t lookup_table(Reader *r, const char *s, Py_ssize_t slen, const char *t
     return id;
 }
 
-int raw_put(Reader *r, int64_t lsn, int64_t xid, int xid_null, const char *data, Py_ssize_t len) {
-    int64_t head[3] = {lsn, xid_null ? INT64_MIN : xid, (int64_t)len};
-    if (buf_put(&r->raw, head, sizeof(head)) < 0 || buf_put(&r->raw, data, len) < 0) return -1;
-    r->raw_rows++;
-    return 0;
-}
-
 PyObject *raw_row(int64_t lsn, int64_t xid, const char *data, Py_ssize_t len) {
     if (xid == INT64_MIN) return Py_BuildValue("(LOy#)", (long long)lsn, Py_None, data, len);
     return Py_BuildValue("(LLy#)", (long long)lsn, (long long)xid, data, len);
@@ -78,7 +71,7 @@ static void txn_reset(Reader *r) {
     for (Py_ssize_t i = 0; i < n; i++) r->tables[ids[i]].in_txn = 0;
     r->txn_tables.len = 0;
     r->txn_tids.len = 0;
-    r->raw.len = 0; r->raw_rows = 0;
+    r->raw_rows = 0;
     r->open = 0; r->txn_items = 0; r->txn_skipped = 0;
 }
 
@@ -89,13 +82,21 @@ PyObject *handover(Reader *r, int have_current, int64_t lsn, int64_t xid, const 
     for (Py_ssize_t i = 0; i < n; i++) table_truncate(&r->tables[ids[i]], r->tables[ids[i]].txn_mark);
     PyObject *list = PyList_New(0);
     if (!list) return NULL;
-    const char *p = r->raw.p, *end = r->raw.p + r->raw.len;
-    while (p < end) {
-        int64_t head[3];
-        memcpy(head, p, sizeof(head));
-        p += sizeof(head);
-        PyObject *row = raw_row(head[0], head[1], p, (Py_ssize_t)head[2]);
-        p += head[2];
+    /* the rows as read, still in the input buffer (complete and well-formed: each was parsed) */
+    Py_ssize_t at = r->raw_from;
+    for (Py_ssize_t i = 0; i < r->raw_rows; i++) {
+        int64_t rlsn, rxid;
+        int rxid_null;
+        const char *rdata;
+        Py_ssize_t rlen;
+        Py_ssize_t size = copy_row(r->in.p + at, r->in.len - at, &rlsn, &rxid, &rxid_null, &rdata, &rlen);
+        if (size <= 0) {
+            if (size == 0) PyErr_SetString(PyExc_RuntimeError, "a transaction's raw row is no longer buffered");
+            Py_DECREF(list);
+            return NULL;
+        }
+        at += size;
+        PyObject *row = raw_row(rlsn, rxid_null ? INT64_MIN : rxid, rdata, rlen);
         if (!row || PyList_Append(list, row) < 0) { Py_XDECREF(row); Py_DECREF(list); return NULL; }
         Py_DECREF(row);
     }
