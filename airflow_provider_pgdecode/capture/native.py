@@ -13,6 +13,7 @@ object is made per row or per value:
    loaded (``PQgetCopyData`` on the connection's ``PGconn``, GIL released while it waits).
    Iterating psycopg's ``Copy`` costs ~1 µs per row in Python, as much as the whole budget; it
    is still used where libpq cannot be identified, and to end the COPY. Rows may straddle blocks.
+   libpq's input buffer is widened first (:func:`~airflow_provider_pgdecode.postgres.session.widen_input_buffer`).
 2. The C reader (:mod:`airflow_provider_pgdecode.capture._native`) parses test_decoding lines
    (the scanning rules of :mod:`~airflow_provider_pgdecode.decoding.test_decoding`, with its
    fast match of a table's `` name[type]:`` column markers) or pgoutput messages (its Relation
@@ -23,13 +24,14 @@ object is made per row or per value:
    cuts them (``part_rows`` over all tables, the largest table first; a change of a table's
    columns): in C when a commit crosses the budget (replaying the writer's rule over the
    transaction's rows), here for transactions assembled in Python. At a flush the rows leave
-   the C buffers and a writer thread wraps them as Arrow arrays without copying, converts
+   the C buffers (a large buffer itself is handed over, its memory reused for a later part once
+   the part is written) and a writer thread wraps them as Arrow arrays without copying, converts
    them with the same vectorised rules (:func:`~airflow_provider_pgdecode.batch.values.convert_column`)
    and writes Parquet with the writer's options; pyarrow releases the GIL, so this overlaps the
    transfer and parsing of the next rows.
 4. Anything but plain committed INSERT/UPDATE/DELETE transactions, and any row the C scanner
-   cannot read, goes to the Python path: the reader keeps a raw copy of the open
-   transaction's rows and hands them over with the unusual row (TRUNCATE, messages,
+   cannot read, goes to the Python path: the reader keeps the open transaction's rows as
+   read (in its input buffer, not copied aside) and hands them over with the unusual row (TRUNCATE, messages,
    two-phase, streamed transactions, origins, a column change while rows of the old columns
    are buffered, a transaction of ``memory_items`` changes or more, a commit at or before the
    checkpoint's end...). Python parses them with the pure-Python parser and
@@ -38,8 +40,8 @@ object is made per row or per value:
    added to the same buffers row by row.
 
 Memory is bounded by configuration, whatever the batch size: ``part_rows`` buffered rows, one
-part being written, and one open transaction of fewer than ``memory_items`` rows (kept twice:
-parsed and raw).
+part being written, one taken and waiting for it, and one open transaction of fewer than
+``memory_items`` rows (kept twice: parsed, and as read).
 
 Measured (bench/extract_bench.py, 500,000 changes, 2 cores, 2026-11-25): the server decodes a
 row in ~1-2 µs, and sending it as COPY costs it another ~0.1-0.2 µs; on our side the reader

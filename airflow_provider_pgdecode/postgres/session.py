@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -80,6 +81,28 @@ def pin_settings(conn: Connection, *, local: bool = False, extra: Sequence[tuple
 def connect(dsn: str) -> Connection:
     """A new connection in autocommit mode (every caller here runs its own transactions)."""
     return psycopg.connect(dsn, autocommit=True)
+
+
+INPUT_BUFFER_BYTES = 256 << 10
+"""libpq's input buffer, widened by :func:`widen_input_buffer` for a connection that reads a large
+COPY."""
+
+_widened: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+
+def widen_input_buffer(conn: Connection) -> None:
+    """Make libpq read up to :data:`INPUT_BUFFER_BYTES` per ``recv`` on ``conn`` (once per connection).
+
+    Why: libpq receives into its input buffer, 16 KiB when it opens, and enlarges it only for a
+    message that does not fit; it never shrinks it. A peek's COPY of 500,000 rows then takes
+    ~4,000 ``recv`` calls of at most 16 KiB, each with its TCP acknowledgement, ~15% of the
+    extract reader's CPU. libpq has no setting for it, so one row of that size is fetched here: the
+    buffer keeps its size, and later reads take what the socket holds, up to that size.
+    """
+    if conn in _widened:
+        return
+    conn.execute("SELECT repeat(' ', %s)", (INPUT_BUFFER_BYTES,)).fetchone()
+    _widened.add(conn)
 
 
 def conninfo_like(conn: Connection) -> str:

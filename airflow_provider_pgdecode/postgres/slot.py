@@ -47,7 +47,7 @@ from airflow_provider_pgdecode.postgres.readiness import (
     slot_creation_error,
     two_phase_needs_newer_server,
 )
-from airflow_provider_pgdecode.postgres.session import PINNED_GUCS, pin_settings  # noqa: F401  (PINNED_GUCS: re-exported)
+from airflow_provider_pgdecode.postgres.session import PINNED_GUCS, pin_settings, widen_input_buffer  # noqa: F401  (PINNED_GUCS: re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -588,6 +588,7 @@ class SlotClient:
         """
         ceiling, flat = _peek_arguments(name, upto_lsn, options, upto_rows)
         conn = self.conn
+        widen_input_buffer(conn)
         with conn.transaction():
             pin_settings(conn, local=True)
             with conn.cursor() as cur:
