@@ -173,7 +173,7 @@ def extract_batch(
         temporary copy of the slot (:mod:`~airflow_provider_pgdecode.capture.sessions`: when and
         why it gives the same batch); ``manifest.decode_split`` says where the second began.
         Default on unless ``PGDECODE_TWO_SESSIONS=0`` (``[pgdecode] two_sessions``).
-    :param split_at: where the second session begins, instead of halfway (for tests: a split
+    :param split_at: where the second session begins, instead of :func:`split_point` (for tests: a split
         inside a given transaction); the range need not be large.
     :returns: the manifest of the staged batch (``manifest.path`` is its directory).
     """
@@ -474,8 +474,8 @@ def _split(
     two_sessions: bool | None,
     split_at: Lsn | None,
 ) -> Lsn | None:
-    """Where a second decoding session begins (halfway to the batch's expected ``end``), or None
-    for one session."""
+    """Where a second decoding session begins (:func:`split_point` on the way to the batch's
+    expected ``end``), or None for one session."""
     if not two_sessions_wanted(two_sessions):
         return None
     if split_at is not None:

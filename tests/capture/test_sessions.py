@@ -17,6 +17,7 @@ from airflow_provider_pgdecode.capture.bounds import BatchBounds
 from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.capture.native import native_wanted
 from airflow_provider_pgdecode.capture.sessions import (
+    LOWER_SHARE,
     MIN_SPLIT_WAL_BYTES,
     expected_end,
     split_point,
@@ -32,20 +33,23 @@ from tests.capture.test_extract_pgoutput import staged
 PUBLICATION = "split_pub"
 
 
-def test_split_point_halves_a_large_range_only() -> None:
+def test_split_point_splits_a_large_range_only_a_little_below_half() -> None:
     start = Lsn(1 << 32)
     assert split_point(start, Lsn(int(start) + MIN_SPLIT_WAL_BYTES - 1)) is None
-    assert split_point(start, Lsn(int(start) + 2 * MIN_SPLIT_WAL_BYTES)) == Lsn(int(start) + MIN_SPLIT_WAL_BYTES)
-    assert split_point(start, Lsn(int(start) + 10), min_wal_bytes=0) == Lsn(int(start) + 5)
+    size = 2 * MIN_SPLIT_WAL_BYTES
+    assert split_point(start, Lsn(int(start) + size)) == Lsn(int(start) + int(size * LOWER_SHARE))
+    assert 0.35 < LOWER_SHARE < 0.5  # the lower part's rows are read while the upper part decodes
+    assert split_point(start, Lsn(int(start) + 10), min_wal_bytes=0) == Lsn(int(start) + 4)
+    assert split_point(start, Lsn(int(start) + 2), min_wal_bytes=0) == Lsn(int(start) + 1)  # never at the start
 
 
-def test_a_backlog_batch_is_split_halfway_to_where_its_change_bound_is_expected() -> None:
+def test_a_backlog_batch_is_split_on_the_way_to_where_its_change_bound_is_expected() -> None:
     start, upto = Lsn(1 << 32), Lsn((1 << 32) + (1 << 30))
     assert expected_end(start, upto, None, 200.0) == upto
     assert expected_end(start, upto, 1_000_000, None) == upto
     assert expected_end(start, upto, 1_000_000, 200.0) == Lsn(int(start) + 200_000_000)
     assert expected_end(start, upto, 1_000_000, 5000.0) == upto  # the ceiling comes first
-    assert split_point(start, expected_end(start, upto, 1_000_000, 200.0)) == Lsn(int(start) + 100_000_000)
+    assert split_point(start, expected_end(start, upto, 1_000_000, 200.0)) == Lsn(int(start) + 84_000_000)
 
 
 def test_a_two_phase_test_decoding_slot_needs_its_upper_half_slot() -> None:
