@@ -1279,7 +1279,7 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
             has_old = (
                 pc.is_valid(part.column(staged.OLD))
                 if staged.OLD in part.column_names
-                else pa.array([False] * part.num_rows)
+                else pa.array([False] * part.num_rows, pa.bool_())  # typed: a part may have no rows
             )
             changed = pc.is_in(op, value_set=pa.array(["U", "D"]))
             missing_old += pc.sum(pc.and_(changed, pc.invert(has_old))).as_py() or 0

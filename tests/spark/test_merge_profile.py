@@ -4,11 +4,13 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_pgdecode.batch.manifest import read_batches
@@ -25,7 +27,7 @@ from airflow_provider_pgdecode.spark.merge_job import (
     staged_events,
     staged_key_ranges,
 )
-from tests.spark.staged import UNCHANGED, TableChanges, write_batch
+from tests.spark.staged import UNCHANGED, Part, TableChanges, write_batch
 
 pytestmark = pytest.mark.spark
 
@@ -83,6 +85,24 @@ def test_parts_profile_equals_the_spark_pass(spark: Any, tmp_path: Path, seed: i
     # Keys in two clusters far apart: ranges that leave the gap between them out.
     assert from_parts.key_ranges is not None and len(from_parts.key_ranges) >= 2
     assert all(high - low < 5_000 for low, high in from_parts.key_ranges)
+
+
+def test_a_part_without_rows_or_old_keys_leaves_the_parts_profile_alone(spark: Any, tmp_path: Path) -> None:
+    """A part may hold no rows and no ``_pg_old`` column (a table snapshot chunk that found none):
+    the profile read from the parts is the one without it, and the Spark pass's."""
+    table = random_changes(3)
+    batch = Path(write_batch(tmp_path / "staging", "s", BASE, BASE + 100_000, [table]))
+    empty = table.arrow_table(Part(table.parts[0].columns)).drop_columns(["_pg_old"])
+    table_dir = batch / "tables" / "public" / "items"
+    pq.write_table(empty, table_dir / "part-00001.parquet")
+    manifest = json.loads((batch / "manifest.json").read_text())
+    manifest["tables"][0]["files"].append("part-00001.parquet")
+    (batch / "manifest.json").write_text(json.dumps(manifest))
+    (plan,) = plan_merge(spark, read_batches([str(batch)]), str(tmp_path / "delta"), MergeOptions())
+    from_parts = profile_from_parts(plan)
+    assert from_parts is not None
+    assert from_parts.changes == len(table.parts[0].changes)
+    assert from_parts == spark_profile(spark, plan)
 
 
 def test_parts_profile_of_a_two_column_key_equals_the_spark_pass(spark: Any, tmp_path: Path) -> None:
