@@ -27,8 +27,8 @@ object is made per row or per value:
    the C buffers (a large buffer itself is handed over, its memory reused for a later part once
    the part is written) and a writer thread wraps them as Arrow arrays without copying, converts
    them with the same vectorised rules (:func:`~airflow_provider_pgdecode.batch.values.convert_column`)
-   and writes Parquet with the writer's options; pyarrow releases the GIL, so this overlaps the
-   transfer and parsing of the next rows.
+   and hands the part to a second thread that writes Parquet with the writer's options; pyarrow
+   releases the GIL, so this overlaps the transfer and parsing of the next rows.
 4. Anything but plain committed INSERT/UPDATE/DELETE transactions, and any row the C scanner
    cannot read, goes to the Python path: the reader keeps the open transaction's rows as
    read (in its input buffer, not copied aside) and hands them over with the unusual row (TRUNCATE, messages,
@@ -40,7 +40,7 @@ object is made per row or per value:
    added to the same buffers row by row.
 
 Memory is bounded by configuration, whatever the batch size: ``part_rows`` buffered rows, one
-part being written, one taken and waiting for it, and one open transaction of fewer than
+part being converted, one being written, one taken and waiting for them, and one open transaction of fewer than
 ``memory_items`` rows (kept twice: parsed, and as read).
 
 Measured (bench/extract_bench.py, 500,000 changes, 2 cores, 2026-11-25): the server decodes a
@@ -111,10 +111,9 @@ from airflow_provider_pgdecode.errors import DecodingError, staging_io
 log = logging.getLogger(__name__)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-#: Parts handed to the writer threads (one each) and not written yet, at most. Two threads
-#: measured no faster on two cores (the server and the reader use them too) and cost a part
-#: of memory more.
-_IN_FLIGHT = 1
+#: Parts handed to the writer's two threads (one converting, one writing Parquet) and not
+#: written yet, at most; the reader may hold one more, taken and waiting.
+_IN_FLIGHT = 2
 _missing_logged = False
 
 
@@ -209,8 +208,13 @@ class NativeWriter:
         self._py_changes = 0
         self._py_skipped = 0
         self._in_flight = _IN_FLIGHT
-        self._executor = ThreadPoolExecutor(max_workers=self._in_flight, thread_name_prefix="pgdecode-parquet")
-        self._futures: deque[Future[None]] = deque()
+        # Two stages, a thread each, parts in order through both: converting part k + 1 while
+        # part k is written. Where the cores are shared with other work, the writer's CPU per part
+        # (conversion ~1/3, Parquet ~2/3) then limits the extract less than on one thread.
+        self._converter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgdecode-convert")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgdecode-parquet")
+        #: per part in flight, its conversion, which gives its write (None: nothing to write)
+        self._futures: deque[Future[Future[None] | None]] = deque()
         #: The manifest's ``quarantine`` entries, set by :meth:`close` (as BatchWriter's).
         self.quarantine: list[dict[str, Any]] = []
 
@@ -340,25 +344,34 @@ class NativeWriter:
         for name, pg_type, _ in buffers["old"]:
             state.all_columns.setdefault(name, pg_type)
         while len(self._futures) >= self._in_flight:
-            self._futures.popleft().result()
+            self._retire()
         # The part's file name is taken when it is written (a part whose every change is
-        # quarantined is not written, as in the Python writer); parts are written one at a
-        # time, in order.
-        self._futures.append(self._executor.submit(self._write_part, state, layout, buffers))
+        # quarantined is not written, as in the Python writer); parts are converted one at a
+        # time and written one at a time, in order.
+        self._futures.append(self._converter.submit(self._convert_part, state, layout, buffers))
+
+    def _retire(self) -> None:
+        """Wait for the oldest part in flight to be written; raise its error."""
+        written = self._futures.popleft().result()
+        if written is not None:
+            written.result()
 
     def wait(self) -> None:
         """Wait for the parts being written; raise the first error."""
         while self._futures:
-            self._futures.popleft().result()
+            self._retire()
 
     def abort(self) -> None:
-        """Stop writing (after an error elsewhere): wait for the writer thread, drop its errors."""
+        """Stop writing (after an error elsewhere): wait for the writer threads, drop their errors."""
         for future in self._futures:
             future.cancel()
+        self._converter.shutdown(wait=True)
         self._executor.shutdown(wait=True)
         self._futures.clear()
 
-    def _write_part(self, state: _Table, layout: Any, b: dict[str, Any]) -> None:
+    def _convert_part(self, state: _Table, layout: Any, b: dict[str, Any]) -> Future[None] | None:
+        """Convert a part (quarantining bad values) and hand it to the Parquet thread: its write,
+        or None when every change of the part was quarantined."""
         n = b["n"]
         toast_child = _text(b["toast_n"], b["toast_names"])
         bits, nulls = b["toast_valid"]
@@ -408,8 +421,11 @@ class NativeWriter:
                     values[child.name] = pa.nulls(n, child.type)
         columns.update(values)
         if n == 0:
-            return  # every change of the part was quarantined
-        table = pa.table(columns)
+            return None  # every change of the part was quarantined
+        return self._executor.submit(self._write_part, state, pa.table(columns))
+
+    @staticmethod
+    def _write_part(state: _Table, table: pa.Table) -> None:
         file_name = f"part-{len(state.files):05d}.parquet"
         with staging_io(state.directory / file_name, "write Parquet part"):
             state.directory.mkdir(parents=True, exist_ok=True)
@@ -443,6 +459,7 @@ class NativeWriter:
         except BaseException:
             self.abort()
             raise
+        self._converter.shutdown(wait=True)
         self._executor.shutdown(wait=True)
         _, messages = self.writer.close()
         summaries = []
