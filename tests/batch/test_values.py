@@ -76,6 +76,22 @@ def test_arrays() -> None:
 
 
 @pytest.mark.parametrize(
+    "texts",
+    [
+        ["t", None, "f", "f"],  # pgoutput
+        ["true", None, "false", "false"],  # test_decoding
+        ["t", None, "false", "f"],  # both: the general check
+    ],
+)
+def test_boolean_columns_as_either_plugin_prints_them(texts: list[str | None]) -> None:
+    column = convert_column("boolean", texts)
+    assert column.type == pa.bool_() and column.to_pylist() == [True, None, False, False]
+    assert convert_column("boolean", [None, None]).type == pa.bool_()
+    with pytest.raises(ValueConversionError, match="cannot convert 'T'"):
+        convert_column("boolean", [*texts, "T"])
+
+
+@pytest.mark.parametrize(
     "pg_type, value, message",
     [
         ("integer", "abc", "cannot convert 'abc'"),
