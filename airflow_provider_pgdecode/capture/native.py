@@ -43,12 +43,14 @@ Memory is bounded by configuration, whatever the batch size: ``part_rows`` buffe
 part being converted, one being written, one taken and waiting for them, and one open transaction of fewer than
 ``memory_items`` rows (kept twice: parsed, and as read).
 
-Measured (bench/extract_bench.py, 500,000 changes, 2 cores, 2026-11-25): the server decodes a
-row in ~1-2 µs, and sending it as COPY costs it another ~0.1-0.2 µs; on our side the reader
-thread (transfer, C parsing, take) spends ~0.3-0.4 µs of CPU per row and the writer thread
-~0.5 µs (conversion ~0.2, Parquet ~0.3, with jemalloc and the part options of
-:func:`~airflow_provider_pgdecode.batch.format.change_part_options`; before those ~0.8); the
-Python path spends ~12 µs per row. Since the server materialises the peek before sending its
+Measured (bench/extract_bench.py, 500,000 changes, 2 cores): the server decodes a row in ~1-2
+µs, and sending it as COPY costs it another ~0.1-0.2 µs; on our side the reader thread
+(transfer, C parsing, take) spends ~0.14 µs of CPU per pgoutput row (2026-11-27; ~0.19 before
+parts left without a copy, the open transaction stayed in the input buffer and libpq's input
+buffer was widened) and the writer's two threads ~0.25 µs (conversion ~0.08, Parquet ~0.16,
+with jemalloc and the part options of
+:func:`~airflow_provider_pgdecode.batch.format.change_part_options`); the Python path spends ~12
+µs per row. Since the server materialises the peek before sending its
 first row, all of this comes after the server's decode: on two cores, where reader, writer and
 the sending backend compete, the extract's ratio to the raw decode is bounded by that CPU. A
 large range is decoded in two sessions (:mod:`~airflow_provider_pgdecode.capture.sessions`):
