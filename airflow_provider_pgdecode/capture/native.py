@@ -31,17 +31,17 @@ object is made per row or per value:
    releases the GIL, so this overlaps the transfer and parsing of the next rows.
 4. Anything but plain committed INSERT/UPDATE/DELETE transactions, and any row the C scanner
    cannot read, goes to the Python path: the reader keeps the open transaction's rows as
-   read (in its input buffer, not copied aside) and hands them over with the unusual row (TRUNCATE, messages,
-   two-phase, streamed transactions, origins, a column change while rows of the old columns
-   are buffered, a transaction of ``memory_items`` changes or more, a commit at or before the
-   checkpoint's end...). Python parses them with the pure-Python parser and
+   read (in its input buffer, not copied aside) and hands them over with the unusual row
+   (TRUNCATE, messages, two-phase, streamed transactions, origins, a column change while rows
+   of the old columns are buffered, a transaction of ``memory_items`` changes or more, a commit
+   at or before the checkpoint's end...). Python parses them with the pure-Python parser and
    :class:`TransactionAssembler` (so errors and spilling are those of the Python path) and
    passes rows through until the assembler is idle again. Transactions it assembles are
    added to the same buffers row by row.
 
 Memory is bounded by configuration, whatever the batch size: ``part_rows`` buffered rows, one
-part being converted, one being written, one taken and waiting for them, and one open transaction of fewer than
-``memory_items`` rows (kept twice: parsed, and as read).
+part being converted, one being written, one taken and waiting for them, and one open
+transaction of fewer than ``memory_items`` rows (kept twice: parsed, and as read).
 
 Measured (bench/extract_bench.py, 500,000 changes, 2 cores): the server decodes a row in ~1-2
 µs, and sending it as COPY costs it another ~0.1-0.2 µs; on our side the reader thread
@@ -214,7 +214,7 @@ class NativeWriter:
         # part k is written. Where the cores are shared with other work, the writer's CPU per part
         # (conversion ~1/3, Parquet ~2/3) then limits the extract less than on one thread.
         self._converter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgdecode-convert")
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgdecode-parquet")
+        self._parquet = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgdecode-parquet")
         #: per part in flight, its conversion, which gives its write (None: nothing to write)
         self._futures: deque[Future[Future[None] | None]] = deque()
         #: The manifest's ``quarantine`` entries, set by :meth:`close` (as BatchWriter's).
@@ -368,7 +368,7 @@ class NativeWriter:
         for future in self._futures:
             future.cancel()
         self._converter.shutdown(wait=True)
-        self._executor.shutdown(wait=True)
+        self._parquet.shutdown(wait=True)
         self._futures.clear()
 
     def _convert_part(self, state: _Table, layout: Any, b: dict[str, Any]) -> Future[None] | None:
@@ -424,7 +424,7 @@ class NativeWriter:
         columns.update(values)
         if n == 0:
             return None  # every change of the part was quarantined
-        return self._executor.submit(self._write_part, state, pa.table(columns))
+        return self._parquet.submit(self._write_part, state, pa.table(columns))
 
     @staticmethod
     def _write_part(state: _Table, table: pa.Table) -> None:
@@ -462,7 +462,7 @@ class NativeWriter:
             self.abort()
             raise
         self._converter.shutdown(wait=True)
-        self._executor.shutdown(wait=True)
+        self._parquet.shutdown(wait=True)
         _, messages = self.writer.close()
         summaries = []
         for tid in self.reader.order():

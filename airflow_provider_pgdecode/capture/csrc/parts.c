@@ -4,8 +4,9 @@
  * scanners read in C; capture/native.py's NativeWriter applies the same rules to transactions
  * assembled in Python and writes the parts. Here: the reader's tables (table id per
  * (schema, table), the include callback), the open transaction and the handover of its rows as
- * read (kept in the input buffer: copy_reader.c's compact_input) to Python, and its COMMIT, which fills in the commit fields and replays the
- * writer's budget over the transaction's rows to list the parts to write.
+ * read (kept in the input buffer: copy_reader.c's compact_input) to Python, and its COMMIT,
+ * which fills in the commit fields and replays the writer's budget over the transaction's rows
+ * to list the parts to write.
  */
 #include "native.h"
 
