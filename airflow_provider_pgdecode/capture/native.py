@@ -507,11 +507,35 @@ class NativeWriter:
 _libpq_path: str | None | bool = False
 
 
+def _libpq_functions(path: str) -> tuple[int, int]:
+    """The addresses of ``PQgetCopyData`` and ``PQfreemem`` in the libpq at ``path``, which must be
+    loaded already: ``RTLD_NOLOAD`` finds the copy in the process, it never loads a second one.
+
+    ctypes resolves them, not the extension: its own ``dlopen``/``dlsym`` would bind their
+    GLIBC_2.34 versions and make the wheel ``manylinux_2_34``.
+    """
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    except OSError as exc:
+        raise OSError(f"libpq {path} is not loaded: {exc}") from exc
+    try:
+        get_copy_data = ctypes.cast(lib.PQgetCopyData, ctypes.c_void_p).value
+        freemem = ctypes.cast(lib.PQfreemem, ctypes.c_void_p).value
+    except AttributeError:
+        get_copy_data = freemem = None
+    if not get_copy_data or not freemem:
+        raise OSError("PQgetCopyData or PQfreemem not found")
+    return get_copy_data, freemem
+
+
 def _libpq_connection(native: Any, copy: Any) -> int | None:
     """The ``PGconn*`` of a psycopg ``Copy`` whose libpq the reader can call, else ``None``.
 
     The reader must call the very libpq that psycopg loaded (the connection's structure is
-    private to it): it is found among the process's loaded libraries and bound once.
+    private to it): it is found among the process's loaded libraries, and the addresses of its
+    ``PQgetCopyData`` and ``PQfreemem`` are bound once.
     """
     global _libpq_path
     pgconn = getattr(getattr(getattr(copy, "cursor", None), "connection", None), "pgconn", None)
@@ -527,7 +551,7 @@ def _libpq_connection(native: Any, copy: Any) -> int | None:
                 paths = {line.split()[-1] for line in maps if "/libpq" in line}
             found = sorted(p for p in paths if wanted in p and "psycopg2" not in p)
             if len(found) == 1:
-                native.bind_libpq(found[0])
+                native.bind_libpq(*_libpq_functions(found[0]))
                 _libpq_path = found[0]
             else:
                 log.info("Native extract: libpq of psycopg not identified (%s); reading COPY through psycopg", found)

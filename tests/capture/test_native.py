@@ -288,3 +288,50 @@ def test_without_the_extension_the_python_path_stages_the_batch(pg_conn, slots, 
     python = extract_batch(pg_conn, slots["test_decoding"], tmp_path / "python", upto_lsn=upto)
     assert_same_batches(python, native)
     assert python.changes == 1
+
+
+def _maps() -> list[list[str]]:
+    """/proc/self/maps, split: address range, permissions, offset, device, inode and path if any."""
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+        return [line.split() for line in maps]
+
+
+def _mappings(path: str) -> list[tuple[int, int, str]]:
+    """(start, end, permissions) of each mapping of ``path`` in this process."""
+    return [(int(r[0].split("-")[0], 16), int(r[0].split("-")[1], 16), r[1]) for r in _maps() if r[5:] == [path]]
+
+
+def test_libpq_is_bound_by_address_from_the_very_copy_psycopg_loaded() -> None:
+    """The extension resolves no symbol (no dlopen/dlsym: tests/test_packaging.py): native.py hands it
+    the addresses of PQgetCopyData and PQfreemem, found with RTLD_NOLOAD in the libpq psycopg loaded."""
+    import sysconfig
+
+    import airflow_provider_pgdecode.capture.native as native_module
+
+    psycopg.pq.version()  # psycopg's libpq is loaded
+    loaded = {r[5] for r in _maps() if len(r) == 6 and "/libpq" in r[5] and "psycopg2" not in r[5]}
+    wanted = "psycopg_binary" if psycopg.pq.__impl__ == "binary" else ""
+    libpq = sorted(p for p in loaded if wanted in p)
+    assert len(libpq) == 1, loaded
+    addresses = native_module._libpq_functions(libpq[0])
+    executable = [(start, end) for start, end, perms in _mappings(libpq[0]) if "x" in perms]
+    for address in addresses:  # inside psycopg's libpq, not another copy
+        assert any(start <= address < end for start, end in executable), (hex(address), executable)
+    native = load_native()
+    native.bind_libpq(*addresses)
+
+    # A library that is not loaded is not loaded by the look-up either (RTLD_NOLOAD).
+    mapped = {r[5] for r in _maps() if len(r) == 6}
+    dynload = Path(sysconfig.get_config_var("DESTSHARED"))
+    unloaded = sorted(str(p) for p in dynload.glob("*.so") if str(p) not in mapped)
+    assert unloaded, f"every extension module of {dynload} is loaded"
+    with pytest.raises(OSError, match=f"libpq {re.escape(unloaded[0])} is not loaded"):
+        native_module._libpq_functions(unloaded[0])
+    assert _mappings(unloaded[0]) == []
+    # A loaded library without them.
+    with pytest.raises(OSError, match="PQgetCopyData or PQfreemem not found"):
+        native_module._libpq_functions(native.__file__)
+    with pytest.raises(ValueError, match="address is NULL"):
+        native.bind_libpq(0, addresses[1])
+    with pytest.raises(TypeError):
+        native.bind_libpq(libpq[0])  # a path is no longer what it takes

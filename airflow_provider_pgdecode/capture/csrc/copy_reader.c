@@ -3,7 +3,8 @@
  * (FORMAT BINARY) of the peek): the COPY BINARY framing (signature, header, rows of lsn, xid,
  * data; the trailer) and run(), which dispatches each row to the test_decoding or pgoutput
  * scanner, plus pump(), which reads the COPY data itself from the libpq psycopg loaded
- * (bind_libpq, PQgetCopyData on the connection's PGconn) while the COPY is open.
+ * (bind_libpq: the addresses of its PQgetCopyData and PQfreemem; PQgetCopyData on the
+ * connection's PGconn) while the COPY is open.
  */
 #include "native.h"
 
@@ -141,23 +142,27 @@ PyObject *Reader_run(Reader *r, PyObject *unused) {
     return res;
 }
 
-/* libpq of the connection (the very library psycopg loaded, found by the caller) */
-#include <dlfcn.h>
+/* libpq of the connection: the addresses of PQgetCopyData and PQfreemem in the very library
+ * psycopg loaded, found by the caller (native.py opens it with RTLD_NOLOAD through ctypes). The
+ * extension resolves no symbol itself: no dlopen/dlsym, whose GLIBC_2.34 versions would make the
+ * wheel manylinux_2_34; it needs only libc symbols old enough for manylinux_2_17. */
 typedef int (*get_copy_data_fn)(void *conn, char **buffer, int async);
 typedef void (*freemem_fn)(void *ptr);
 static get_copy_data_fn pq_get_copy_data = NULL;
 static freemem_fn pq_freemem = NULL;
 
-PyObject *native_bind_libpq(PyObject *mod, PyObject *arg) {
-    const char *path = PyUnicode_AsUTF8(arg);
-    if (!path) return NULL;
-    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
-    if (!h) { PyErr_Format(PyExc_OSError, "libpq %s is not loaded: %s", path, dlerror()); return NULL; }
-    get_copy_data_fn g = (get_copy_data_fn)dlsym(h, "PQgetCopyData");
-    freemem_fn f = (freemem_fn)dlsym(h, "PQfreemem");
-    if (!g || !f) { PyErr_SetString(PyExc_OSError, "PQgetCopyData or PQfreemem not found"); return NULL; }
-    pq_get_copy_data = g;
-    pq_freemem = f;
+/* bind_libpq(get_copy_data, freemem): the two function addresses, as integers. */
+PyObject *native_bind_libpq(PyObject *mod, PyObject *args) {
+    PyObject *g_obj, *f_obj;
+    if (!PyArg_ParseTuple(args, "OO:bind_libpq", &g_obj, &f_obj)) return NULL;
+    void *g = PyLong_AsVoidPtr(g_obj);
+    if (!g && PyErr_Occurred()) return NULL;
+    void *f = PyLong_AsVoidPtr(f_obj);
+    if (!f && PyErr_Occurred()) return NULL;
+    if (!g || !f) { PyErr_SetString(PyExc_ValueError, "PQgetCopyData or PQfreemem address is NULL"); return NULL; }
+    /* ISO C has no cast between object and function pointers; POSIX guarantees it works (as dlsym's does). */
+    memcpy(&pq_get_copy_data, &g, sizeof g);
+    memcpy(&pq_freemem, &f, sizeof f);
     Py_RETURN_NONE;
 }
 

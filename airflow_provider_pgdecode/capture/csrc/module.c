@@ -10,8 +10,10 @@
  *                has Parquet parts to write ("flush", [(table_id, rows), ...]) or saw the end
  *                ("end", [rows of a transaction cut off by the end]);
  *   pump(ptr)    the same, reading rows itself from libpq (PQgetCopyData on the PGconn* of
- *                psycopg's connection, from the libpq psycopg loaded: bind_libpq(path)); ("eof",)
- *                once the trailer was read or libpq ended the COPY.
+ *                psycopg's connection, from the libpq psycopg loaded: bind_libpq(get_copy_data,
+ *                freemem) takes the addresses of its PQgetCopyData and PQfreemem, which
+ *                native.py looks up; the module resolves no symbol itself); ("eof",) once the
+ *                trailer was read or libpq ended the COPY.
  * Only plain committed transactions of INSERT/UPDATE/DELETE are handled here. Any other row,
  * and any row this scanner cannot read, is handed to Python together with the raw rows of the
  * transaction it belongs to (kept as read in the input buffer until its COMMIT); the reader then passes every
@@ -403,7 +405,8 @@ static PyTypeObject ReaderType = {
 };
 
 static PyMethodDef module_methods[] = {
-    {"bind_libpq", (PyCFunction)native_bind_libpq, METH_O, "use the already loaded libpq at this path"},
+    {"bind_libpq", (PyCFunction)native_bind_libpq, METH_VARARGS,
+     "bind_libpq(get_copy_data, freemem): use the libpq functions at these addresses (PQgetCopyData, PQfreemem)"},
     {NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_native", "pgdecode native fast path", -1, module_methods};

@@ -303,7 +303,7 @@ Py_ssize_t copy_row(const char *b, Py_ssize_t avail, int64_t *lsn, int64_t *xid,
                     Py_ssize_t *len);
 void compact_input(Reader *r);
 PyObject *Reader_run(Reader *r, PyObject *unused);
-PyObject *native_bind_libpq(PyObject *mod, PyObject *arg);
+PyObject *native_bind_libpq(PyObject *mod, PyObject *args);
 PyObject *Reader_pump(Reader *r, PyObject *arg);
 
 #pragma GCC visibility pop
