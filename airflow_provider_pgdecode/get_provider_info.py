@@ -70,12 +70,12 @@ def get_provider_info() -> dict[str, Any]:
                 ],
             }
         ],
-        # PgDecodeHook works with ordinary `postgres` connections, but that type belongs to the
-        # Postgres provider; a `pgdecode` type (same fields) lets Airflow list the hook.
+        # The type whose Test button checks what a slot needs (PgDecodeHook.test_connection); a
+        # `postgres` connection works with every pgdecode task too, but Airflow tests it with `select 1`.
         "connection-types": [
             {
                 "connection-type": "pgdecode",
-                "hook-class-name": "airflow_provider_pgdecode.hooks.pgdecode.PgDecodeConnectionHook",
+                "hook-class-name": "airflow_provider_pgdecode.hooks.pgdecode.PgDecodeHook",
                 "hook-name": "PostgreSQL logical decoding (pgdecode)",
                 # The form of the Postgres provider's type: the same fields, with hints.
                 "ui-field-behaviour": {

@@ -32,8 +32,8 @@ from pathlib import Path
 import psycopg
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
 from bench.extract_bench import PUBLICATION, SERVER_SETTINGS, SLOTS, make_workload, raw_decode
+from pgdecode_testing.postgres_cluster import ThrowawayCluster
 
 REPO = Path(__file__).resolve().parent.parent
 

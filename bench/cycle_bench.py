@@ -50,9 +50,9 @@ from typing import Any
 
 import psycopg
 
-from airflow_provider_pgdecode.testing.airflow_deployment import AirflowDeployment, free_port
-from airflow_provider_pgdecode.testing.connect_server import LocalConnectServer
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
+from pgdecode_testing.airflow_deployment import AirflowDeployment, free_port
+from pgdecode_testing.connect_server import LocalConnectServer
+from pgdecode_testing.postgres_cluster import ThrowawayCluster
 
 REPO = Path(__file__).resolve().parent.parent
 DAG_ID = "pgdecode_incremental"
@@ -311,7 +311,7 @@ def event_latency(cluster: ThrowawayCluster, work: Path, url: str, samples: int,
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (EVENT_SLOT,))
     host, port = url.removeprefix("sc://").split(":")
     env = {
-        "AIRFLOW_CONN_PGDECODE_SOURCE": cluster.airflow_conn_json(EVENT_DB),
+        "AIRFLOW_CONN_PGDECODE_DEFAULT": cluster.airflow_conn_json(EVENT_DB),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)}),
         "AIRFLOW__PGDECODE__DATA_DIR": str(data_dir),
         "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
@@ -551,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         with cluster.connect(SOURCE_DB) as conn:
             create_source(conn)
         env = {
-            "AIRFLOW_CONN_PGDECODE_SOURCE": cluster.airflow_conn_json(SOURCE_DB),
+            "AIRFLOW_CONN_PGDECODE_DEFAULT": cluster.airflow_conn_json(SOURCE_DB),
             f"AIRFLOW_CONN_{CONN_IDS['spark_submit'].upper()}": spark_json,
             f"AIRFLOW_CONN_{CONN_IDS['spark_connect'].upper()}": connect_json,
             "AIRFLOW__PGDECODE__WAIT_SECONDS": "60",
@@ -602,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
 
             print("checking Delta against PostgreSQL", flush=True)
             from airflow_provider_pgdecode.spark.session import build_connect_session
-            from airflow_provider_pgdecode.testing.compare import compare_table
+            from pgdecode_testing.compare import compare_table
 
             spark = build_connect_session(url)
             try:

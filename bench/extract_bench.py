@@ -53,7 +53,7 @@ from airflow_provider_pgdecode.decoding.pgoutput import pgoutput_options
 from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS
 from airflow_provider_pgdecode.postgres.session import PINNED_GUCS
 from airflow_provider_pgdecode.postgres.slot import SlotClient, upper_slot_name
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
+from pgdecode_testing.postgres_cluster import ThrowawayCluster
 
 SLOTS = {"test_decoding": "bench_td", "pgoutput": "bench_po"}
 #: Two-phase slots, as the DAG makes them; ``--one-phase`` turns it off for the run. A two-phase

@@ -32,8 +32,8 @@ from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.storage import Storage
 from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
-from airflow_provider_pgdecode.testing.s3_server import LocalS3Server
+from pgdecode_testing.postgres_cluster import ThrowawayCluster
+from pgdecode_testing.s3_server import LocalS3Server
 
 SLOT = "bench_s3"
 

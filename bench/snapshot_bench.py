@@ -49,7 +49,7 @@ from airflow_provider_pgdecode.capture.snapshot import (  # noqa: E402
     create_slot_with_snapshot,
     stage_snapshot,
 )
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster  # noqa: E402
+from pgdecode_testing.postgres_cluster import ThrowawayCluster  # noqa: E402
 
 SLOT = "bench_snapshot"
 TABLE = ("public", "orders")

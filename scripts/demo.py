@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # pgdecode_testing: the checkout's throwaway servers, not in the wheel
 DEMO = REPO / ".demo"
 SLOT = "pgdecode_demo"
 TABLES = ("customers", "orders", "order_items", "suppliers")
@@ -82,7 +83,7 @@ def connect_server(log: Path, *, s3_settings: Any = None) -> Iterator[int]:
     """A Spark Connect server (the package's server module) on a free port, its output in ``log``;
     yields the port once it accepts connections and stops it (SIGTERM, then SIGKILL) on the way out.
     It runs in a process group of its own: Ctrl-C reaches this script, whose ``finally`` stops it."""
-    from airflow_provider_pgdecode.testing.connect_server import ConnectServerError, LocalConnectServer
+    from pgdecode_testing.connect_server import ConnectServerError, LocalConnectServer
 
     log.parent.mkdir(parents=True, exist_ok=True)
     server = LocalConnectServer(master="local[*]", object_store=s3_settings, log_path=log)
@@ -197,8 +198,8 @@ def build_argument_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
-    from airflow_provider_pgdecode.testing.s3_server import LocalS3Server
+    from pgdecode_testing.postgres_cluster import ThrowawayCluster
+    from pgdecode_testing.s3_server import LocalS3Server
 
     args = build_argument_parser().parse_args(sys.argv[1:] if argv is None else argv)
     on_s3 = args.s3
@@ -262,7 +263,7 @@ def run_demo(
             "AIRFLOW_HOME": str(DEMO / "airflow"),
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW_CONN_PGDECODE_SOURCE": cluster.airflow_conn_json("shop"),
+            "AIRFLOW_CONN_PGDECODE_DEFAULT": cluster.airflow_conn_json("shop"),
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
             "AIRFLOW__PGDECODE__WAIT_SECONDS": "5",
             "SPARK_LOCAL_IP": "127.0.0.1",
@@ -346,7 +347,7 @@ def run_demo(
 
             banner("Result: PostgreSQL (the oracle) against Delta")
             from airflow_provider_pgdecode.spark.session import build_connect_session
-            from airflow_provider_pgdecode.testing.compare import compare_table
+            from pgdecode_testing.compare import compare_table
 
             if connect_port is not None:  # the warm server reads Delta too (with its own S3A settings)
                 spark = build_connect_session(f"sc://127.0.0.1:{connect_port}")

@@ -8,7 +8,7 @@ registry, checks it against the registry's sha512 integrity, and unpacks it into
 ``.cache/postgres/<major>/`` (or ``$PGDECODE_POSTGRES_CACHE``); instant when already there.
 ``--check`` then starts a throwaway cluster on it (as the ``postgres`` OS user when run as root)
 and creates a slot with each output plugin. ``PG_VERSION=<major>`` makes the tests, the
-benchmarks and ``make demo`` use it (airflow_provider_pgdecode/testing/postgres_binaries.py).
+benchmarks and ``make demo`` use it (pgdecode_testing/postgres_binaries.py).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from airflow_provider_pgdecode.testing import postgres_binaries  # noqa: E402
-from airflow_provider_pgdecode.testing.postgres_cluster import debian_bindir  # noqa: E402
+from pgdecode_testing import postgres_binaries  # noqa: E402
+from pgdecode_testing.postgres_cluster import debian_bindir  # noqa: E402
 
 
 def check(major: int) -> str:
     """Start a cluster on the fetched binaries and decode with both plugins; returns the version."""
-    from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
+    from pgdecode_testing.postgres_cluster import ThrowawayCluster
 
     with ThrowawayCluster(pg_version=major) as cluster, cluster.connect() as conn:
         for plugin in ("test_decoding", "pgoutput"):

@@ -38,10 +38,10 @@ from psycopg import sql  # noqa: E402
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-from airflow_provider_pgdecode.testing import postgres_binaries  # noqa: E402
-from airflow_provider_pgdecode.testing.connect_server import ConnectServerError, LocalConnectServer  # noqa: E402
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster, debian_bindir  # noqa: E402
-from airflow_provider_pgdecode.testing.s3_server import LocalS3Server  # noqa: E402
+from pgdecode_testing import postgres_binaries  # noqa: E402
+from pgdecode_testing.connect_server import ConnectServerError, LocalConnectServer  # noqa: E402
+from pgdecode_testing.postgres_cluster import ThrowawayCluster, debian_bindir  # noqa: E402
+from pgdecode_testing.s3_server import LocalS3Server  # noqa: E402
 
 # `make test` keeps the suite within CI's budget: a few long tests repeat, on another plugin or with
 # more kills, what their siblings already cover. PGDECODE_FULL_TESTS=1 runs those repeats too.

@@ -88,7 +88,7 @@ def test_airflow_cli_lists_the_provider_hook_and_trigger(cli: dict[str, Any]) ->
     assert hooks == [
         {
             "connection_type": "pgdecode",
-            "class": "airflow_provider_pgdecode.hooks.pgdecode.PgDecodeConnectionHook",
+            "class": "airflow_provider_pgdecode.hooks.pgdecode.PgDecodeHook",
             "conn_id_attribute_name": "postgres_conn_id",
             "package_name": "airflow-provider-pgdecode",
             "hook_name": "PostgreSQL logical decoding (pgdecode)",

@@ -87,7 +87,9 @@ def cycle_params(data_dir: str, *, source: bool = True, defaults: Mapping[str, A
     sources file). ``defaults`` replaces the default values of some (still overridable per run)."""
     params = {
         "postgres_conn_id": Param(
-            "pgdecode_source", type="string", description="the source database's Airflow connection (postgres type)"
+            "pgdecode_default",
+            type="string",
+            description="the source database's Airflow connection (type pgdecode; postgres works too)",
         ),
         "slot_name": Param(
             "pgdecode",
@@ -187,6 +189,7 @@ def build_cycle(
     """
     spark_pool: dict[str, Any] = {"pool": pool} if pool else {}
     src = source
+    # [START howto_operator_pgdecode_ensure_slot]
     ensure_slot = PgDecodeEnsureSlotOperator(
         task_id="ensure_slot",
         slot_name=src.slot_name,
@@ -194,6 +197,8 @@ def build_cycle(
         two_phase=True,
         postgres_conn_id=src.postgres_conn_id,
     )
+    # [END howto_operator_pgdecode_ensure_slot]
+    # [START howto_operator_pgdecode_slot_health_sensor]
     slot_health = PgDecodeSlotHealthSensor(
         task_id="slot_health",
         slot_name=src.slot_name,
@@ -204,6 +209,8 @@ def build_cycle(
         poke_interval=30,
         timeout=120,
     )
+    # [END howto_operator_pgdecode_slot_health_sensor]
+    # [START howto_operator_pgdecode_slot_changes_sensor]
     wait_for_changes = PgDecodeSlotChangesSensor(
         task_id="wait_for_changes",
         slot_name=src.slot_name,
@@ -217,6 +224,8 @@ def build_cycle(
         # deferrable: [operators] default_deferrable, so a waiting cycle holds no worker slot
         # wherever a triggerer runs.
     )
+    # [END howto_operator_pgdecode_slot_changes_sensor]
+    # [START howto_operator_pgdecode_extract]
     extract = PgDecodeExtractOperator(
         task_id="extract",
         slot_name=src.slot_name,
@@ -233,6 +242,8 @@ def build_cycle(
         max_batch_wal_bytes="{{ params.max_batch_wal_bytes }}",
         multiple_outputs=True,  # its summary's keys as XComs too: extract.output["path"]
     )
+    # [END howto_operator_pgdecode_extract]
+    # [START howto_operator_pgdecode_merge]
     # An XComArg (typed Any: it stands for any templated argument): the operators resolve it when
     # they run, and it orders them after extract.
     extracted: Any = extract.output
@@ -244,6 +255,8 @@ def build_cycle(
         storage_conn_id="{{ params.storage_conn_id }}",
         **spark_pool,
     )
+    # [END howto_operator_pgdecode_merge]
+    # [START howto_operator_pgdecode_confirm]
     confirm = PgDecodeConfirmOperator(
         task_id="confirm",
         slot_name=src.slot_name,
@@ -253,6 +266,8 @@ def build_cycle(
         retention_days=retention_days,
         storage_conn_id="{{ params.storage_conn_id }}",
     )
+    # [END howto_operator_pgdecode_confirm]
+    # [START howto_operator_pgdecode_drain]
     drain = PgDecodeDrainOperator(
         task_id="drain",
         slot_name=src.slot_name,
@@ -261,6 +276,7 @@ def build_cycle(
         outlets=list(merge.outlets),  # its merges emit the same Asset events as the merge task's
         **spark_pool,
     )
+    # [END howto_operator_pgdecode_drain]
 
     ensure_slot >> [slot_health, wait_for_changes]
     wait_for_changes >> extract >> merge >> confirm >> drain  # extract.output also orders merge and confirm

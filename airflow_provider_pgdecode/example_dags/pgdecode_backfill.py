@@ -84,7 +84,9 @@ def backfill_params(
             "pipeline; replay: re-merge retained batches",
         ),
         "postgres_conn_id": Param(
-            "pgdecode_source", type="string", description="the source database's Airflow connection (postgres type)"
+            "pgdecode_default",
+            type="string",
+            description="the source database's Airflow connection (type pgdecode; postgres works too)",
         ),
         "slot_name": Param(
             "pgdecode", type="string", pattern="^[a-z0-9_]{1,63}$", description="the pipeline's replication slot"
@@ -204,6 +206,7 @@ def backfill_dag(
                 raise AirflowSkipException(f"{dag_id} runs when triggered or backfilled, not on its schedule")
             return MODE_TASKS[context["params"]["mode"]]
 
+        # [START howto_operator_pgdecode_initial_snapshot]
         initial_load = PgDecodeInitialSnapshotOperator(
             task_id="initial_load",
             slot_name=src.slot_name,
@@ -218,6 +221,8 @@ def backfill_dag(
             workers="{{ params.workers }}",
             storage_conn_id="{{ params.storage_conn_id }}",
         )
+        # [END howto_operator_pgdecode_initial_snapshot]
+        # [START howto_operator_pgdecode_replay]
         replay = PgDecodeReplayOperator(
             task_id="replay",
             slot_name=src.slot_name,
@@ -226,6 +231,7 @@ def backfill_dag(
             end_lsn="{{ params.end_lsn }}",
             storage_conn_id="{{ params.storage_conn_id }}",
         )
+        # [END howto_operator_pgdecode_replay]
         merge = PgDecodeMergeOperator(
             task_id="merge",
             # Jinja, not an XComArg: the batches of whichever of the two branches ran.
@@ -236,6 +242,7 @@ def backfill_dag(
             storage_conn_id="{{ params.storage_conn_id }}",
             **spark_pool,
         )
+        # [START howto_operator_pgdecode_table_snapshot]
         request = PgDecodeTableSnapshotOperator(
             task_id="prepare",
             slot_name=src.slot_name,
@@ -249,6 +256,8 @@ def backfill_dag(
             postgres_conn_id=src.postgres_conn_id,
             storage_conn_id="{{ params.storage_conn_id }}",
         )
+        # [END howto_operator_pgdecode_table_snapshot]
+        # [START howto_operator_pgdecode_table_snapshot_sensor]
         filed: Any = request.output  # an XComArg (the request id), resolved when the sensor runs
         wait_for_snapshot = PgDecodeTableSnapshotSensor(
             task_id="wait_for_snapshot",
@@ -259,6 +268,7 @@ def backfill_dag(
             poke_interval=30,  # reschedule mode: no worker is held between pokes
             storage_conn_id="{{ params.storage_conn_id }}",
         )
+        # [END howto_operator_pgdecode_table_snapshot_sensor]
 
         choose_mode() >> [initial_load, replay, request]
         [initial_load, replay] >> merge

@@ -46,7 +46,7 @@ def event_driven_dag(
     dag_id: str = "pgdecode_event_driven",
     *,
     slot_name: str = "pgdecode",
-    postgres_conn_id: str = "pgdecode_source",
+    postgres_conn_id: str = "pgdecode_default",
     plugin: str = "test_decoding",
     publication: str = "pgdecode",
     poll_interval: float = 15.0,

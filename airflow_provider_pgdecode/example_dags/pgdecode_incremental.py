@@ -13,7 +13,7 @@ Run one cycle by hand (catches Delta up with the slot)::
 
 Parameters (DAG params, all overridable per run):
 
-- ``postgres_conn_id``: the source database's Airflow connection (``postgres`` type).
+- ``postgres_conn_id``: the source database's Airflow connection (type ``pgdecode``, whose Test button checks what a slot needs; ``postgres`` works too).
 - ``slot_name``: the logical replication slot (created, two-phase, when missing).
 - ``plugin``: ``test_decoding`` or ``pgoutput``.
 - ``publication``: the publication a ``pgoutput`` slot reads (ignored for test_decoding).

@@ -85,6 +85,7 @@ with DAG(
         ),
     },
 ) as dag:
+    # [START howto_operator_pgdecode_delta_maintenance]
     PgDecodeDeltaMaintenanceOperator(
         task_id="maintenance",
         delta_root="{{ params.delta_root }}",
@@ -97,3 +98,4 @@ with DAG(
         conn_id="{{ params.spark_conn_id }}",
         storage_conn_id="{{ params.storage_conn_id }}",
     )
+    # [END howto_operator_pgdecode_delta_maintenance]

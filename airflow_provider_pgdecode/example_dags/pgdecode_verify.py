@@ -57,7 +57,9 @@ with DAG(
     doc_md=__doc__,
     params={
         "postgres_conn_id": Param(
-            "pgdecode_source", type="string", description="the source database's Airflow connection (postgres type)"
+            "pgdecode_default",
+            type="string",
+            description="the source database's Airflow connection (type pgdecode; postgres works too)",
         ),
         "slot_name": Param(
             "pgdecode", type="string", pattern="^[a-z0-9_]{1,63}$", description="the pipeline's replication slot"
@@ -89,6 +91,7 @@ with DAG(
         "max_keys": Param(100, type="integer", minimum=0, description="differing keys listed per table"),
     },
 ) as dag:
+    # [START howto_operator_pgdecode_verify_snapshot]
     verify_snapshot = PgDecodeVerifySnapshotOperator(
         task_id="verify_snapshot",
         slot_name="{{ params.slot_name }}",
@@ -102,6 +105,7 @@ with DAG(
         storage_conn_id="{{ params.storage_conn_id }}",
         multiple_outputs=True,  # the snapshot's keys as XComs too: snapshot["lsn"]
     )
+    # [END howto_operator_pgdecode_verify_snapshot]
     # XComArgs (typed Any: they stand for any templated argument): the operators resolve them when
     # they run, and they order the tasks.
     snapshot: Any = verify_snapshot.output
@@ -127,6 +131,7 @@ with DAG(
         conn_id="{{ params.spark_conn_id }}",
         storage_conn_id="{{ params.storage_conn_id }}",
     )
+    # [START howto_operator_pgdecode_verify]
     verify = PgDecodeVerifyOperator(
         task_id="verify",
         snapshot=snapshot,
@@ -135,5 +140,6 @@ with DAG(
         max_keys="{{ params.max_keys }}",
         storage_conn_id="{{ params.storage_conn_id }}",
     )
+    # [END howto_operator_pgdecode_verify]
 
     verify_snapshot >> extract >> merge >> verify

@@ -25,18 +25,20 @@ if TYPE_CHECKING:
 class PgDecodeHook(PostgresHook):
     """Slot lifecycle, bounded peeks, advancing, heartbeats and catalog lookups.
 
-    A :class:`~airflow.providers.postgres.hooks.postgres.PostgresHook` (same connection type and
+    A :class:`~airflow.providers.postgres.hooks.postgres.PostgresHook` (the same fields and
     extras: ssl, IAM, ``options``), whose connection is opened lazily in autocommit mode on first
     use and reused by the methods here. Close it with :meth:`close` (or use the hook as a
     context manager).
 
-    :meth:`test_connection` (``airflow connections test``, the UI's Test button) checks what a
-    slot needs, for the output plugin and two-phase setting given here or in the connection's
-    extra (``{"plugin": "pgoutput", "two_phase": false}``; these two keys are not passed to the
-    driver).
+    Its connection type is ``pgdecode``: for a connection of that type, :meth:`test_connection`
+    (``airflow connections test``, the UI's Test button) checks what a slot needs, for the output
+    plugin and two-phase setting given here or in the connection's extra (``{"plugin": "pgoutput",
+    "two_phase": false}``; these two keys are not passed to the driver). A ``postgres`` connection
+    works too, but Airflow tests it with the Postgres provider's ``select 1``, which says nothing
+    about ``wal_level`` or replication.
 
     :param postgres_conn_id: the Airflow connection id of the source database
-        (default ``pgdecode_source``).
+        (default ``pgdecode_default``).
     :param plugin: the output plugin :meth:`test_connection` checks for; default the extra's
         ``plugin``, else ``test_decoding``.
     :param two_phase: whether :meth:`test_connection` checks for two-phase slots; default the
@@ -45,9 +47,9 @@ class PgDecodeHook(PostgresHook):
     """
 
     conn_name_attr = "postgres_conn_id"
-    default_conn_name = "pgdecode_source"
-    conn_type = "postgres"
-    hook_name = "PostgreSQL logical decoding"
+    default_conn_name = "pgdecode_default"
+    conn_type = "pgdecode"
+    hook_name = "PostgreSQL logical decoding (pgdecode)"
     #: Extras read by pgdecode itself, not libpq connection parameters.
     ignored_extra_options = PostgresHook.ignored_extra_options | {"plugin", "two_phase"}
 
@@ -286,14 +288,5 @@ class PgDecodeHook(PostgresHook):
         return self.get_catalog().replica_identity(schema, table)
 
 
-class PgDecodeConnectionHook(PgDecodeHook):
-    """:class:`PgDecodeHook` registered under its own connection type, ``pgdecode``.
-
-    A ``pgdecode`` connection has the fields of a ``postgres`` one (host, port, login,
-    password, database, extras); either type works with every pgdecode hook, operator and
-    sensor. The separate type only lets Airflow list the hook (``airflow providers hooks``)
-    and offer it in the connection form, since ``postgres`` belongs to the Postgres provider.
-    """
-
-    conn_type = "pgdecode"
-    hook_name = "PostgreSQL logical decoding (pgdecode)"
+PgDecodeConnectionHook = PgDecodeHook
+"""The former name of :class:`PgDecodeHook` under the ``pgdecode`` connection type (now its own)."""

@@ -48,8 +48,8 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
         )
 
     :param slot_name: the replication slot. (templated)
-    :param postgres_conn_id: the Airflow connection of the slot's database (``postgres`` or
-        ``pgdecode`` type). (templated)
+    :param postgres_conn_id: the Airflow connection of the slot's database (``pgdecode`` or
+        ``postgres`` type). (templated)
     :param min_lag_bytes: wait until the slot lags the WAL by at least this many bytes before
         probing (to let changes accumulate into bigger batches).
     :param advance_lag_bytes: also succeed when the slot retains at least this many bytes of

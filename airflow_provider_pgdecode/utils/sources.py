@@ -344,7 +344,7 @@ FIELDS = (
 
 
 REQUIRED = {
-    "postgres_conn_id": "the Airflow connection (postgres type) of its database",
+    "postgres_conn_id": "the Airflow connection (type pgdecode; postgres works too) of its database",
     "slot": "the name of its replication slot (created by the first run when missing)",
     "plugin": "its output plugin, one of " + ", ".join(PLUGINS),
 }

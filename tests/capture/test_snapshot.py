@@ -26,7 +26,7 @@ from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CatalogError, StagingError
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
-from airflow_provider_pgdecode.testing.compare import compare_table
+from pgdecode_testing.compare import compare_table
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 

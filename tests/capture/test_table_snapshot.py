@@ -217,7 +217,7 @@ class Pipeline:
 
 
 def _equal(conn: psycopg.Connection, spark: Any, delta: str, *names: tuple[str, str]) -> None:
-    from airflow_provider_pgdecode.testing.compare import compare_table
+    from pgdecode_testing.compare import compare_table
 
     for schema, table in names:
         result = compare_table(conn, spark, delta, schema, table)

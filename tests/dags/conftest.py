@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_pgdecode.testing.connect_server import LocalConnectServer
+from pgdecode_testing.connect_server import LocalConnectServer
 from tests.jars import cached_delta_jars
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
 from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator
-from airflow_provider_pgdecode.testing.compare import compare_table
+from pgdecode_testing.compare import compare_table
 from tests.dags.test_pgdecode_incremental import airflow_db, run  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
@@ -24,7 +24,7 @@ def drain_dag(pg_cluster, pg_conn, slot_name, tmp_path, monkeypatch, airflow_db,
     from airflow.dag_processing.dagbag import DagBag
 
     pg_conn.execute(f"drop table if exists {TABLE}; create table {TABLE} (id int primary key, v text)")
-    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json("pgdecode_test"))
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_DEFAULT", pg_cluster.airflow_conn_json("pgdecode_test"))
     monkeypatch.setenv("PGDECODE_WAIT_SECONDS", "3")
     bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags"))
     assert not bag.import_errors, bag.import_errors

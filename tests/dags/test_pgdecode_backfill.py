@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pgdecode.testing.compare import compare_table
+from pgdecode_testing.compare import compare_table
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
 
@@ -36,7 +36,7 @@ def dags(pg_cluster, pg_conn, slot_name, tmp_path, monkeypatch, airflow_db):
     )
     pg_conn.execute("insert into bf_customers select g, 'c' || g, date '2026-01-01' + g from generate_series(1, 300) g")
     pg_conn.execute("insert into bf_orders select g, g % 300, g * 1.25, 'new' from generate_series(1, 2000) g")
-    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json("pgdecode_test"))
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_DEFAULT", pg_cluster.airflow_conn_json("pgdecode_test"))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     monkeypatch.setenv("PGDECODE_WAIT_SECONDS", "3")
     bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags"))

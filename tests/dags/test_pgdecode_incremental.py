@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.testing.compare import compare_table
+from pgdecode_testing.compare import compare_table
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
 
@@ -41,7 +41,7 @@ def incremental(request, pg_cluster, pg_conn, slot_name, tmp_path, monkeypatch, 
         " create table dag_orders (id bigint primary key, customer_id int, amount numeric(10,2), status text);"
         f" create publication dag_pub for table {', '.join(TABLES)}"
     )
-    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json("pgdecode_test"))
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_DEFAULT", pg_cluster.airflow_conn_json("pgdecode_test"))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     monkeypatch.setenv("PGDECODE_WAIT_SECONDS", "3")  # a run without changes skips quickly
     bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags"))

@@ -18,8 +18,8 @@ import pytest
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
 from airflow_provider_pgdecode.batch.storage import Storage
-from airflow_provider_pgdecode.testing.compare import compare_table
-from airflow_provider_pgdecode.testing.s3_server import SECRET_KEY
+from pgdecode_testing.compare import compare_table
+from pgdecode_testing.s3_server import SECRET_KEY
 from tests.conftest import full_only
 from tests.dags.test_pgdecode_incremental import airflow_db, run  # noqa: F401 - fixture
 
@@ -33,7 +33,7 @@ def dags_on_s3(pg_cluster, s3_server, monkeypatch):
     (``pgdecode_lake``) in the environment."""
     from airflow.dag_processing.dagbag import DagBag
 
-    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json("pgdecode_test"))
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_DEFAULT", pg_cluster.airflow_conn_json("pgdecode_test"))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_LAKE", s3_server.airflow_conn_json())
     monkeypatch.setenv("PGDECODE_WAIT_SECONDS", "3")

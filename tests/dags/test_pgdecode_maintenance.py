@@ -19,7 +19,7 @@ from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.spark.maintenance_job import discover_tables, read_log_state
 from airflow_provider_pgdecode.spark.merge_job import app_id, delta_ref, merge_batches, transaction_id
-from airflow_provider_pgdecode.testing.compare import compare_table
+from pgdecode_testing.compare import compare_table
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
 

@@ -16,8 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from airflow_provider_pgdecode.testing.compare import compare_table
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
+from pgdecode_testing.compare import compare_table
+from pgdecode_testing.postgres_cluster import ThrowawayCluster
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
 

@@ -83,7 +83,7 @@ def pipeline(pg_cluster, pg_conn, pg_dsn, slot_name, tmp_path, monkeypatch, airf
         load = stage_snapshot(pg_dsn, snapshot.snapshot_name, snapshot.consistent_lsn, slot_name, staging, TABLES)
     merge_batches(spark, [str(load.path)], delta)
 
-    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json("pgdecode_test"))
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_DEFAULT", pg_cluster.airflow_conn_json("pgdecode_test"))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags"))
     assert not bag.import_errors, bag.import_errors

@@ -1,5 +1,5 @@
 """The DAGs on a real Airflow deployment: scheduler, DAG processor, triggerer and API server as
-separate processes (:class:`~airflow_provider_pgdecode.testing.airflow_deployment.AirflowDeployment`),
+separate processes (:class:`~pgdecode_testing.airflow_deployment.AirflowDeployment`),
 the throwaway PostgreSQL as the metadata database, the LocalExecutor, real Spark and Delta. The
 merges run as client sessions of the test session's Spark Connect server (a ``spark_connect``
 ``spark_default``), as a deployment that wants its lake seconds behind PostgreSQL would run them;
@@ -30,10 +30,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from airflow_provider_pgdecode.testing.airflow_deployment import AirflowDeployment
-from airflow_provider_pgdecode.testing.compare import compare_table
-from airflow_provider_pgdecode.testing.connect_server import LocalConnectServer
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
+from pgdecode_testing.airflow_deployment import AirflowDeployment
+from pgdecode_testing.compare import compare_table
+from pgdecode_testing.connect_server import LocalConnectServer
+from pgdecode_testing.postgres_cluster import ThrowawayCluster
 
 # A real deployment: migrating its database and starting four components take minutes.
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -122,7 +122,7 @@ def deployment(
         for slot in (EVENT_SLOT, CRON_SLOT):
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (slot,))
     env = {
-        "AIRFLOW_CONN_PGDECODE_SOURCE": pg_cluster.airflow_conn_json(SOURCE_DB),
+        "AIRFLOW_CONN_PGDECODE_DEFAULT": pg_cluster.airflow_conn_json(SOURCE_DB),
         "AIRFLOW_CONN_SPARK_DEFAULT": spark_connect_server.airflow_conn_json,
         "AIRFLOW__PGDECODE__DATA_DIR": str(data_dir),
         "AIRFLOW__PGDECODE__SCHEDULE": "* * * * *",
@@ -192,7 +192,7 @@ def test_event_driven_runs_bring_each_commit_to_delta(deployment: Deployment, sp
     )
     events = deployment.meta(
         "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.uri = %s ORDER BY e.id",
-        f"pgdecode-slot://pgdecode_source/{EVENT_SLOT}",
+        f"pgdecode-slot://pgdecode_default/{EVENT_SLOT}",
     )
     payloads = [(e[0] if isinstance(e[0], dict) else json.loads(e[0]))["payload"] for e in events]
     assert [p["status"] for p in payloads] == ["success", "success"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from airflow_provider_pgdecode.testing.airflow_deployment import (
+from pgdecode_testing.airflow_deployment import (
     AirflowDeployment,
     DeploymentError,
     _stop_group,

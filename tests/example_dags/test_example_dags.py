@@ -119,10 +119,10 @@ def test_the_event_driven_dag_is_the_cycle_scheduled_on_the_slots_asset(bag, tmp
     assert _edges(event) == _edges(incremental)
     (asset,) = event.timetable.asset_condition.objects
     assert isinstance(asset, Asset)
-    assert (asset.name, asset.uri) == ("pgdecode_slot_pgdecode", "pgdecode-slot://pgdecode_source/pgdecode")
+    assert (asset.name, asset.uri) == ("pgdecode_slot_pgdecode", "pgdecode-slot://pgdecode_default/pgdecode")
     (watcher,) = asset.watchers
     assert isinstance(watcher.trigger, SlotChangesEventTrigger)
-    assert watcher.trigger.slot_name == "pgdecode" and watcher.trigger.postgres_conn_id == "pgdecode_source"
+    assert watcher.trigger.slot_name == "pgdecode" and watcher.trigger.postgres_conn_id == "pgdecode_default"
     # the watched slot is the one every task reads: fixed at parse time, not a param
     assert "slot_name" not in event.params and "postgres_conn_id" not in event.params
     for task_id in ("ensure_slot", "wait_for_changes", "extract", "confirm"):

@@ -168,7 +168,7 @@ def airflow_env(airflow_home: Path, source_conn_json: str, *, extra: dict[str, s
             "AIRFLOW_HOME": str(airflow_home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW_CONN_PGDECODE_SOURCE": source_conn_json,
+            "AIRFLOW_CONN_PGDECODE_DEFAULT": source_conn_json,
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
             "PGDECODE_WAIT_SECONDS": "2",
             "SPARK_LOCAL_IP": "127.0.0.1",

@@ -18,7 +18,7 @@ from airflow_provider_pgdecode.batch.manifest import list_batches, read_batches
 from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.errors import StagingError, is_deterministic
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
-from airflow_provider_pgdecode.testing.compare import compare_table
+from pgdecode_testing.compare import compare_table
 from tests.faults.conftest import slot_position
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]

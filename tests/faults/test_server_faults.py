@@ -20,8 +20,8 @@ from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
 from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.errors import SlotConnectionLostError, is_deterministic
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
-from airflow_provider_pgdecode.testing.compare import compare_table
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
+from pgdecode_testing.compare import compare_table
+from pgdecode_testing.postgres_cluster import ThrowawayCluster
 from tests.faults.conftest import slot_position
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from airflow_provider_pgdecode.errors import ServerNotReadyError, is_deterministic
-from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeConnectionHook, PgDecodeHook
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
+from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from pgdecode_testing.postgres_cluster import ThrowawayCluster
 
 pytestmark = pytest.mark.postgres
 
@@ -67,7 +67,7 @@ def test_airflow_runs_it_for_a_pgdecode_connection(connect: Any) -> None:
     from airflow.models.connection import Connection
 
     connection = Connection.get_connection_from_secrets(connect())
-    assert isinstance(connection.get_hook(), PgDecodeConnectionHook)
+    assert isinstance(connection.get_hook(), PgDecodeHook)
     ok, message = connection.test_connection()
     assert ok is True and message.startswith("ready for test_decoding slots"), message
 

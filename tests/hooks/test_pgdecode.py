@@ -11,7 +11,7 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.postgres.catalog import ReplicaIdentity
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
+from pgdecode_testing.postgres_cluster import ThrowawayCluster
 
 pytestmark = pytest.mark.postgres
 
@@ -21,15 +21,15 @@ def hook(pg_cluster: ThrowawayCluster, pg_dsn: str, monkeypatch: pytest.MonkeyPa
     conn = json.loads(pg_cluster.airflow_conn_json("pgdecode_test"))
     # Airflow's "cursor" extra gives dict rows; the slot client must not depend on the row factory.
     conn["extra"] = {"cursor": "dictcursor"}
-    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", json.dumps(conn))
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_DEFAULT", json.dumps(conn))
     with PgDecodeHook() as hook:
         yield hook
 
 
 def test_hook_metadata_and_lazy_connection() -> None:
-    assert PgDecodeHook.conn_type == "postgres"
-    assert PgDecodeHook.default_conn_name == "pgdecode_source"
-    assert PgDecodeHook.hook_name == "PostgreSQL logical decoding"
+    assert PgDecodeHook.conn_type == "pgdecode"
+    assert PgDecodeHook.default_conn_name == "pgdecode_default"
+    assert PgDecodeHook.hook_name == "PostgreSQL logical decoding (pgdecode)"
     # No connection lookup in __init__: an unknown id only fails on use.
     hook = PgDecodeHook(postgres_conn_id="does_not_exist")
     assert hook.get_conn_id() == "does_not_exist"

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
+from pgdecode_testing.postgres_cluster import ThrowawayCluster
 
 
 class FakeTI:
@@ -36,6 +36,6 @@ def make_context() -> Any:
 
 @pytest.fixture
 def source_conn(pg_cluster: ThrowawayCluster, pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    """``pgdecode_source`` pointing at the test database (env var form, as hooks outside a task see it)."""
-    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json("pgdecode_test"))
-    return "pgdecode_source"
+    """``pgdecode_default`` pointing at the test database (env var form, as hooks outside a task see it)."""
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_DEFAULT", pg_cluster.airflow_conn_json("pgdecode_test"))
+    return "pgdecode_default"

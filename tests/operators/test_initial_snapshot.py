@@ -17,7 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.operators import PgDecodeInitialSnapshotOperator
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
+from pgdecode_testing.postgres_cluster import ThrowawayCluster
 
 pytestmark = pytest.mark.postgres
 
@@ -139,10 +139,10 @@ def test_bad_settings_fail_before_the_slot_is_created(
 
 @pytest.fixture
 def own_database(pg_cluster: ThrowawayCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A database of its own (the shared one holds other tests' tables); ``pgdecode_source`` points at it."""
+    """A database of its own (the shared one holds other tests' tables); ``pgdecode_default`` points at it."""
     name = f"init_{uuid.uuid4().hex[:10]}"
     pg_cluster.create_database(name)
-    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json(name))
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_DEFAULT", pg_cluster.airflow_conn_json(name))
     yield name
     with pg_cluster.connect(name) as conn:
         conn.execute(

@@ -43,8 +43,8 @@ def pg_dsn(pg_cluster: Any, module_database: str) -> str:
 
 @pytest.fixture
 def source_conn(pg_cluster: Any, module_database: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json(module_database))
-    return "pgdecode_source"
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_DEFAULT", pg_cluster.airflow_conn_json(module_database))
+    return "pgdecode_default"
 
 
 def new_table(conn: psycopg.Connection[Any]) -> str:
@@ -357,10 +357,10 @@ def test_on_kill_cancels_a_running_extract_and_stages_nothing(
 
 @pytest.fixture
 def own_database(pg_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A database of its own as ``pgdecode_source``: ``tables=[]`` sees only this test's tables."""
+    """A database of its own as ``pgdecode_default``: ``tables=[]`` sees only this test's tables."""
     name = f"sel_{uuid.uuid4().hex[:10]}"
     pg_cluster.create_database(name)
-    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json(name))
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_DEFAULT", pg_cluster.airflow_conn_json(name))
     conn = pg_cluster.connect(name)
     yield conn
     conn.execute(

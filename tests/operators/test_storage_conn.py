@@ -28,7 +28,7 @@ from airflow_provider_pgdecode.operators import (
 from airflow_provider_pgdecode.operators.verify_snapshot import PgDecodeVerifySnapshotOperator
 from airflow_provider_pgdecode.sensors.slot_changes import PgDecodeSlotChangesSensor
 from airflow_provider_pgdecode.sensors.table_snapshot import PgDecodeTableSnapshotSensor
-from airflow_provider_pgdecode.testing.s3_server import ACCESS_KEY, REGION, SECRET_KEY, LocalS3Server
+from pgdecode_testing.s3_server import ACCESS_KEY, REGION, SECRET_KEY, LocalS3Server
 from tests.operators.conftest import FakeTI
 
 pytestmark = pytest.mark.s3

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pgdecode.testing import postgres_binaries as binaries
-from airflow_provider_pgdecode.testing.postgres_cluster import ClusterError, debian_bindir, find_bindir
+from pgdecode_testing import postgres_binaries as binaries
+from pgdecode_testing.postgres_cluster import ClusterError, debian_bindir, find_bindir
 
 RELEASES = [
     "17.9.0-beta.17",

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster, find_bindir
+from pgdecode_testing.postgres_cluster import ThrowawayCluster, find_bindir
 
 pytestmark = pytest.mark.postgres
 
@@ -51,7 +51,7 @@ def test_connection_helpers(pg_cluster: ThrowawayCluster, pg_dsn: str) -> None:
     with pg_cluster.connect("pgdecode_test", autocommit=False) as conn:
         assert conn.autocommit is False
     assert json.loads(pg_cluster.airflow_conn_json("pgdecode_test")) == {
-        "conn_type": "postgres",
+        "conn_type": "pgdecode",
         "host": "127.0.0.1",
         "port": pg_cluster.port,
         "login": "postgres",

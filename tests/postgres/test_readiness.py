@@ -23,7 +23,7 @@ from airflow_provider_pgdecode.postgres.readiness import (
     wal_level_not_logical,
 )
 from airflow_provider_pgdecode.postgres.slot import SlotClient
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
+from pgdecode_testing.postgres_cluster import ThrowawayCluster
 
 READY = ServerFacts(
     server_version_num=150018,

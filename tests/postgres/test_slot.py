@@ -14,7 +14,7 @@ from airflow_provider_pgdecode.errors import CatalogError, ServerNotReadyError, 
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, ReplicaIdentity
 from airflow_provider_pgdecode.postgres.health import check_readable, slot_invalidated
 from airflow_provider_pgdecode.postgres.slot import SlotClient
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
+from pgdecode_testing.postgres_cluster import ThrowawayCluster
 
 pytestmark = pytest.mark.postgres
 

@@ -8,25 +8,25 @@ from typing import Any
 import psycopg
 import pytest
 
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
+from pgdecode_testing.postgres_cluster import ThrowawayCluster
 
 
 @pytest.fixture
 def source_conn(pg_cluster: ThrowawayCluster, pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    """``pgdecode_source`` pointing at the shared test database."""
-    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json("pgdecode_test"))
-    return "pgdecode_source"
+    """``pgdecode_default`` pointing at the shared test database."""
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_DEFAULT", pg_cluster.airflow_conn_json("pgdecode_test"))
+    return "pgdecode_default"
 
 
 @pytest.fixture
 def small_wal_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[ThrowawayCluster]:
     """A cluster of its own with max_slot_wal_keep_size = 1MB, so a slot can be made unreserved or lost.
 
-    ``pgdecode_source`` points at its ``postgres`` database. Separate from the shared cluster:
+    ``pgdecode_default`` points at its ``postgres`` database. Separate from the shared cluster:
     its CHECKPOINTs would invalidate other tests' slots.
     """
     with ThrowawayCluster({"max_slot_wal_keep_size": "1MB"}) as cluster:
-        monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", cluster.airflow_conn_json("postgres"))
+        monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_DEFAULT", cluster.airflow_conn_json("postgres"))
         yield cluster
 
 

@@ -99,7 +99,7 @@ def test_deferrable_sensor_defers_to_the_trigger_only_when_needed(
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_provider_pgdecode.triggers.slot_changes.SlotChangesTrigger"
     assert json.loads(json.dumps(kwargs)) == kwargs
-    assert kwargs["slot_name"] == slot_name and kwargs["postgres_conn_id"] == "pgdecode_source"
+    assert kwargs["slot_name"] == slot_name and kwargs["postgres_conn_id"] == "pgdecode_default"
     assert kwargs["poll_interval"] == 5 and kwargs["advance_lag_bytes"] == 1 << 30
 
     pg_conn.execute(f"INSERT INTO {table} VALUES (1)")

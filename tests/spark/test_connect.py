@@ -35,8 +35,8 @@ from airflow_provider_pgdecode.spark.merge_job import (
     transaction_id,
 )
 from airflow_provider_pgdecode.spark.session import CONNECT_MODE_ENV, build_connect_session
-from airflow_provider_pgdecode.testing.compare import compare_table
-from airflow_provider_pgdecode.testing.connect_server import LocalConnectServer
+from pgdecode_testing.compare import compare_table
+from pgdecode_testing.connect_server import LocalConnectServer
 from tests.conftest import REPO
 from tests.spark.staged import Model, TableChanges, write_batch
 from tests.spark.test_postgres_oracle import TABLES, round_one, round_two, source  # noqa: F401 - the fixture

@@ -34,7 +34,7 @@ from airflow_provider_pgdecode.capture.verify import stage_verify_snapshot
 from airflow_provider_pgdecode.operators.replay import PgDecodeReplayOperator
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
 from airflow_provider_pgdecode.spark.verify_job import verify_tables
-from airflow_provider_pgdecode.testing.compare import compare_table
+from pgdecode_testing.compare import compare_table
 from tests.conftest import PLUGIN_REPEAT, full_only, two_plugin_source
 from tests.spark.staged import UNCHANGED, TableChanges, write_batch
 

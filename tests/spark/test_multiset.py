@@ -19,7 +19,7 @@ from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.errors import MergeInputError
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
 from airflow_provider_pgdecode.spark.multiset import uncomparable_columns
-from airflow_provider_pgdecode.testing.compare import compare_table
+from pgdecode_testing.compare import compare_table
 from tests.conftest import PLUGIN_REPEAT, full_only
 from tests.spark.staged import TableChanges, write_batch
 

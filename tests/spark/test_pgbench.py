@@ -18,8 +18,8 @@ from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
-from airflow_provider_pgdecode.testing.compare import compare_table
-from airflow_provider_pgdecode.testing.postgres_cluster import find_bindir
+from pgdecode_testing.compare import compare_table
+from pgdecode_testing.postgres_cluster import find_bindir
 from tests.conftest import PLUGIN_REPEAT, full_only
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
@@ -33,7 +33,7 @@ def test_pgbench_with_an_append_only_history_through_both_plugins(
 ) -> None:
     database = f"bench_{uuid.uuid4().hex[:8]}"
     pg_cluster.create_database(database)
-    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json(database))
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_DEFAULT", pg_cluster.airflow_conn_json(database))
     slot = f"bench_{uuid.uuid4().hex[:8]}"
     pgbench = [str(find_bindir() / "pgbench"), "-h", pg_cluster.host, "-p", str(pg_cluster.port)]
     pgbench += ["-U", pg_cluster.user]

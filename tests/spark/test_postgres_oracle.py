@@ -10,7 +10,7 @@ import pytest
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches
-from airflow_provider_pgdecode.testing.compare import compare_table
+from pgdecode_testing.compare import compare_table
 from tests.conftest import FULL_TESTS, SESSION_MAJOR
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]

@@ -23,7 +23,7 @@ from airflow_provider_pgdecode.capture.snapshot import TRUNCATE_PART, create_slo
 from airflow_provider_pgdecode.errors import MergeInputError
 from airflow_provider_pgdecode.spark import merge_job
 from airflow_provider_pgdecode.spark.merge_job import MergeOptions, app_id, merge_batches, read_delta_state
-from airflow_provider_pgdecode.testing.compare import compare_table
+from pgdecode_testing.compare import compare_table
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 

@@ -13,7 +13,7 @@ from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.errors import MergeInputError
 from airflow_provider_pgdecode.operators.merge import delta_table_asset
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
-from airflow_provider_pgdecode.testing.compare import compare_table
+from pgdecode_testing.compare import compare_table
 from tests.conftest import PLUGIN_REPEAT, full_only
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]

@@ -12,7 +12,7 @@ from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.errors import MergeInputError
 from airflow_provider_pgdecode.spark.merge_job import merge_batches, read_delta_state
-from airflow_provider_pgdecode.testing.compare import compare_table
+from pgdecode_testing.compare import compare_table
 from tests.conftest import PLUGIN_REPEAT, full_only, two_plugin_source
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]

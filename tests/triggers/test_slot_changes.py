@@ -14,19 +14,19 @@ import pytest
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
 from airflow_provider_pgdecode.triggers import slot_changes
 from airflow_provider_pgdecode.triggers.slot_changes import (
     SlotChangesTrigger,
     classify_pgoutput_rows,
     classify_text_rows,
 )
+from pgdecode_testing.postgres_cluster import ThrowawayCluster
 
 
 @pytest.fixture
 def source_conn(pg_cluster: ThrowawayCluster, pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json("pgdecode_test"))
-    return "pgdecode_source"
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_DEFAULT", pg_cluster.airflow_conn_json("pgdecode_test"))
+    return "pgdecode_default"
 
 
 async def first_event(trigger: SlotChangesTrigger, timeout: float = 20) -> dict[str, Any]:
@@ -143,7 +143,7 @@ async def test_a_snapshot_request_on_object_storage_fires_through_the_storage_co
 ) -> None:
     from airflow_provider_pgdecode.batch.storage import Storage
     from airflow_provider_pgdecode.capture.table_snapshot import request_table_snapshot
-    from airflow_provider_pgdecode.testing.s3_server import SECRET_KEY
+    from pgdecode_testing.s3_server import SECRET_KEY
 
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)

@@ -15,7 +15,6 @@ import pytest
 from airflow.triggers.base import BaseEventTrigger
 
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-from airflow_provider_pgdecode.testing.postgres_cluster import ThrowawayCluster
 from airflow_provider_pgdecode.triggers.slot_changes import SlotChangesTrigger
 from airflow_provider_pgdecode.triggers.slot_event import (
     STATE_KEY,
@@ -23,12 +22,13 @@ from airflow_provider_pgdecode.triggers.slot_event import (
     should_fire,
     slot_asset,
 )
+from pgdecode_testing.postgres_cluster import ThrowawayCluster
 
 
 @pytest.fixture
 def source_conn(pg_cluster: ThrowawayCluster, pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json("pgdecode_test"))
-    return "pgdecode_source"
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_DEFAULT", pg_cluster.airflow_conn_json("pgdecode_test"))
+    return "pgdecode_default"
 
 
 class Events:

@@ -152,10 +152,10 @@ def test_airflows_native_setting_reaches_the_extract(
     from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
     from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator
 
-    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_SOURCE", pg_cluster.airflow_conn_json("pgdecode_test"))
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_DEFAULT", pg_cluster.airflow_conn_json("pgdecode_test"))
     table = f"cfg_{uuid.uuid4().hex[:10]}"
     pg_conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v text)")
-    with PgDecodeHook(postgres_conn_id="pgdecode_source") as hook:
+    with PgDecodeHook(postgres_conn_id="pgdecode_default") as hook:
         hook.ensure_slot(slot_name)
     pg_conn.execute(f"INSERT INTO {table} SELECT g, 'v' || g FROM generate_series(1, 5) g")
     chosen: list[bool | None] = []

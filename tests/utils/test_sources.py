@@ -104,7 +104,7 @@ def test_a_missing_field() -> None:
     message = refused("sources:\n  shop:\n    slot: pgdecode_shop\n    plugin: test_decoding\n")
     assert message == (
         "dags/pgdecode_sources.yaml:2: source 'shop': field 'postgres_conn_id': missing: every source needs the "
-        "Airflow connection (postgres type) of its database"
+        "Airflow connection (type pgdecode; postgres works too) of its database"
     )
     message = refused("sources:\n  shop:\n    postgres_conn_id: db\n    slot: s\n")
     assert "source 'shop': field 'plugin': missing: every source needs its output plugin, one of test_decoding, " in (

@@ -1,6 +1,6 @@
 """A throwaway PostgreSQL cluster for tests, benchmarks and the demo.
 
-Run ``python -m airflow_provider_pgdecode.testing.postgres_cluster`` to start one by hand: it
+Run ``python -m pgdecode_testing.postgres_cluster`` to start one by hand: it
 prints the DSN and keeps the cluster up until Ctrl-C.
 """
 
@@ -28,8 +28,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from airflow_provider_pgdecode.testing.postgres_binaries import BinariesError, parse_major, requested_major
-from airflow_provider_pgdecode.testing.postgres_binaries import bindir as binaries_bindir
+from pgdecode_testing.postgres_binaries import BinariesError, parse_major, requested_major
+from pgdecode_testing.postgres_binaries import bindir as binaries_bindir
 
 DEFAULT_SETTINGS: dict[str, str] = {
     "listen_addresses": "127.0.0.1",
@@ -66,7 +66,7 @@ def find_bindir(pg_version: int | str | None = None) -> Path:
 
     ``pg_version`` (default: the ``PG_VERSION`` environment variable) picks a major, 14 to 18:
     Debian's own when it is that major, else the one fetched into the project-local cache
-    (:mod:`~airflow_provider_pgdecode.testing.postgres_binaries`). Without one, the newest
+    (:mod:`~pgdecode_testing.postgres_binaries`). Without one, the newest
     installed Debian PostgreSQL (15 here), else ``pg_config --bindir``.
     """
     try:
@@ -333,9 +333,10 @@ class ThrowawayCluster:
         return self.dsn(name)
 
     def airflow_conn_json(self, dbname: str) -> str:
-        """The JSON form of an Airflow ``postgres`` connection, for an ``AIRFLOW_CONN_<ID>`` env var."""
+        """The JSON form of an Airflow ``pgdecode`` connection (the type the README tells users to
+        create), for an ``AIRFLOW_CONN_<ID>`` env var."""
         return json.dumps(
-            {"conn_type": "postgres", "host": self.host, "port": self.port, "login": self.user, "schema": dbname}
+            {"conn_type": "pgdecode", "host": self.host, "port": self.port, "login": self.user, "schema": dbname}
         )
 
 

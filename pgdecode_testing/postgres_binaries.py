@@ -10,7 +10,7 @@ against the registry's ``dist.integrity`` (sha512), unpacks it into ``.cache/pos
 (or ``$PGDECODE_POSTGRES_CACHE/<major>/``) and records what it fetched in a stamp file, written
 last: a directory without the stamp is an interrupted fetch and is fetched again.
 
-``scripts/fetch_postgres.py`` is its command line; :func:`~airflow_provider_pgdecode.testing.postgres_cluster.find_bindir`
+``scripts/fetch_postgres.py`` is its command line; :func:`~pgdecode_testing.postgres_cluster.find_bindir`
 looks here when ``PG_VERSION`` asks for a major.
 """
 
@@ -78,7 +78,7 @@ def cache_root() -> Path:
     override = os.environ.get("PGDECODE_POSTGRES_CACHE")
     if override:
         return Path(override)
-    return Path(__file__).resolve().parents[2] / ".cache" / "postgres"
+    return Path(__file__).resolve().parents[1] / ".cache" / "postgres"
 
 
 def _release_key(version: str) -> tuple[int, int, int, int] | None:

@@ -3,13 +3,13 @@ separate processes, a PostgreSQL metadata database and the LocalExecutor.
 
 Example::
 
-    from airflow_provider_pgdecode.testing.airflow_deployment import AirflowDeployment
+    from pgdecode_testing.airflow_deployment import AirflowDeployment
 
     with AirflowDeployment(
         tmp_path / "airflow",
         metadata_dsn="postgresql+psycopg2://postgres@127.0.0.1:5432/airflow",
         dags_folder=tmp_path / "dags",
-        env={"AIRFLOW_CONN_PGDECODE_SOURCE": "..."},
+        env={"AIRFLOW_CONN_PGDECODE_DEFAULT": "..."},
     ) as airflow:
         airflow.cli("dags", "unpause", "pgdecode_incremental")
         airflow.wait_for(lambda: ..., what="a successful run", timeout=300)

@@ -24,12 +24,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from airflow_provider_pgdecode.spark.connect_server import DEFAULT_START_TIMEOUT, READY_PREFIX
-from airflow_provider_pgdecode.testing.airflow_deployment import free_port
+from pgdecode_testing.airflow_deployment import free_port
 
 if TYPE_CHECKING:
     from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 _SECRET_S3A_KEYS = frozenset(
     {"fs.s3a.access.key", "fs.s3a.secret.key", "fs.s3a.session.token", "fs.s3a.aws.credentials.provider"}
@@ -54,11 +54,13 @@ class ConnectServerError(RuntimeError):
 class LocalConnectServer:
     """A Spark Connect server on 127.0.0.1 (a free port unless ``port`` is given), started by
     :meth:`start` (or ``with``) and stopped by :meth:`stop`; with ``object_store``, it reads and
-    writes ``s3://`` locations of that store."""
+    writes ``s3://`` locations of that store. ``python``: the interpreter whose installed
+    pgdecode runs the server (default this one, with the checkout importable)."""
 
     def __init__(
         self,
         *,
+        python: str | None = None,
         port: int | None = None,
         master: str = "local[2]",
         conf: Mapping[str, str] | None = None,
@@ -66,6 +68,7 @@ class LocalConnectServer:
         env: Mapping[str, str] | None = None,
         log_path: Path | None = None,
     ) -> None:
+        self.python = python
         self.port = port or free_port()
         self.master = master
         self.conf = dict(conf or {})
@@ -96,7 +99,7 @@ class LocalConnectServer:
 
     def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> LocalConnectServer:
         command = [
-            sys.executable,
+            self.python or sys.executable,
             "-m",
             "airflow_provider_pgdecode.spark.connect_server",
             "--port",
@@ -108,8 +111,9 @@ class LocalConnectServer:
             command += ["--conf", f"{key}={value}"]
         if self.object_store:
             command.append("--object-store")
-        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-        env = {**os.environ, "PYTHONPATH": path, **self.env}
+        env = {**os.environ, **self.env}
+        if self.python is None:  # this interpreter's checkout; another's installed package stands alone
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
         self.process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
         )

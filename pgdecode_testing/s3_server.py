@@ -2,7 +2,7 @@
 
 It is moto's server mode (``moto[server]`` from PyPI) run as a local process on 127.0.0.1: a real
 HTTP S3 endpoint that pyarrow, boto3 and Hadoop's S3A client talk to as to any other store. Run
-``python -m airflow_provider_pgdecode.testing.s3_server [bucket ...]`` to start one by hand: it
+``python -m pgdecode_testing.s3_server [bucket ...]`` to start one by hand: it
 prints the endpoint and keeps the server up until Ctrl-C.
 
 Example::
