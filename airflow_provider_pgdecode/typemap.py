@@ -2,7 +2,7 @@
 
 Every layer that needs to know what a PostgreSQL type becomes asks this module: the batch
 format (``batch/values.py`` stages decoded text as the Arrow type named here), the Spark job
-(``spark/types.py`` creates Delta columns of the type named here and checks staged files
+(``spark/spark_types.py`` creates Delta columns of the type named here and checks staged files
 against the Arrow type named here), and the test oracle (``testing/compare.py``).
 
 Pure Python (the standard library and :mod:`airflow_provider_pgdecode.errors` only), so every

@@ -19,7 +19,7 @@ from airflow_provider_pgdecode import typemap
 from airflow_provider_pgdecode.batch.values import arrow_type, convert_column
 from airflow_provider_pgdecode.decoding.pgoutput import BUILTIN_TYPE_NAMES
 from airflow_provider_pgdecode.errors import UnmappedTypeError
-from airflow_provider_pgdecode.spark.types import map_catalog_type, staged_spark_types
+from airflow_provider_pgdecode.spark.spark_types import map_catalog_type, staged_spark_types
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -151,7 +151,7 @@ def test_type_map_entry(entry: typemap.PgType, pg_conn: psycopg.Connection[Any],
         assert str(arrow_type(name + "[]")) == array_arrow, name
         assert typemap.staged_arrow_type(name) == entry.arrow
 
-    # Delta type: spark/types gives exactly the type map's, with its conversion kind; the merge
+    # Delta type: spark/spark_types gives exactly the type map's, with its conversion kind; the merge
     # job expects the type staged as staging stages it.
     for name in (entry.name, *entry.aliases):
         column = map_catalog_type(name)

@@ -19,7 +19,6 @@ Example::
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,14 +40,6 @@ from airflow_provider_pgdecode.operators.merge import (
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 MAINTENANCE_JOB_MODULE = "airflow_provider_pgdecode.spark.maintenance_job"
-
-
-def maintenance_job_path() -> str:
-    """The file of the maintenance job inside the installed package (what spark-submit runs)."""
-    spec = importlib.util.find_spec(MAINTENANCE_JOB_MODULE)
-    if spec is None or not spec.origin:
-        raise ConfigurationError(f"cannot find {MAINTENANCE_JOB_MODULE} in the installed airflow-provider-pgdecode")
-    return spec.origin
 
 
 def _flag(value: Any) -> bool:
@@ -219,6 +210,7 @@ class PgDecodeDeltaMaintenanceOperator(SparkJobTask, BaseOperator):
         """The SparkSubmitHook that runs the maintenance job (settings as the merge operator's)."""
         return submit_hook(
             self,
+            job=MAINTENANCE_JOB_MODULE,
             name="pgdecode-maintenance",
             args=self.job_args(summary_path),
             object_store=uses_object_store(str(self.delta_root)),
@@ -254,7 +246,7 @@ class PgDecodeDeltaMaintenanceOperator(SparkJobTask, BaseOperator):
         return summary
 
     def _maintain_submit(self, settings: ObjectStoreSettings | None) -> dict[str, Any] | None:
-        return self.submit_job(lambda path: self.get_hook(path, settings), maintenance_job_path(), "maintenance")
+        return self.submit_job(lambda path: self.get_hook(path, settings), "maintenance")
 
     def _maintain_connect(self, settings: ObjectStoreSettings | None) -> dict[str, Any]:
         from airflow_provider_pgdecode.spark.maintenance_job import build_argument_parser, run_maintenance_job

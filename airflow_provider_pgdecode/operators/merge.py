@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -24,6 +23,7 @@ from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError, MergeInputError, MergeOutOfMemoryError
 from airflow_provider_pgdecode.hooks.object_store import object_store_settings
+from airflow_provider_pgdecode.spark.session import SPARK_JOB_ENTRY, spark_job_arguments
 from airflow_provider_pgdecode.utils.config import exported, pgdecode_env, pgdecode_environment
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
@@ -93,14 +93,6 @@ def interrupt_connect_session(session: Any) -> None:
             session.interruptAll()
         finally:
             session.stop()
-
-
-def merge_job_path() -> str:
-    """The file of the merge job inside the installed package (what spark-submit runs)."""
-    spec = importlib.util.find_spec(MERGE_JOB_MODULE)
-    if spec is None or not spec.origin:
-        raise ConfigurationError(f"cannot find {MERGE_JOB_MODULE} in the installed airflow-provider-pgdecode")
-    return spec.origin
 
 
 def default_spark_binary() -> str:
@@ -185,13 +177,14 @@ def spark_submit_settings(
 def submit_hook(
     operator: Any,
     *,
+    job: str,
     name: str,
     args: Sequence[str],
     object_store: bool,
     settings: ObjectStoreSettings | None,
     **spark: Any,
 ) -> SparkSubmitHook:
-    """The SparkSubmitHook that runs one of pgdecode's Spark jobs for ``operator`` (its ``conn_id``,
+    """The SparkSubmitHook that runs the pgdecode Spark job ``job`` (its module) for ``operator`` (its ``conn_id``,
     ``conf``, ``packages``, ``driver_memory``, ``executor_memory``, ``env_vars``, ``spark_binary``
     and ``storage_conn_id``); ``spark``: more SparkSubmitHook arguments. ``settings`` (the storage
     connection's) reach the spark-submit process as ``AWS_*`` environment only, once the Spark
@@ -209,7 +202,7 @@ def submit_hook(
             driver_memory=operator.driver_memory,
             executor_memory=operator.executor_memory,
             name=name,
-            application_args=list(args),
+            application_args=spark_job_arguments(job, args),
             env_vars=env_vars,
             spark_binary=operator.spark_binary or default_spark_binary(),
             **spark,
@@ -229,10 +222,8 @@ class SparkJobTask:
     _hook: SparkSubmitHook | None = None
     _connect_session: Any = None
 
-    def submit_job(
-        self, get_hook: Callable[[str], SparkSubmitHook], application: str, kind: str
-    ) -> dict[str, Any] | None:
-        """spark-submit ``application`` and read the JSON object it writes to the path given to
+    def submit_job(self, get_hook: Callable[[str], SparkSubmitHook], kind: str) -> dict[str, Any] | None:
+        """spark-submit the job of the hook ``get_hook`` makes and read the JSON object it writes to the path given to
         ``get_hook``: its summary, or its refusal (an object with ``error`` and ``message``) when it
         refused its input and exited non-zero. Any other failure of the submit raises. ``None``:
         nothing readable here (cluster deploy mode: the driver wrote it on another machine)."""
@@ -241,7 +232,7 @@ class SparkJobTask:
             path = str(Path(workdir) / f"{kind}.json")
             self._hook = get_hook(path)
             try:
-                self._hook.submit(application)
+                self._hook.submit(str(SPARK_JOB_ENTRY))
             except AirflowException:
                 refusal = read_json_object(path)
                 if refusal is not None and "error" in refusal:
@@ -468,6 +459,7 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
         args += [str(a) for a in self.merge_args]
         return submit_hook(
             self,
+            job=MERGE_JOB_MODULE,
             name=self.spark_name,
             args=args,
             object_store=uses_object_store(str(self.delta_root), *map(str, batches)),
@@ -530,7 +522,7 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
             self._lineage = (to_merge, connect_summary)
             return result
         paths = [str(m.path) for m in to_merge]
-        summary = self.submit_job(lambda path: self.get_hook(paths, path, settings), merge_job_path(), "merge")
+        summary = self.submit_job(lambda path: self.get_hook(paths, path, settings), "merge")
         if summary is not None and "error" in summary:
             kind, message = str(summary["error"]), str(summary.get("message"))
             if kind == MergeOutOfMemoryError.__name__:

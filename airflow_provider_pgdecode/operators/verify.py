@@ -21,7 +21,6 @@ Example::
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import posixpath
 from collections.abc import Mapping, Sequence
@@ -37,7 +36,7 @@ from airflow_provider_pgdecode.capture.verify import (
     VerifySnapshot,
     remove_verify_snapshot,
 )
-from airflow_provider_pgdecode.errors import ConfigurationError, VerifyError, VerifyMismatchError
+from airflow_provider_pgdecode.errors import VerifyError, VerifyMismatchError
 from airflow_provider_pgdecode.hooks.object_store import object_store_settings
 from airflow_provider_pgdecode.operators.merge import (
     SPARK_CONNECT_CONN_TYPE,
@@ -55,14 +54,6 @@ DEFAULT_VERIFY_ALIAS = "pgdecode_verify"
 DEFAULT_SNAPSHOT = "{{ ti.xcom_pull(task_ids='verify_snapshot') }}"
 #: Differing keys named in the task's failure message per table (the report lists more).
 KEYS_IN_MESSAGE = 5
-
-
-def verify_job_path() -> str:
-    """The file of the verify job inside the installed package (what spark-submit runs)."""
-    spec = importlib.util.find_spec(VERIFY_JOB_MODULE)
-    if spec is None or not spec.origin:
-        raise ConfigurationError(f"cannot find {VERIFY_JOB_MODULE} in the installed airflow-provider-pgdecode")
-    return spec.origin
 
 
 def verify_area_of(snapshot: VerifySnapshot) -> str:
@@ -267,6 +258,7 @@ class PgDecodeVerifyOperator(SparkJobTask, BaseOperator):
         storage connection's reach it as ``AWS_*`` environment only)."""
         return submit_hook(
             self,
+            job=VERIFY_JOB_MODULE,
             name="pgdecode-verify",
             args=self._job_args(snapshot, report_path),
             object_store=uses_object_store(snapshot.path, str(self.delta_root)),
@@ -313,7 +305,7 @@ class PgDecodeVerifyOperator(SparkJobTask, BaseOperator):
     def _verify_submit(self, snapshot: VerifySnapshot, settings: ObjectStoreSettings | None) -> dict[str, Any] | None:
         """The report (or the job's refusal) of the verify job run by spark-submit; a crash raises
         and the copy stays for the retry."""
-        return self.submit_job(lambda path: self.get_hook(snapshot, path, settings), verify_job_path(), "verify")
+        return self.submit_job(lambda path: self.get_hook(snapshot, path, settings), "verify")
 
     def _verify_connect(self, snapshot: VerifySnapshot, settings: ObjectStoreSettings | None) -> dict[str, Any]:
         """The report (or the job's refusal) of the verify job's core run in this task as a client

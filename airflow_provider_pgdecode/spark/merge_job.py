@@ -97,7 +97,7 @@ from airflow_provider_pgdecode.spark import collapse, delta_commit, history, mul
 from airflow_provider_pgdecode.spark.collapse import KEEP, KIND, LSN, OP, SEQ, CollapseInput, col, old_key_name
 from airflow_provider_pgdecode.spark.history import HISTORY, KEPT_MODES, MODE_PROPERTY, SOFT_DELETE, Truncate
 from airflow_provider_pgdecode.spark.session import active_connect_session, configure_object_store, is_connect_session
-from airflow_provider_pgdecode.spark.types import (
+from airflow_provider_pgdecode.spark.spark_types import (
     DEFAULT_UNBOUNDED_NUMERIC,
     NUMERIC_SPECIAL_VALUES,
     ColumnType,

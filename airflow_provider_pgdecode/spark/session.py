@@ -20,12 +20,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_pgdecode.errors import ConfigurationError
+from airflow_provider_pgdecode.spark.jars import KEY_CONF, record_session_jars, recorded_jars, resolution_key
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -89,6 +90,17 @@ DEFAULT_SHUFFLE_PARTITIONS = 8
 SCALA_BINARY_VERSION = "2.13"
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+SPARK_JOB_ENTRY = Path(__file__).resolve().parent / "entry" / "pgdecode_spark_job.py"
+"""The file spark-submit runs for every pgdecode Spark job, the job's module named as its first
+argument (:func:`spark_job_arguments`): alone in its folder, so that no module of the package can
+shadow one of Python's on the job's ``sys.path``."""
+
+
+def spark_job_arguments(job_module: str, job_args: Sequence[str] = ()) -> list[str]:
+    """The application arguments of a spark-submit of :data:`SPARK_JOB_ENTRY` running ``job_module``
+    (``airflow_provider_pgdecode.spark.merge_job``...) with ``job_args``."""
+    return [job_module, *job_args]
 
 
 def delta_maven_coordinates() -> str:
@@ -226,16 +238,30 @@ def delta_spark_conf(
         # Spark's own logging at [pgdecode] spark_log_level (WARN) from the driver's first line.
         "spark.driver.extraJavaOptions": log_java_options(),
     }
+    conf.update(delta_jars_conf(ivy=ivy, object_store=object_store))
+    return conf
+
+
+def delta_jars_conf(*, ivy: Path | None = None, object_store: bool = False) -> dict[str, str]:
+    """Where a job's Delta jars (and hadoop-aws with ``object_store``) come from: the files of
+    ``$PGDECODE_DELTA_JARS``; else the files Ivy resolved for the same packages before, recorded in
+    the Ivy directory (:mod:`~airflow_provider_pgdecode.spark.jars`: no resolution, no Ivy lines in
+    the log); else ``spark.jars.packages`` through Ivy, whose session records what it resolved."""
     jars = delta_jar_list(object_store=object_store)
     if jars is not None:
-        conf["spark.jars"] = ",".join(jars)
-    else:
-        conf["spark.jars.packages"] = spark_packages(object_store=object_store)
-        if object_store:
-            conf["spark.jars.excludes"] = HADOOP_EXCLUDES
-        conf["spark.jars.ivy"] = str(ivy or ivy_dir())
-        # Maven Central only (see ivysettings.xml for why not Spark's default resolver chain).
-        conf["spark.jars.ivySettings"] = str(ivy_settings(Path(conf["spark.jars.ivy"])))
+        return {"spark.jars": ",".join(jars)}
+    ivy = ivy or ivy_dir()
+    packages = spark_packages(object_store=object_store)
+    excludes = HADOOP_EXCLUDES if object_store else None
+    key = resolution_key(packages, excludes, os.environ.get(MAVEN_REPOSITORY_ENV) or MAVEN_CENTRAL)
+    recorded = recorded_jars(ivy, key)
+    if recorded is not None:
+        return {"spark.jars": ",".join(recorded)}
+    conf = {"spark.jars.packages": packages, "spark.jars.ivy": str(ivy), KEY_CONF: key}
+    if excludes:
+        conf["spark.jars.excludes"] = excludes
+    # Maven Central only (see ivysettings.xml for why not Spark's default resolver chain).
+    conf["spark.jars.ivySettings"] = str(ivy_settings(ivy))
     return conf
 
 
@@ -322,22 +348,22 @@ def spark_bin(name: str = "spark-submit") -> str:
 
 
 def spark_submit_command(
-    application: str,
-    application_args: list[str],
+    job_module: str,
+    job_args: Sequence[str],
     *,
     master: str = DEFAULT_MASTER,
     driver_memory: str = "1g",
     extra_conf: Mapping[str, str] | None = None,
     object_store: bool = False,
 ) -> list[str]:
-    """A ``spark-submit`` command line running ``application`` with Delta configured (and
+    """A ``spark-submit`` command line running the job ``job_module`` with Delta configured (and
     hadoop-aws with ``object_store``; the store's settings travel as ``AWS_*`` environment)."""
     conf = delta_spark_conf(object_store=object_store)
     conf.update(extra_conf or {})
     command = [spark_bin("spark-submit"), "--master", master, "--driver-memory", driver_memory]
     for key, value in conf.items():
         command += ["--conf", f"{key}={value}"]
-    return command + [application, *application_args]
+    return [*command, str(SPARK_JOB_ENTRY), *spark_job_arguments(job_module, job_args)]
 
 
 def launched_by_spark_submit() -> bool:
@@ -377,7 +403,9 @@ def build_spark_session(
     conf.update(extra_conf or {})
     for key, value in conf.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    record_session_jars(spark)
+    return spark
 
 
 def configure_object_store(spark: SparkSession, settings: ObjectStoreSettings | None = None) -> None:

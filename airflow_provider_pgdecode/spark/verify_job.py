@@ -79,7 +79,7 @@ from airflow_provider_pgdecode.spark.merge_job import (
     uses_object_store,
 )
 from airflow_provider_pgdecode.spark.session import active_connect_session, configure_object_store
-from airflow_provider_pgdecode.spark.types import DEFAULT_UNBOUNDED_NUMERIC
+from airflow_provider_pgdecode.spark.spark_types import DEFAULT_UNBOUNDED_NUMERIC
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

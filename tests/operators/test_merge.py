@@ -18,8 +18,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, ColumnSummary, TableSummary, batch_dir_name
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator, merge_job_path, parse_batch_paths
-from airflow_provider_pgdecode.spark.session import delta_maven_coordinates, ivy_dir
+from airflow_provider_pgdecode.operators.merge import MERGE_JOB_MODULE, PgDecodeMergeOperator, parse_batch_paths
+from airflow_provider_pgdecode.spark.session import SPARK_JOB_ENTRY, delta_maven_coordinates
 
 SLOT = "pgdecode_merge_op"
 SPARK_LOCAL = json.dumps({"conn_type": "spark", "host": "local[*]"})
@@ -88,13 +88,24 @@ def fake_spark_submit(tmp_path: Path, body: str) -> str:
     return str(script)
 
 
-def test_merge_job_is_the_file_inside_the_package() -> None:
-    path = merge_job_path()
-    assert path.endswith(os.path.join("airflow_provider_pgdecode", "spark", "merge_job.py"))
-    assert os.path.isfile(path)
+def test_spark_jobs_start_from_a_folder_of_their_own() -> None:
+    """spark-submit runs one entry file, alone in its folder with an ``__init__.py``: nothing there can
+    shadow a module of Python's on the job's ``sys.path`` (the folder of the file Python runs)."""
+    folder = SPARK_JOB_ENTRY.parent
+    assert SPARK_JOB_ENTRY.is_file()
+    assert sorted(p.name for p in folder.iterdir() if p.name != "__pycache__") == ["__init__.py", SPARK_JOB_ENTRY.name]
 
 
-def test_spark_submit_command(spark_conn: str, tmp_path: Path) -> None:
+@pytest.fixture
+def cold_ivy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An Ivy directory that has resolved nothing yet (no record of resolved jars)."""
+    monkeypatch.delenv("AIRFLOW__PGDECODE__IVY_DIR", raising=False)
+    monkeypatch.delenv("PGDECODE_DELTA_JARS", raising=False)
+    monkeypatch.setenv("PGDECODE_IVY_DIR", str(tmp_path / "ivy"))
+    return tmp_path / "ivy"
+
+
+def test_spark_submit_command(spark_conn: str, cold_ivy: Path, tmp_path: Path) -> None:
     first, second = stage(tmp_path, 0x100, 0x200, 5), stage(tmp_path, 0x200, 0x300, 2)
     op = PgDecodeMergeOperator(
         task_id="merge",
@@ -104,21 +115,22 @@ def test_spark_submit_command(spark_conn: str, tmp_path: Path) -> None:
         merge_args=["--type-map", "mood=string"],
     )
     hook = op.get_hook([first, second], "/tmp/summary.json")
-    command = hook._build_spark_submit_command(merge_job_path())
+    command = hook._build_spark_submit_command(str(SPARK_JOB_ENTRY))
 
     assert command[0] == os.path.join(os.path.dirname(sys.executable), "spark-submit")
     assert command[command.index("--master") + 1] == "local[*]"
     assert command[command.index("--packages") + 1] == delta_maven_coordinates()
     assert delta_maven_coordinates().startswith("io.delta:delta-spark_4.2_2.13:")
     confs = [command[i + 1] for i, part in enumerate(command) if part == "--conf"]
-    assert f"spark.jars.ivy={ivy_dir()}" in confs
+    assert f"spark.jars.ivy={cold_ivy}" in confs
     assert "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension" in confs
     assert "spark.sql.shuffle.partitions=2" in confs  # the task's conf wins over the defaults
     assert not any(c.startswith("spark.jars.packages=") for c in confs)
     assert command[command.index("--driver-memory") + 1] == "1g"
     assert command[command.index("--name") + 1] == "pgdecode-merge"
-    app = command.index(merge_job_path())
+    app = command.index(str(SPARK_JOB_ENTRY))
     assert command[app + 1 :] == [
+        MERGE_JOB_MODULE,
         "--delta-root",
         str(tmp_path / "delta"),
         "--batch",
@@ -171,7 +183,7 @@ def test_remote_master_driver_advertises_the_connections_driver_host(
         asset_alias=None,
     )
     hook = op.get_hook([batch])
-    command = hook._build_spark_submit_command(merge_job_path())
+    command = hook._build_spark_submit_command(str(SPARK_JOB_ENTRY))
     confs = [command[i + 1] for i, part in enumerate(command) if part == "--conf"]
     assert command[command.index("--master") + 1] == "spark://spark-master:7077"
     assert "spark.driver.host=airflow-scheduler" in confs
@@ -190,8 +202,50 @@ def test_remote_master_driver_advertises_the_connections_driver_host(
         conn_id="spark_cluster",
         conf={"spark.driver.host": "10.9.9.9"},
     )
-    command = op.get_hook([batch])._build_spark_submit_command(merge_job_path())
+    command = op.get_hook([batch])._build_spark_submit_command(str(SPARK_JOB_ENTRY))
     assert "spark.driver.host=10.9.9.9" in command and "spark.driver.host=airflow-scheduler" not in command
+
+
+def test_jars_ivy_resolved_before_are_loaded_by_path(spark_conn: str, cold_ivy: Path, tmp_path: Path) -> None:
+    """Once a session recorded what Ivy resolved for the merge's packages, the next spark-submit
+    loads those files by path: no --packages, no Ivy resolution (nor its lines in the task's log).
+    A record whose files are gone is ignored and Ivy resolves again."""
+    from airflow_provider_pgdecode.spark.jars import KEY_CONF, record_session_jars
+
+    batch = stage(tmp_path, 0x100, 0x200, 5)
+
+    def command() -> list[str]:
+        op = PgDecodeMergeOperator(task_id="merge", batch_paths=batch, delta_root=str(tmp_path / "delta"))
+        return op.get_hook([batch])._build_spark_submit_command(str(SPARK_JOB_ENTRY))
+
+    first = command()
+    confs = dict(c.split("=", 1) for c in (first[i + 1] for i, part in enumerate(first) if part == "--conf"))
+    assert "--packages" in first and confs[KEY_CONF]
+    # What a session started from that command finds in its configuration once Ivy resolved.
+    jars = [tmp_path / "ivy" / "jars" / f"{name}.jar" for name in ("io.delta_delta-spark_4.2_2.13-4.4.0", "b")]
+    jars[0].parent.mkdir(parents=True)
+    for jar in jars:
+        jar.write_bytes(b"PK")
+
+    class Conf(dict):  # SparkConf.get
+        pass
+
+    class Session:
+        class sparkContext:  # noqa: N801
+            @staticmethod
+            def getConf() -> Conf:  # noqa: N802
+                return Conf(
+                    {KEY_CONF: confs[KEY_CONF], "spark.jars.ivy": confs["spark.jars.ivy"]}
+                    | {"spark.jars": ",".join(f"file://{j}" for j in jars)}
+                )
+
+    assert record_session_jars(Session()) is True
+    second = command()
+    assert "--packages" not in second and not any("spark.jars.packages" in part for part in second)
+    assert f"spark.jars={','.join(map(str, jars))}" in second
+    assert not any(part.startswith(("spark.jars.ivy=", f"{KEY_CONF}=")) for part in second)
+    jars[1].unlink()
+    assert "--packages" in command()
 
 
 def test_missing_spark_connection_fails_instead_of_using_yarn(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -328,7 +382,7 @@ def test_spark_logs_at_the_spark_log_level_setting_from_the_drivers_first_line(
 
     def java_options() -> str:
         op = PgDecodeMergeOperator(task_id="merge", batch_paths=batch, delta_root=str(tmp_path / "delta"))
-        command = op.get_hook([batch])._build_spark_submit_command(merge_job_path())
+        command = op.get_hook([batch])._build_spark_submit_command(str(SPARK_JOB_ENTRY))
         confs = [command[i + 1] for i, part in enumerate(command) if part == "--conf"]
         return next(c for c in confs if c.startswith("spark.driver.extraJavaOptions=")).split("=", 1)[1]
 

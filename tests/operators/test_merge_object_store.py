@@ -11,10 +11,11 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.errors import ConfigurationError
-from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator, delta_table_asset, merge_job_path
+from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator, delta_table_asset
 from airflow_provider_pgdecode.operators.verify import PgDecodeVerifyOperator, verify_asset
 from airflow_provider_pgdecode.spark.session import (
     HADOOP_EXCLUDES,
+    SPARK_JOB_ENTRY,
     delta_maven_coordinates,
     hadoop_aws_maven_coordinates,
 )
@@ -24,7 +25,11 @@ BATCHES = ["s3://lake/staging/slot/0000000000000100-0000000000000200"]
 
 
 @pytest.fixture
-def connections(monkeypatch: pytest.MonkeyPatch) -> str:
+def connections(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    # An Ivy directory that has resolved nothing yet: the jobs name their packages.
+    monkeypatch.delenv("AIRFLOW__PGDECODE__IVY_DIR", raising=False)
+    monkeypatch.delenv("PGDECODE_DELTA_JARS", raising=False)
+    monkeypatch.setenv("PGDECODE_IVY_DIR", str(tmp_path / "ivy"))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN", json.dumps({"conn_type": "spark", "host": "yarn"}))
     monkeypatch.setenv(
@@ -49,7 +54,7 @@ def test_storage_conn_id_reaches_spark_submit_as_environment_only(connections: s
     )
     assert "storage_conn_id" in operator.template_fields
     hook = operator.get_hook(BATCHES, "/tmp/summary.json", object_store_settings(connections))
-    command = hook._build_spark_submit_command(merge_job_path())
+    command = hook._build_spark_submit_command(str(SPARK_JOB_ENTRY))
 
     assert command[command.index("--packages") + 1] == f"{delta_maven_coordinates()},{hadoop_aws_maven_coordinates()}"
     assert hadoop_aws_maven_coordinates() == "org.apache.hadoop:hadoop-aws:3.5.0"
@@ -64,7 +69,7 @@ def test_storage_conn_id_reaches_spark_submit_as_environment_only(connections: s
 
 def test_local_locations_keep_delta_alone_on_the_classpath(connections: str, tmp_path: Path) -> None:
     operator = PgDecodeMergeOperator(task_id="merge", batch_paths=[str(tmp_path)], delta_root=str(tmp_path / "d"))
-    command = operator.get_hook([str(tmp_path)])._build_spark_submit_command(merge_job_path())
+    command = operator.get_hook([str(tmp_path)])._build_spark_submit_command(str(SPARK_JOB_ENTRY))
     assert command[command.index("--packages") + 1] == delta_maven_coordinates()
     assert not any(part.startswith("spark.jars.excludes=") for part in command)
 
@@ -123,13 +128,12 @@ def test_verify_operator_passes_storage_settings_as_environment(connections: str
     from airflow_provider_pgdecode.capture.verify import VerifySnapshot
     from airflow_provider_pgdecode.decoding.lsn import Lsn
     from airflow_provider_pgdecode.hooks.object_store import object_store_settings
-    from airflow_provider_pgdecode.operators.verify import verify_job_path
 
     operator = PgDecodeVerifyOperator(task_id="verify", delta_root="s3://lake/delta", storage_conn_id=connections)
     assert "storage_conn_id" in operator.template_fields
     snapshot = VerifySnapshot("slot", Lsn(5), "s3://lake/staging/slot/verify/pgdecode_verify_ab/0-5", ("public.t",))
     hook = operator.get_hook(snapshot, "/tmp/report.json", object_store_settings(connections))
-    command = hook._build_spark_submit_command(verify_job_path())
+    command = hook._build_spark_submit_command(str(SPARK_JOB_ENTRY))
     assert hadoop_aws_maven_coordinates() in command[command.index("--packages") + 1]
     assert SECRET not in " ".join(command)
     assert hook._env is not None and hook._env["AWS_SECRET_ACCESS_KEY"] == SECRET

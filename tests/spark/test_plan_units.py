@@ -14,7 +14,7 @@ from airflow_provider_pgdecode.errors import BatchError, MergeInputError, Unmapp
 from airflow_provider_pgdecode.spark.collapse import StagedKeys, superseded_effects
 from airflow_provider_pgdecode.spark.merge_job import delta_table_path, merge_condition, merge_ranges
 from airflow_provider_pgdecode.spark.session import delta_maven_coordinates, delta_spark_conf, ivy_dir
-from airflow_provider_pgdecode.spark.types import map_catalog_type, parse_unbounded_numeric_rule
+from airflow_provider_pgdecode.spark.spark_types import map_catalog_type, parse_unbounded_numeric_rule
 from tests.spark.staged import TableChanges, write_batch
 
 
@@ -102,14 +102,15 @@ def test_paths_and_conditions_quote_awkward_names() -> None:
 
 
 def test_session_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert ivy_dir() == Path(__file__).resolve().parents[2] / ".cache" / "ivy"
+    monkeypatch.setenv("PGDECODE_IVY_DIR", str(tmp_path / "ivy"))  # nothing resolved there yet
+    assert ivy_dir() == tmp_path / "ivy"
     conf = delta_spark_conf()
     assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
     assert conf["spark.sql.catalog.spark_catalog"] == "org.apache.spark.sql.delta.catalog.DeltaCatalog"
     assert conf["spark.ui.enabled"] == "false"
     assert conf["spark.jars.packages"] == delta_maven_coordinates() == "io.delta:delta-spark_4.2_2.13:4.4.0"
-    assert conf["spark.jars.ivy"] == str(Path(__file__).resolve().parents[2] / ".cache" / "ivy")
-    monkeypatch.setenv("PGDECODE_IVY_DIR", str(tmp_path / "ivy"))
-    assert ivy_dir() == tmp_path / "ivy"
+    assert conf["spark.jars.ivy"] == str(tmp_path / "ivy")
     monkeypatch.setenv("PGDECODE_DELTA_JARS", str(tmp_path))
     (tmp_path / "a.jar").write_bytes(b"")
     assert (
@@ -170,7 +171,7 @@ def test_read_batches_orders_by_lsn_and_checks_the_manifest(tmp_path: Path) -> N
     ],
 )
 def test_which_source_type_changes_delta_widens(before: str, after: str, expected: bool) -> None:
-    from airflow_provider_pgdecode.spark.types import widens
+    from airflow_provider_pgdecode.spark.spark_types import widens
 
     assert widens(map_catalog_type(before).delta_type, map_catalog_type(after).delta_type) is expected
 

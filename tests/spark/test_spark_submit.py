@@ -59,7 +59,7 @@ def _delta_rows(path: str) -> list[dict[str, Any]]:
 
 
 def _submit(master: str, args: list[str], extra_conf: dict[str, str], timeout: int = 240) -> dict[str, Any]:
-    command = spark_submit_command(str(Path(merge_job.__file__)), args, master=master, extra_conf=extra_conf)
+    command = spark_submit_command(merge_job.__name__, args, master=master, extra_conf=extra_conf)
     completed = subprocess.run(command, env=spark_submit_env(), capture_output=True, text=True, timeout=timeout)
     assert completed.returncode == 0, completed.stderr[-4000:]
     lines = [line for line in completed.stdout.splitlines() if line.startswith("PGDECODE_MERGE_SUMMARY ")]
@@ -69,23 +69,39 @@ def _submit(master: str, args: list[str], extra_conf: dict[str, str], timeout: i
     return summary
 
 
-def test_spark_submit_local_mode_offline_from_ivy_cache(tmp_path: Path) -> None:
+IVY_LINES = (":: resolving dependencies ::", ":: retrieving ::", "Ivy Default Cache set to")
+
+
+def test_spark_submit_local_mode_offline_from_ivy_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first job of an Ivy directory resolves Delta's packages from its cache (offline: a proxy
+    refuses every connection) and records the jar files; the next loads them by path, and Ivy
+    never runs (none of its lines in the log)."""
+    from airflow_provider_pgdecode.spark.jars import RECORD_NAME
+    from airflow_provider_pgdecode.spark.session import ivy_dir
+
+    ivy = tmp_path / "ivy"
+    ivy.mkdir()
+    (ivy / "cache").symlink_to(ivy_dir() / "cache")  # the checkout's filled cache, no record of resolved jars
+    monkeypatch.delenv("PGDECODE_DELTA_JARS", raising=False)
+    monkeypatch.setenv("PGDECODE_IVY_DIR", str(ivy))
     first, second = _changes()
     batch = write_batch(tmp_path / "staging", SLOT, 100, 150, [first])
     batch2 = write_batch(tmp_path / "staging", SLOT, 150, 510, [second])
     root = str(tmp_path / "delta")
-    summary = _submit(
-        "local[2]",
-        ["--delta-root", root, "--batch", batch2, "--batch", batch],
-        {"spark.sql.shuffle.partitions": "2", "spark.driver.extraJavaOptions": NO_NETWORK},
-    )
-    table = summary["tables"]["sales.Customer List"]
+    conf = {"spark.sql.shuffle.partitions": "2", "spark.driver.extraJavaOptions": NO_NETWORK}
+
+    resolved = _submit("local[2]", ["--delta-root", root, "--batch", batch], conf)
+    assert "artifacts copied" in resolved["_stderr"]
+    assert (ivy / RECORD_NAME).is_file()
+    loaded = _submit("local[2]", ["--delta-root", root, "--batch", batch2], conf)
+    assert not [line for line in loaded["_stderr"].splitlines() if any(mark in line for mark in IVY_LINES)]
+
+    table = loaded["tables"]["sales.Customer List"]
     assert table["status"] == "merged" and table["truncated"] is True
-    assert summary["end_lsn"] == "0/1FE"
+    assert loaded["end_lsn"] == "0/1FE"
     # Names as PostgreSQL stores them: a space in the table name, no quoting in the path.
     path = os.path.join(root, "sales", "Customer List")
     assert _delta_rows(path) == _expected(first, second) == [{"id": 99, "name": "after truncate"}]
-    assert "0 artifacts copied" in summary["_stderr"] or "already retrieved" in summary["_stderr"]
 
 
 def _free_port() -> int:
@@ -242,7 +258,7 @@ def test_standalone_cluster_sharing_no_disk_merges_from_s3_into_delta_on_s3(
     shutil.rmtree(tmp_path / "staging")
     root = f"{s3_bucket}/delta"
     command = spark_submit_command(
-        str(Path(merge_job.__file__)),
+        merge_job.__name__,
         ["--delta-root", root, "--batch", batches[0], "--batch", batches[1]],
         master=master_url,
         extra_conf={"spark.sql.shuffle.partitions": "4", "spark.cores.max": "2", "spark.executor.memory": "1g"},
