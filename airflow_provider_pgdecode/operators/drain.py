@@ -126,10 +126,12 @@ class PgDecodeDrainOperator(BaseOperator):
         result: dict[str, Any] = {"batches": 0, "changes": 0, "caught_up": True, "end_lsn": None}
         if not isinstance(first, dict) or not first.get("bounded_by"):
             self.log.info("The cycle's batch reached the server's WAL position: nothing to drain")
+            self._carry_checkpoint(ti)
             return result
         if yes_or_no(self.enabled) is False or str(self.enabled).strip() == "":
             self.log.info("The batch ended at its %s bound; draining is off, the next run goes on", first["bounded_by"])
             result["caught_up"] = False
+            self._carry_checkpoint(ti)
             return result
         limit = None if self.max_batches in (None, "", "None") else int(self.max_batches)
         extract = self._cycle_task(context, self.extract_task_id, PgDecodeExtractOperator)
@@ -166,6 +168,15 @@ class PgDecodeDrainOperator(BaseOperator):
                 "Stopped after max_batches=%s batches; the next run goes on from %s", limit, summary["end_lsn"]
             )
         return result
+
+    def _carry_checkpoint(self, ti: Any) -> None:
+        """This run's checkpoint (the confirm's), pushed under this task's key too, as a drain that
+        confirms batches does: the next run's extract reads the key of every checkpoint task that
+        has succeeded, and finds one here whether this run drained or not."""
+        key = checkpoint_xcom_key(self.slot_name)
+        checkpoint = ti.xcom_pull(task_ids=self.confirm_task_id, key=key)
+        if checkpoint is not None:
+            ti.xcom_push(key=key, value=checkpoint)
 
     def _server_wal(self) -> int:
         with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:

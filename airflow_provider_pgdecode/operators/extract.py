@@ -21,6 +21,15 @@ from airflow_provider_pgdecode.utils.config import pgdecode_bool, pgdecode_envir
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 
+def _ever_succeeded(ti: Any, task_id: str) -> bool:
+    """Whether task ``task_id`` of this DAG has succeeded in any run (a checkpoint task pushes its
+    checkpoint whenever it succeeds). True where the task instance cannot say (not Airflow 3's)."""
+    count = getattr(ti, "get_ti_count", None)
+    if count is None:
+        return True
+    return bool(count(dag_id=ti.dag_id, task_ids=[task_id], states=["success"]))
+
+
 def checkpoint_xcom_key(slot_name: str) -> str:
     """The XCom key under which the confirm task leaves a slot's checkpoint."""
     return f"pgdecode_checkpoint:{slot_name}"
@@ -266,6 +275,9 @@ class PgDecodeExtractOperator(BaseOperator):
         # also pushes the checkpoint under a key per slot, so a DAG whose slot_name param
         # changes between runs picks up each slot's own checkpoint.
         ti = context["ti"]
+        if not _ever_succeeded(ti, task_id):
+            # Nothing to pull (a new pipeline): asking would make Airflow log "XCom not found" at error level.
+            return None
         value = ti.xcom_pull(
             task_ids=task_id,
             key=checkpoint_xcom_key(self.slot_name),
