@@ -6,14 +6,18 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: fetch-postgres lint test test-fast demo demo-s3 bench bench-extract bench-merge bench-snapshot bench-s3 bench-cycle bench-backlog delta-jars system-deps venv native dist dist-check clean
+.PHONY: fetch-postgres lint docs test test-fast demo demo-s3 bench bench-extract bench-merge bench-snapshot bench-s3 bench-cycle bench-backlog delta-jars system-deps venv native dist dist-check clean
 
-$(STAMP): setup.cfg setup.py pyproject.toml requirements/constraints.txt \
+# The dev venv: Python 3.11 (the first declared Python), the runtime pins of that Python and the
+# development tools' pins (scripts/lock_constraints.py writes both files).
+CONSTRAINTS := -c requirements/constraints-3.11.txt -c requirements/dev-constraints.txt
+
+$(STAMP): setup.cfg setup.py pyproject.toml requirements/constraints-3.11.txt requirements/dev-constraints.txt \
 		$(wildcard airflow_provider_pgdecode/capture/csrc/*.c airflow_provider_pgdecode/capture/csrc/*.h)
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "needs $(PYTHON) (set PYTHON=...)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c requirements/constraints.txt -e ".[test,lint,dist]"
+	$(PY) -m pip install -q $(CONSTRAINTS) -e ".[test,lint,dist,docs]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -53,6 +57,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+
+# The documentation site (Sphinx, docs/conf.py) in docs/_build/html: the guides, the connections,
+# the operators with their example DAG snippets, the [pgdecode] configuration and the API reference.
+# Warnings are errors. The docs extra is in .venv (make venv). Run by .ci/run after lint.
+docs: $(STAMP)
+	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
 
 # Two pytest-xdist workers, each taking a whole test file at a time, the longest files first
 # (tests/scheduling.py, tests/durations.json). Module fixtures stay whole; each worker has its own

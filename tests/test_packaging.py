@@ -10,8 +10,10 @@ from __future__ import annotations
 import configparser
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import zipfile
 from pathlib import Path
@@ -44,13 +46,21 @@ def _extras() -> dict[str, list[Requirement]]:
     return {name: [Requirement(line) for line in _lines(section[name])] for name in section}
 
 
-def _constraints() -> dict[str, str]:
+PYTHONS = ("3.11", "3.12", "3.13")
+"""The Python versions setup.cfg declares; .ci/run installs the wheel on each (scripts/check_installed.py)."""
+
+
+def _pins(name: str) -> dict[str, str]:
     pins: dict[str, str] = {}
-    for line in _lines((ROOT / "requirements" / "constraints.txt").read_text()):
-        name, _, version = line.partition("==")
-        assert version, f"constraints.txt: {line!r} is not an exact pin"
-        pins[canonicalize_name(name)] = version
+    for line in _lines((ROOT / "requirements" / name).read_text()):
+        package, _, version = line.partition("==")
+        assert version, f"{name}: {line!r} is not an exact pin"
+        pins[canonicalize_name(package)] = version
     return pins
+
+
+def _constraints(python: str) -> dict[str, str]:
+    return _pins(f"constraints-{python}.txt")
 
 
 @pytest.fixture(scope="module")
@@ -67,26 +77,73 @@ def test_install_requires_are_ranges_not_pins() -> None:
     requirements: dict[str, Requirement] = {canonicalize_name(r.name): r for r in _install_requires()}
     for req in requirements.values():
         operators = {spec.operator for spec in req.specifier}
-        assert not operators & {"==", "==="}, f"{req}: exact pins belong in requirements/constraints.txt"
+        assert not operators & {"==", "==="}, f"{req}: exact pins belong in requirements/constraints-*.txt"
     # The hard pins of issue 17 became ranges with an upper bound.
     assert str(requirements["apache-airflow"].specifier) == "<4,>=3.3.2"
-    for name in ("pyspark", "pyspark-client"):
-        assert requirements[name].specifier.contains("4.2.9") and not requirements[name].specifier.contains("4.3.0")
-    assert requirements["delta-spark"].specifier.contains("4.4.5")
-    assert not requirements["delta-spark"].specifier.contains("4.5.0")
+    spark = requirements["pyspark-client"].specifier
+    assert spark.contains("4.2.9") and not spark.contains("4.3.0")
+    assert not requirements["pandas"].specifier.contains("3.0.0"), "PySpark 4.2 does not support pandas 3"
 
 
-def test_the_pinned_set_satisfies_every_range() -> None:
-    """requirements/constraints.txt pins every requirement (runtime and extras) at a version the
-    package's own ranges accept: `pip install -c constraints.txt` installs exactly that set."""
-    pins = _constraints()
-    requirements = _install_requires() + [r for reqs in _extras().values() for r in reqs]
+def test_the_jvm_spark_is_an_extra() -> None:
+    """A merge through a Spark Connect server needs the Connect client only (pyspark-client, which
+    the Spark provider brings): the JVM Spark of spark-submit (pyspark, ~400 MB) and its provider
+    extra come with ``[spark-submit]``. delta-spark's Python API is used by tests only."""
+    runtime = {canonicalize_name(r.name): r for r in _install_requires()}
+    assert "pyspark" not in runtime and "delta-spark" not in runtime
+    assert "pyspark" not in runtime["apache-airflow-providers-apache-spark"].extras
+    extra = {canonicalize_name(r.name): r for r in _extras()["spark-submit"]}
+    assert extra["pyspark"].specifier.contains("4.2.0") and not extra["pyspark"].specifier.contains("4.3.0")
+    assert "pyspark" in extra["apache-airflow-providers-apache-spark"].extras
+    assert "delta-spark" in {canonicalize_name(r.name) for r in _extras()["test"]}
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_the_pinned_set_satisfies_every_range(python: str) -> None:
+    """Each Python's constraints pin every runtime requirement and extra at a version the package's
+    own ranges accept (``pip install -c constraints-3.12.txt`` installs exactly that set), and only
+    those: the development tools are in dev-constraints.txt, which repeats none of them."""
+    pins = _constraints(python)
+    dev = _pins("dev-constraints.txt")
+    runtime_extras = ("spark-submit", "amazon", "openlineage")
+    requirements = _install_requires() + [r for extra in runtime_extras for r in _extras()[extra]]
     for req in requirements:
         name = canonicalize_name(req.name)
-        assert name in pins, f"{req.name} is required but not pinned in requirements/constraints.txt"
+        assert name in pins, f"{req.name} is required but not pinned in requirements/constraints-{python}.txt"
         assert req.specifier.contains(pins[name], prereleases=True), (
-            f"constraints.txt pins {req.name}=={pins[name]}, outside setup.cfg's {req}"
+            f"constraints-{python}.txt pins {req.name}=={pins[name]}, outside setup.cfg's {req}"
         )
+    for tool in ("pytest", "ruff", "mypy", "twine", "moto", "deltalake", "delta-spark"):
+        assert tool not in pins, f"constraints-{python}.txt pins the development tool {tool}"
+    if python == PYTHONS[0]:
+        assert not set(dev) & set(pins), "dev-constraints.txt repeats runtime pins"
+        for req in [r for extra in ("test", "lint", "dist") for r in _extras()[extra]]:
+            name = canonicalize_name(req.name)
+            if name != "airflow-provider-pgdecode":
+                pinned = dev.get(name) or pins.get(name)  # some (psutil) come with Airflow too
+                assert pinned, f"{req.name} is a development tool but not pinned in dev-constraints.txt"
+                assert req.specifier.contains(pinned, prereleases=True), f"{req.name}=={pinned} outside {req}"
+
+
+def test_every_declared_python_has_its_constraints_and_classifier() -> None:
+    classifiers = _lines(_setup_cfg()["metadata"]["classifiers"])
+    declared = sorted(c.rsplit(" ", 1)[1] for c in classifiers if c.startswith("Programming Language :: Python :: 3."))
+    assert declared == list(PYTHONS)
+    files = sorted(p.name for p in (ROOT / "requirements").glob("constraints-*.txt"))
+    assert files == [f"constraints-{python}.txt" for python in PYTHONS]
+
+
+def test_no_module_shadows_one_of_pythons() -> None:
+    """Python puts the folder of the file it runs first on ``sys.path``: a module of the package named
+    like one of the standard library's would replace it there (``spark/types.py`` once did, and no
+    Spark job started from an installed wheel). The jobs start from a folder of their own too
+    (tests/operators/test_merge.py), but no name of the package should be able to do that."""
+    package = ROOT / "airflow_provider_pgdecode"
+    modules = [p for p in package.rglob("*.py") if p.name != "__init__.py"] + [
+        p.parent for p in package.rglob("__init__.py")
+    ]
+    shadowing = sorted(str(p.relative_to(ROOT)) for p in modules if p.stem in sys.stdlib_module_names)
+    assert not shadowing, f"modules named like Python's own: {shadowing}"
 
 
 def test_dist_tools_are_an_extra_installed_by_the_makefile() -> None:
@@ -98,7 +155,8 @@ def test_dist_tools_are_an_extra_installed_by_the_makefile() -> None:
         "cibuildwheel",
     }
     makefile = (ROOT / "Makefile").read_text()
-    assert '-e ".[test,lint,dist]"' in makefile
+    assert '-e ".[test,lint,dist,docs]"' in makefile
+    assert "-c requirements/constraints-3.11.txt -c requirements/dev-constraints.txt" in makefile
     assert "scripts/check_dist.py check" in makefile
 
 
@@ -126,7 +184,7 @@ def test_manifest_puts_the_build_inputs_in_the_sdist() -> None:
     manifest = (ROOT / "MANIFEST.in").read_text()
     for line in (
         "include LICENSE README.md",
-        "include requirements/constraints.txt",
+        "include requirements/constraints-*.txt",
         "recursive-include airflow_provider_pgdecode/capture/csrc *.c *.h",
     ):
         assert line in manifest
@@ -224,6 +282,101 @@ def test_the_extension_links_only_libc(check_dist: ModuleType) -> None:
     # A file that is not ELF is an error, not an extension without dependencies.
     with pytest.raises(Exception, match="Magic number does not match"):
         check_dist.needed_libraries(b"not an ELF file at all")
+
+
+def _built_extension() -> Path:
+    """The in-place build of the extension for this interpreter (make native), read with pyelftools."""
+    pytest.importorskip("elftools", reason="pyelftools comes with auditwheel (the dist extra)")
+    built = ROOT / "airflow_provider_pgdecode" / "capture" / f"_native{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if not built.exists():
+        pytest.skip("the extension is not built in place (make native)")
+    return built
+
+
+def test_the_extension_resolves_no_symbol_and_needs_glibc_2_17_at_most(check_dist: ModuleType) -> None:
+    """No dlopen/dlsym (GLIBC_2.34 on a glibc >= 2.34, making the wheel manylinux_2_34): native.py
+    hands the extension libpq's function addresses. Every libc symbol it imports is in manylinux2014's
+    glibc, so its wheel installs on Amazon Linux 2 (glibc 2.26), RHEL 8 (2.28), Ubuntu 20.04 (2.31)."""
+    so = _built_extension().read_bytes()
+    imported = check_dist.imported_symbols(so)
+    assert imported["PyModule_Create2"] is None  # the symbol table is read: the interpreter's, unversioned
+    assert sorted(name for name in imported if name.startswith("dl")) == []
+    glibc = {v for v in map(check_dist.glibc_version, imported.values()) if v is not None}
+    assert glibc and max(glibc) <= check_dist.NEWEST_MANYLINUX <= (2, 28), sorted(glibc)
+    assert check_dist.glibc_symbols_newer_than(so, check_dist.NEWEST_MANYLINUX) == []
+    # The versions are seen: every libc symbol is newer than glibc 2.0.
+    assert (
+        len(check_dist.glibc_symbols_newer_than(so, (2, 0)))
+        == len([v for v in imported.values() if v and v.startswith("GLIBC_")])
+        > 0
+    )
+    assert check_dist.glibc_version("GLIBC_2.2.5") == (2, 2)
+    assert check_dist.glibc_version("GLIBC_2.34") == (2, 34)
+    assert check_dist.glibc_version("GCC_3.0") is None and check_dist.glibc_version(None) is None
+
+
+@pytest.fixture(scope="module")
+def dlopen_library(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """A shared object that calls dlopen, built here: what the extension did before native.py resolved libpq."""
+    libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    if not libc.startswith("glibc ") or tuple(map(int, libc.split()[1].split(".")[:2])) < (2, 34):
+        pytest.skip(f"dlopen is GLIBC_2.34 only from glibc 2.34 on; this is {libc!r}")
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        pytest.skip("no C compiler")
+    tmp = tmp_path_factory.mktemp("dlopen")
+    (tmp / "uses_dlopen.c").write_text(
+        "#include <dlfcn.h>\nvoid *open_it(const char *path) { return dlopen(path, RTLD_NOW | RTLD_NOLOAD); }\n"
+    )
+    done = subprocess.run(
+        [cc, "-shared", "-fPIC", "-o", tmp / "uses_dlopen.so", tmp / "uses_dlopen.c"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return (tmp / "uses_dlopen.so").read_bytes()
+
+
+def test_check_dist_refuses_a_manylinux_tag_newer_than_2_17(
+    check_dist: ModuleType, tmp_path: Path, dlopen_library: bytes
+) -> None:
+    assert check_dist.manylinux_glibc("manylinux2014_x86_64.manylinux_2_17_x86_64") == [(2, 17), (2, 17)]
+    assert check_dist.manylinux_glibc("manylinux_2_34_aarch64") == [(2, 34)]
+    assert check_dist.manylinux_glibc("linux_x86_64") == []
+    assert check_dist.glibc_symbols_newer_than(dlopen_library, (2, 28)) == ["dlopen@GLIBC_2.34"]
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    so = f"airflow_provider_pgdecode/capture/_native{sysconfig.get_config_var('EXT_SUFFIX')}"
+    for platform, error in (
+        ("manylinux_2_34_x86_64", r"Its extension asks for dlopen@GLIBC_2\.34: avoid those functions"),
+        ("manylinux_2_28_x86_64", r"newer than manylinux_2_17: pip on a worker with an older glibc"),
+        ("manylinux_2_28_x86_64.manylinux_2_34_x86_64", r"tagged 'manylinux_2_28_x86_64.manylinux_2_34_x86_64'"),
+    ):
+        (tmp_path / platform).mkdir()
+        wheel = _fake_wheel(
+            tmp_path / platform / f"airflow_provider_pgdecode-0.1.0-{tag}-{tag}-{platform}.whl", {so: dlopen_library}
+        )
+        with pytest.raises(check_dist.DistCheckError, match=error):
+            check_dist.check_wheel(wheel, native=True)
+
+
+def test_check_dist_passes_the_built_extension_in_a_manylinux2014_wheel(check_dist: ModuleType, tmp_path: Path) -> None:
+    """What auditwheel repair makes of the extension built here (scripts/check_dist.py build checks the
+    real one) passes the whole wheel check: tagged manylinux_2_17 and manylinux2014, and, as in
+    cibuildwheel's manylinux_2_28 container (AUDITWHEEL_PLAT), manylinux_2_28 besides."""
+    built = _built_extension()
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    for platform, glibc in (
+        ("manylinux_2_17_x86_64.manylinux2014_x86_64", [(2, 17), (2, 17)]),
+        ("manylinux_2_17_x86_64.manylinux2014_x86_64.manylinux_2_28_x86_64", [(2, 17), (2, 17), (2, 28)]),
+    ):
+        (tmp_path / platform).mkdir()
+        wheel = _fake_wheel(
+            tmp_path / platform / f"airflow_provider_pgdecode-0.1.0-{tag}-{tag}-{platform}.whl",
+            {f"airflow_provider_pgdecode/capture/{built.name}": built.read_bytes()},
+        )
+        check_dist.check_wheel(wheel, native=True)
+        assert sorted(check_dist.manylinux_glibc(check_dist.wheel_tags(wheel)[2])) == glibc
 
 
 def test_cibuildwheel_builds_manylinux_wheels_that_need_the_extension() -> None:
