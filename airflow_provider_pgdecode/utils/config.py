@@ -77,10 +77,13 @@ SETTINGS: dict[str, Setting] = {
             "PGDECODE_SOURCES",
             "",
             "string",
-            "The sources file (YAML) that dags/pgdecode_sources.py turns into an incremental and a backfill "
-            "DAG per source (docs/sources.md); a relative path is taken from the folder of that DAG file. "
-            "Empty: ``pgdecode_sources.yaml`` next to it, when there is one (else no DAG). A file named here "
-            "that does not exist fails the DAG file's parsing.",
+            "The sources file (YAML) that a DAG file in your DAGs folder turns into an incremental and a "
+            "backfill DAG per source, by calling "
+            "``airflow_provider_pgdecode.example_dags.sources.sources_dags(<default file>)`` (the file's format: "
+            "the sources guide of the provider's documentation); a relative path is taken from the folder of "
+            "that DAG file. Empty: the default file that DAG file names, usually ``pgdecode_sources.yaml`` next "
+            "to it, when there is one (else no DAG). A file named here that does not exist fails the DAG "
+            "file's parsing.",
             "/opt/airflow/dags/pgdecode_sources.yaml",
         ),
         Setting(
@@ -147,7 +150,8 @@ SETTINGS: dict[str, Setting] = {
             "",
             "string",
             "Ivy directory (``spark.jars.ivy``) where spark-submit caches Delta's jars; empty: "
-            "``<checkout>/.cache/ivy`` in a source checkout, else ``~/.cache/pgdecode/ivy``.",
+            "``$XDG_CACHE_HOME/pgdecode/ivy`` (``~/.cache/pgdecode/ivy``), or ``<checkout>/.cache/ivy`` when "
+            "the package runs from a source checkout.",
             "/opt/airflow/.ivy",
             handed_down=True,
         ),
@@ -157,8 +161,10 @@ SETTINGS: dict[str, Setting] = {
             "",
             "string",
             "A folder of jars or a comma-separated list of jars used instead of resolving Delta's "
-            "packages from Maven (machines without Maven Central; scripts/fetch_delta_jars.py fills "
-            "such a folder).",
+            "packages from Maven (machines without Maven Central: copy Delta's artifact, see "
+            "``delta_package``, with its dependencies into such a folder, e.g. with "
+            "``mvn dependency:copy-dependencies``; runs on ``s3://`` also read hadoop-aws and its AWS SDK "
+            "from the folder's ``object-store`` sub-folder).",
             "/opt/pgdecode/jars",
             handed_down=True,
         ),
