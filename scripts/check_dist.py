@@ -319,9 +319,14 @@ def check_wheel(wheel: Path, *, native: bool, python: str = PYTHONS[0]) -> None:
             raise DistCheckError(f"{wheel.name} lacks {missing}")
         if "apache_airflow_provider" not in zf.read(f"{dist_info}/entry_points.txt").decode():
             raise DistCheckError(f"{wheel.name} declares no apache_airflow_provider entry point: Airflow won't see it")
-        sources = [n for n in names if n.startswith(f"{CSRC}/") or n.startswith("tests/")]
+        checkout_only = (f"{CSRC}/", "tests/", "pgdecode_testing/", f"{PACKAGE}/testing/")
+        sources = [n for n in names if n.startswith(checkout_only)]
         if sources:
-            raise DistCheckError(f"{wheel.name} carries sources or tests that belong in the sdist only: {sources[:5]}")
+            raise DistCheckError(
+                f"{wheel.name} carries sources, tests or test helpers that belong in the checkout only: {sources[:5]}"
+            )
+        if f"{PACKAGE}/py.typed" not in names:
+            raise DistCheckError(f"{wheel.name} lacks {PACKAGE}/py.typed: type checkers would ignore its annotations")
 
 
 def build(dist: Path, pythons: Sequence[str] = PYTHONS) -> tuple[Path, list[Path], Path]:

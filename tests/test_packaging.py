@@ -242,6 +242,7 @@ def _fake_wheel(path: Path, files: dict[str, bytes]) -> Path:
         "airflow_provider_pgdecode/spark/merge_job.py": b"",
         "airflow_provider_pgdecode/spark/ivysettings.xml": b"",
         "airflow_provider_pgdecode/spark/log4j2.properties": b"",
+        "airflow_provider_pgdecode/py.typed": b"",
     }
     with zipfile.ZipFile(path, "w") as zf:
         for name, data in {**base, **files}.items():
@@ -261,14 +262,23 @@ def test_check_dist_refuses_a_pure_wheel_with_an_extension_or_sources(check_dist
     so = "airflow_provider_pgdecode/capture/_native.cpython-311-x86_64-linux-gnu.so"
     for case, files, error in (
         ("extension", {so: b"\x7fELF"}, "pure-Python wheel .* holds shared objects"),
-        ("sources", {"airflow_provider_pgdecode/capture/csrc/module.c": b""}, "belong in the sdist only"),
-        ("tests", {"tests/test_packaging.py": b""}, "belong in the sdist only"),
+        ("sources", {"airflow_provider_pgdecode/capture/csrc/module.c": b""}, "belong in the checkout only"),
+        ("tests", {"tests/test_packaging.py": b""}, "belong in the checkout only"),
+        ("test helpers", {"pgdecode_testing/postgres_cluster.py": b""}, "belong in the checkout only"),
+        ("old test helpers", {"airflow_provider_pgdecode/testing/compare.py": b""}, "belong in the checkout only"),
     ):
         (tmp_path / case).mkdir()
         with pytest.raises(check_dist.DistCheckError, match=error):
             check_dist.check_wheel(_fake_wheel(tmp_path / case / name, files), native=False)
     (tmp_path / "clean").mkdir()
     check_dist.check_wheel(_fake_wheel(tmp_path / "clean" / name, {}), native=False)  # a well-formed one passes
+    untyped = _fake_wheel(tmp_path / "clean" / "untyped.whl", {})
+    with zipfile.ZipFile(untyped) as zf, zipfile.ZipFile(tmp_path / name, "w") as out:
+        for item in zf.namelist():
+            if not item.endswith("py.typed"):
+                out.writestr(item, zf.read(item))
+    with pytest.raises(check_dist.DistCheckError, match="lacks airflow_provider_pgdecode/py.typed"):
+        check_dist.check_wheel(tmp_path / name, native=False)
 
 
 def test_the_extension_links_only_libc(check_dist: ModuleType) -> None:
