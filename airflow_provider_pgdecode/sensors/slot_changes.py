@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
 
-from airflow_provider_pgdecode.errors import SlotError
+from airflow_provider_pgdecode.errors import ConfigurationError, SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.triggers.slot_changes import (
     DEFAULT_HEARTBEAT_PREFIX,
@@ -32,8 +33,12 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
 
     With ``deferrable=True`` the sensor checks once and, when there is nothing yet, defers to
     :class:`~airflow_provider_pgdecode.triggers.slot_changes.SlotChangesTrigger`, freeing its
-    worker slot while it waits. A missing or lost slot fails the task at once
-    (:class:`AirflowFailException`); other errors fail it so that retries apply.
+    worker slot while it waits. A missing or lost slot, or a change it cannot decode, fails the
+    task at once (:class:`AirflowFailException`); other errors fail it so that retries apply.
+
+    Never a skip for an error: with ``skip_on_timeout=True`` only the timeout (no changes within
+    ``timeout``) skips the task, and the cycle downstream with it. Airflow's ``soft_fail`` would
+    skip on a failure too, leaving changes in the slot with every run green: it is refused.
 
     Example::
 
@@ -70,8 +75,9 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
         trigger holds only the connection id); no secret enters the task's fields, its log, the
         trigger's arguments or XCom. (templated)
     :param deferrable: wait in the triggerer instead of a worker.
+    :param skip_on_timeout: skip the task (not fail it) when ``timeout`` passes without changes.
     :param kwargs: :class:`~airflow.sdk.BaseSensorOperator` arguments (``poke_interval``,
-        ``timeout``, ``mode``, ``soft_fail`` ...). ``poke_interval`` is also the trigger's
+        ``timeout``, ``mode`` ...; not ``soft_fail``). ``poke_interval`` is also the trigger's
         poll interval.
     """
 
@@ -98,9 +104,17 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
         staging_root: str | None = None,
         storage_conn_id: str | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        skip_on_timeout: bool = False,
         **kwargs: Any,
     ) -> None:
+        if kwargs.get("soft_fail") or kwargs.get("never_fail"):
+            raise ConfigurationError(
+                f"{type(self).__name__} {kwargs.get('task_id')!r}: soft_fail and never_fail turn a failure to read "
+                "the slot into a skip, and changes would stay in the slot while every run is green; use "
+                "skip_on_timeout=True to skip the cycle when no change comes within the timeout"
+            )
         super().__init__(**kwargs)
+        self.skip_on_timeout = skip_on_timeout
         self.slot_name = slot_name
         self.postgres_conn_id = postgres_conn_id
         self.min_lag_bytes = min_lag_bytes
@@ -137,16 +151,33 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
         return PokeReturnValue(is_done=done, xcom_value=report if done else None)
 
     def execute(self, context: Context) -> Any:
-        if not self.deferrable:
-            return super().execute(context)
-        returned = self.poke(context)
-        if returned.is_done:
-            return returned.xcom_value
-        self.defer(
-            trigger=self._trigger(),
-            method_name="execute_complete",
-            timeout=timedelta(seconds=self.timeout),
-        )
+        with self._timeout_skips():
+            if not self.deferrable:
+                return super().execute(context)
+            returned = self.poke(context)
+            if returned.is_done:
+                return returned.xcom_value
+            self.defer(
+                trigger=self._trigger(),
+                method_name="execute_complete",
+                timeout=timedelta(seconds=self.timeout),
+            )
+
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
+        with self._timeout_skips():  # a deferral's timeout comes back as AirflowSensorTimeout
+            return super().resume_execution(next_method, next_kwargs, context)
+
+    @contextmanager
+    def _timeout_skips(self) -> Iterator[None]:
+        """The timeout, and only the timeout, skips the task when ``skip_on_timeout`` is set."""
+        try:
+            yield
+        except AirflowSensorTimeout as exc:
+            if not self.skip_on_timeout:
+                raise
+            raise AirflowSkipException(
+                f"no change in slot {self.slot_name!r} within {self.timeout:.0f} s: this cycle is skipped"
+            ) from exc
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         """Resume after the trigger fired: return its report, or fail on an error event."""

@@ -28,7 +28,7 @@ huge.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,10 +110,13 @@ def classify_text_rows(
 
 
 def classify_pgoutput_rows(
-    rows: Iterable[tuple[Lsn | str, bytes]], heartbeat_prefix: str = DEFAULT_HEARTBEAT_PREFIX
+    rows: Iterable[tuple[Lsn | str, bytes]],
+    heartbeat_prefix: str = DEFAULT_HEARTBEAT_PREFIX,
+    type_names: Mapping[int, str] | None = None,
 ) -> tuple[int, int, Lsn | None]:
-    """``(changes, heartbeats, first change LSN)`` of pgoutput (protocol 1) messages."""
-    parser = PgOutputParser(proto_version=1)
+    """``(changes, heartbeats, first change LSN)`` of pgoutput (protocol 1) messages; ``type_names``:
+    the catalog's names of the types by OID, as the extract decodes them."""
+    parser = PgOutputParser(proto_version=1, type_names=dict(type_names or {}))
     return classify_events(
         ((Lsn.coerce(lsn), parser.parse(Lsn.coerce(lsn), None, bytes(data))) for lsn, data in rows), heartbeat_prefix
     )
@@ -142,7 +145,8 @@ def probe_changes(
     if info.plugin == "test_decoding":
         changes, heartbeats, first = classify_text_rows(rows, heartbeat_prefix, client.server_encoding())
     else:
-        changes, heartbeats, first = classify_pgoutput_rows(rows, heartbeat_prefix)
+        # The catalog's type names, as the extract has them: a change is decoded as it will be.
+        changes, heartbeats, first = classify_pgoutput_rows(rows, heartbeat_prefix, hook.get_catalog().type_names())
     return ChangesProbe(changes, heartbeats, len(rows), len(rows) >= probe_rows, first)
 
 

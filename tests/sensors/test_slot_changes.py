@@ -144,6 +144,63 @@ def test_pgoutput_slot_is_probed_with_its_publication(
         pg_conn.execute(f"DROP PUBLICATION {publication}")
 
 
+def test_pgoutput_probe_decodes_every_builtin_type(
+    source_conn: str, pg_conn: psycopg.Connection[Any], slot_name: str
+) -> None:
+    """Geometric, range, multirange and macaddr8 columns: pgoutput sends no Type message for
+    built-in types, and the probe named none of these, so it failed and the cycle's sensor,
+    soft-failing, skipped every run while the slot's lag grew (issue 35). It counts them now."""
+    table = f"sc_types_{uuid.uuid4().hex[:8]}"
+    pg_conn.execute(
+        f"CREATE TABLE {table} (id int PRIMARY KEY, p point, c circle, b box, l line, s lseg, pa path,"
+        " pg polygon, m8 macaddr8, r int4range, mr int8multirange, ms macaddr[], bits bit(3)[], rs tsrange[])"
+    )
+    publication = f"pub_{uuid.uuid4().hex[:8]}"
+    pg_conn.execute(f"CREATE PUBLICATION {publication} FOR TABLE {table}")
+    try:
+        with PgDecodeHook() as hook:
+            hook.create_slot(slot_name, plugin="pgoutput")
+            pg_conn.execute(
+                f"INSERT INTO {table} VALUES (1, '(1,2)', '<(0,0),1>', '((0,0),(1,1))', '{{1,-1,0}}', '[(0,0),(1,1)]',"
+                " '((0,0),(1,1),(2,0))', '((0,0),(1,1),(2,0))', '08:00:2b:01:02:03:04:05', '[1,5)',"
+                " '{[1,3), [7,9)}', '{08:00:2b:01:02:03}', '{101,010}', '{\"[2026-01-01,2026-02-01)\"}')"
+            )
+            done, report = check_slot_changes(hook, slot_name, publication=publication)
+            assert done is True and report["changes"] == 1, report
+            sensor = PgDecodeSlotChangesSensor(
+                task_id="wait", slot_name=slot_name, publication=publication, skip_on_timeout=True
+            )
+            returned = sensor.poke({})
+            assert returned.is_done is True and returned.xcom_value["changes"] == 1
+    finally:
+        pg_conn.execute(f"DROP PUBLICATION {publication}")
+
+
+def test_only_the_timeout_skips_an_error_fails(
+    source_conn: str, pg_conn: psycopg.Connection[Any], slot_name: str
+) -> None:
+    """skip_on_timeout: no change within the timeout skips the cycle; a slot the sensor cannot read
+    fails it, never skips it. soft_fail, which would skip on a failure, is refused."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from airflow_provider_pgdecode.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="skip_on_timeout=True"):
+        PgDecodeSlotChangesSensor(task_id="wait", slot_name=slot_name, soft_fail=True)
+    with PgDecodeHook() as hook:
+        hook.ensure_slot(slot_name)
+    idle = PgDecodeSlotChangesSensor(
+        task_id="wait", slot_name=slot_name, timeout=1, poke_interval=0.2, skip_on_timeout=True, deferrable=False
+    )
+    with pytest.raises(AirflowSkipException, match=f"no change in slot '{slot_name}' within 1 s"):
+        idle.execute({})
+    missing = PgDecodeSlotChangesSensor(
+        task_id="wait", slot_name=slot_name + "_gone", timeout=1, poke_interval=0.2, skip_on_timeout=True
+    )
+    with pytest.raises(AirflowFailException, match="does not exist"):
+        missing.execute({})
+
+
 def test_a_slot_held_by_another_process_is_waited_for(
     source_conn: str, pg_dsn: str, pg_conn: psycopg.Connection[Any], slot_name: str
 ) -> None:
