@@ -206,6 +206,8 @@ def build_cycle(
         postgres_conn_id=src.postgres_conn_id,
         max_lag_bytes=max_lag_bytes,
         heartbeat=True,  # an idle database's slot keeps advancing
+        publication=src.publication,  # pgoutput: what the probe for pending changes reads with
+        max_stalled_runs=3,  # changes pending, nothing extracted through 3 runs: fail, whatever the cause
         poke_interval=30,
         timeout=120,
     )
@@ -220,7 +222,7 @@ def build_cycle(
         storage_conn_id="{{ params.storage_conn_id }}",
         poke_interval=min(15, max(wait_seconds, 1)),
         timeout=wait_seconds,
-        soft_fail=True,  # no changes: the cycle is skipped, not failed
+        skip_on_timeout=True,  # no changes: the cycle is skipped; an error fails it
         # deferrable: [operators] default_deferrable, so a waiting cycle holds no worker slot
         # wherever a triggerer runs.
     )

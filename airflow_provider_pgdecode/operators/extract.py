@@ -19,15 +19,7 @@ from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.utils.config import pgdecode_bool, pgdecode_environment
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
-
-
-def _ever_succeeded(ti: Any, task_id: str) -> bool:
-    """Whether task ``task_id`` of this DAG has succeeded in any run (a checkpoint task pushes its
-    checkpoint whenever it succeeds). True where the task instance cannot say (not Airflow 3's)."""
-    count = getattr(ti, "get_ti_count", None)
-    if count is None:
-        return True
-    return bool(count(dag_id=ti.dag_id, task_ids=[task_id], states=["success"]))
+from airflow_provider_pgdecode.utils.xcom import latest_xcom
 
 
 def checkpoint_xcom_key(slot_name: str) -> str:
@@ -270,22 +262,12 @@ class PgDecodeExtractOperator(BaseOperator):
         return value
 
     def _pull_checkpoint(self, context: Context, task_id: str, returned: bool) -> Any:
-        # map_indexes=-1 asks for one value, the latest by logical date; without it Airflow 3
-        # returns a list of every prior run's value once there are several. The confirm task
-        # also pushes the checkpoint under a key per slot, so a DAG whose slot_name param
-        # changes between runs picks up each slot's own checkpoint.
+        # The confirm task pushes the checkpoint under a key per slot, so a DAG whose slot_name
+        # param changes between runs picks up each slot's own checkpoint.
         ti = context["ti"]
-        if not _ever_succeeded(ti, task_id):
-            # Nothing to pull (a new pipeline): asking would make Airflow log "XCom not found" at error level.
-            return None
-        value = ti.xcom_pull(
-            task_ids=task_id,
-            key=checkpoint_xcom_key(self.slot_name),
-            include_prior_dates=True,
-            map_indexes=-1,
-        )
+        value = latest_xcom(ti, task_id, checkpoint_xcom_key(self.slot_name))
         if value is None and returned:
-            value = ti.xcom_pull(task_ids=task_id, include_prior_dates=True, map_indexes=-1)
+            value = latest_xcom(ti, task_id)
             if isinstance(value, Mapping) and value.get("slot") not in (None, self.slot_name):
                 self.log.info(
                     "The latest checkpoint belongs to slot %s; slot %s has none yet", value.get("slot"), self.slot_name

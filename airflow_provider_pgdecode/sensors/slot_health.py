@@ -6,14 +6,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_provider_pgdecode.errors import SlotError
+from airflow_provider_pgdecode.errors import SlotError, SlotInUseError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
-from airflow_provider_pgdecode.triggers.slot_changes import DEFAULT_HEARTBEAT_PREFIX, probe_changes
+from airflow_provider_pgdecode.triggers.slot_changes import DEFAULT_HEARTBEAT_PREFIX, ChangesProbe, probe_changes
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
+from airflow_provider_pgdecode.utils.xcom import latest_xcom
 
 
 def _size(n: int | None) -> str:
@@ -45,6 +46,11 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
       server keeps that WAL for them (a source removed from the sources file keeps its slot); the
       check still passes: only whoever knows what reads a slot can drop it.
 
+    With ``max_stalled_runs`` it also fails when changes have been pending at the same confirmed
+    position through more than that many consecutive runs of this check: nothing extracted them,
+    whatever the reason (a cycle failing or skipped, a paused task, a publication that misses the
+    table), and the slot's lag grows. A change it cannot decode fails it at once.
+
     With ``heartbeat=True`` the check also writes a heartbeat (a non-transactional logical
     message, ``pg_logical_emit_message``) when the slot has nothing pending to decode, so that
     the next extract has a position to advance the slot to even if its database is idle while
@@ -53,7 +59,9 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
     before the lag check, so an idle slot can still recover.
 
     On success the XCom value is the slot's description (``SlotInfo.to_dict()``) plus
-    ``heartbeat_lsn`` and ``idle_slots`` (the names warned about). The check passes or fails on
+    ``heartbeat_lsn``, ``idle_slots`` (the names warned about), ``pending_changes`` (counted by a
+    probe of a few rows: ``None`` when not probed) and ``stalled_runs`` (consecutive runs that
+    found changes pending at this confirmed position). The check passes or fails on
     its first poke: it never waits.
 
     Place it where its failure alerts without blocking the extract (e.g. a parallel branch):
@@ -77,7 +85,9 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
     :param heartbeat: write a heartbeat when the slot has nothing pending.
     :param heartbeat_prefix: the heartbeat messages' prefix. (templated)
     :param publication: for pgoutput slots, the publication (needed to look for pending
-        changes before a heartbeat). (templated)
+        changes). (templated)
+    :param max_stalled_runs: fail when changes stayed pending, unextracted, at the slot's confirmed
+        position through more consecutive runs of this check than this; ``None``: no such check.
     """
 
     template_fields: Sequence[str] = ("slot_name", "postgres_conn_id", "plugin", "heartbeat_prefix", "publication")
@@ -93,6 +103,7 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
         heartbeat: bool = False,
         heartbeat_prefix: str = DEFAULT_HEARTBEAT_PREFIX,
         publication: str | None = None,
+        max_stalled_runs: int | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("poke_interval", 0)
@@ -105,6 +116,7 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
         self.heartbeat = heartbeat
         self.heartbeat_prefix = heartbeat_prefix
         self.publication = publication
+        self.max_stalled_runs = max_stalled_runs
 
     def poke(self, context: Context) -> PokeReturnValue:
         name = self.slot_name
@@ -113,7 +125,9 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
                 info = hook.describe_slot(name)
                 check_readable(info, self.plugin)
             self._check_state(info)
-            heartbeat_lsn = self._maybe_heartbeat(hook, info) if self.heartbeat else None
+            probe = self._probe(hook, info)
+            stalled = self._check_stalled(context, info, probe)
+            heartbeat_lsn = self._maybe_heartbeat(hook, info, probe) if self.heartbeat else None
             idle = hook.idle_slots(self.max_lag_bytes, besides=name) if self.max_lag_bytes is not None else []
         # Said before this slot's own lag may fail the check: both hold WAL back.
         for other in idle:
@@ -153,6 +167,8 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
                 **info.to_dict(),
                 "heartbeat_lsn": None if heartbeat_lsn is None else str(heartbeat_lsn),
                 "idle_slots": [other.slot_name for other in idle],
+                "pending_changes": None if probe is None else probe.changes,
+                "stalled_runs": stalled,
             },
         )
 
@@ -166,18 +182,58 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
                 "(extract, merge, confirm), or raise max_slot_wal_keep_size"
             )
 
-    def _maybe_heartbeat(self, hook: PgDecodeHook, info: SlotInfo) -> Any:
+    def _probe(self, hook: PgDecodeHook, info: SlotInfo) -> ChangesProbe | None:
+        """What a peek of a few rows finds pending (``None``: the slot is in use, caught up, or
+        cannot be probed without a publication). A change it cannot decode fails the check."""
+        if info.active or not info.lag_bytes:
+            return None
+        try:
+            with fail_fast(f"slot {info.slot_name!r}: a change pending in it cannot be read"):
+                return probe_changes(
+                    hook, info, probe_rows=10, heartbeat_prefix=self.heartbeat_prefix, publication=self.publication
+                )
+        except AirflowFailException as exc:
+            if not isinstance(exc.__cause__, SlotError):
+                raise  # a change it cannot decode: the extract would fail on it too
+            self.log.warning("Slot %s: cannot look for pending changes (%s)", info.slot_name, exc.__cause__)
+        except SlotInUseError as exc:
+            self.log.info("Slot %s: cannot look for pending changes now (%s)", info.slot_name, exc)
+        return None
+
+    def _check_stalled(self, context: Context, info: SlotInfo, probe: ChangesProbe | None) -> int:
+        """Consecutive runs of this check that found changes pending at the slot's confirmed
+        position (this one included); past ``max_stalled_runs``, the check fails naming it."""
+        if probe is None or not probe.changes:
+            return 0
+        previous = latest_xcom(context["ti"], self.task_id) if "ti" in context else None
+        same = (
+            isinstance(previous, dict)
+            and previous.get("pending_changes")
+            and previous.get("confirmed_flush_lsn") == info.to_dict().get("confirmed_flush_lsn")
+        )
+        stalled = int(previous.get("stalled_runs") or 0) + 1 if same and isinstance(previous, dict) else 1
+        if self.max_stalled_runs is not None and stalled > self.max_stalled_runs:
+            raise AirflowException(
+                f"replication slot {info.slot_name!r}: changes pending, nothing extracted for {stalled - 1} runs "
+                f"(its confirmed position {info.confirmed_flush_lsn} has not moved while {probe.changes} or more "
+                f"change(s) waited, from {probe.first_change_lsn} on; lag {_size(info.lag_bytes)}). Look at those "
+                "runs' wait_for_changes, extract, merge and confirm tasks: a failed or skipped task, a paused task, "
+                "or a pgoutput publication that leaves the table out; the slot's lag grows until they run"
+            )
+        if stalled > 1:
+            self.log.warning(
+                "Slot %s: changes pending at %s for %d consecutive runs of this check, none extracted yet",
+                info.slot_name,
+                info.confirmed_flush_lsn,
+                stalled,
+            )
+        return stalled
+
+    def _maybe_heartbeat(self, hook: PgDecodeHook, info: SlotInfo, probe: ChangesProbe | None) -> Any:
         if info.active:
             self.log.info("Slot %s is in use by another process: no heartbeat", info.slot_name)
             return None
-        if not info.lag_bytes:
-            return None
-        try:
-            probe = probe_changes(
-                hook, info, probe_rows=10, heartbeat_prefix=self.heartbeat_prefix, publication=self.publication
-            )
-        except SlotError as exc:
-            self.log.warning("Slot %s: cannot look for pending changes (%s): no heartbeat", info.slot_name, exc)
+        if not info.lag_bytes or probe is None:
             return None
         if probe.changes or probe.heartbeats:
             self.log.info(

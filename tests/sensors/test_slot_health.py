@@ -73,6 +73,49 @@ def test_no_heartbeat_while_changes_are_pending(
     assert sensor.poke({}).xcom_value["heartbeat_lsn"] is None
 
 
+class EarlierRuns:
+    """Airflow's task instance as far as the check asks it: has the check succeeded before, and
+    what did its latest successful run push (``latest`` stands for that run's XCom)."""
+
+    dag_id = "pgdecode_incremental"
+
+    def __init__(self) -> None:
+        self.latest: dict[str, Any] | None = None
+
+    def get_ti_count(self, **criteria: Any) -> int:
+        return 0 if self.latest is None else 1
+
+    def xcom_pull(self, **criteria: Any) -> Any:
+        assert criteria["include_prior_dates"] is True and criteria["task_ids"] == "health"
+        return self.latest
+
+
+def test_changes_pending_through_runs_with_nothing_extracted_fail_the_check(
+    source_conn: str, pg_conn: psycopg.Connection[Any], slot_name: str
+) -> None:
+    """Whatever keeps the cycle from extracting (here: nothing runs it), changes waiting at the same
+    confirmed position through more than max_stalled_runs runs fail the check, naming the slot, the
+    position and the runs; once the slot moves the count starts again."""
+    table = f"hs_{uuid.uuid4().hex[:10]}"
+    pg_conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY)")
+    with PgDecodeHook() as hook:
+        hook.ensure_slot(slot_name)
+    pg_conn.execute(f"INSERT INTO {table} VALUES (1)")
+    runs = EarlierRuns()
+    sensor = PgDecodeSlotHealthSensor(task_id="health", slot_name=slot_name, max_stalled_runs=2)
+    for expected in (1, 2):
+        report = sensor.poke({"ti": runs}).xcom_value
+        assert report["pending_changes"] == 1 and report["stalled_runs"] == expected
+        runs.latest = report
+    with pytest.raises(AirflowException, match=f"slot '{slot_name}': changes pending, nothing extracted for 2 runs"):
+        sensor.poke({"ti": runs})
+    with PgDecodeHook() as hook:  # the cycle runs again: the slot moves past the change
+        hook.advance_slot(slot_name, Lsn.parse(str(hook.current_flush_lsn())))
+    pg_conn.execute(f"INSERT INTO {table} VALUES (2)")
+    report = sensor.poke({"ti": runs}).xcom_value
+    assert report["stalled_runs"] == 1
+
+
 def test_lag_over_the_limit_fails_with_a_retryable_error(
     source_conn: str, pg_cluster: ThrowawayCluster, slot_name: str
 ) -> None:
