@@ -47,6 +47,18 @@ PINNED_GUCS: tuple[tuple[str, str], ...] = (
 """Formatting settings pinned while peeking and copying: test_decoding renders values with them,
 and copied rows must print as decoded ones."""
 
+TIMEOUT_GUCS: tuple[tuple[str, str], ...] = (
+    ("statement_timeout", "0"),
+    ("idle_in_transaction_session_timeout", "0"),
+)
+"""No timeout for the statements that decode or copy: a role's or database's ``statement_timeout``
+(a common DBA default) would cancel every peek of a backlog, every advance and every copy of a
+large table, run after run. Pinned with :data:`PINNED_GUCS`; ``transaction_timeout`` too from
+PostgreSQL 17 (:func:`timeout_settings`)."""
+
+TRANSACTION_TIMEOUT_VERSION = 170000
+"""``transaction_timeout`` exists from PostgreSQL 17 (an unknown setting is an error before)."""
+
 SCAN_GUCS: tuple[tuple[str, str], ...] = (
     ("synchronize_seqscans", "off"),
     ("max_parallel_workers_per_gather", "0"),
@@ -69,13 +81,26 @@ def _settings_sql(settings: tuple[tuple[str, str], ...], local: bool) -> str:
     return "; ".join(f"{scope} {name} = '{value}'" for name, value in settings)
 
 
+def timeout_settings(conn: Connection) -> tuple[tuple[str, str], ...]:
+    """:data:`TIMEOUT_GUCS`, and ``transaction_timeout = 0`` on a server that has it."""
+    if conn.info.server_version >= TRANSACTION_TIMEOUT_VERSION:
+        return (*TIMEOUT_GUCS, ("transaction_timeout", "0"))
+    return TIMEOUT_GUCS
+
+
 def pin_settings(conn: Connection, *, local: bool = False, extra: Sequence[tuple[str, str]] = ()) -> None:
-    """Apply :data:`PINNED_GUCS` (then ``extra``) to ``conn`` in one round trip.
+    """Apply :data:`PINNED_GUCS` and the timeouts (:func:`timeout_settings`), then ``extra``, to
+    ``conn`` in one round trip.
 
     ``local=True`` pins them for the transaction in progress only (``SET LOCAL``: the peek
     leaves the session as it found it); otherwise for the session (the copies' own connections).
     """
-    conn.execute(_settings_sql(PINNED_GUCS + tuple(extra), local))
+    conn.execute(_settings_sql(PINNED_GUCS + timeout_settings(conn) + tuple(extra), local))
+
+
+def pin_timeouts(conn: Connection) -> None:
+    """Lift the timeouts (:func:`timeout_settings`) for the transaction in progress only."""
+    conn.execute(_settings_sql(timeout_settings(conn), True))
 
 
 def connect(dsn: str) -> Connection:

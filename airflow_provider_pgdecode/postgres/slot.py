@@ -47,7 +47,12 @@ from airflow_provider_pgdecode.postgres.readiness import (
     slot_creation_error,
     two_phase_needs_newer_server,
 )
-from airflow_provider_pgdecode.postgres.session import PINNED_GUCS, pin_settings, widen_input_buffer  # noqa: F401  (PINNED_GUCS: re-exported)
+from airflow_provider_pgdecode.postgres.session import (  # noqa: F401  (PINNED_GUCS: re-exported)
+    PINNED_GUCS,
+    pin_settings,
+    pin_timeouts,
+    widen_input_buffer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +235,13 @@ class SlotClient:
         with self.conn.cursor(row_factory=tuple_row) as cur:
             cur.execute(query, params)
             return cur.fetchone()
+
+    def _one_unlimited(self, query: str, params: Sequence[Any] | None = None) -> tuple[Any, ...] | None:
+        """:meth:`_one` without the session's timeouts: a statement that decodes WAL (an advance, a
+        slot's copy moved) takes as long as the WAL it reads."""
+        with self.conn.transaction():
+            pin_timeouts(self.conn)
+            return self._one(query, params)
 
     def _all(self, query: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         with self.conn.cursor(row_factory=tuple_row) as cur:
@@ -617,7 +629,7 @@ class SlotClient:
         """
         try:
             self._one("SELECT pg_copy_logical_replication_slot(%s, %s, true)", (name, copy_name))
-            row = self._one(
+            row = self._one_unlimited(
                 "SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)", (copy_name, str(position))
             )
         except psycopg.Error as exc:
@@ -659,7 +671,7 @@ class SlotClient:
 
     def _advance(self, name: str, target: Lsn) -> Lsn:
         try:
-            row = self._one(
+            row = self._one_unlimited(
                 "SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)", (name, str(target))
             )
         except pg_errors.ObjectNotInPrerequisiteState as exc:
