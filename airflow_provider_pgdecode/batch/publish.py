@@ -11,7 +11,11 @@ its name, is known only when decoding ends. Publishing puts it at ``<slot>/<star
   the next extract of the range replaces what it holds.
 
 Extracting the same LSN range again gives the same contents, so an existing batch with equal
-contents is kept and a different one is an error.
+contents is kept. One with other contents was staged by an earlier extract of the range that was
+never confirmed (the extract starts where the last confirm left off), under another selection of
+tables or other table options: the new batch replaces it, and the log says what changed. Delta is
+safe either way: a table merged from the old batch holds its commit LSNs, and the merge of the new
+one skips what Delta holds.
 """
 
 from __future__ import annotations
@@ -63,11 +67,25 @@ def publish_batch(workdir: Path, staging: Storage, relative: str, manifest: Batc
     naming the path; the work directory is left to the caller, which removes it."""
     final = staging.child(relative)
     with staging_io(workdir, "publish batch"):
-        if _same_batch_exists(final, manifest):
+        existing = _existing_batch(final)
+        if existing is not None and existing.contents() == manifest.contents():
+            log.info("Batch %s was already staged with the same contents; keeping it", final.root)
             shutil.rmtree(workdir)
             return final.root
+        if existing is not None:
+            log.warning(
+                "Batch %s was staged before, never confirmed, with other contents (%s): this extract replaces it",
+                final.root,
+                describe_difference(existing, manifest),
+            )
         if staging.is_local:
             _fsync_tree(workdir)
+            if existing is not None:  # aside, then gone: the batch directory is never half of each
+                aside = Path(final.root).with_name(
+                    f"{TMP_PREFIX}replaced-{Path(final.root).name}-{uuid.uuid4().hex[:8]}"
+                )
+                os.rename(final.root, aside)
+                shutil.rmtree(aside)
             os.rename(workdir, final.root)
             fsync_dir(Path(final.root).parent)
         else:
@@ -79,22 +97,35 @@ def publish_batch(workdir: Path, staging: Storage, relative: str, manifest: Batc
     return final.root
 
 
-def _same_batch_exists(final: Storage, manifest: BatchManifest) -> bool:
+def _existing_batch(final: Storage) -> BatchManifest | None:
+    """The manifest of a batch already published at ``final``, ``None`` when there is none."""
     if not final.is_file(MANIFEST_NAME):
-        return False
+        return None
     try:
-        existing = BatchManifest.read(final)
+        return BatchManifest.read(final)
     except BatchError:
         raise StagingError(
             f"batch {final.root} already exists but cannot be read; move it away to extract the range again"
         ) from None
-    if existing.contents() != manifest.contents():
-        raise StagingError(
-            f"batch {final.root} already exists with different contents; the slot or checkpoint changed "
-            "between runs over the same LSN range. Move the old batch away to extract again."
-        )
-    log.info("Batch %s was already staged with the same contents; keeping it", final.root)
-    return True
+
+
+def describe_difference(before: BatchManifest, after: BatchManifest) -> str:
+    """What an extract of one range stages differently from an earlier one: tables selected,
+    dropped, or staged otherwise (their rows, mode or columns), and what else changed."""
+    old = {t.qualified_name: t.to_dict() for t in before.tables}
+    new = {t.qualified_name: t.to_dict() for t in after.tables}
+    parts = []
+    if added := sorted(set(new) - set(old)):
+        parts.append(f"tables now staged: {', '.join(added)}")
+    if dropped := sorted(set(old) - set(new)):
+        parts.append(f"tables no longer staged: {', '.join(dropped)}")
+    if changed := sorted(name for name in set(old) & set(new) if old[name] != new[name]):
+        parts.append(f"tables staged otherwise: {', '.join(changed)}")
+    rest_before = {k: v for k, v in before.contents().items() if k != "tables"}
+    rest_after = {k: v for k, v in after.contents().items() if k != "tables"}
+    if others := sorted(k for k in set(rest_before) | set(rest_after) if rest_before.get(k) != rest_after.get(k)):
+        parts.append(f"also {', '.join(others)}")
+    return "; ".join(parts) or "the same tables, staged otherwise"
 
 
 def _fsync_tree(root: Path) -> None:

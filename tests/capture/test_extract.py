@@ -471,6 +471,28 @@ def test_same_range_with_a_later_ceiling_reuses_the_batch(pg_conn, slot_name, tm
     assert BatchManifest.read(again.path).ceiling_lsn == first.ceiling_lsn  # the batch on disk was kept
 
 
+def test_a_selection_change_over_an_unconfirmed_range_replaces_its_batch(
+    pg_conn, slot_name, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch published and never confirmed, then the selection changes (a table left out, say,
+    because its merge failed): the next extract of the range replaces it, saying what changed.
+    It used to stop with 'already exists with different contents' until someone moved it by hand."""
+    pg_conn.execute("create table sel_a (id int primary key); create table sel_b (id int primary key)")
+    create_slot(pg_conn, slot_name)
+    pg_conn.execute("insert into sel_a values (1); insert into sel_b values (2)")
+    first = extract_batch(pg_conn, slot_name, tmp_path, tables=["public.sel_a", "public.sel_b"])
+    assert {t.table for t in first.tables} == {"sel_a", "sel_b"}
+    with caplog.at_level("WARNING"):
+        second = extract_batch(pg_conn, slot_name, tmp_path, tables=["public.sel_a"])
+    assert second.path == first.path and {t.table for t in second.tables} == {"sel_a"}
+    assert {t.table for t in BatchManifest.read(second.path).tables} == {"sel_a"}  # on disk too
+    assert table_rows(BatchManifest.read(second.path), "public", "sel_a") and not list(
+        (Path(second.path) / "tables" / "public").glob("sel_b")
+    )
+    assert "never confirmed, with other contents (tables no longer staged: public.sel_b" in caplog.text
+    assert not [p for p in Path(tmp_path, slot_name).iterdir() if p.name.startswith(".tmp-")]
+
+
 def test_origin_none_skips_changes_that_came_through_replication(pg_conn, slot_name, tmp_path) -> None:
     pg_conn.execute("create table looped (id int primary key, source text)")
     create_slot(pg_conn, slot_name, two_phase=False)
