@@ -200,9 +200,9 @@ TYPES: tuple[PgType, ...] = (
         note="as printed: the object's name",
     ),
 )
-"""Every PostgreSQL type with a mapping. A type not listed here (and not an array of one, a
-``numeric`` with a typmod, or a type given in ``type_overrides``) is staged as text and
-refused by the merge job with :class:`~airflow_provider_pgdecode.errors.UnmappedTypeError`."""
+"""Every PostgreSQL type with a native mapping. A type not listed here (and not an array of one or a
+``numeric`` with a typmod) is staged and kept in Delta as the text PostgreSQL printed: an
+extension's type, a user's (enum, domain, composite, range)."""
 
 _BY_NAME: dict[str, PgType] = {}
 for _entry in TYPES:
@@ -357,15 +357,14 @@ def resolve(
     arrays: str = ARRAYS_AS_LIST,
 ) -> ColumnMapping:
     """What a catalog type name (as ``format_type`` prints it, typmod included) becomes in
-    Delta, or :class:`~airflow_provider_pgdecode.errors.UnmappedTypeError`.
+    Delta; a type without a native mapping becomes ``string``, the text PostgreSQL printed.
 
     ``unbounded_numeric`` is the Delta type of ``numeric`` without precision (from
     :func:`parse_unbounded_numeric_rule`). ``type_overrides`` maps a type name (as the
-    manifest spells it, without ``[]``) to a Delta type; it is how user-defined types such as
-    enums and domains are mapped (``{"mood": "string"}``); only ``string`` is allowed, since
-    such values are staged as the text PostgreSQL printed. ``user_type`` (the manifest's
-    ``user_type``: ``enum``, ``domain`` ...) maps the type (or its element) to ``string``
-    unless ``type_overrides`` names it. ``arrays="json"`` (the table was staged with the option
+    manifest spells it, without ``[]``) to ``string``, the only Delta type allowed (anything
+    else: :class:`~airflow_provider_pgdecode.errors.UnmappedTypeError`). ``user_type`` (the
+    manifest's ``user_type``: ``enum``, ``domain`` ...) maps the type (or its element) to
+    ``string`` unless ``type_overrides`` names it. ``arrays="json"`` (the table was staged with the option
     ``arrays: json``; the manifest's ``arrow`` is ``string``): an array maps to ``string``.
     """
     text = catalog_type.strip()
@@ -405,11 +404,9 @@ def resolve(
         )
     entry = find(text)
     if entry is None:
-        raise UnmappedTypeError(
-            f"catalog type {catalog_type!r} has no Delta mapping. If it is an enum, a domain over text or "
-            f"another type PostgreSQL prints as text, map it with a type override "
-            f"(--type-map '{text}=string'); otherwise it is not supported (docs/merge.md lists the mapping)."
-        )
+        # An extension's or a user's type (hstore, ltree, isbn, PostGIS geometry, a composite ...):
+        # both plugins print its text output, which is staged and kept as it is.
+        return ColumnMapping(catalog_type, TEXT, TEXT)
     return ColumnMapping(catalog_type, entry.arrow, entry.delta, entry.kind)
 
 
@@ -497,20 +494,12 @@ _RULES: tuple[_Rule, ...] = (
         user_type="enum",
     ),
     _Rule(
-        "any other type given as `--type-map T=string`",
+        "any other type: an extension's (`hstore`, `ltree`, `isbn`, PostGIS `geometry` ...) or a user's",
         TEXT,
         "`string`",
         _PLAIN_LABEL,
-        "only `string` is allowed",
+        "the text PostgreSQL printed (its output function's, as `psql` shows it); arrays of them: `array<string>`",
         "geometry",
-        overrides=(("geometry", TEXT),),
-    ),
-    _Rule(
-        "any other type",
-        TEXT,
-        "refused",
-        "—",
-        "the merge fails before writing, naming the table, the column and the type",
     ),
 )
 

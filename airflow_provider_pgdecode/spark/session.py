@@ -85,6 +85,11 @@ CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 DEFAULT_CONNECT_PORT = 15002
 
+PARQUET_TIMESTAMP_CONF = "spark.sql.parquet.outputTimestampType"
+PARQUET_TIMESTAMP_TYPE = "TIMESTAMP_MICROS"
+"""How the jobs write timestamps to Parquet (Delta's data files): microseconds, as Delta's protocol
+and every reader take them."""
+
 DEFAULT_MASTER = "local[*]"
 DEFAULT_SHUFFLE_PARTITIONS = 8
 SCALA_BINARY_VERSION = "2.13"
@@ -228,6 +233,10 @@ def delta_spark_conf(
         # Timestamps are UTC end to end: staged timestamptz is UTC, and timestamp without
         # time zone is kept as its wall-clock time read as UTC.
         "spark.sql.session.timeZone": "UTC",
+        # Delta's Parquet timestamps as TIMESTAMP_MICROS, not Spark's default INT96, which readers
+        # such as delta-rs and pyarrow take as nanoseconds: 9999-12-31 23:59:59.999999 (infinity's
+        # clamp, and many a "valid to") came back from them as 1816-03-30.
+        PARQUET_TIMESTAMP_CONF: PARQUET_TIMESTAMP_TYPE,
         # PostgreSQL column names are case-sensitive.
         "spark.sql.caseSensitive": "true",
         # PySpark records each DataFrame call's Python call site on the JVM for error messages
@@ -507,6 +516,7 @@ def connect_mode() -> Iterator[None]:
 
 CONNECT_SESSION_CONF: Mapping[str, str] = {
     "spark.sql.session.timeZone": "UTC",
+    PARQUET_TIMESTAMP_CONF: PARQUET_TIMESTAMP_TYPE,
     "spark.sql.caseSensitive": "true",
     "spark.sql.shuffle.partitions": str(DEFAULT_SHUFFLE_PARTITIONS),
     "spark.databricks.delta.snapshotPartitions": str(DEFAULT_SHUFFLE_PARTITIONS),

@@ -533,7 +533,7 @@ def _existing_table(spark: Any, tmp_path: Path) -> tuple[str, str, list[tuple[in
     return root, path, history(spark, path)
 
 
-def test_bad_input_no_key_and_unmapped_type_leave_delta_unchanged(spark: Any, tmp_path: Path) -> None:
+def test_bad_input_no_key_leaves_delta_unchanged(spark: Any, tmp_path: Path) -> None:
     root, path, versions = _existing_table(spark, tmp_path)
     good = TableChanges("public", "orders", ORDERS).insert(200, id=2, note="b", amount="2.00")
     keyless = TableChanges("public", "events", [("at", "text", pa.string())], key=()).insert(200, at="x")
@@ -541,14 +541,23 @@ def test_bad_input_no_key_and_unmapped_type_leave_delta_unchanged(spark: Any, tm
     with pytest.raises(MergeInputError, match=r"public\.events has no primary key"):
         merge_batches(spark, [batch], root)
 
-    geo = TableChanges("public", "places", [("id", "integer", pa.int32()), ("shape", "geometry", pa.string())])
-    batch = write_batch(tmp_path / "s", SLOT, 210, 310, [good, geo.insert(300, id=1, shape="POINT(0 0)")])
-    with pytest.raises(MergeInputError, match=r"column 'shape'.*'geometry' has no Delta mapping"):
-        merge_batches(spark, [batch], root)
-
     assert history(spark, path) == versions
     assert not (tmp_path / "d" / "public" / "events").exists()
-    assert not (tmp_path / "d" / "public" / "places").exists()
+
+
+def test_a_type_without_a_native_mapping_is_kept_as_its_text(spark: Any, tmp_path: Path) -> None:
+    """An extension's type (PostGIS geometry, hstore): staged and kept as the text PostgreSQL
+    printed; it used to be refused after the batch was published, one table per run (issue 35)."""
+    columns = [("id", "integer", pa.int32()), ("shape", "geometry", pa.string()), ("tags", "hstore", pa.string())]
+    places = TableChanges("public", "places", columns).insert(
+        300, id=1, shape="0101000000000000000000F03F", tags='"a"=>"1"'
+    )
+    merge_batches(spark, [write_batch(tmp_path / "s", SLOT, 210, 310, [places])], str(tmp_path / "d"))
+    frame = spark.read.format("delta").load(str(tmp_path / "d" / "public" / "places"))
+    assert dict(frame.dtypes)["shape"] == dict(frame.dtypes)["tags"] == "string"
+    assert [(r["id"], r["shape"], r["tags"]) for r in frame.collect()] == [
+        (1, "0101000000000000000000F03F", '"a"=>"1"')
+    ]
 
 
 def test_bad_input_missing_or_incomplete_batches_leave_delta_unchanged(spark: Any, tmp_path: Path) -> None:
