@@ -278,15 +278,44 @@ ARRAYS_AS_JSON = "json"
 element's type (default; one dimension only), or as JSON text (nested arrays, any dimensions)."""
 
 
-def staged_arrow_type(pg_type: str, arrays: str = ARRAYS_AS_LIST) -> str:
+def type_key(name: str) -> str:
+    """The name a type is known by in a table's ``type_map``: its entry's name when it has one
+    (aliases resolved, modifiers ignored: ``timestamptz``, ``numeric(10,2)``, ``varchar(20)`` →
+    ``timestamp with time zone``, ``numeric``, ``character varying``), else its lowercase name
+    without modifiers (``ltree``, ``public.mood``)."""
+    entry = find(name)
+    return entry.name if entry is not None else strip_modifiers(name.strip().lower())
+
+
+@dataclass(frozen=True)
+class Staging:
+    """How one table's columns are staged, from its table options: arrays as lists or as JSON
+    text (``arrays``), and the types it keeps as the text PostgreSQL printed (``type_map``, as
+    :func:`type_key` names them). Arrays of a kept type are staged as lists of text."""
+
+    arrays: str = ARRAYS_AS_LIST
+    text_types: frozenset[str] = frozenset()
+
+    def keeps_as_text(self, pg_type: str) -> bool:
+        """Whether the table's ``type_map`` keeps the (non-array) type ``pg_type`` as text."""
+        return bool(self.text_types) and type_key(pg_type) in self.text_types
+
+
+DEFAULT_STAGING = Staging()
+
+
+def staged_arrow_type(pg_type: str, staging: Staging = DEFAULT_STAGING) -> str:
     """The Arrow type (pyarrow's name) a column of ``pg_type`` is staged as. Never fails:
     a type without an entry (an enum, a domain, an extension's type) is staged as text.
-    ``arrays="json"``: an array is staged as its JSON text."""
+    ``staging.arrays == "json"``: an array is staged as its JSON text; a type of the table's
+    ``type_map`` (or an array of it) as text (a list of text)."""
     element = array_element(pg_type)
     if element is not None:
-        if not array_staged_as_list(element) or arrays == ARRAYS_AS_JSON:
+        if not array_staged_as_list(element) or staging.arrays == ARRAYS_AS_JSON:
             return TEXT
-        return f"list<item: {staged_arrow_type(element)}>"
+        return f"list<item: {staged_arrow_type(element, Staging(text_types=staging.text_types))}>"
+    if staging.keeps_as_text(pg_type):
+        return TEXT
     entry = find(pg_type)
     return entry.arrow if entry is not None else TEXT
 
@@ -581,6 +610,8 @@ __all__ = [
     "TEXT",
     "TYPES",
     "ColumnMapping",
+    "DEFAULT_STAGING",
+    "Staging",
     "Kind",
     "PgType",
     "array_element",
@@ -593,6 +624,7 @@ __all__ = [
     "resolve",
     "staged_arrow_type",
     "strip_modifiers",
+    "type_key",
 ]
 
 

@@ -111,9 +111,9 @@ def stage_values(
                 bad.setdefault(index, BadValue(label, pg_type, _size_reason(sizes[index].as_py(), options), _TOO_LARGE))
             text = pc.if_else(over, pa.scalar(None, pa.string()), text)
         try:
-            array = convert_column(pg_type, text, f"{schema}.{table}.{label}", options.arrays)
+            array = convert_column(pg_type, text, f"{schema}.{table}.{label}", options.staging)
         except ValueConversionError:
-            failed = bad_values(pg_type, text, options.arrays)
+            failed = bad_values(pg_type, text, options.staging)
             for index, reason in failed:
                 kind = "multi-dimensional" if reason.startswith("multi-dimensional") else "conversion"
                 bad.setdefault(index, BadValue(label, pg_type, reason, kind))
@@ -121,7 +121,7 @@ def stage_values(
             for index, _ in failed:
                 mask[index] = True
             text = pc.if_else(pa.array(mask, pa.bool_()), pa.scalar(None, pa.string()), text)
-            array = convert_column(pg_type, text, f"{schema}.{table}.{label}", options.arrays)
+            array = convert_column(pg_type, text, f"{schema}.{table}.{label}", options.staging)
         converted.append(array)
     values = dict(zip([name for name, _, _ in new], converted[: len(new)]))
     old_values = converted[len(new) :]
@@ -278,9 +278,9 @@ def convert_snapshot_column(
         bad = BadValue(column, pg_type, _size_reason(sizes[index].as_py(), options), _TOO_LARGE)
         raise snapshot_value_error(name, bad, text[index].as_py(), lsn)
     try:
-        return convert_column(pg_type, text, f"{name}.{column}", options.arrays)
+        return convert_column(pg_type, text, f"{name}.{column}", options.staging)
     except ValueConversionError as exc:
-        failed = bad_values(pg_type, text, options.arrays)
+        failed = bad_values(pg_type, text, options.staging)
         if not failed:
             raise
         index, reason = failed[0]

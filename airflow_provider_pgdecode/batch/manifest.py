@@ -92,6 +92,10 @@ class TableSummary:
     #: stored ones only with publish_generated_columns = stored, PostgreSQL 18; virtual ones never).
     #: Absent: none.
     generated_not_staged: list[str] | None = None
+    #: The table's ``type_map`` option when its changes were staged: types kept as the text
+    #: PostgreSQL printed (``{"numeric": "string"}``), which the merge keeps as ``string``.
+    #: Absent: none.
+    type_map: dict[str, str] = field(default_factory=dict)
     #: The table's directory once read from a batch (not stored in the file).
     location: str | None = field(default=None, compare=False)
 
@@ -144,6 +148,8 @@ class TableSummary:
             data.pop("numeric_specials")
         if data["generated_not_staged"] is None:
             data.pop("generated_not_staged")
+        if not data["type_map"]:
+            data.pop("type_map")
         return data
 
     @classmethod

@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from airflow_provider_pgdecode import typemap
 from airflow_provider_pgdecode.errors import ConfigurationError
 
 LoadMode = Literal["merge", "append_only", "history", "soft_delete"]
@@ -27,6 +28,7 @@ KEPT_MODES: tuple[str, ...] = ("history", "soft_delete")
 """Modes whose Delta tables keep more than the current rows (versions, tombstones): per key."""
 BadValuePolicy = Literal["fail", "quarantine"]
 ArrayStaging = Literal["list", "json"]
+KeptAs = Literal["string"]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -73,6 +75,14 @@ class TableOptions(BaseModel):
         (Delta ``array<...>``); a multi-dimensional value is a bad value. ``json``: every array
         column of the table is staged as JSON text (nested arrays for any number of
         dimensions; Delta ``string``). See docs/merge.md, "Values the pipeline cannot carry".
+    :param type_map: PostgreSQL types of this table kept as the text PostgreSQL printed, each
+        mapped to ``string`` (the only target), e.g. ``{"numeric": "string"}`` for numeric values
+        past ``decimal(38,18)`` or NaN keys, ``{"timestamp with time zone": "string"}``. Names
+        as ``format_type`` prints them or their aliases (``timestamptz``), modifiers ignored;
+        arrays of a kept type become arrays of text. Applied when the changes are staged and
+        recorded in each batch's manifest, so the merge keeps those columns as ``string``. A
+        Delta table that already holds such a column with another type refuses the change
+        (resnapshot the table). See docs/merge.md, "Types".
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -81,6 +91,20 @@ class TableOptions(BaseModel):
     on_bad_value: BadValuePolicy = "fail"
     max_value_bytes: int = Field(default=DEFAULT_MAX_VALUE_BYTES, gt=0)
     arrays: ArrayStaging = "list"
+    type_map: dict[str, KeptAs] = Field(default_factory=dict)
+
+    @field_validator("type_map")
+    @classmethod
+    def _type_names(cls, value: dict[str, str]) -> dict[str, str]:
+        blank = [name for name in value if not name.strip()]
+        if blank:
+            raise ValueError("a type name may not be empty")
+        return value
+
+    @property
+    def staging(self) -> typemap.Staging:
+        """How the table's columns are staged (``arrays``, ``type_map``)."""
+        return typemap.Staging(self.arrays, frozenset(typemap.type_key(name) for name in self.type_map))
 
 
 DEFAULT_OPTIONS = TableOptions()
@@ -111,7 +135,8 @@ def parse_table_options(value: Mapping[str, Any] | None) -> dict[tuple[str, str]
             )
             raise ConfigurationError(
                 f"table_options[{name!r}] is invalid ({problems}); allowed: mode in {LOAD_MODES}, "
-                "on_bad_value in ('fail', 'quarantine'), max_value_bytes > 0, arrays in ('list', 'json')"
+                "on_bad_value in ('fail', 'quarantine'), max_value_bytes > 0, arrays in ('list', 'json'), "
+                "type_map of PostgreSQL type names to 'string'"
             ) from None
     return out
 

@@ -63,31 +63,33 @@ def resolve_arrow_type(name: str) -> pa.DataType:
 
 
 @lru_cache(maxsize=1024)
-def arrow_type(pg_type: str, arrays: str = typemap.ARRAYS_AS_LIST) -> pa.DataType:
+def arrow_type(pg_type: str, staging: typemap.Staging = typemap.DEFAULT_STAGING) -> pa.DataType:
     """The Arrow type a column of PostgreSQL type ``pg_type`` (format_type's name) is staged as
-    (``arrays``: the table's option, see :func:`typemap.staged_arrow_type`)."""
-    return resolve_arrow_type(typemap.staged_arrow_type(pg_type, arrays))
+    (``staging``: the table's options, see :func:`typemap.staged_arrow_type`)."""
+    return resolve_arrow_type(typemap.staged_arrow_type(pg_type, staging))
 
 
 def convert_column(
-    pg_type: str, values: Sequence[Any], column: str = "?", arrays: str = typemap.ARRAYS_AS_LIST
+    pg_type: str, values: Sequence[Any], column: str = "?", staging: typemap.Staging = typemap.DEFAULT_STAGING
 ) -> pa.Array:
     """Convert one column's text values (``None`` = NULL) to an Arrow array of :func:`arrow_type`."""
     try:
-        return _convert(pg_type, values, arrays)
+        return _convert(pg_type, values, staging)
     except ValueConversionError as exc:
         raise ValueConversionError(f"column {column!r} ({pg_type}): {exc}") from None
 
 
-def _convert(pg_type: str, values: Sequence[Any], arrays: str = typemap.ARRAYS_AS_LIST) -> pa.Array:
-    if arrays == typemap.ARRAYS_AS_JSON and typemap.array_element(pg_type) is not None:
+def _convert(pg_type: str, values: Sequence[Any], staging: typemap.Staging = typemap.DEFAULT_STAGING) -> pa.Array:
+    if staging.arrays == typemap.ARRAYS_AS_JSON and typemap.array_element(pg_type) is not None:
         element = typemap.array_element(pg_type) or ""
         if typemap.array_staged_as_list(element):
-            return _convert_arrays_to_json(arrow_type(element), values)
-    return _convert_to(arrow_type(pg_type, arrays), values)
+            return _convert_arrays_to_json(arrow_type(element, typemap.Staging(text_types=staging.text_types)), values)
+    return _convert_to(arrow_type(pg_type, staging), values)
 
 
-def bad_values(pg_type: str, values: pa.Array, arrays: str = typemap.ARRAYS_AS_LIST) -> list[tuple[int, str]]:
+def bad_values(
+    pg_type: str, values: pa.Array, staging: typemap.Staging = typemap.DEFAULT_STAGING
+) -> list[tuple[int, str]]:
     """The rows of a text column that cannot be converted, each with the reason (the slow path,
     taken only after :func:`convert_column` of the whole column failed)."""
     bad: list[tuple[int, str]] = []
@@ -95,7 +97,7 @@ def bad_values(pg_type: str, values: pa.Array, arrays: str = typemap.ARRAYS_AS_L
         if value is None:
             continue
         try:
-            _convert(pg_type, [value], arrays)
+            _convert(pg_type, [value], staging)
         except ValueConversionError as exc:
             bad.append((index, str(exc)))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:

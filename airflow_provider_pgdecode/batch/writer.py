@@ -199,8 +199,8 @@ class _TableBuffer:
                 return None  # a part of TRUNCATE rows only: Parquet cannot hold an empty struct
             # No old images in this part: a null struct shaped like the row keeps the schema stable.
             names, types = self.names, self.types or ()
-            arrays = self.options.arrays
-            return pa.nulls(n, pa.struct([(nm, arrow_type(t, arrays)) for nm, t in zip(names, types)]))
+            staging = self.options.staging
+            return pa.nulls(n, pa.struct([(nm, arrow_type(t, staging)) for nm, t in zip(names, types)]))
         mask = pa.array([not h for h in has_old], pa.bool_())
         return pa.StructArray.from_arrays(children, names=[name for name, _, _ in fields], mask=mask)
 
@@ -217,7 +217,9 @@ class _TableBuffer:
             truncates=self.counts["T"],
             min_commit_lsn=str(Lsn(self.min_commit or 0)),
             max_commit_lsn=str(Lsn(self.max_commit)),
-            columns=[ColumnSummary(n, t, str(arrow_type(t, self.options.arrays))) for n, t in self.all_columns.items()],
+            columns=[
+                ColumnSummary(n, t, str(arrow_type(t, self.options.staging))) for n, t in self.all_columns.items()
+            ],
         )
 
     def quarantine_entry(self) -> dict[str, Any] | None:

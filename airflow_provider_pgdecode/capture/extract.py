@@ -624,11 +624,13 @@ def _describe_tables(
     current: dict[tuple[str, str], tuple[str, str]] | None = None,
 ) -> None:
     """Add each table's key (:meth:`Catalog.table_key`, the one rule the snapshots follow too),
-    load mode and catalog types; a table the merge cannot key is a :class:`CatalogError` saying
+    load mode, ``type_map`` and catalog types; a table the merge cannot key is a :class:`CatalogError` saying
     what to do, unless it is loaded ``append_only`` (appended, never matched: no key needed).
     ``current``: staged name -> the table's name now, for renamed tables; generated columns the
     slot did not send are named in ``generated_not_staged`` (:func:`_generated_not_staged`)."""
     for summary in tables:
+        # The types the writers kept as text, by the options of the name they staged the table under.
+        summary.type_map = dict(options_for(options, summary.schema, summary.table).type_map)
         schema, table = (current or {}).get((summary.schema, summary.table), (summary.schema, summary.table))
         summary.mode = options_for(options, schema, table).mode
         try:

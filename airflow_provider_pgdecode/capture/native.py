@@ -448,7 +448,7 @@ class NativeWriter:
             if not names:
                 return None
             types = layout[1]
-            return pa.nulls(n, pa.struct([(nm, arrow_type(t, options.arrays)) for nm, t in zip(names, types)]))
+            return pa.nulls(n, pa.struct([(nm, arrow_type(t, options.staging)) for nm, t in zip(names, types)]))
         return pa.StructArray.from_arrays(children, names=[f[0] for f in fields], mask=pc.invert(has_old))
 
     # -- the end ---------------------------------------------------------------------------------
@@ -485,7 +485,7 @@ class NativeWriter:
                     min_commit_lsn=str(Lsn(info["min_commit"] or 0)),
                     max_commit_lsn=str(Lsn(info["max_commit"])),
                     columns=[
-                        ColumnSummary(nm, t, str(arrow_type(t, state.options.arrays)))
+                        ColumnSummary(nm, t, str(arrow_type(t, state.options.staging)))
                         for nm, t in state.all_columns.items()
                     ],
                 )

@@ -159,8 +159,9 @@ from airflow_provider_pgdecode.postgres.snapshot_queries import (
     lock_and_measure,
 )
 from airflow_provider_pgdecode.typemap import (
-    ARRAYS_AS_LIST,
+    DEFAULT_STAGING,
     NUMERIC_SPECIAL_VALUES,
+    Staging,
     array_element,
     numeric_delta_type,
     numeric_typmod,
@@ -570,13 +571,14 @@ def _summary(plan: _TablePlan, lsn: Lsn, replace: bool) -> TableSummary:
         min_commit_lsn=str(lsn),
         max_commit_lsn=str(lsn),
         columns=[
-            ColumnSummary(c.name, c.type_name, str(_staged_type(c, plan.options.arrays)), c.catalog_type, c.user_type)
+            ColumnSummary(c.name, c.type_name, str(_staged_type(c, plan.options.staging)), c.catalog_type, c.user_type)
             for c in plan.columns
         ],
         key=list(plan.key),
         replica_identity=plan.identity,
         key_source=plan.key_source,
         mode=plan.mode,
+        type_map=dict(plan.options.type_map),
         snapshot_files=plan.row_files(),
         numeric_specials=plan.numeric_specials(),
     )
@@ -831,7 +833,7 @@ def _copy_chunk(
     part = path.with_name(name + ".part")
     truncate = None
     seq_start = (1 if replace else 0) + index * int(plan.state["seq_stride"])
-    schema = _part_schema(plan.columns, plan.options.arrays)
+    schema = _part_schema(plan.columns, plan.options.staging)
     specials: dict[str, int] = {}
     if replace and index == 0:
         # The TRUNCATE row in a part of its own: the chunks' parts hold rows only, so that a
@@ -905,12 +907,12 @@ def _read_csv(copy: Iterable[Any], names: list[str], chunk_rows: int) -> Iterato
         yield parse(data), count
 
 
-def _decimal_type(column: ColumnInfo) -> pa.Decimal128Type | None:
+def _decimal_type(column: ColumnInfo, staging: Staging = DEFAULT_STAGING) -> pa.Decimal128Type | None:
     """The ``decimal128`` a bounded ``numeric(p,s)`` column is staged as in a snapshot (the Delta
     type of the type map, :func:`~airflow_provider_pgdecode.typemap.numeric_delta_type`), or
-    ``None``: every other column, unbounded ``numeric``, precision above 38 and arrays keep the
-    staging of incremental batches (text)."""
-    if array_element(column.catalog_type) is not None:
+    ``None``: every other column, unbounded ``numeric``, precision above 38, arrays and numeric
+    kept as text by the table's ``type_map`` keep the staging of incremental batches (text)."""
+    if array_element(column.catalog_type) is not None or staging.keeps_as_text(column.catalog_type):
         return None
     typmod = numeric_typmod(column.catalog_type)
     if typmod is None or typmod[0] is None:
@@ -923,21 +925,21 @@ _NAIVE_TIMESTAMP = pa.timestamp("us")
 _UTC_TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 
-def _staged_type(column: ColumnInfo, arrays: str = ARRAYS_AS_LIST) -> pa.DataType:
+def _staged_type(column: ColumnInfo, staging: Staging = DEFAULT_STAGING) -> pa.DataType:
     """A snapshot column's staged Arrow type, the one Spark reads as the column's Delta type:
     Delta's decimal for bounded numeric, ``timestamp[us, tz=UTC]`` for ``timestamp without time
     zone`` (its wall-clock time read as UTC, the type map's rule: the same microseconds, only the
     annotation differs), else as incremental batches stage it
     (:func:`~airflow_provider_pgdecode.batch.values.arrow_type`)."""
-    decimal = _decimal_type(column)
+    decimal = _decimal_type(column, staging)
     if decimal is not None:
         return decimal
-    staged = arrow_type(column.type_name, arrays)
+    staged = arrow_type(column.type_name, staging)
     return _UTC_TIMESTAMP if staged == _NAIVE_TIMESTAMP else staged
 
 
-def _part_schema(columns: list[ColumnInfo], arrays: str = ARRAYS_AS_LIST) -> pa.Schema:
-    values = [(c.name, _staged_type(c, arrays)) for c in columns]
+def _part_schema(columns: list[ColumnInfo], staging: Staging = DEFAULT_STAGING) -> pa.Schema:
+    values = [(c.name, _staged_type(c, staging)) for c in columns]
     return part_schema(pa.struct(values), values)
 
 
@@ -971,7 +973,7 @@ def _part_table(
     int32: each key occurs once in a snapshot, so only the order against the TRUNCATE matters).
     Numeric NaN/Infinity staged as null in a decimal column are added to ``specials``.
     """
-    schema = schema or _part_schema(columns, options.arrays)
+    schema = schema or _part_schema(columns, options.staging)
     count = rows + (1 if leading_truncate else 0)
     seqs = (
         pc.min_element_wise(
@@ -995,7 +997,7 @@ def _part_table(
         if leading_truncate:
             text = pa.concat_arrays([pa.nulls(1, pa.string()), text.cast(pa.string())])
         value = convert_snapshot_column(where, column.name, column.type_name, text, options, int(lsn))
-        decimal = _decimal_type(column)
+        decimal = _decimal_type(column, options.staging)
         if decimal is not None:
             value, nulled = _as_decimal(value, decimal)
             if specials is not None:

@@ -783,7 +783,7 @@ class TableSnapshotter:
                         ColumnSummary(
                             column.name,
                             column.type_name,
-                            str(arrow_type(column.type_name, options_for(self.table_options, *name).arrays)),
+                            str(arrow_type(column.type_name, options_for(self.table_options, *name).staging)),
                             column.catalog_type,
                             column.user_type,
                         )

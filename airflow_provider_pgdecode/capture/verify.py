@@ -108,7 +108,7 @@ def stage_verify_snapshot(
     :param tables: ``schema.table`` names or pairs; each needs a key as for an initial load.
     :param plugin: the output plugin of the temporary slot (the pipeline's: it is installed).
     :param table_options: the pipeline's per-table options (an ``append_only`` table needs no key;
-        ``arrays`` and ``max_value_bytes`` stage values as the pipeline does).
+        ``arrays``, ``type_map`` and ``max_value_bytes`` stage values as the pipeline does).
     """
     if plugin not in SUPPORTED_PLUGINS:
         raise SlotError(f"output plugin {plugin!r} is not supported; use one of {', '.join(SUPPORTED_PLUGINS)}")

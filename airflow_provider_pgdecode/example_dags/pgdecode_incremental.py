@@ -26,7 +26,7 @@ Parameters (DAG params, all overridable per run):
 - ``table_options``: per table, ``{"schema.table": {"mode": ...}}``: ``append_only`` for
   insert-only tables without a key (logs), ``history`` for a history of versions (SCD type 2),
   ``soft_delete`` for deletes kept as tombstones (``_pg_deleted``); also ``on_bad_value``,
-  ``max_value_bytes``, ``arrays``; see docs/merge.md.
+  ``max_value_bytes``, ``arrays``, ``type_map`` (types kept as text); see docs/merge.md.
 - ``staging_uri``: where batches are staged: a local or mounted directory, or
   ``s3://bucket/prefix`` on S3-compatible object storage.
 - ``delta_root``: where the Delta tables live, ``<delta_root>/<schema>/<table>``: a local

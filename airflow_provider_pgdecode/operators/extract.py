@@ -157,8 +157,8 @@ class PgDecodeExtractOperator(BaseOperator):
     :param table_options: per-table options, ``{"schema.table": {"mode": "append_only"}}``
         (:class:`~airflow_provider_pgdecode.batch.options.TableOptions`; validated before the
         slot is read): ``mode``, ``on_bad_value`` (``fail`` / ``quarantine``),
-        ``max_value_bytes``, ``arrays`` (``list`` / ``json``). Quarantined changes are logged
-        per table. (templated)
+        ``max_value_bytes``, ``arrays`` (``list`` / ``json``), ``type_map`` (types kept as
+        text, ``{"numeric": "string"}``). Quarantined changes are logged per table. (templated)
     :param storage_conn_id: the Airflow ``aws`` connection of a staging root on object storage
         (``s3://bucket/prefix``; ``endpoint_url`` in its extra for an S3-compatible store); empty:
         a local staging root, or the ``AWS_*`` environment for ``s3://``. Resolved when the task

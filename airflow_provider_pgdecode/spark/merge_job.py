@@ -107,7 +107,7 @@ from airflow_provider_pgdecode.spark.spark_types import (
     staged_type_matches,
     widens,
 )
-from airflow_provider_pgdecode.typemap import ARRAYS_AS_JSON, ARRAYS_AS_LIST, TEXT
+from airflow_provider_pgdecode.typemap import ARRAYS_AS_JSON, ARRAYS_AS_LIST, TEXT, Staging, array_element, type_key
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -170,6 +170,7 @@ TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 MAX_KEY_RANGES = 16
 DEFAULT_CODEGEN_MIN_CHANGES = 100_000
 HAS_OLD = "__has_old"  # staged events: the change carries an old image (_pg_old)
+SPECIAL_KEY = "__special_key"  # staged events: a numeric key (new or old) is NaN or ±Infinity
 KEY_BUCKETS = 4096
 
 
@@ -277,6 +278,8 @@ class Profile:
     key_ranges: list[tuple[Any, Any]] | None = None
     missing_old: int = 0
     """UPDATEs and DELETEs staged without an old image."""
+    special_keys: int = 0
+    """Changes whose numeric key (new or old) is NaN or ±Infinity, which a decimal cannot hold."""
     truncations: tuple[Truncate, ...] = ()
     """Every TRUNCATE of the table among the changes, in commit order."""
     superseded: pa.Table | None = field(default=None, compare=False)
@@ -582,7 +585,7 @@ def plan_table(
                 mapped = map_catalog_type(
                     column.source_type,
                     unbounded_numeric=unbounded,
-                    type_overrides=options.type_overrides,
+                    type_overrides=kept_as_text(entry, column.source_type, options.type_overrides),
                     user_type=column.user_type,
                     # A table staged with the option arrays: json has its arrays staged as text.
                     arrays=ARRAYS_AS_JSON if column.arrow == TEXT else ARRAYS_AS_LIST,
@@ -841,6 +844,19 @@ def _diagnostics(value: Column, column_type: ColumnType) -> tuple[Column, Column
     return F.coalesce(_is_special(value), F.lit(False)), F.coalesce(_numeric_lossy(value, decimal), F.lit(False))
 
 
+def _special_key(plan: TablePlan, present: list[str], typed: set[str], old_fields: set[str]) -> Column:
+    """True for a change whose numeric key column, new or old, holds NaN or ±Infinity (staged as text)."""
+    flag = F.lit(False)
+    for key_column in plan.key:
+        if not plan.types[key_column].is_numeric_text or plan.types[key_column].element is not None:
+            continue
+        if key_column in present and key_column not in typed:
+            flag = flag | F.coalesce(_is_special(col(key_column)), F.lit(False))
+        if key_column in old_fields and key_column not in typed:
+            flag = flag | F.coalesce(_is_special(F.col(staged.OLD).getField(key_column)), F.lit(False))
+    return flag
+
+
 def special_name(index: int) -> str:
     return f"__special_{index}"
 
@@ -936,6 +952,7 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
                 )
                 selected.append(old.alias(old_key_name(index)))
             selected.append((F.col(staged.OLD).isNotNull() if old_fields else F.lit(False)).alias(HAS_OLD))
+            selected.append(_special_key(plan, present, typed, old_fields).alias(SPECIAL_KEY))
             for index, column in enumerate(numeric_columns):
                 if column in present and column not in typed:
                     special, lossy = _diagnostics(col(column), plan.types[column])
@@ -992,6 +1009,7 @@ def profile_events(events: DataFrame, plan: TablePlan, key_ranges: KeyRanges | N
         ),
         F.sum(F.when(~F.col(OP).isin("I", "U", "D", "T"), 1).otherwise(0)).alias("unknown_ops"),
         F.sum(F.when(F.col(OP).isin("U", "D") & ~F.col(HAS_OLD), 1).otherwise(0)).alias("missing_old"),
+        F.sum(F.col(SPECIAL_KEY).cast("int")).alias("special_keys"),
     ]
     for index in range(len(numeric_columns)):
         aggregates.append(F.sum(F.col(special_name(index)).cast("int")).alias(special_name(index)))
@@ -1042,6 +1060,7 @@ def profile_events(events: DataFrame, plan: TablePlan, key_ranges: KeyRanges | N
         key_max=key_max,
         key_ranges=ranges,
         missing_old=total("missing_old"),
+        special_keys=total("special_keys"),
         truncations=tuple(truncate_list),
     )
 
@@ -1334,6 +1353,17 @@ def check_profile(plan: TablePlan, profile: Profile, options: MergeOptions) -> N
             "no old row, so which copy they changed is unknown (was the table REPLICA IDENTITY FULL when they "
             "were logged?). Nothing was written. Resnapshot the table (the backfill DAG's mode 'resnapshot')"
         )
+    if profile.special_keys and not (plan.multiset or plan.append_only):
+        numeric_keys = [k for k in plan.key if plan.types[k].is_numeric_text]
+        raise MergeInputError(
+            f"table {plan.name}: {profile.special_keys} change(s) have a numeric key {numeric_keys} that is NaN or "
+            "±Infinity: PostgreSQL holds it as a value of its own (NaN equals NaN), a Delta decimal cannot hold it, "
+            "and as NULL it would identify no row. Nothing was written. Keep the table's numeric columns as the text "
+            f"PostgreSQL printed: table_options {json.dumps({plan.name: {'type_map': {'numeric': 'string'}}})}; the "
+            "next extract stages the unmerged range again with it. If the Delta table exists already, its numeric "
+            f"columns are decimals: move the Delta table at {plan.path} aside, then resnapshot {plan.name} "
+            "(pgdecode_backfill mode=resnapshot), which re-creates it with them as text"
+        )
     if profile.null_keys and (matched_by_value or not (plan.multiset or plan.append_only)):
         raise MergeInputError(
             f"table {plan.name}: {profile.null_keys} change(s) have a NULL key ({list(plan.key)}), or a DELETE/"
@@ -1350,6 +1380,17 @@ def check_profile(plan: TablePlan, profile: Profile, options: MergeOptions) -> N
             f"table {plan.name}: numeric NaN/Infinity cannot be stored in a decimal column: {profile.specials} "
             f"value(s) per column (run with --numeric-special null to store NULL instead)"
         )
+
+
+def kept_as_text(entry: TableSummary, catalog_type: str, overrides: Mapping[str, str]) -> Mapping[str, str]:
+    """The type overrides of one staged column: the merge's own (``--type-map``), plus its type
+    (or its array's element type) when the table's ``type_map`` kept it as text at staging."""
+    if not entry.type_map:
+        return overrides
+    name = array_element(catalog_type) or catalog_type
+    if not Staging(text_types=frozenset(type_key(k) for k in entry.type_map)).keeps_as_text(name):
+        return overrides
+    return {**overrides, name.strip(): TEXT}
 
 
 # --------------------------------------------------------------------------------------------

@@ -65,3 +65,23 @@ def test_history_and_soft_delete_modes_are_accepted_and_the_wording_lists_every_
 )
 def test_yes_or_no_reads_the_words_every_setting_accepts(value: object, expected: bool | None) -> None:
     assert yes_or_no(value) is expected
+
+
+def test_type_map_keeps_the_named_types_as_text_whatever_their_spelling():
+    options = parse_table_options({"t": {"type_map": {"timestamptz": "string", "numeric(10,2)": "string"}}})
+    staging = options_for(options, "public", "t").staging
+    assert staging.keeps_as_text("timestamp with time zone") and staging.keeps_as_text("timestamp(3) with time zone")
+    assert staging.keeps_as_text("numeric") and staging.keeps_as_text("numeric(38,0)")
+    assert not staging.keeps_as_text("timestamp without time zone") and not staging.keeps_as_text("integer")
+    assert DEFAULT_OPTIONS.staging.text_types == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("type_map", "named"),
+    [({"numeric": "decimal(38,0)"}, "type_map.numeric"), ({" ": "string"}, "type_map"), (["numeric"], "type_map")],
+)
+def test_a_type_map_other_than_names_to_string_is_refused_naming_the_table(type_map, named):
+    with pytest.raises(ConfigurationError) as info:
+        parse_table_options({"public.t": {"type_map": type_map}})
+    assert "table_options['public.t']" in str(info.value) and named in str(info.value)
+    assert "type_map of PostgreSQL type names to 'string'" in str(info.value)

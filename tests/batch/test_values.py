@@ -106,3 +106,18 @@ def test_bad_values_are_named(pg_type: str, value: str, message: str) -> None:
     with pytest.raises(ValueConversionError, match=message) as info:
         convert_column(pg_type, ["1" if pg_type == "integer" else None, value], "public.t.c")
     assert "public.t.c" in str(info.value)
+
+
+def test_a_table_type_map_stages_its_types_as_the_text_postgresql_printed() -> None:
+    from airflow_provider_pgdecode.typemap import Staging, type_key
+
+    kept = Staging(text_types=frozenset({type_key("numeric"), type_key("timestamptz")}))
+    assert arrow_type("timestamp with time zone", kept) == pa.string()
+    assert arrow_type("numeric(10,2)[]", kept) == pa.list_(pa.string())
+    assert arrow_type("integer", kept) == pa.int32()
+    stamps = convert_column("timestamp with time zone", ["infinity", "2024-01-02 03:04:05+00", None], staging=kept)
+    assert stamps.to_pylist() == ["infinity", "2024-01-02 03:04:05+00", None]
+    amounts = convert_column("numeric[]", ['{NaN,1.50,"-Infinity"}', None], staging=kept)
+    assert amounts.to_pylist() == [["NaN", "1.50", "-Infinity"], None]
+    as_json = convert_column("numeric[]", ["{{NaN,1.50},{2,3}}"], staging=Staging("json", kept.text_types))
+    assert as_json.to_pylist() == ['[["NaN","1.50"],["2","3"]]']
