@@ -43,6 +43,10 @@ class ColumnSummary:
     catalog_type: str | None = None
     #: enum, domain, composite, range or multirange for user-defined types (None: built in).
     user_type: str | None = None
+    #: Added with a default (``ADD COLUMN ... DEFAULT``): the value PostgreSQL shows in rows written
+    #: before it (``attmissingval``), as staged, in JSON form (:func:`~airflow_provider_pgdecode.batch.values.json_value`).
+    #: Absent: none.
+    missing: Any = None
 
     @property
     def source_type(self) -> str:
@@ -150,6 +154,9 @@ class TableSummary:
             data.pop("generated_not_staged")
         if not data["type_map"]:
             data.pop("type_map")
+        for column in data["columns"]:
+            if column["missing"] is None:
+                column.pop("missing")
         return data
 
     @classmethod

@@ -414,9 +414,34 @@ def _convert_arrays_to_json(element_type: pa.DataType, values: Sequence[Any]) ->
     return pa.array(out, pa.string())
 
 
-def python_value(pg_type: str, value: Any) -> Any:
+def python_value(pg_type: str, value: Any, staging: typemap.Staging = typemap.DEFAULT_STAGING) -> Any:
     """One value converted as staging would (for tests and tools; staging itself works column-wise)."""
-    return convert_column(pg_type, [value])[0].as_py()
+    return convert_column(pg_type, [value], staging=staging)[0].as_py()
 
 
-__all__ = ["arrow_type", "bad_values", "convert_column", "parse_array_literal", "parse_array_nested", "python_value"]
+def json_value(pg_type: str, text: str, staging: typemap.Staging = typemap.DEFAULT_STAGING) -> Any:
+    """The value PostgreSQL printed as ``text``, converted as staging converts it, in a JSON form
+    the merge turns back into its Delta type: dates and timestamps as ISO 8601 text, ``bytea`` as
+    hex, arrays as lists; numbers, booleans and text as themselves (a manifest's ``missing``)."""
+    return _jsonable(python_value(pg_type, text, staging))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return value.hex()
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
+
+
+__all__ = [
+    "arrow_type",
+    "bad_values",
+    "convert_column",
+    "json_value",
+    "parse_array_literal",
+    "parse_array_nested",
+    "python_value",
+]

@@ -38,6 +38,7 @@ from airflow_provider_pgdecode.batch.options import (
 )
 from airflow_provider_pgdecode.batch.publish import batch_workdir, publish_batch
 from airflow_provider_pgdecode.batch.storage import Storage, as_storage
+from airflow_provider_pgdecode.batch.values import json_value
 from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter, check_append_only
 from airflow_provider_pgdecode.capture.bounds import CHANGES, WAL_BYTES, BatchBounds, BatchCut
 from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
@@ -65,11 +66,19 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.pgoutput import PgOutputParser, max_proto_version, pgoutput_options
 from airflow_provider_pgdecode.decoding.spool import DEFAULT_MEMORY_ITEMS
 from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS, TestDecodingParser
-from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError, StagingError, staging_io
+from airflow_provider_pgdecode.errors import (
+    CatalogError,
+    ConfigurationError,
+    SlotError,
+    StagingError,
+    ValueConversionError,
+    staging_io,
+)
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, source_tables
 from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.postgres.session import server_address
 from airflow_provider_pgdecode.postgres.slot import SlotClient
+from airflow_provider_pgdecode.typemap import Staging
 
 log = logging.getLogger(__name__)
 
@@ -647,16 +656,38 @@ def _describe_tables(
                 # Refused here, before the batch is published, not by the merge after it is staged.
                 raise CatalogError(keyless_kept_mode_error(f"{schema}.{table}", summary.mode, "Nothing was staged."))
         live = {c.name: c for c in catalog.columns(schema, table)}
+        defaults = catalog.missing_values(schema, table)
+        staging = options_for(options, summary.schema, summary.table).staging
         for column in summary.columns:
             info = live.get(column.name)
             if info is not None:  # a column dropped since keeps what the slot said of it
                 column.catalog_type = info.catalog_type
                 column.user_type = info.user_type
+            if column.name in defaults:
+                column.missing = _missing_value(summary, column.name, column.type, defaults[column.name], staging)
         # Only new row images show every column the slot sends (a DELETE's old key does not).
         full_rows = summary.inserts + summary.updates > 0
         missing = _generated_not_staged(schema, table, live.values(), {c.name for c in summary.columns}, full_rows)
         if missing:
             summary.generated_not_staged = missing
+
+
+def _missing_value(summary: TableSummary, column: str, pg_type: str, text: str, staging: Staging) -> Any:
+    """A column's ADD COLUMN default for the rows written before it, as staged (JSON form), or
+    ``None`` with a warning when it has no staged form (a BC date ...): the merge then leaves
+    those rows NULL, as it did before the default was known."""
+    try:
+        return json_value(pg_type, text, staging)
+    except (ValueConversionError, ValueError) as exc:
+        log.warning(
+            "table %s column %s: its ADD COLUMN default %r has no staged form (%s); Delta rows written "
+            "before the column was added keep NULL in it",
+            summary.qualified_name,
+            column,
+            text[:80],
+            exc,
+        )
+        return None
 
 
 def _generated_not_staged(

@@ -18,6 +18,7 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 
 from airflow_provider_pgdecode.errors import CatalogError
+from airflow_provider_pgdecode.postgres.session import pin_settings
 
 ReplicaIdentityKind = Literal["default", "nothing", "full", "index"]
 
@@ -129,6 +130,23 @@ class Catalog:
             " WHERE a.attrelid = %s::oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
             (oid,),
         )
+
+    def missing_values(self, schema: str, table: str) -> dict[str, str]:
+        """Per column added with a default (``ADD COLUMN ... DEFAULT``), the value PostgreSQL shows
+        in rows written before it (``pg_attribute.attmissingval``, a fast default: no WAL for those
+        rows), as PostgreSQL prints it with the settings the decoding pins (an autocommit
+        connection only; otherwise with the session's). Empty when the table has none (any table
+        rewrite since materialized them)."""
+        oid, _, _ = self._relation(schema, table)
+        query = (
+            "SELECT a.attname::text, (a.attmissingval::text::text[])[1] FROM pg_attribute a"
+            " WHERE a.attrelid = %s::oid AND a.attnum > 0 AND NOT a.attisdropped AND a.atthasmissing"
+        )
+        if not self.conn.autocommit:
+            return dict(self._all(query, (oid,)))
+        with self.conn.transaction():
+            pin_settings(self.conn, local=True)
+            return dict(self._all(query, (oid,)))
 
     def _index_columns(self, oid: int, condition: str) -> tuple[str | None, list[str]]:
         # Only key columns (not INCLUDE ones), in index column order.

@@ -93,7 +93,7 @@ from airflow_provider_pgdecode.errors import (
     MergeOutOfMemoryError,
     UnmappedTypeError,
 )
-from airflow_provider_pgdecode.spark import collapse, delta_commit, history, multiset
+from airflow_provider_pgdecode.spark import collapse, column_defaults, delta_commit, history, multiset
 from airflow_provider_pgdecode.spark.collapse import KEEP, KIND, LSN, OP, SEQ, CollapseInput, col, old_key_name
 from airflow_provider_pgdecode.spark.history import HISTORY, KEPT_MODES, MODE_PROPERTY, SOFT_DELETE, Truncate
 from airflow_provider_pgdecode.spark.session import active_connect_session, configure_object_store, is_connect_session
@@ -249,6 +249,8 @@ class TablePlan:
     mode: str = "merge"
     """The ``table_options`` mode the batches stage the table with (``history``, ``soft_delete``:
     :mod:`.history`)."""
+    missing: dict[str, Any] = field(default_factory=dict)
+    """Columns added with a default: the value rows written before them hold (:mod:`.column_defaults`)."""
 
     @property
     def name(self) -> str:
@@ -683,6 +685,7 @@ def plan_table(
         multiset=is_multiset,
         append_only=append_only,
         mode=mode,
+        missing=column_defaults.missing_values(entry for _, entry in entries),
     )
     applied_through = state.watermark if state.watermark is not None else -1
     for batch in batches:
@@ -937,6 +940,8 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
                     value = col(column).cast(delta_type)  # a no-op unless the decimal widened since
                 elif column in present:
                     value = _convert(col(column), plan.types[column])
+                elif column in plan.missing:  # staged before the column was added with a default
+                    value = F.expr(column_defaults.sql_value(plan.missing[column], delta_type))
                 else:
                     value = F.lit(None).cast(delta_type)
                 selected.append(value.alias(column))
@@ -1513,6 +1518,16 @@ def ensure_table(spark: SparkSession, plan: TablePlan, options: MergeOptions) ->
         spark.sql(create_table_statement(plan, options, plan.path))
         log.info("table %s: created Delta table %s", plan.name, plan.path)
         return True
+    # Columns added with a default: recorded before they are added, filled after (column_defaults).
+    fill = column_defaults.pending_fill(plan.state.properties)
+    added_with_default = {c: plan.missing[c] for c in plan.new_columns if c in plan.missing}
+    if added_with_default:
+        fill.update(added_with_default)
+        recorded = _literal(json.dumps(fill, sort_keys=True))
+        spark.sql(
+            f"ALTER TABLE {delta_ref(plan.path)} SET TBLPROPERTIES "
+            f"({_literal(column_defaults.FILL_PROPERTY)} = {recorded})"
+        )
     if plan.new_columns:
         added = ", ".join(
             f"{quote(c)} {plan.types[c].delta_type.simpleString()} COMMENT {_literal('PostgreSQL ' + plan.types[c].catalog_type)}"
@@ -1520,6 +1535,8 @@ def ensure_table(spark: SparkSession, plan: TablePlan, options: MergeOptions) ->
         )
         spark.sql(f"ALTER TABLE {delta_ref(plan.path)} ADD COLUMNS ({added})")
         log.info("table %s: added column(s) %s", plan.name, list(plan.new_columns))
+    if fill:
+        fill_missing(spark, plan, fill)
     if plan.widened:
         # Delta's type widening: a metadata-only change (files written with the old type are read
         # as the new one), behind a table feature that readers need Delta 4.0+ for (docs/merge.md).
@@ -1529,6 +1546,27 @@ def ensure_table(spark: SparkSession, plan: TablePlan, options: MergeOptions) ->
             spark.sql(f"ALTER TABLE {delta_ref(plan.path)} ALTER COLUMN {quote(column)} TYPE {after}")
             log.info("table %s: widened column %s from %s to %s", plan.name, column, before.simpleString(), after)
     return False
+
+
+def fill_missing(spark: SparkSession, plan: TablePlan, fill: Mapping[str, Any]) -> None:
+    """Give the Delta rows written before columns added with a default that default, as PostgreSQL
+    shows them (:mod:`.column_defaults`), then remove the record of the pending fill."""
+    fields = {f.name: f.dataType for f in plan.state.schema.fields} if plan.state.schema is not None else {}
+    assignments = {}
+    for column, value in fill.items():
+        data_type = plan.types[column].delta_type if column in plan.types else fields.get(column)
+        if data_type is not None:
+            assignments[quote(column)] = column_defaults.sql_value(value, data_type)
+    if assignments:
+        spark.sql(column_defaults.fill_statement(delta_ref(plan.path), assignments))
+    spark.sql(
+        f"ALTER TABLE {delta_ref(plan.path)} UNSET TBLPROPERTIES IF EXISTS ({_literal(column_defaults.FILL_PROPERTY)})"
+    )
+    log.info(
+        "table %s: rows written before column(s) %s were added now hold their default, as in PostgreSQL",
+        plan.name,
+        sorted(fill),
+    )
 
 
 INTERPRETED_CONF: Mapping[str, str] = {

@@ -109,6 +109,28 @@ def test_dropped_columns_are_left_out_and_attnums_kept(pg_conn, catalog, schema)
     assert [(c.name, c.attnum) for c in columns] == [("a", 1), ("c", 3), ("d", 4)]
 
 
+def test_missing_values_of_columns_added_with_a_default_as_decoding_prints_them(pg_conn, catalog, schema) -> None:
+    """attmissingval's element as text, under the settings the decoding pins (UTC, ISO), whatever
+    the session's; none for a column added without a default, none once a rewrite materialized them."""
+    run(
+        pg_conn,
+        schema,
+        "CREATE TABLE t (id int); INSERT INTO t VALUES (1);"
+        " ALTER TABLE t ADD COLUMN five int DEFAULT 5, ADD COLUMN at timestamptz DEFAULT '2024-01-02 03:04:05+02',"
+        " ADD COLUMN tags text[] DEFAULT '{a,\"b c\"}', ADD COLUMN plain int, ADD COLUMN q text DEFAULT 'it''s'",
+    )
+    pg_conn.execute("SET TimeZone = 'America/New_York'; SET DateStyle = 'SQL, DMY'")
+    assert catalog.missing_values(schema, "t") == {
+        "five": "5",
+        "at": "2024-01-02 01:04:05+00",
+        "tags": '{a,"b c"}',
+        "q": "it's",
+    }
+    assert pg_conn.execute("SHOW TimeZone").fetchone()[0] == "America/New_York"  # the session keeps its own
+    pg_conn.execute(f"VACUUM FULL {schema}.t")
+    assert catalog.missing_values(schema, "t") == {}
+
+
 def test_user_types_enum_domain_composite_range_and_arrays(pg_conn, catalog, schema) -> None:
     run(
         pg_conn,
