@@ -21,9 +21,7 @@ checkout:
    logs) holds no ERROR or ``[error]`` line, no Ivy resolution line and none of the warnings a user
    cannot act on.
 
-Every Python runs at least one cycle: the first both (spark-submit, then Spark Connect), the others
-one each, in turn (the second spark-submit, the third Spark Connect, ...), so each path runs on two
-Pythons and the check stays a few minutes. On the first Python, the Connect-only form too: the wheel without the extra installs no JVM Spark
+On the first Python, the Connect-only form too: the wheel without the extra installs no JVM Spark
 (``pip list`` shows ``pyspark-client`` and no ``pyspark``; the list is printed) and runs a third
 cycle through the Connect server, on the same Airflow metadata database.
 
@@ -366,23 +364,8 @@ def connect_server(venv_python: Path, home: Path) -> Iterator[dict[str, Any]]:
         yield json.loads(server.airflow_conn_json)
 
 
-SUBMIT, CONNECT = "spark-submit", "Spark Connect"
-
-
-def merge_paths(index: int) -> tuple[str, ...]:
-    """The merge paths the index-th declared Python runs a cycle through: both on the first, then one in turn."""
-    return (SUBMIT, CONNECT) if index == 0 else ((SUBMIT, CONNECT)[(index - 1) % 2],)
-
-
 def check_python(
-    python: str,
-    dist: Path,
-    cluster: Any,
-    quick_start: QuickStart,
-    work: Path,
-    *,
-    paths: tuple[str, ...],
-    connect_only: bool,
+    python: str, dist: Path, cluster: Any, quick_start: QuickStart, work: Path, *, connect_only: bool
 ) -> list[str]:
     home = work / f"py{python}"
     home.mkdir()
@@ -397,12 +380,9 @@ def check_python(
     log(run([*installed, "--native", "--airflow-home", home / "airflow-providers"], env=clean_env(), cwd=home).strip())
     pipeline = Pipeline(python, cluster, home, quick_start)
     pipeline.test_connection(venv_python)
-    if SUBMIT in paths:
-        pipeline.cycle(venv_python, quick_start.connections["spark_default"], SUBMIT)
-    if CONNECT not in paths:
-        return pipeline.reports
+    pipeline.cycle(venv_python, quick_start.connections["spark_default"], "spark-submit")
     with connect_server(venv_python, home) as connect:
-        pipeline.cycle(venv_python, connect, CONNECT)
+        pipeline.cycle(venv_python, connect, "Spark Connect")
         if connect_only:
             slim = make_venv(python, wheel, home / "venv-connect", extra=None, home=home)
             listed = installed_distributions(slim, home)
@@ -452,15 +432,9 @@ def main(argv: list[str] | None = None) -> int:
                 stack.callback(shutil.rmtree, work, ignore_errors=True)
             log(f"working in {work}")
             cluster = stack.enter_context(ThrowawayCluster())
-            for index, python in enumerate(pythons):
+            for python in pythons:
                 reports += check_python(
-                    python,
-                    args.dist,
-                    cluster,
-                    quick_start,
-                    work,
-                    paths=merge_paths(index),
-                    connect_only=index == 0,
+                    python, args.dist, cluster, quick_start, work, connect_only=python == pythons[0]
                 )
     except InstalledCheckError as exc:
         print(f"check_installed: {exc}", file=sys.stderr)

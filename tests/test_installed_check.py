@@ -71,12 +71,3 @@ def test_the_log_lines_a_successful_run_may_not_hold(check: ModuleType) -> None:
     for line in FINE:
         assert not check.BAD_LINE.search(line) and not check.IVY_LINE.search(line), line
         assert not check.NOISE_LINE.search(line) and not check.WARNING_LINE.search(line), line
-
-
-def test_every_declared_python_runs_a_cycle_and_each_merge_path_runs_on_two(check: ModuleType) -> None:
-    from lock_constraints import PYTHONS
-
-    plan = [check.merge_paths(i) for i in range(len(PYTHONS))]
-    assert all(plan)
-    for path in (check.SUBMIT, check.CONNECT):
-        assert sum(path in paths for paths in plan) >= min(2, len(PYTHONS)), (path, plan)
