@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -296,6 +296,16 @@ class Staging:
     arrays: str = ARRAYS_AS_LIST
     text_types: frozenset[str] = frozenset()
 
+    @classmethod
+    def of(cls, type_map: Iterable[str], arrays: str = ARRAYS_AS_LIST) -> Staging:
+        """The staging of a table whose options name ``type_map`` (type names, any spelling) and ``arrays``."""
+        return cls(arrays, frozenset(type_key(name) for name in type_map))
+
+    @property
+    def of_elements(self) -> Staging:
+        """How an array's elements are staged: the kept types, arrays not as JSON."""
+        return Staging(text_types=self.text_types)
+
     def keeps_as_text(self, pg_type: str) -> bool:
         """Whether the table's ``type_map`` keeps the (non-array) type ``pg_type`` as text."""
         return bool(self.text_types) and type_key(pg_type) in self.text_types
@@ -313,7 +323,7 @@ def staged_arrow_type(pg_type: str, staging: Staging = DEFAULT_STAGING) -> str:
     if element is not None:
         if not array_staged_as_list(element) or staging.arrays == ARRAYS_AS_JSON:
             return TEXT
-        return f"list<item: {staged_arrow_type(element, Staging(text_types=staging.text_types))}>"
+        return f"list<item: {staged_arrow_type(element, staging.of_elements)}>"
     if staging.keeps_as_text(pg_type):
         return TEXT
     entry = find(pg_type)

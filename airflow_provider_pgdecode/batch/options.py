@@ -104,7 +104,7 @@ class TableOptions(BaseModel):
     @property
     def staging(self) -> typemap.Staging:
         """How the table's columns are staged (``arrays``, ``type_map``)."""
-        return typemap.Staging(self.arrays, frozenset(typemap.type_key(name) for name in self.type_map))
+        return typemap.Staging.of(self.type_map, self.arrays)
 
 
 DEFAULT_OPTIONS = TableOptions()

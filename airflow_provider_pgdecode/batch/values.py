@@ -83,7 +83,7 @@ def _convert(pg_type: str, values: Sequence[Any], staging: typemap.Staging = typ
     if staging.arrays == typemap.ARRAYS_AS_JSON and typemap.array_element(pg_type) is not None:
         element = typemap.array_element(pg_type) or ""
         if typemap.array_staged_as_list(element):
-            return _convert_arrays_to_json(arrow_type(element, typemap.Staging(text_types=staging.text_types)), values)
+            return _convert_arrays_to_json(arrow_type(element, staging.of_elements), values)
     return _convert_to(arrow_type(pg_type, staging), values)
 
 

@@ -107,7 +107,7 @@ from airflow_provider_pgdecode.spark.spark_types import (
     staged_type_matches,
     widens,
 )
-from airflow_provider_pgdecode.typemap import ARRAYS_AS_JSON, ARRAYS_AS_LIST, TEXT, Staging, array_element, type_key
+from airflow_provider_pgdecode.typemap import ARRAYS_AS_JSON, ARRAYS_AS_LIST, TEXT, Staging, array_element
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -1393,7 +1393,7 @@ def kept_as_text(entry: TableSummary, catalog_type: str, overrides: Mapping[str,
     if not entry.type_map:
         return overrides
     name = array_element(catalog_type) or catalog_type
-    if not Staging(text_types=frozenset(type_key(k) for k in entry.type_map)).keeps_as_text(name):
+    if not Staging.of(entry.type_map).keeps_as_text(name):
         return overrides
     return {**overrides, name.strip(): TEXT}
 
