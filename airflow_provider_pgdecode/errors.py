@@ -140,6 +140,19 @@ class ConfigurationError(PgDecodeError, ValueError):
     Also a ``ValueError``, which is what Python code passing a bad argument expects."""
 
 
+class SparkConnectUnreachableError(PgDecodeError):
+    """A task's Spark Connect server cannot be reached: nothing listens at its address, or it went
+    away while the task ran (its client gave up retrying, or the server no longer has the task's
+    session). The message names the server (``sc://host:port``, never a token), the connection and
+    how to start one; the wording lives in ``spark/session.py`` (``connect_unreachable_error``).
+
+    Retryable: a server its supervisor restarts (docker's ``restart: always``) answers again, and a
+    merge cut short commits each table whole or not at all, so the task's next try merges the rest.
+    Each try gives up within a minute (``spark/connect_client.py``)."""
+
+    retryable = True
+
+
 class CheckpointError(PgDecodeError):
     """The checkpoint and the slot disagree in a way that would lose changes if ignored."""
 

@@ -69,16 +69,19 @@ def connect_session(
     server; ``log`` is the task's logger. ``conf`` entries become settings of this session only.
     The store's settings reach the manifests' and footers' reads in this process (the server
     reads Parquet and Delta with its own S3A settings: docs/spark-connect.md); the [pgdecode]
-    settings too."""
-    from airflow_provider_pgdecode.spark.session import build_connect_session
+    settings too. A server that goes away meanwhile fails the job with
+    :class:`~airflow_provider_pgdecode.errors.SparkConnectUnreachableError` within a minute (the
+    session's client retries under bounds: spark/connect_client.py)."""
+    from airflow_provider_pgdecode.spark.session import build_connect_session, connect_server_named
 
     url = connect_url(conn_id)
     session_conf = {str(k): str(v) for k, v in conf.items() if not str(k).startswith("spark.jars")}
     log.info("Running through the Spark Connect server %s (connection %s)", url.split(";")[0], conn_id)
     with pgdecode_environment(), exported(settings.to_env() if settings is not None else {}):
-        spark = build_connect_session(url, extra_conf=session_conf)
+        spark = build_connect_session(url, extra_conf=session_conf, conn_id=conn_id)
         try:
-            yield spark
+            with connect_server_named(spark, url, conn_id=conn_id):
+                yield spark
         finally:
             try:
                 spark.stop()

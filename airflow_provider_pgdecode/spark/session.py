@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_pgdecode.errors import ConfigurationError
+from airflow_provider_pgdecode.errors import ConfigurationError, SparkConnectUnreachableError
 from airflow_provider_pgdecode.spark.jars import KEY_CONF, record_session_jars, recorded_jars, resolution_key
 
 if TYPE_CHECKING:
@@ -536,9 +536,22 @@ def connect_address(url: str) -> tuple[str, int]:
     return parsed.hostname, parsed.port or DEFAULT_CONNECT_PORT
 
 
-def _check_reachable(url: str, timeout: float = 10.0) -> None:
+def connect_unreachable_error(url: str, cause: str, *, conn_id: str | None = None) -> SparkConnectUnreachableError:
+    """The one error of a Spark Connect server that cannot be reached (nothing listens, or it went
+    away mid-run): names the server as ``sc://host:port`` (the URL's parameters, a token among them,
+    left out), the connection when known, the ``cause`` and the way forward."""
+    host, port = connect_address(url)
+    connection = f" (connection {conn_id!r})" if conn_id else ""
+    return SparkConnectUnreachableError(
+        f"the Spark Connect server at sc://{host}:{port}{connection} is not reachable: {cause}. Start it with "
+        f"python -m airflow_provider_pgdecode.spark.connect_server --port {port} (docs/spark-connect.md), or point "
+        f"the spark_connect connection's host and port at a running server, then run the task again"
+    )
+
+
+def _check_reachable(url: str, timeout: float = 10.0, *, conn_id: str | None = None) -> None:
     """Fail at once, with the way forward, when nothing listens at the URL's address (the Connect
-    client would otherwise retry for minutes before giving up)."""
+    client would otherwise retry before giving up)."""
     import socket
 
     host, port = connect_address(url)
@@ -546,34 +559,66 @@ def _check_reachable(url: str, timeout: float = 10.0) -> None:
         with socket.create_connection((host, port), timeout=timeout):
             return
     except OSError as exc:
-        raise ConfigurationError(
-            f"no Spark Connect server answers at {host}:{port} ({exc.strerror or exc}). Start one with "
-            f"python -m airflow_provider_pgdecode.spark.connect_server --port {port} (docs/spark-connect.md), "
-            "or point the spark_connect connection's host and port at a running server"
+        raise connect_unreachable_error(
+            url, f"nothing answers at {host}:{port} ({exc.strerror or exc})", conn_id=conn_id
         ) from None
 
 
-def build_connect_session(url: str, *, extra_conf: Mapping[str, str] | None = None) -> SparkSession:
+@contextmanager
+def connect_server_named(spark: Any, url: str, *, conn_id: str | None = None) -> Iterator[None]:
+    """Run the block on the Connect session ``spark`` of the server at ``url``: an error raised in it
+    that means the server went away (:func:`~airflow_provider_pgdecode.spark.connect_client.server_gone`:
+    gRPC ``UNAVAILABLE``, the client's retries used up, the session lost to a restart) becomes
+    :func:`connect_unreachable_error`, the original kept as its ``__cause__``; pgdecode's own errors
+    and the job's other errors pass unchanged."""
+    from airflow_provider_pgdecode.errors import PgDecodeError
+    from airflow_provider_pgdecode.spark.connect_client import server_gone
+
+    try:
+        yield
+    except PgDecodeError:
+        raise
+    except Exception as error:
+        gone = server_gone(error, spark)
+        if gone is None:
+            raise
+        raise connect_unreachable_error(url, f"it went away while the task ran ({gone})", conn_id=conn_id) from error
+
+
+def build_connect_session(
+    url: str, *, extra_conf: Mapping[str, str] | None = None, conn_id: str | None = None
+) -> SparkSession:
     """A new Spark Connect client session on the server at ``url`` (``sc://host:port``).
 
     Always a session of its own (``create()``, never a shared default one): on the server every
     client session is a separate Spark session, with its own settings and temporary views, so
     two merges through one server never see each other's settings or Delta transaction ids.
-    Raises :class:`~airflow_provider_pgdecode.errors.ConfigurationError` when the server cannot be
-    reached or has no Delta Lake extension.
+    Its client retries under :func:`~airflow_provider_pgdecode.spark.connect_client.bounded_retry_policy`
+    (a server that is gone is given up within a minute, not pyspark's ten). Raises
+    :class:`~airflow_provider_pgdecode.errors.SparkConnectUnreachableError` when the server cannot
+    be reached (``conn_id``, the Airflow connection of ``url``, is named in it) and
+    :class:`~airflow_provider_pgdecode.errors.ConfigurationError` when it has no Delta Lake extension.
     """
     from pyspark.sql import SparkSession
 
-    _check_reachable(url)
+    from airflow_provider_pgdecode.spark.connect_client import bounded_retry_policy, server_gone
+
+    _check_reachable(url, conn_id=conn_id)
+    spark = None
     try:
         with connect_mode():
             spark = SparkSession.builder.remote(url).create()
+        # Before the session's first call (create() makes none): every call of it retries under these bounds.
+        spark.client.set_retry_policies([bounded_retry_policy()])
         for key, value in {**CONNECT_SESSION_CONF, **(extra_conf or {})}.items():
             spark.conf.set(key, value)
         extensions = str(spark.conf.get("spark.sql.extensions", "") or "")
     except ConfigurationError:
         raise
     except Exception as exc:
+        gone = server_gone(exc, spark)
+        if gone is not None:
+            raise connect_unreachable_error(url, gone, conn_id=conn_id) from None
         detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise ConfigurationError(
             f"cannot open a Spark Connect session on {url.split(';', 1)[0]} ({detail}). Start the server first: "

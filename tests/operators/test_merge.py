@@ -18,6 +18,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, ColumnSummary, TableSummary, batch_dir_name
 from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import SparkConnectUnreachableError
 from airflow_provider_pgdecode.operators.merge import MERGE_JOB_MODULE, PgDecodeMergeOperator, parse_batch_paths
 from airflow_provider_pgdecode.spark.session import SPARK_JOB_ENTRY, delta_maven_coordinates
 
@@ -406,6 +407,8 @@ def test_a_spark_connect_connection_without_a_server_fails_at_once_saying_how_to
         task_id="merge", batch_paths=stage(tmp_path, 1, 2, 1), delta_root=str(tmp_path), conn_id=conn_id
     )
     with pytest.raises(
-        AirflowFailException, match=f"no Spark Connect server answers at 127.0.0.1:{port}.*--port {port}"
+        SparkConnectUnreachableError,  # retryable: Airflow's retries apply, each try fails at once
+        match=f"the Spark Connect server at sc://127.0.0.1:{port} \\(connection 'nowhere'\\) is not reachable: "
+        f"nothing answers at 127.0.0.1:{port}.*--port {port}",
     ):
         op.execute({})
