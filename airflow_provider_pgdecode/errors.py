@@ -161,6 +161,11 @@ class MergeInputError(PgDecodeError):
     """A batch's contents cannot be merged into its Delta table as they are (the message says why)."""
 
 
+class DeltaTableError(MergeInputError):
+    """A table's Delta table cannot be read or written (a damaged log, a directory it may not
+    write): the merge parks that table (batch/parking.py) and merges the others."""
+
+
 class MergeOutOfMemoryError(PgDecodeError):
     """The merge job ran out of memory (the JVM's heap): the message names the memory settings to change.
 

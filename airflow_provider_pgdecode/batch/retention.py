@@ -8,6 +8,8 @@ A batch is removed only when all of these hold:
 
 * it is confirmed: its end LSN is at or before the checkpoint's (the slot moved past it);
 * it is not the checkpoint's own batch, and holds no file of a pending prepared transaction;
+* no parked table still needs it (it ends at or before every parked table's place,
+  :mod:`~airflow_provider_pgdecode.batch.parking`);
 * it is not among the ``keep_batches`` newest confirmed batches;
 * it is older than ``keep_days`` (the time its manifest was written).
 
@@ -33,6 +35,7 @@ import time
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.format import BATCH_NAME
 from airflow_provider_pgdecode.batch.manifest import MANIFEST_NAME, BatchManifest, list_batches
+from airflow_provider_pgdecode.batch.parking import oldest_parked, read_parked
 from airflow_provider_pgdecode.batch.publish import TMP_PREFIX
 from airflow_provider_pgdecode.batch.storage import Storage, as_storage
 from airflow_provider_pgdecode.decoding.lsn import Lsn
@@ -71,12 +74,16 @@ def prune_batches(
     protected = {_normal(posixpath.dirname(posixpath.dirname(p["path"]))) for p in checkpoint.prepared_pending}
     if checkpoint.batch_path:
         protected.add(_normal(checkpoint.batch_path))
+    # A parked table's staged changes are not in Delta yet: every batch from its place on stays.
+    parked_from = oldest_parked(read_parked(store, slot))
     confirmed: list[tuple[Lsn, str]] = []
     for path in list_batches(store, slot):
         try:
             manifest = BatchManifest.read(store.at(path))
         except StagingError as exc:
             log.warning("Retention leaves %s alone: %s", path, exc)
+            continue
+        if parked_from is not None and manifest.end > parked_from:
             continue
         if Lsn.parse(manifest.end_lsn) <= checkpoint.end_lsn:
             confirmed.append((Lsn.parse(manifest.end_lsn), path))

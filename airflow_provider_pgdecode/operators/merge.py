@@ -9,6 +9,8 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -19,10 +21,18 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_pgdecode.batch.format import delta_path_part
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
+from airflow_provider_pgdecode.batch.parking import (
+    Parking,
+    catch_up_batches,
+    read_parked,
+    settle_parked,
+    staging_root_of,
+    write_parked,
+)
 from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage, is_object_store
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError, MergeInputError, MergeOutOfMemoryError
-from airflow_provider_pgdecode.hooks.object_store import object_store_settings
+from airflow_provider_pgdecode.hooks.object_store import object_store_settings, storage_for
 from airflow_provider_pgdecode.spark.session import SPARK_JOB_ENTRY, spark_job_arguments
 from airflow_provider_pgdecode.utils.config import exported, pgdecode_env, pgdecode_environment
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
@@ -329,8 +339,11 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
     and those of committed transactions) are appended to ``<delta_root>/_pgdecode_messages``
     (docs/messages.md). A refused batch fails the task without retry (``MergeInputError``), and so does a
     Spark out-of-memory (``MergeOutOfMemoryError``, naming ``driver_memory`` / ``executor_memory``
-    and ``spark.driver.memory`` / ``spark.executor.memory``). Returns (to XCom) ``batches``
-    (the merged ones), ``skipped``, ``end_lsn`` and the job's ``summary``. ``on_kill`` stops
+    and ``spark.driver.memory`` / ``spark.executor.memory``). A table whose Delta table cannot be
+    read or written is parked instead (docs/merge.md, "Parked tables"): the others are merged,
+    the task succeeds with a warning, and later runs give the parked table its kept batches
+    again until it catches up. Returns (to XCom) ``batches`` (the merged ones), ``skipped``,
+    ``end_lsn``, ``parked`` (the parked tables, by name) and the job's ``summary``. ``on_kill`` stops
     the spark-submit process (and the driver in cluster modes) through the hook.
 
     Example::
@@ -430,6 +443,7 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
         self.spark_name = spark_name
         self.verbose = verbose
         self._lineage: tuple[list[BatchManifest], dict[str, Any] | None] = ([], None)
+        self._parking_args: list[str] = []
 
     def read_batches(
         self, settings: ObjectStoreSettings | None = None
@@ -460,6 +474,7 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
         if summary_path:
             args += ["--summary-json", summary_path]
         args += [str(a) for a in self.merge_args]
+        args += self._parking_args
         return submit_hook(
             self,
             job=MERGE_JOB_MODULE,
@@ -501,8 +516,11 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
             "skipped": [str(m.path) for m in empty],
             "end_lsn": all_batches[-1].end_lsn if all_batches else None,
             "summary": None,
+            "parked": {},
         }
-        if not to_merge:
+        parking = self._parking(to_merge, all_batches, settings)
+        self._parking_args = parking.merge_args() if parking else []
+        if not to_merge and not (parking and parking.catch_up):
             self.log.info("No batch has changes: the merge job is not submitted")
             return result
         rows: dict[str, int] = {}
@@ -510,17 +528,19 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
             for table in manifest.tables:
                 key = f"{table.schema}.{table.table}"
                 rows[key] = rows.get(key, 0) + table.rows
-        self.log.info(
-            "Merging %d batch(es), LSN %s to %s, into %s: %s",
-            len(to_merge),
-            to_merge[0].start_lsn,
-            to_merge[-1].end_lsn,
-            self.delta_root,
-            ", ".join(f"{name} {n} rows" for name, n in sorted(rows.items())),
-        )
+        if to_merge:
+            self.log.info(
+                "Merging %d batch(es), LSN %s to %s, into %s: %s",
+                len(to_merge),
+                to_merge[0].start_lsn,
+                to_merge[-1].end_lsn,
+                self.delta_root,
+                ", ".join(f"{name} {n} rows" for name, n in sorted(rows.items())),
+            )
         if spark_connection_type(self.conn_id) == SPARK_CONNECT_CONN_TYPE:
             connect_summary = self._merge_connect([str(m.path) for m in to_merge], settings)
             result["summary"] = connect_summary
+            result["parked"] = self._settle_parking(parking, connect_summary)
             self._emit_assets(context, connect_summary)
             self._lineage = (to_merge, connect_summary)
             return result
@@ -538,9 +558,57 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
             raise MergeInputError(f"the merge job refused the batch: {kind}: {message}")
         summary = self._report_summary(summary)
         result["summary"] = summary
+        result["parked"] = self._settle_parking(parking, summary)
         self._emit_assets(context, summary)
         self._lineage = (to_merge, summary)
         return result
+
+    def _parking(
+        self, to_merge: Sequence[BatchManifest], batches: Sequence[BatchManifest], settings: ObjectStoreSettings | None
+    ) -> Parking | None:
+        """The slot's parked tables and the earlier batches they still need (batch/parking.py)."""
+        if not batches or "--no-park" in self.merge_args:
+            return None
+        first = batches[0]
+        staging = storage_for(staging_root_of(str(first.path)), self.storage_conn_id)
+        parked = read_parked(staging, first.slot)
+        if not parked:
+            return Parking(staging, first.slot, {}, [], to_merge[0].start if to_merge else None)
+        before = to_merge[0].start if to_merge else batches[-1].end
+        catch_up = catch_up_batches(staging, first.slot, parked, before)
+        for name, entry in sorted(parked.items()):
+            self.log.warning(
+                "Table %s is parked since LSN %s (%s, %d run(s)): %s. Its staged changes from there on are merged "
+                "again for it in this run (%d earlier batch(es))",
+                name,
+                entry.since_lsn,
+                entry.parked_at,
+                entry.runs,
+                entry.reason,
+                len(catch_up),
+            )
+        return Parking(staging, first.slot, parked, catch_up, to_merge[0].start if to_merge else None)
+
+    def _settle_parking(self, parking: Parking | None, summary: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Record which tables this run parked and which caught up; the parked tables, for XCom."""
+        if parking is None or summary is None:
+            return {}
+        since = parking.since or Lsn.parse(str(summary.get("end_lsn")))
+        now = datetime.now(UTC).isoformat(timespec="seconds")
+        parked, newly, caught_up = settle_parked(parking.parked, summary.get("tables") or {}, since, now)
+        write_parked(parking.staging, parking.slot, parked)
+        for name in newly:
+            self.log.warning(
+                "Table %s is parked: %s. Nothing of it was written; every other table was merged and the slot moves "
+                "on. Its staged batches from LSN %s on are kept (retention too) and merged again for it by each run: "
+                "fix the cause and the next run applies them in order, exactly once",
+                name,
+                parked[name].reason,
+                parked[name].since_lsn,
+            )
+        for name in caught_up:
+            self.log.info("Table %s caught up: its parked changes are merged", name)
+        return {name: asdict(entry) for name, entry in parked.items()}
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> OperatorLineage:
         """OpenLineage of the run (Airflow's OpenLineage provider calls it after success): inputs,
@@ -561,7 +629,7 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
         args = ["--delta-root", str(self.delta_root)]
         for batch in batches:
             args += ["--batch", batch]
-        parsed = build_argument_parser().parse_args([*args, *(str(a) for a in self.merge_args)])
+        parsed = build_argument_parser().parse_args([*args, *(str(a) for a in self.merge_args), *self._parking_args])
         options = options_from_args(parsed)
         with connect_session(self.conn_id, self.conf, settings, self.log) as spark:
             self._connect_session = spark

@@ -84,16 +84,18 @@ from airflow_provider_pgdecode.batch.format import (
 )
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, read_batches
 from airflow_provider_pgdecode.batch.options import LOAD_MODES, keyless_kept_mode_error
+from airflow_provider_pgdecode.batch.parking import PARKED
 from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage, fsync_dir, is_object_store, spark_uri
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import (
     BatchError,
     ConfigurationError,
+    DeltaTableError,
     MergeInputError,
     MergeOutOfMemoryError,
     UnmappedTypeError,
 )
-from airflow_provider_pgdecode.spark import collapse, column_defaults, delta_commit, history, multiset
+from airflow_provider_pgdecode.spark import collapse, column_defaults, delta_commit, history, multiset, table_parking
 from airflow_provider_pgdecode.spark.collapse import KEEP, KIND, LSN, OP, SEQ, CollapseInput, col, old_key_name
 from airflow_provider_pgdecode.spark.history import HISTORY, KEPT_MODES, MODE_PROPERTY, SOFT_DELETE, Truncate
 from airflow_provider_pgdecode.spark.session import active_connect_session, configure_object_store, is_connect_session
@@ -194,6 +196,13 @@ class MergeOptions:
     snapshot_commit: bool = True
     """Into a Delta table this run creates, commit a snapshot batch's parts as they are staged
     (:mod:`.delta_commit`) instead of reading and appending them through Spark."""
+    park: bool = True
+    """Park a table whose Delta table cannot be read or written and merge the others
+    (:mod:`.table_parking`); ``False``: such a table stops the whole run."""
+    parked: tuple[str, ...] = ()
+    """``schema.table`` of the tables parked by earlier runs (batch/parking.py)."""
+    catch_up: tuple[str, ...] = ()
+    """Earlier batches the parked tables still need: merged for those tables only."""
 
     def __post_init__(self) -> None:
         if self.numeric_special not in ("null", "error"):
@@ -302,7 +311,7 @@ class TableResult:
     """What happened to one table (the values of :func:`merge_batches`' ``tables``)."""
 
     delta_path: str
-    status: str  # "merged" | "skipped"
+    status: str  # "merged" | "skipped" | "parked"
     reason: str | None = None
     changes: int = 0
     changes_already_applied: int = 0
@@ -323,6 +332,8 @@ class TableResult:
     batches_skipped: list[str] = field(default_factory=list)
     delta_version: int = -1
     watermark_lsn: str | None = None
+    error: str | None = None
+    """A parked table's error class (its message is the ``reason``)."""
     seconds: float = 0.0
     """Wall-clock seconds this run spent on the table (its read, profile and write)."""
     schema: str = ""
@@ -435,18 +446,32 @@ def log_actions(store: Storage) -> tuple[int, Iterator[Mapping[str, Any]]] | Non
 
             for name in checkpoints[base]:
                 if name.endswith(".json"):
-                    yield from (json.loads(line) for line in store.read_text(name).splitlines() if line.strip())
+                    yield from _log_file_actions(store, name)
                     continue
                 with store.open_input(name) as handle:
                     columns = [c for c in ("txn", "metaData") if c in pq.read_schema(handle).names]
                 with store.open_input(name) as handle:
                     yield from pq.read_table(handle, columns=columns).to_pylist()
         for commit in (v for v in commits if v > base):
-            for line in store.read_text(f"{commit:020d}.json").splitlines():
-                if line.strip():
-                    yield json.loads(line)
+            yield from _log_file_actions(store, f"{commit:020d}.json")
 
     return version, actions()
+
+
+def _log_file_actions(store: Storage, name: str) -> Iterator[Mapping[str, Any]]:
+    """The actions of one JSON file of a ``_delta_log``; a line that is not JSON names the file."""
+    for number, line in enumerate(store.read_text(name).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except ValueError as exc:
+            table = store.root.rstrip("/").rsplit("/_delta_log", 1)[0]
+            raise DeltaTableError(
+                f"the Delta log file {store.uri(name)} is damaged (line {number} is not JSON: {exc}), so the Delta "
+                f"table {table} cannot be read. Restore the file from a copy (a versioned bucket, a backup); or move "
+                "the table's directory aside and resnapshot the table (pgdecode_backfill, mode resnapshot)"
+            ) from None
 
 
 def read_delta_state(spark: SparkSession, path: str, slot_app_id: str) -> DeltaState:
@@ -471,7 +496,7 @@ def read_delta_state(spark: SparkSession, path: str, slot_app_id: str) -> DeltaS
     for action in actions:
         watermark, metadata = _apply_action(action, slot_app_id, watermark, metadata)
     if metadata is None:
-        raise MergeInputError(
+        raise DeltaTableError(
             f"the Delta log at {path} (version {version}) holds no table metadata: it is damaged or still being "
             "created. Nothing was written. Move the directory aside (or restore its _delta_log) and run the merge again"
         )
@@ -710,22 +735,42 @@ def plan_table(
     return plan
 
 
+@dataclass(frozen=True)
+class UnreadableTable:
+    """A table whose Delta table could not be read while planning (it is parked)."""
+
+    schema: str
+    table: str
+    path: str
+    error: DeltaTableError
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+
 def plan_merge(
     spark: SparkSession, batches: Sequence[BatchManifest], delta_root: str, options: MergeOptions
-) -> list[TablePlan]:
-    """Plan every table of ``batches`` (in LSN order); raises before anything is written."""
+) -> list[TablePlan | UnreadableTable]:
+    """Plan every table of ``batches`` (in LSN order); raises before anything is written. With
+    ``options.park``, a table whose Delta table cannot be read is returned as :class:`UnreadableTable`."""
     names: list[tuple[str, str]] = []
     for batch in batches:
         for entry in batch.tables:
             if entry.target not in names:
                 names.append(entry.target)
     slot_app_id = app_id(batches[0].slot)
-    plans = []
+    plans: list[TablePlan | UnreadableTable] = []
     for schema, table in names:
         path = delta_table_path(delta_root, schema, table)
-        plans.append(
-            plan_table(schema, table, batches, delta_root, read_delta_state(spark, path, slot_app_id), options)
-        )
+        try:
+            state = read_delta_state(spark, path, slot_app_id)
+        except DeltaTableError as error:
+            if not options.park:
+                raise
+            plans.append(UnreadableTable(schema, table, path, error))
+            continue
+        plans.append(plan_table(schema, table, batches, delta_root, state, options))
     return plans
 
 
@@ -2110,23 +2155,32 @@ def merge_batches(
 ) -> dict[str, Any]:
     """Merge staged batches (in LSN order) into ``<delta_root>/<schema>/<table>``.
 
-    Returns ``{"slot", "batches", "end_lsn", "tables": {"schema.table": {...}}}`` where each
-    table entry has ``status`` ("merged" or "skipped"), ``reason``, ``inserted``, ``updated``,
-    ``deleted``, ``changes``, ``changes_already_applied``, ``delta_version``, ``watermark_lsn``...
-    Bad input raises (:class:`BatchError`, :class:`MergeInputError`) before anything is written.
+    Returns ``{"slot", "batches", "end_lsn", "tables": {"schema.table": {...}}, "parked"}`` where
+    each table entry has ``status`` ("merged", "skipped" or "parked"), ``reason``, ``inserted``,
+    ``updated``, ``deleted``, ``changes``, ``changes_already_applied``, ``delta_version``,
+    ``watermark_lsn``... Bad input raises (:class:`BatchError`, :class:`MergeInputError`) before
+    anything is written. A table whose Delta table cannot be read or written is parked
+    (:mod:`.table_parking`) while the others are merged; ``options.catch_up`` gives back the
+    earlier batches of the tables parked before (``options.parked``), for those tables only.
     """
     options = options or MergeOptions()
     started = time.monotonic()
     batch_dirs = [str(directory) for directory in batch_dirs]
-    batches = read_batches(batch_dirs)
-    staged_changes = sum(entry.rows for batch in batches for entry in batch.tables)
+    batches = read_batches(batch_dirs) if batch_dirs else []
+    catch_up = (
+        table_parking.catch_up_only(read_batches(list(options.catch_up)), options.parked) if options.catch_up else []
+    )
+    if not batches and not catch_up:
+        raise BatchError("no batch given")
+    staged_changes = sum(entry.rows for batch in [*batches, *catch_up] for entry in batch.tables)
     with active_connect_session(spark), expression_evaluation(spark, staged_changes, options):
-        return _merge_batches(spark, batches, batch_dirs, delta_root, options, started)
+        return _merge_batches(spark, batches, catch_up, [*batch_dirs, *options.catch_up], delta_root, options, started)
 
 
 def _merge_batches(
     spark: SparkSession,
     batches: Sequence[BatchManifest],
+    catch_up: Sequence[BatchManifest],
     batch_dirs: Sequence[str],
     delta_root: str,
     options: MergeOptions,
@@ -2135,9 +2189,16 @@ def _merge_batches(
     if uses_object_store(batch_dirs, delta_root):
         configure_object_store(spark)
     delta_root = spark_uri(delta_root)
-    slot = batches[0].slot
-    chunked = any(batch.snapshot_chunks for batch in batches)
-    plans = plan_merge(spark, batches, delta_root, options)
+    every_batch = sorted([*batches, *catch_up], key=lambda batch: (batch.start, batch.end, batch.directory))
+    slot = every_batch[0].slot
+    chunked = any(batch.snapshot_chunks for batch in every_batch)
+    results: dict[str, TableResult] = {}
+    plans = []
+    for plan in plan_merge(spark, every_batch, delta_root, options):
+        if isinstance(plan, TablePlan):
+            plans.append(plan)
+        else:
+            results[plan.name] = parked_result(plan.path, plan.schema, plan.table, plan.error)
     check_staged_parts(plans)
 
     prepared: list[tuple[TablePlan, DataFrame | None, Profile | None, float]] = []
@@ -2173,16 +2234,8 @@ def _merge_batches(
         check_profile(plan, table_profile, options)
         prepared.append((plan, table_events, table_profile, time.monotonic() - table_started))
 
-    results: dict[str, TableResult] = {}
     for plan, events, profile, profile_seconds in prepared:
         table_started = time.monotonic() - profile_seconds
-        staged_rows = sum(segment.staged.rows for segment in plan.segments)
-        skipped_rows = sum(
-            entry.rows
-            for batch in batches
-            for entry in batch.tables
-            if entry.target == (plan.schema, plan.table) and batch.label in plan.skipped
-        )
         result = TableResult(
             delta_path=plan.path,
             schema=plan.schema,
@@ -2195,136 +2248,23 @@ def _merge_batches(
             columns={c: plan.types[c].delta_type.simpleString() for c in plan.columns},
         )
         results[plan.name] = result
-        if plan.name in direct:
-            entry, template = direct[plan.name]
-            result.changes = entry.rows
-            if entry.numeric_specials:
-                log.warning(
-                    "table %s: numeric NaN/Infinity stored as NULL (decimal cannot hold them): %s",
-                    plan.name,
-                    entry.numeric_specials,
-                )
-                result.numeric_specials_nulled = dict(entry.numeric_specials)
-            committed = commit_snapshot(plan, entry, template, slot)
-            result.seconds = round(time.monotonic() - table_started, 3)
-            if committed is None:
-                state = read_delta_state(spark, plan.path, app_id(slot))
-                result.delta_version = state.version
-                if state.watermark is not None and state.watermark >= plan.watermark_after:
-                    result.reason = "already applied (Delta transaction id)"
-                    continue
-                raise MergeInputError(
-                    f"table {plan.name}: the Delta table {plan.path} was created by another writer while this run "
-                    "loaded the snapshot into it; nothing of this run is in it. Run the merge again."
-                )
-            result.created = True
-            result.delta_version = 0
-            result.watermark_lsn = str(Lsn(plan.watermark_after))
-            result.status = "merged"
-            result.truncated = entry.truncates > 0
-            result.inserted = committed
-            log.info(
-                "table %s: committed the snapshot's %d row(s) in %d staged part(s) as they are, through LSN %s "
-                "(Delta version 0)",
-                plan.name,
-                committed,
-                len(entry.snapshot_files or ()),
-                result.watermark_lsn,
-            )
-            continue
-        if events is None or profile is None:
-            result.reason = "already applied" if plan.skipped else "no changes"
-            result.changes_already_applied = skipped_rows
-            continue
-        result.changes = profile.changes
-        result.changes_already_applied = skipped_rows + max(0, staged_rows - profile.changes)
-        if result.changes_already_applied:
-            log.warning(
-                "table %s: %d change(s) at or below LSN %s are already applied and were left out",
-                plan.name,
-                result.changes_already_applied,
-                result.watermark_lsn,
-            )
-        if profile.changes == 0:
-            result.reason = "already applied"
-            continue
-        if profile.specials:
-            log.warning(
-                "table %s: numeric NaN/Infinity stored as NULL (decimal cannot hold them): %s",
-                plan.name,
-                profile.specials,
-            )
-            result.numeric_specials_nulled = dict(profile.specials)
-        if plan.not_written:
-            log.warning(
-                "table %s: column(s) %s are no longer in the source; kept in Delta, not written",
-                plan.name,
-                list(plan.not_written),
-            )
-        result.created = ensure_table(spark, plan, options)
-        result.columns_added = list(plan.new_columns)
-        result.columns_widened = {
-            c: f"{before.simpleString()} -> {plan.types[c].delta_type.simpleString()}"
-            for c, before in plan.widened.items()
-        }
-        counts: dict[str, int] | None = None
-        if plan.multiset and snapshot_chunks_of(plan):
-            # Table snapshot chunks are upserts (a row may come both as a chunk row and as a logged
-            # INSERT): counted as copies they would double rows, so these batches match by value.
-            log.warning(
-                "table %s: table snapshot chunks in this run: merged by matching all columns, not as a multiset "
-                "(identical rows collapse into one until the snapshot is done)",
-                plan.name,
-            )
-        try:
-            if result.created or plan.new_columns or plan.widened:
-                version_before, _ = _last_commit(spark, plan.path)
-            else:
-                version_before = plan.state.version
-            # Table snapshot chunks (capture/table_snapshot.py) are upserts: a key may come both as a
-            # chunk row and as a logged INSERT, so those batches always MERGE.
-            if plan.append_only:
-                append_only_write(spark, plan, events, profile, slot)
-            elif plan.mode == HISTORY:
-                history_write(spark, plan, events, profile, slot, options)
-            elif plan.mode == SOFT_DELETE:
-                soft_delete_write(spark, plan, events, profile, slot, options)
-            elif result.created and inserts_only(profile) and not chunked:
-                append_inserts(spark, plan, events, profile, slot)
-            elif plan.multiset and not snapshot_chunks_of(plan):
-                counts = multiset_write(spark, plan, events, profile, slot)
-            else:
-                run_merge(spark, plan, merge_source(spark, events, plan, profile), profile, slot, options)
-        except BaseException:
-            if result.created:
-                drop_created_table(spark, plan.path)
-            raise
-        version_after, metrics = _last_commit(spark, plan.path)
-        result.seconds = round(time.monotonic() - table_started, 3)
-        if counts is not None:
-            metrics = counts  # Delta's counts include the copies a replace deletes and inserts again
-        result.delta_version = version_after
-        if version_after == version_before:
-            # Delta's own idempotent-write check (same app id, version not newer) skipped it:
-            # another run merged these changes since this one planned.
-            result.reason = "already applied (Delta transaction id)"
-            continue
-        result.watermark_lsn = str(Lsn(plan.watermark_after))
-        result.status = "merged"
-        result.truncated = profile.truncate_at is not None
-        for name, value in metrics.items():
-            setattr(result, name, value)
-        log.info(
-            "table %s: merged %d change(s) through LSN %s: %d inserted, %d updated, %d deleted%s (Delta version %d)",
-            plan.name,
-            profile.changes,
-            result.watermark_lsn,
-            result.inserted,
-            result.updated,
-            result.deleted,
-            ", after a TRUNCATE" if result.truncated else "",
-            version_after,
+        skipped_rows = sum(
+            entry.rows
+            for batch in every_batch
+            for entry in batch.tables
+            if entry.target == (plan.schema, plan.table) and batch.label in plan.skipped
         )
+        try:
+            if plan.name in direct:
+                write_snapshot(spark, plan, result, direct[plan.name], slot)
+            else:
+                write_table(spark, plan, events, profile, result, skipped_rows, slot, chunked, options)
+        except Exception as error:
+            if not options.park or not table_parking.table_problem(spark, error):
+                raise
+            results[plan.name] = parked_result(plan.path, plan.schema, plan.table, error)
+            continue
+        result.seconds = round(time.monotonic() - table_started, 3)
 
     quarantine = append_quarantine(spark, batches, delta_root)
     if quarantine is not None:
@@ -2335,12 +2275,179 @@ def _merge_batches(
     return {
         "slot": slot,
         "batches": [{"directory": b.directory, "start_lsn": b.start_lsn, "end_lsn": b.end_lsn} for b in batches],
-        "end_lsn": str(max(b.end for b in batches)),
+        "catch_up": [b.directory for b in catch_up],
+        "end_lsn": str(max(b.end for b in every_batch)),
         "tables": {name: asdict(result) for name, result in results.items()},
+        "parked": sorted(name for name, result in results.items() if result.status == PARKED),
         "quarantine": quarantine,
         "messages": messages,
         "seconds": round(time.monotonic() - started, 3),
     }
+
+
+def parked_result(path: str, schema: str, table: str, error: BaseException) -> TableResult:
+    """The result of a table this run parked: nothing of it written, the reason logged."""
+    reason = table_parking.reason(error)
+    log.warning(
+        "table %s.%s is parked: %s. Nothing of it was written; the other tables are merged. Its staged changes are "
+        "kept and applied in order by the first merge after the cause is fixed",
+        schema,
+        table,
+        reason,
+    )
+    return TableResult(
+        delta_path=path, schema=schema, table=table, status=PARKED, reason=reason, error=type(error).__name__
+    )
+
+
+def write_snapshot(
+    spark: SparkSession,
+    plan: TablePlan,
+    result: TableResult,
+    direct: tuple[TableSummary, tuple[dict[str, Any], dict[str, Any]]],
+    slot: str,
+) -> None:
+    """Commit a snapshot batch's parts as they are staged into the Delta table this run creates."""
+    entry, template = direct
+    result.changes = entry.rows
+    if entry.numeric_specials:
+        log.warning(
+            "table %s: numeric NaN/Infinity stored as NULL (decimal cannot hold them): %s",
+            plan.name,
+            entry.numeric_specials,
+        )
+        result.numeric_specials_nulled = dict(entry.numeric_specials)
+    committed = commit_snapshot(plan, entry, template, slot)
+    if committed is None:
+        state = read_delta_state(spark, plan.path, app_id(slot))
+        result.delta_version = state.version
+        if state.watermark is not None and state.watermark >= plan.watermark_after:
+            result.reason = "already applied (Delta transaction id)"
+            return
+        raise MergeInputError(
+            f"table {plan.name}: the Delta table {plan.path} was created by another writer while this run "
+            "loaded the snapshot into it; nothing of this run is in it. Run the merge again."
+        )
+    result.created = True
+    result.delta_version = 0
+    result.watermark_lsn = str(Lsn(plan.watermark_after))
+    result.status = "merged"
+    result.truncated = entry.truncates > 0
+    result.inserted = committed
+    log.info(
+        "table %s: committed the snapshot's %d row(s) in %d staged part(s) as they are, through LSN %s "
+        "(Delta version 0)",
+        plan.name,
+        committed,
+        len(entry.snapshot_files or ()),
+        result.watermark_lsn,
+    )
+
+
+def write_table(
+    spark: SparkSession,
+    plan: TablePlan,
+    events: DataFrame | None,
+    profile: Profile | None,
+    result: TableResult,
+    skipped_rows: int,
+    slot: str,
+    chunked: bool,
+    options: MergeOptions,
+) -> None:
+    """Write one table's changes by its load mode (one Delta commit); fills ``result``."""
+    staged_rows = sum(segment.staged.rows for segment in plan.segments)
+    if events is None or profile is None:
+        result.reason = "already applied" if plan.skipped else "no changes"
+        result.changes_already_applied = skipped_rows
+        return
+    result.changes = profile.changes
+    result.changes_already_applied = skipped_rows + max(0, staged_rows - profile.changes)
+    if result.changes_already_applied:
+        log.warning(
+            "table %s: %d change(s) at or below LSN %s are already applied and were left out",
+            plan.name,
+            result.changes_already_applied,
+            result.watermark_lsn,
+        )
+    if profile.changes == 0:
+        result.reason = "already applied"
+        return
+    if profile.specials:
+        log.warning(
+            "table %s: numeric NaN/Infinity stored as NULL (decimal cannot hold them): %s",
+            plan.name,
+            profile.specials,
+        )
+        result.numeric_specials_nulled = dict(profile.specials)
+    if plan.not_written:
+        log.warning(
+            "table %s: column(s) %s are no longer in the source; kept in Delta, not written",
+            plan.name,
+            list(plan.not_written),
+        )
+    result.created = ensure_table(spark, plan, options)
+    result.columns_added = list(plan.new_columns)
+    result.columns_widened = {
+        c: f"{before.simpleString()} -> {plan.types[c].delta_type.simpleString()}" for c, before in plan.widened.items()
+    }
+    counts: dict[str, int] | None = None
+    if plan.multiset and snapshot_chunks_of(plan):
+        # Table snapshot chunks are upserts (a row may come both as a chunk row and as a logged
+        # INSERT): counted as copies they would double rows, so these batches match by value.
+        log.warning(
+            "table %s: table snapshot chunks in this run: merged by matching all columns, not as a multiset "
+            "(identical rows collapse into one until the snapshot is done)",
+            plan.name,
+        )
+    try:
+        if result.created or plan.new_columns or plan.widened:
+            version_before, _ = _last_commit(spark, plan.path)
+        else:
+            version_before = plan.state.version
+        # Table snapshot chunks (capture/table_snapshot.py) are upserts: a key may come both as a
+        # chunk row and as a logged INSERT, so those batches always MERGE.
+        if plan.append_only:
+            append_only_write(spark, plan, events, profile, slot)
+        elif plan.mode == HISTORY:
+            history_write(spark, plan, events, profile, slot, options)
+        elif plan.mode == SOFT_DELETE:
+            soft_delete_write(spark, plan, events, profile, slot, options)
+        elif result.created and inserts_only(profile) and not chunked:
+            append_inserts(spark, plan, events, profile, slot)
+        elif plan.multiset and not snapshot_chunks_of(plan):
+            counts = multiset_write(spark, plan, events, profile, slot)
+        else:
+            run_merge(spark, plan, merge_source(spark, events, plan, profile), profile, slot, options)
+    except BaseException:
+        if result.created:
+            drop_created_table(spark, plan.path)
+        raise
+    version_after, metrics = _last_commit(spark, plan.path)
+    if counts is not None:
+        metrics = counts  # Delta's counts include the copies a replace deletes and inserts again
+    result.delta_version = version_after
+    if version_after == version_before:
+        # Delta's own idempotent-write check (same app id, version not newer) skipped it:
+        # another run merged these changes since this one planned.
+        result.reason = "already applied (Delta transaction id)"
+        return
+    result.watermark_lsn = str(Lsn(plan.watermark_after))
+    result.status = "merged"
+    result.truncated = profile.truncate_at is not None
+    for name, value in metrics.items():
+        setattr(result, name, value)
+    log.info(
+        "table %s: merged %d change(s) through LSN %s: %d inserted, %d updated, %d deleted%s (Delta version %d)",
+        plan.name,
+        profile.changes,
+        result.watermark_lsn,
+        result.inserted,
+        result.updated,
+        result.deleted,
+        ", after a TRUNCATE" if result.truncated else "",
+        version_after,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -2460,14 +2567,11 @@ def drop_created_table(spark: SparkSession, path: str) -> None:
         log.warning("could not remove %s after its first write failed (%s); it is an empty Delta table", path, error)
 
 
-_OUT_OF_MEMORY_SIGNS = ("java.lang.OutOfMemoryError", "Java heap space", "GC overhead limit exceeded")
-
-
 def out_of_memory_error(error: BaseException, spark_conf: Mapping[str, str]) -> MergeOutOfMemoryError | None:
     """A :class:`MergeOutOfMemoryError` naming the memory settings when ``error`` (Spark's, often an
     ``INTERNAL_ERROR`` that calls itself a bug in Spark) was caused by a JVM out of memory; else ``None``."""
     text = f"{error}\n{getattr(error, 'java_exception', '')}"
-    sign = next((s for s in _OUT_OF_MEMORY_SIGNS if s in text), None)
+    sign = next((s for s in table_parking.OUT_OF_MEMORY_SIGNS if s in text), None)
     if sign is None:
         return None
     driver = spark_conf.get("spark.driver.memory", "1g (Spark's default)")
@@ -2497,7 +2601,7 @@ def build_argument_parser() -> argparse.ArgumentParser:
         prog="merge_job.py", description="Merge pgdecode staged batches into Delta tables, exactly once."
     )
     parser.add_argument("--delta-root", required=True, help="root of the Delta tables (<root>/<schema>/<table>)")
-    parser.add_argument("--batch", action="append", required=True, help="a batch directory; repeat for more")
+    parser.add_argument("--batch", action="append", default=[], help="a batch directory; repeat for more")
     parser.add_argument("--master", default=None, help="Spark master when not given by spark-submit (default local[*])")
     parser.add_argument(
         "--unbounded-numeric",
@@ -2535,6 +2639,20 @@ def build_argument_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="runs with fewer staged changes evaluate Spark expressions interpreted instead of compiling "
         f"generated code (default {DEFAULT_CODEGEN_MIN_CHANGES}; 0: always compile)",
+    )
+    parser.add_argument(
+        "--no-park",
+        action="store_true",
+        help="a table whose Delta table cannot be read or written stops the run instead of being parked",
+    )
+    parser.add_argument(
+        "--parked-table", action="append", default=[], help="schema.table parked by an earlier run (repeatable)"
+    )
+    parser.add_argument(
+        "--catch-up",
+        action="append",
+        default=[],
+        help="an earlier batch the parked tables still need, merged for them only (repeatable)",
     )
     parser.add_argument("--summary-json", default=None, help="also write the summary to this file")
     parser.add_argument("--log-level", default="INFO")
@@ -2586,6 +2704,9 @@ def options_from_args(args: argparse.Namespace) -> MergeOptions:
         numeric_special=args.numeric_special,
         key_range_pruning=not args.no_key_range_pruning,
         codegen_min_changes=args.codegen_min_changes,
+        park=not args.no_park,
+        parked=tuple(args.parked_table),
+        catch_up=tuple(args.catch_up),
     )
 
 
@@ -2665,7 +2786,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from airflow_provider_pgdecode.spark.session import build_spark_session
 
     options = options_from_args(args)
-    spark = build_spark_session(args.master, object_store=uses_object_store(args.batch, args.delta_root))
+    spark = build_spark_session(
+        args.master, object_store=uses_object_store([*args.batch, *args.catch_up], args.delta_root)
+    )
     try:
         code, summary = run_merge_job(spark, args.batch, args.delta_root, options, args.summary_json)
     finally:

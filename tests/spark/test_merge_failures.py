@@ -45,8 +45,12 @@ def test_a_failed_first_merge_leaves_no_delta_table(spark, tmp_path: Path, monke
     batch = write_batch(tmp_path / "staging", SLOT, 10, 200, [orders])
     monkeypatch.setattr(merge_job, first_write, _fail)
     delta_root = tmp_path / "delta"
-    with pytest.raises(Boom):
-        merge_batches(spark, [batch], str(delta_root))
+    # A write Spark refuses while the session works parks the table (docs/merge.md)...
+    parked = merge_batches(spark, [batch], str(delta_root))["tables"]["public.orders"]
+    assert parked["status"] == "parked" and parked["reason"] == "Boom: the first write failed"
+    assert not (delta_root / "public" / "orders").exists()
+    with pytest.raises(Boom):  # ... or, without parking, stops the run
+        merge_batches(spark, [batch], str(delta_root), merge_job.MergeOptions(park=False))
     assert not (delta_root / "public" / "orders").exists()
 
     monkeypatch.undo()  # the same batch merges once the cause is gone
@@ -67,8 +71,7 @@ def test_a_failed_merge_into_an_existing_table_keeps_it(spark, tmp_path: Path, m
         tmp_path / "staging", SLOT, 200, 300, [TableChanges("public", "kept", COLUMNS).update(250, id=1, note="x")]
     )
     monkeypatch.setattr(merge_job, "run_merge", _fail)
-    with pytest.raises(Boom):
-        merge_batches(spark, [second], str(delta_root))
+    assert merge_batches(spark, [second], str(delta_root))["parked"] == ["public.kept"]
     assert [r["id"] for r in spark.read.format("delta").load(str(delta_root / "public" / "kept")).collect()] == [1]
 
 

@@ -163,7 +163,7 @@ def test_a_crash_before_the_commit_leaves_no_table(
 
     monkeypatch.setattr(merge_job, "_create_if_absent", crash)
     with pytest.raises(RuntimeError, match="killed before the commit"):
-        merge_batches(spark, [str(batch.path)], root)
+        merge_batches(spark, [str(batch.path)], root, MergeOptions(park=False))
     placed = [p.name for p in Path(table_path(root)).glob("*.parquet")]
     assert placed, "the parts were placed before the crash"
     assert not (Path(table_path(root)) / "_delta_log").exists()

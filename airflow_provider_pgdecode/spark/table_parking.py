@@ -1,0 +1,67 @@
+"""Which failures park one table instead of stopping the merge (batch/parking.py keeps its place).
+
+A table is parked when its own Delta table cannot be read or written: a damaged ``_delta_log``
+(:class:`~airflow_provider_pgdecode.errors.DeltaTableError`), or a write Spark refuses while the
+session itself still works (a directory it may not write, a disk quota). Nothing of that table is
+written, its staged batches stay where they are, and the merge of the other tables goes on.
+
+Everything else still stops the run before the slot moves: a refusal of the staged changes
+themselves (their way forward re-extracts the unconfirmed range, which confirming would give
+away), a damaged staged part, a session that is gone or out of memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from airflow_provider_pgdecode.batch.manifest import BatchManifest
+from airflow_provider_pgdecode.errors import DeltaTableError, PgDecodeError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+OUT_OF_MEMORY_SIGNS = ("java.lang.OutOfMemoryError", "Java heap space", "GC overhead limit exceeded")
+_REASON_CHARS = 600
+
+
+def catch_up_only(batches: Sequence[BatchManifest], parked: Collection[str]) -> list[BatchManifest]:
+    """Earlier batches given back for the parked tables: each keeps only those tables' entries
+    (the other tables took them when they were first merged), and no quarantine or messages
+    (appended then too)."""
+    out = []
+    for batch in batches:
+        tables = [entry for entry in batch.tables if f"{entry.target[0]}.{entry.target[1]}" in parked]
+        if tables:
+            out.append(replace(batch, tables=tables, quarantine=[], messages=None))
+    return out
+
+
+def session_alive(spark: SparkSession) -> bool:
+    """True when the session still runs a job (so an error was the table's, not the session's)."""
+    try:
+        return spark.range(1).count() == 1
+    except Exception:  # a stopped context, a Connect server gone: the run stops
+        return False
+
+
+def table_problem(spark: SparkSession, error: BaseException) -> bool:
+    """True when ``error``, raised while writing one table, is that table's own problem."""
+    if isinstance(error, DeltaTableError):
+        return True
+    if isinstance(error, PgDecodeError):  # a refusal of the staged changes: the run stops
+        return False
+    text = f"{error}\n{getattr(error, 'java_exception', '')}"
+    if any(sign in text for sign in OUT_OF_MEMORY_SIGNS):
+        return False
+    return session_alive(spark)
+
+
+def reason(error: BaseException) -> str:
+    """One line saying why a table is parked (Spark's errors carry pages of JVM stack)."""
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else type(error).__name__
+    if not isinstance(error, PgDecodeError):
+        first = f"{type(error).__name__}: {first}"
+    return first if len(first) <= _REASON_CHARS else first[: _REASON_CHARS - 1] + "…"
