@@ -95,8 +95,9 @@ def _text(
     )
 
 
-_INFINITIES = "`infinity` / `-infinity` become 9999-12-31 / 0001-01-01"
-_TS_INFINITIES = "`infinity` / `-infinity` become 9999-12-31 23:59:59.999999 / 0001-01-01 00:00:00"
+_KEY_INFINITIES = "in a key column a bad value instead (see below; `type_map` keeps them)"
+_INFINITIES = f"`infinity` / `-infinity` become 9999-12-31 / 0001-01-01, {_KEY_INFINITIES}"
+_TS_INFINITIES = f"`infinity` / `-infinity` become 9999-12-31 23:59:59.999999 / 0001-01-01 00:00:00, {_KEY_INFINITIES}"
 _OUT_OF_RANGE = "BC and past year 9999: a bad value (see below)"
 
 TYPES: tuple[PgType, ...] = (

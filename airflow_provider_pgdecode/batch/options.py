@@ -77,7 +77,8 @@ class TableOptions(BaseModel):
         dimensions; Delta ``string``). See docs/merge.md, "Values the pipeline cannot carry".
     :param type_map: PostgreSQL types of this table kept as the text PostgreSQL printed, each
         mapped to ``string`` (the only target), e.g. ``{"numeric": "string"}`` for numeric values
-        past ``decimal(38,18)`` or NaN keys, ``{"timestamp with time zone": "string"}``. Names
+        past ``decimal(38,18)`` or NaN keys, ``{"date": "string"}`` for ``infinity`` keys (a bad
+        value otherwise), ``{"timestamp with time zone": "string"}``. Names
         as ``format_type`` prints them or their aliases (``timestamptz``), modifiers ignored;
         arrays of a kept type become arrays of text. Applied when the changes are staged and
         recorded in each batch's manifest, so the merge keeps those columns as ``string``. A

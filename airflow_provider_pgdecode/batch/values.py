@@ -25,6 +25,10 @@ from airflow_provider_pgdecode.errors import ValueConversionError
 
 Converter = Callable[[Sequence[Any]], pa.Array]
 
+# What infinity and -infinity become (the ends of Spark's range); in a key column a bad value
+# instead (batch/badvalues.py): clamped, it would be the same Delta row as a key of that value.
+_DATE_MAX = "9999-12-31"
+_DATE_MIN = "0001-01-01"
 _TIMESTAMP_MAX = "9999-12-31 23:59:59.999999"
 _TIMESTAMP_MIN = "0001-01-01 00:00:00"
 _INFINITIES = {
@@ -105,6 +109,43 @@ def bad_values(
     return bad
 
 
+_INFINITY_TEXTS = pa.array(list(_INFINITIES), pa.string())
+# ±infinity as an element of an array literal (PostgreSQL prints it unquoted; quotes allowed).
+_INFINITY_ELEMENT = r'[{,]"?-?infinity"?[,}]'
+
+
+def clamped_infinities(
+    pg_type: str, values: pa.Array, staging: typemap.Staging = typemap.DEFAULT_STAGING
+) -> pa.Array | None:
+    """Which values of a text column staging clamps from ``infinity`` / ``-infinity`` to an end of
+    Spark's range (a column staged as a date or a timestamp, or a list of them where an element
+    is one): a boolean mask, or ``None`` when there is none. A type the table's ``type_map``
+    keeps as text, or arrays staged as JSON, keep the text: nothing is clamped there."""
+    target = arrow_type(pg_type, staging)
+    element = target.value_type if pa.types.is_list(target) else None
+    temporal = element if element is not None else target
+    if not (pa.types.is_date(temporal) or pa.types.is_timestamp(temporal)):
+        return None
+    text = _as_text(values)
+    if text.null_count == len(text):
+        return None
+    if element is None:
+        mask = pc.is_in(text, value_set=_INFINITY_TEXTS)
+    else:
+        mask = pc.match_substring_regex(text, _INFINITY_ELEMENT)
+    mask = pc.fill_null(mask, False)
+    return mask if pc.any(mask).as_py() else None
+
+
+def infinity_bounds(pg_type: str) -> tuple[str, str]:
+    """What ``infinity`` and ``-infinity`` of a date or timestamp type (or of an array of one) are
+    clamped to outside a key column, as text: ``(max, min)`` (docs/merge.md, "Type mapping")."""
+    element = typemap.array_element(pg_type) or pg_type
+    if pa.types.is_date(arrow_type(element)):
+        return _DATE_MAX, _DATE_MIN
+    return _TIMESTAMP_MAX, _TIMESTAMP_MIN
+
+
 def _convert_to(target: pa.DataType, values: Sequence[Any]) -> pa.Array:
     if pa.types.is_list(target):
         return _convert_array(target.value_type, values)
@@ -178,7 +219,7 @@ def _convert_temporal(values: Sequence[Any], target: pa.DataType) -> pa.Array:
         bound = _INFINITIES.get(value)
         if bound is not None:
             if pa.types.is_date(target):
-                fixed.append("9999-12-31" if bound == "max" else "0001-01-01")
+                fixed.append(_DATE_MAX if bound == "max" else _DATE_MIN)
             else:
                 zone = "+00" if target.tz else ""
                 fixed.append((_TIMESTAMP_MAX if bound == "max" else _TIMESTAMP_MIN) + zone)
@@ -439,7 +480,9 @@ def _jsonable(value: Any) -> Any:
 __all__ = [
     "arrow_type",
     "bad_values",
+    "clamped_infinities",
     "convert_column",
+    "infinity_bounds",
     "json_value",
     "parse_array_literal",
     "parse_array_nested",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from airflow_provider_pgdecode.batch.badvalues import StagedValues, stage_values
+from airflow_provider_pgdecode.batch.badvalues import ClampedValue, StagedValues, stage_values
 from airflow_provider_pgdecode.batch.format import (
     CHANGE_LSN,
     COMMIT_LSN,
@@ -62,11 +62,20 @@ class _TableBuffer:
     """The rows of one table waiting to be written, plus the table's running totals."""
 
     def __init__(
-        self, schema: str, table: str, directory: Path, part_rows: int, options: TableOptions = DEFAULT_OPTIONS
+        self,
+        schema: str,
+        table: str,
+        directory: Path,
+        part_rows: int,
+        options: TableOptions = DEFAULT_OPTIONS,
+        key: Collection[str] | None = None,
     ) -> None:
         self.schema = schema
         self.table = table
         self.options = options
+        self.key = key  # the key columns (stage_values' key); None: unknown here
+        #: per column, the first ±infinity staged clamped while the key was unknown
+        self.clamped: dict[str, ClampedValue] = {}
         self.relpath = table_path(schema, table)
         self.directory = directory / self.relpath
         self.quarantine_relpath = quarantine_path(schema, table)
@@ -131,7 +140,9 @@ class _TableBuffer:
                 new.append((name, pg_type, pa.array(column, pa.string())))
                 self.all_columns[name] = pg_type
         old_fields, has_old = self._old_fields(olds)  # after the values: new-tuple columns come first
-        staged = stage_values(self.schema, self.table, self.options, columns, new, old_fields, has_old)
+        staged = stage_values(self.schema, self.table, self.options, columns, new, old_fields, has_old, self.key)
+        for name, value in staged.clamped.items():
+            self.clamped.setdefault(name, value)
         if staged.keep is not None:
             columns = {name: pc.filter(array, staged.keep) for name, array in columns.items()}
             has_old = [h for h, k in zip(has_old, staged.keep.to_pylist()) if k]
@@ -304,6 +315,11 @@ class BatchWriter:
     :param table_options: per-table options by ``(schema, table)``; others take the defaults.
     :param identities: each table's replica identity as the catalog states it, by
         ``(schema, table)``, for the error about a change without row data.
+    :param keys: each table's key columns (:meth:`Catalog.table_key`) by ``(schema, table)``, as
+        the catalog stated them when the extract began: ``infinity`` / ``-infinity`` in a date or
+        timestamp key column is a bad value (``on_bad_value`` applies), never clamped into another
+        key. A table not in it (``keys`` not given, a table created or renamed since) is staged
+        with them clamped and named in :meth:`clamped_values`, for the check once its key is known.
     """
 
     def __init__(
@@ -314,9 +330,11 @@ class BatchWriter:
         *,
         table_options: Mapping[tuple[str, str], TableOptions] | None = None,
         identities: Mapping[tuple[str, str], str] | None = None,
+        keys: Mapping[tuple[str, str], Collection[str]] | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.identities = dict(identities or {})
+        self.keys = dict(keys or {})
         self.include = include
         self.part_rows = part_rows
         self.table_options = dict(table_options or {})
@@ -346,11 +364,24 @@ class BatchWriter:
             if self.include is not None and not self.include(schema, table):
                 self._excluded.add(key)
                 return None
+            options = options_for(self.table_options, schema, table)
             buffer = self._tables[key] = _TableBuffer(
-                schema, table, self.directory, self.part_rows, options_for(self.table_options, schema, table)
+                schema, table, self.directory, self.part_rows, options, self.staging_key(schema, table, options)
             )
             buffer.append_only = buffer.options.mode == "append_only"
         return buffer
+
+    def staging_key(self, schema: str, table: str, options: TableOptions) -> Collection[str] | None:
+        """The key columns checked at staging (``stage_values``' ``key``): none for a table loaded
+        ``append_only`` (appended, never matched), ``None`` for a table whose key is not known."""
+        if options.mode == "append_only":
+            return ()
+        return self.keys.get((schema, table))
+
+    def clamped_values(self) -> dict[tuple[str, str], dict[str, ClampedValue]]:
+        """Per table whose key was not known at staging, per column, the first ±infinity staged
+        clamped (after :meth:`close`)."""
+        return {name: dict(buffer.clamped) for name, buffer in self._tables.items() if buffer.clamped}
 
     def add_transaction(self, txn: Transaction) -> None:
         staged = 0

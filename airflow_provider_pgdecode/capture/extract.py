@@ -27,6 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from airflow_provider_pgdecode.batch.badvalues import ClampedValue, clamped_key_error
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, batch_dir_name
 from airflow_provider_pgdecode.batch.options import (
@@ -244,6 +245,8 @@ def extract_batch(
         excluded_names: set[tuple[str, str]] = set()
         include = None if include_pairs is None else _recording_include(include_pairs, excluded_names, later_tables)
         identities = {(t.schema, t.table): t.describe_identity() for t in source_tables(Catalog(conn))}
+        # Each table's key, read once: ±infinity in a date or timestamp key column is a bad value at staging.
+        keys = {name: key.columns for name, key in Catalog(conn).table_keys().items()}
         # Chunk placement needs to see each transaction: the Python path while chunks are staged.
         fast = _native_module(native, parser) if snapshotter is None or not snapshotter.chunks else None
         floor = snapshotter.high_watermark() if snapshotter is not None else None
@@ -261,7 +264,9 @@ def extract_batch(
                 drop_origins=origin_dropped_by_client(plugin, origin, slots.server_version_num()),
             )
             choose_memory_pool()
-            writer = BatchWriter(tmp, include, part_rows, table_options=options_by_table, identities=identities)
+            writer = BatchWriter(
+                tmp, include, part_rows, table_options=options_by_table, identities=identities, keys=keys
+            )
             cut = BatchCut(bounds, start_lsn, assembler, floor) if bounds.bounded else None
             log.info(
                 "Extracting slot %s from %s up to %s%s",
@@ -391,6 +396,7 @@ def extract_batch(
         )
         tables_staged = followed.tables
         _describe_tables(Catalog(conn), tables_staged, options_by_table, followed.current)
+        _check_clamped_keys(tables_staged, writer.clamped_values())
         check_append_only(tmp, tables_staged)
         still_pending = assembler.pending()
         prepared_entries = writer.save_prepared(still_pending)
@@ -670,6 +676,21 @@ def _describe_tables(
         missing = _generated_not_staged(schema, table, live.values(), {c.name for c in summary.columns}, full_rows)
         if missing:
             summary.generated_not_staged = missing
+
+
+def _check_clamped_keys(
+    tables: list[TableSummary], clamped: Mapping[tuple[str, str], Mapping[str, ClampedValue]]
+) -> None:
+    """Refuse a batch in which ±infinity was staged clamped in a key column of a table whose key
+    the writers did not know (created or renamed after the extract read the keys): clamped, two
+    source keys would become one Delta row."""
+    for summary in tables:
+        found = clamped.get((summary.schema, summary.table))
+        if not found or summary.mode == "append_only":
+            continue
+        for column in summary.key:
+            if column in found:
+                raise clamped_key_error(summary.schema, summary.table, found[column], summary.key)
 
 
 def _missing_value(summary: TableSummary, column: str, pg_type: str, text: str, staging: Staging) -> Any:

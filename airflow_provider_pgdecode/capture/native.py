@@ -73,7 +73,7 @@ import importlib
 import logging
 import os
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -83,7 +83,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from airflow_provider_pgdecode.batch.badvalues import stage_values
+from airflow_provider_pgdecode.batch.badvalues import ClampedValue, stage_values
 from airflow_provider_pgdecode.batch.format import (
     COMMIT_LSN,
     METADATA_PREFIX,
@@ -178,12 +178,19 @@ class _Table:
         "quarantine_files",
         "quarantined",
         "quarantined_ops",
+        "key",
+        "clamped",
     )
 
-    def __init__(self, schema: str, table: str, root: Path, options: TableOptions) -> None:
+    def __init__(
+        self, schema: str, table: str, root: Path, options: TableOptions, key: Collection[str] | None = None
+    ) -> None:
         self.schema = schema
         self.table = table
         self.options = options
+        self.key = key  # the key columns (stage_values' key); None: unknown here
+        #: per column, the first ±infinity staged clamped while the key was unknown
+        self.clamped: dict[str, ClampedValue] = {}
         self.relpath = table_path(schema, table)
         self.directory = root / self.relpath
         self.files: list[str] = []
@@ -314,13 +321,19 @@ class NativeWriter:
         table = self._tables.get(tid)
         if table is None:
             info = self.reader.table_info(tid)
+            options = options_for(self.writer.table_options, info["schema"], info["table"])
             table = self._tables[tid] = _Table(
                 info["schema"],
                 info["table"],
                 self.directory,
-                options_for(self.writer.table_options, info["schema"], info["table"]),
+                options,
+                self.writer.staging_key(info["schema"], info["table"], options),
             )
         return table
+
+    def clamped_values(self) -> dict[tuple[str, str], dict[str, ClampedValue]]:
+        """As :meth:`BatchWriter.clamped_values` (after :meth:`close`)."""
+        return {(t.schema, t.table): dict(t.clamped) for t in self._tables.values() if t.clamped}
 
     def flush_all(self, flushes: Iterable[tuple[int, int]]) -> None:
         for tid, rows in flushes:
@@ -402,7 +415,9 @@ class NativeWriter:
         fields = sorted(b["old"], key=lambda f: (order.get(f[0], len(order)), f[0]))
         old_fields = [(name, pg_type, _text(n, parts)) for name, pg_type, parts in fields]
         has_old = pc.not_equal(pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(b["has_old"])]), 0)
-        staged = stage_values(state.schema, state.table, state.options, columns, new, old_fields, has_old)
+        staged = stage_values(state.schema, state.table, state.options, columns, new, old_fields, has_old, state.key)
+        for name, value in staged.clamped.items():
+            state.clamped.setdefault(name, value)  # parts are converted one at a time, in order
         if staged.keep is not None:
             columns = {name: pc.filter(array, staged.keep) for name, array in columns.items()}
             has_old = pc.filter(has_old, staged.keep)

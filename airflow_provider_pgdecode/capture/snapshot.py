@@ -265,6 +265,11 @@ class _TablePlan:
         return table_path(self.schema, self.table)
 
     @property
+    def matched_by(self) -> list[str]:
+        """The key columns the merge matches rows by: none for a table loaded ``append_only``."""
+        return [] if self.mode == "append_only" else self.key
+
+    @property
     def chunks(self) -> int:
         return int(self.state["chunks"])
 
@@ -850,7 +855,17 @@ def _copy_chunk(
         with copy_pages_csv(conn, plan.schema, plan.table, names, *pages) as copy:
             for texts, count in _read_csv(copy, names, chunk_rows):
                 table = _part_table(
-                    plan.columns, texts, count, lsn, seq_start + rows, False, plan.name, schema, plan.options, specials
+                    plan.columns,
+                    texts,
+                    count,
+                    lsn,
+                    seq_start + rows,
+                    False,
+                    plan.name,
+                    schema,
+                    plan.options,
+                    specials,
+                    plan.matched_by,
                 )
                 if writer is None:
                     writer = pq.ParquetWriter(part, schema, **PARQUET_OPTIONS)
@@ -966,12 +981,14 @@ def _part_table(
     schema: pa.Schema | None = None,
     options: TableOptions = DEFAULT_OPTIONS,
     specials: dict[str, int] | None = None,
+    key: Collection[str] = (),
 ) -> pa.Table:
     """Rows of one part in the layout of batch/writer.py: op I rows (after an op T row).
 
     ``_pg_seq`` is 0 for the TRUNCATE, then ``seq_start``, ``seq_start + 1``, ... (capped at
     int32: each key occurs once in a snapshot, so only the order against the TRUNCATE matters).
-    Numeric NaN/Infinity staged as null in a decimal column are added to ``specials``.
+    Numeric NaN/Infinity staged as null in a decimal column are added to ``specials``. ``key``:
+    the columns the table is matched by, where ±infinity is a bad value (not clamped).
     """
     schema = schema or _part_schema(columns, options.staging)
     count = rows + (1 if leading_truncate else 0)
@@ -996,7 +1013,9 @@ def _part_table(
     for column, text in zip(columns, texts):
         if leading_truncate:
             text = pa.concat_arrays([pa.nulls(1, pa.string()), text.cast(pa.string())])
-        value = convert_snapshot_column(where, column.name, column.type_name, text, options, int(lsn))
+        value = convert_snapshot_column(
+            where, column.name, column.type_name, text, options, int(lsn), key=column.name in key
+        )
         decimal = _decimal_type(column, options.staging)
         if decimal is not None:
             value, nulled = _as_decimal(value, decimal)

@@ -59,7 +59,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -577,7 +577,7 @@ class TableSnapshotter:
             {"request": request.id, "table": f"{schema}.{table}", "chunk": tstate["chunks"], "mark": "high"}
         )
         path = self._next_part(schema, table)
-        _write_chunk(path, columns, rows, high, options=self._options(schema, table))
+        _write_chunk(path, columns, rows, high, options=self._options(schema, table), key=key.columns)
         keys: dict[tuple[str | None, ...], list[int]] = {}
         for n, r in enumerate(rows):
             keys.setdefault(tuple(r[i] for i in key_index), []).append(n)
@@ -799,8 +799,10 @@ def _write_chunk(
     lsn: Lsn,
     truncate: bool = False,
     options: tuple[str, TableOptions] | None = None,
+    key: Sequence[str] = (),
 ) -> None:
-    """A part in the layout of batch/writer.py: op I rows at ``lsn`` (or one op T row)."""
+    """A part in the layout of batch/writer.py: op I rows at ``lsn`` (or one op T row). ``key``: the
+    columns the table is matched by, where ±infinity is a bad value (not clamped)."""
     count = 1 if truncate else len(rows)
     lsns = pa.array([int(lsn)] * count, pa.int64())
     nulls = [None] * count
@@ -809,7 +811,13 @@ def _write_chunk(
         values = [None] if truncate else [row[index] for row in rows]
         where, table_options = options if options is not None else (path.parent.name, DEFAULT_OPTIONS)
         data[column.name] = convert_snapshot_column(
-            where, column.name, column.type_name, pa.array(values, pa.string()), table_options, int(lsn)
+            where,
+            column.name,
+            column.type_name,
+            pa.array(values, pa.string()),
+            table_options,
+            int(lsn),
+            key=column.name in key and table_options.mode != "append_only",
         )
     _write_table(path, pa.table(data))
 

@@ -9,9 +9,9 @@ Schema and table names are passed as query parameters, or composed as identifier
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -21,6 +21,8 @@ from airflow_provider_pgdecode.errors import CatalogError
 from airflow_provider_pgdecode.postgres.session import pin_settings
 
 ReplicaIdentityKind = Literal["default", "nothing", "full", "index"]
+
+_T = TypeVar("_T")
 
 _RELREPLIDENT: dict[str, ReplicaIdentityKind] = {"d": "default", "n": "nothing", "f": "full", "i": "index"}
 
@@ -82,6 +84,11 @@ class TableKey:
     def unique(self) -> bool:
         """Whether PostgreSQL enforces the key's uniqueness (and NOT NULL): not so for all columns."""
         return self.source != "all columns"
+
+
+def _given(value: _T) -> Callable[[], _T]:
+    """A lookup whose answer is known already (:meth:`Catalog.table_keys` read it in bulk)."""
+    return lambda: value
 
 
 class Catalog:
@@ -194,12 +201,71 @@ class Catalog:
         could not be added or re-snapshotted (and the merge refuses a key that changes).
         """
         oid, _, replident = self._relation(schema, table)
+        return self._key_of(
+            schema,
+            table,
+            replident,
+            self._index_columns(oid, "i.indisprimary")[1],
+            lambda: self._index_columns(oid, "i.indisreplident"),
+            lambda: [row[0] for row in self._columns(oid)],
+        )
+
+    def table_keys(
+        self, exclude_schemas: Sequence[str] = ("pg_catalog", "information_schema", "pg_toast")
+    ) -> dict[tuple[str, str], TableKey]:
+        """:meth:`table_key` of every ordinary and partitioned table that has one (as
+        :func:`source_tables` lists them), in one query: what the extract's writers stage keys by."""
+        columns = (
+            "ARRAY(SELECT a.attname::text FROM pg_index i"
+            " CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)"
+            " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+            " WHERE i.indrelid = c.oid AND {} AND k.ord <= i.indnkeyatts ORDER BY k.ord)"
+        )
+        rows = self._all(
+            "SELECT n.nspname::text, c.relname::text, c.relreplident::text,"
+            f" {columns.format('i.indisprimary')},"
+            " (SELECT ic.relname::text FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid"
+            "  WHERE i.indrelid = c.oid AND i.indisreplident LIMIT 1),"
+            f" {columns.format('i.indisreplident')},"
+            " CASE WHEN c.relreplident = 'f' THEN ARRAY(SELECT a.attname::text FROM pg_attribute a"
+            "  WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum) END"
+            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE c.relkind IN ('r', 'p') AND c.relpersistence <> 't'"
+            " AND n.nspname <> ALL(%s::text[])"
+            " AND n.nspname NOT LIKE 'pg\\_temp\\_%%' AND n.nspname NOT LIKE 'pg\\_toast\\_temp\\_%%'",
+            (list(exclude_schemas),),
+        )
+        keys = {}
+        for schema, table, replident, primary, index_name, index_columns, all_columns in rows:
+            try:
+                keys[(schema, table)] = self._key_of(
+                    schema,
+                    table,
+                    replident,
+                    list(primary),
+                    _given((index_name, list(index_columns))),
+                    _given(list(all_columns or ())),
+                )
+            except CatalogError:
+                continue  # no usable key: the extract refuses the table, or loads it append_only
+        return keys
+
+    def _key_of(
+        self,
+        schema: str,
+        table: str,
+        replident: str,
+        primary: list[str],
+        identity_index: Callable[[], tuple[str | None, list[str]]],
+        all_columns: Callable[[], list[str]],
+    ) -> TableKey:
+        """:meth:`table_key`'s rule over what the catalog says of the table: its ``relreplident``,
+        primary key columns, replica identity index (name, columns) and live columns."""
         kind = _RELREPLIDENT.get(replident)
         if kind is None:
             raise CatalogError(f"table {schema!r}.{table!r} has unknown relreplident {replident!r}")
-        primary = self._index_columns(oid, "i.indisprimary")[1]
         if primary:
-            if kind == "index" and self._index_columns(oid, "i.indisreplident")[0] is None:
+            if kind == "index" and identity_index()[0] is None:
                 kind = "nothing"  # the index was dropped: PostgreSQL then behaves as NOTHING
             if kind == "nothing":
                 raise CatalogError(
@@ -211,12 +277,12 @@ class Catalog:
                 )
             return TableKey(tuple(primary), kind, "primary key")
         if kind == "index":
-            index_name, columns = self._index_columns(oid, "i.indisreplident")
+            index_name, columns = identity_index()
             if index_name is not None:
                 return TableKey(tuple(columns), kind, "replica identity index")
             kind = "nothing"  # the index was dropped: PostgreSQL then behaves as NOTHING
         if kind == "full":
-            return TableKey(tuple(row[0] for row in self._columns(oid)), kind, "all columns")
+            return TableKey(tuple(all_columns()), kind, "all columns")
         raise CatalogError(
             f"table {schema}.{table} has no primary key and REPLICA IDENTITY {kind.upper()}: its rows cannot be "
             "matched in Delta. Add a primary key (or a unique index with REPLICA IDENTITY USING INDEX), or set "

@@ -114,3 +114,97 @@ def test_json_arrays_stage_any_dimension(tmp_path) -> None:
     (summary,), _ = writer.close()
     assert [c.arrow for c in summary.columns if c.name == "tags"] == ["string"]
     assert [r["tags"] for r in read(tmp_path, summary)] == ["[[1,2],[3,null]]", "[1,2]"]
+
+
+def keyed_writer(tmp_path, key: tuple[str, ...] | None, **options) -> BatchWriter:
+    table_options = {("public", "readings"): TableOptions(**options)}
+    keys = None if key is None else {("public", "readings"): key}
+    return BatchWriter(tmp_path, table_options=table_options, keys=keys)
+
+
+def test_an_infinite_key_is_a_bad_value_and_elsewhere_clamped(tmp_path) -> None:
+    """``infinity`` in a key column (new tuple, old key, an array's element) is routed by
+    ``on_bad_value``; in a column outside the key it is clamped, as documented (issue 35)."""
+    writer = keyed_writer(tmp_path, ("id", "day", "tags"), on_bad_value="quarantine")
+    tags = ("id", "day", "tags", "note")
+    types = ("integer", "date", "date[]", "text")
+    changes = [
+        Change(
+            Lsn(11),
+            7,
+            Operation.INSERT,
+            "public",
+            "readings",
+            None,
+            RowImage(tags, types, ("1", "infinity", "{2024-01-01}", "")),
+        ),
+        Change(
+            Lsn(12),
+            7,
+            Operation.INSERT,
+            "public",
+            "readings",
+            None,
+            RowImage(tags, types, ("2", "9999-12-31", "{infinity}", "")),
+        ),
+        Change(
+            Lsn(13),
+            7,
+            Operation.INSERT,
+            "public",
+            "readings",
+            None,
+            RowImage(tags, types, ("3", "9999-12-31", "{9999-12-31}", "")),
+        ),
+        Change(
+            Lsn(14),
+            7,
+            Operation.DELETE,
+            "public",
+            "readings",
+            RowImage(("id", "day"), ("integer", "date"), ("1", "-infinity")),
+            None,
+        ),
+    ]
+    writer.add_transaction(transaction(100, changes))
+    (summary,), _ = writer.close()
+    assert [(r["id"], str(r["day"])) for r in read(tmp_path, summary)] == [(3, "9999-12-31")]
+    (entry,) = writer.quarantine
+    rows = pq.read_table(tmp_path / entry["path"] / entry["files"][0]).to_pylist()
+    assert [(r["source_column"], r["value"]) for r in rows] == [
+        ("day", "infinity"),
+        ("tags", "{infinity}"),
+        ("_pg_old.day", "-infinity"),
+    ]
+    assert "the key 9999-12-31" in rows[0]["reason"] and "holds infinity or -infinity" in rows[1]["reason"]
+    assert "the key 0001-01-01" in rows[2]["reason"]
+
+    # Not a key column: clamped. A table loaded append_only is never matched: clamped in its key too.
+    for key, options in ((("id",), {}), (("id", "day"), {"mode": "append_only"})):
+        directory = tmp_path / str(len(key))
+        writer = keyed_writer(directory, key, **options)
+        writer.add_transaction(transaction(100, [row(Operation.INSERT, 11, ("1", "infinity", None, ""))]))
+        (summary,), _ = writer.close()
+        assert [str(r["day"]) for r in read(directory, summary)] == ["9999-12-31"]
+        assert not writer.quarantine and not writer.clamped_values()
+
+
+def test_fail_on_an_infinite_timestamptz_key_names_the_type_map_and_an_unknown_key_is_recorded(tmp_path) -> None:
+    names, types = ("at", "note"), ("timestamp with time zone", "text")
+    change = Change(
+        Lsn(11), 7, Operation.INSERT, "public", "readings", None, RowImage(names, types, ("-infinity", "x"))
+    )
+    writer = keyed_writer(tmp_path / "known", ("at",))
+    writer.add_transaction(transaction(100, [change]))
+    with pytest.raises(ValueConversionError) as err:
+        writer.close()
+    message = str(err.value)
+    assert "column 'at' (timestamp with time zone) of the change at LSN 0/B" in message
+    assert "'-infinity' in a key column" in message and "the key 0001-01-01 00:00:00" in message
+    assert '{"public.readings": {"type_map": {"timestamptz": "string"}}}' in message
+
+    writer = keyed_writer(tmp_path / "unknown", None)
+    writer.add_transaction(transaction(100, [change]))
+    writer.close()
+    (clamped,) = writer.clamped_values()[("public", "readings")].values()
+    assert (clamped.column, clamped.value, clamped.change_lsn, clamped.commit_lsn) == ("at", "-infinity", 11, 100)

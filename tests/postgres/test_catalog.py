@@ -541,3 +541,36 @@ def test_tables_with_primary_key(pg_conn, catalog, schema) -> None:
     # exclude_schemas replaces the default list.
     assert all(s != schema for s, _ in catalog.tables_with_primary_key(exclude_schemas=[schema]))
     assert any(s == "pg_catalog" for s, _ in catalog.tables_with_primary_key(exclude_schemas=[]))
+
+
+def test_table_keys_reads_every_table_key_at_once_by_the_same_rule(pg_conn, catalog, schema) -> None:
+    """The extract's writers stage keys by :meth:`Catalog.table_keys` (issue 35): one query, the
+    same key as :meth:`Catalog.table_key` for each table, none for a table without one."""
+    run(
+        pg_conn,
+        schema,
+        """
+        CREATE TABLE pk (a int, b text, c int, PRIMARY KEY (c, a));
+        CREATE TABLE pk_full (a int PRIMARY KEY, b text); ALTER TABLE pk_full REPLICA IDENTITY FULL;
+        CREATE TABLE pk_nothing (a int PRIMARY KEY); ALTER TABLE pk_nothing REPLICA IDENTITY NOTHING;
+        CREATE TABLE by_index (a int, b int NOT NULL, c int NOT NULL, d text);
+        CREATE UNIQUE INDEX by_index_cb ON by_index (c, b) INCLUDE (d);
+        ALTER TABLE by_index REPLICA IDENTITY USING INDEX by_index_cb;
+        CREATE TABLE dropped (a int PRIMARY KEY, b int NOT NULL); CREATE UNIQUE INDEX dropped_b ON dropped (b);
+        ALTER TABLE dropped REPLICA IDENTITY USING INDEX dropped_b; DROP INDEX dropped_b;
+        CREATE TABLE full_rows (a int, gone int, b text); ALTER TABLE full_rows DROP COLUMN gone;
+        ALTER TABLE full_rows REPLICA IDENTITY FULL;
+        CREATE TABLE keyless (a int);
+        CREATE TABLE parted (d date PRIMARY KEY) PARTITION BY RANGE (d);
+        CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM ('2024-01-01') TO ('2025-01-01')""",
+    )
+    keys = {table: key for (s, table), key in catalog.table_keys().items() if s == schema}
+    expected = {}
+    for table in ("pk", "pk_full", "pk_nothing", "by_index", "dropped", "full_rows", "keyless", "parted", "parted_1"):
+        try:
+            expected[table] = catalog.table_key(schema, table)
+        except CatalogError:
+            continue
+    assert keys == expected
+    assert sorted(keys) == ["by_index", "full_rows", "parted", "parted_1", "pk", "pk_full"]
+    assert keys["full_rows"].columns == ("a", "b") and keys["by_index"].columns == ("c", "b")

@@ -1,7 +1,8 @@
 """A table's ``type_map`` option, from PostgreSQL through staging into Delta: numeric kept as the
 text PostgreSQL printed carries what a decimal cannot (NaN and Infinity, a NaN key beside others,
 values past decimal(38,18)), through a snapshot and incremental batches of both plugins and both
-writers, and the other tables keep their native types (issue 35)."""
+writers, and the other tables keep their native types; a date or timestamp key ``infinity`` beside
+``9999-12-31`` stays two Delta rows, quarantined or kept as text (issue 35)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.capture.native import load_native
 from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot, stage_snapshot
 from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.errors import ValueConversionError
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
 from tests.capture.test_native import assert_same_batches
 from tests.conftest import two_plugin_source
@@ -145,3 +147,37 @@ def test_a_nan_key_is_refused_by_name_and_the_advice_followed_lands_it(pg_conn, 
         == source_rows(c, "tm_prices")
         == [("1", "2", None, None), ("NaN", "3", None, None)]
     )
+
+
+@pytest.fixture()
+def infinite_keys(pg_conn, slot_name):
+    with two_plugin_source(
+        pg_conn, slot_name, PUBLICATION, ["tm_days"], "create table tm_days (d date primary key, note text)"
+    ) as slot:
+        yield slot
+
+
+def test_an_infinite_key_and_the_key_it_would_be_clamped_to_stay_two_delta_rows(
+    pg_conn, infinite_keys, spark, tmp_path
+):
+    c = pg_conn
+    c.execute(
+        "insert into tm_days values ('infinity', 'inf'), ('9999-12-31', 'max'), ('-infinity', '-inf'), ('0001-01-01', 'min')"
+    )
+    c.execute("delete from tm_days where d = 'infinity'")  # PostgreSQL keeps 9999-12-31
+    c.execute("update tm_days set note = 'max, later' where d = '9999-12-31'")
+    upto = Lsn.parse(str(c.execute("select pg_current_wal_flush_lsn()").fetchone()[0]))
+    staging, root = tmp_path / "staging", str(tmp_path / "delta")
+
+    # Refused at staging under the default on_bad_value (tests/capture/test_infinite_keys.py: the
+    # wording, quarantine, timestamps): clamped, the two keys would become one Delta row.
+    with pytest.raises(ValueConversionError, match="'infinity' in a key column"):
+        extract_batch(c, infinite_keys, staging, upto_lsn=upto, tables=["public.tm_days"])
+
+    # The way forward the reason names: the same range staged with type_map lands every key, distinct.
+    options = {"public.tm_days": {"type_map": {"date": "string"}}}
+    batch = extract_batch(c, infinite_keys, staging, upto_lsn=upto, tables=["public.tm_days"], table_options=options)
+    merge_batches(spark, [str(batch.path)], root)
+    delta = sorted((r["d"], r["note"]) for r in spark.read.format("delta").load(f"{root}/public/tm_days").collect())
+    postgres = sorted(tuple(r) for r in c.execute("select d::text, note from tm_days").fetchall())
+    assert delta == postgres == [("-infinity", "-inf"), ("0001-01-01", "min"), ("9999-12-31", "max, later")]
