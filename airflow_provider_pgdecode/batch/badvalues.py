@@ -354,7 +354,8 @@ def clamped_key_error(schema: str, table: str, clamped: ClampedValue, key: Seque
         f"{Lsn(clamped.change_lsn)} ({transaction}commit LSN {Lsn(clamped.commit_lsn)}): {bad.reason}. The "
         f"table's key ({', '.join(key)}) was not known when its changes were staged (the table was created or "
         "renamed after the extract read the keys), so the table's on_bad_value could not apply. Ways forward: run "
-        f"the extract again, which reads the keys anew; or {_fix_for(name, bad)}; or leave the table out of the "
+        "the extract again, which reads the keys anew (enough for a table created since, not for changes staged "
+        f"under a name the table no longer has); or {_fix_for(name, bad)}; or leave the table out of the "
         "pipeline's tables. Nothing was published and the slot was not advanced."
     )
 
