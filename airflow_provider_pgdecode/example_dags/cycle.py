@@ -208,6 +208,8 @@ def build_cycle(
         heartbeat=True,  # an idle database's slot keeps advancing
         publication=src.publication,  # pgoutput: what the probe for pending changes reads with
         max_stalled_runs=3,  # changes pending, nothing extracted through 3 runs: fail, whatever the cause
+        staging_root="{{ params.staging_uri }}",  # a parked table fails the check (docs/merge.md)
+        storage_conn_id="{{ params.storage_conn_id }}",
         poke_interval=30,
         timeout=120,
     )

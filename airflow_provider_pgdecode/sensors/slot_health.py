@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_provider_pgdecode.batch.parking import read_parked
 from airflow_provider_pgdecode.errors import SlotError, SlotInUseError
+from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
@@ -88,9 +91,24 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
         changes). (templated)
     :param max_stalled_runs: fail when changes stayed pending, unextracted, at the slot's confirmed
         position through more consecutive runs of this check than this; ``None``: no such check.
+    :param staging_root: the slot's staging root: its parked tables (docs/merge.md, "Parked
+        tables") are named in the log and the XCom (``parked_tables``), and the check fails when
+        one has stayed parked through more merge runs than ``max_parked_runs``; empty: not
+        checked. (templated)
+    :param storage_conn_id: the Airflow ``aws`` connection of an ``s3://`` staging root. (templated)
+    :param max_parked_runs: the merge runs a table may stay parked before the check fails (``0``:
+        fail while any table is parked).
     """
 
-    template_fields: Sequence[str] = ("slot_name", "postgres_conn_id", "plugin", "heartbeat_prefix", "publication")
+    template_fields: Sequence[str] = (
+        "slot_name",
+        "postgres_conn_id",
+        "plugin",
+        "heartbeat_prefix",
+        "publication",
+        "staging_root",
+        "storage_conn_id",
+    )
     ui_color = "#f7e3d9"
 
     def __init__(
@@ -104,6 +122,9 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
         heartbeat_prefix: str = DEFAULT_HEARTBEAT_PREFIX,
         publication: str | None = None,
         max_stalled_runs: int | None = None,
+        staging_root: str | None = None,
+        storage_conn_id: str | None = None,
+        max_parked_runs: int = 0,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("poke_interval", 0)
@@ -117,6 +138,9 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
         self.heartbeat_prefix = heartbeat_prefix
         self.publication = publication
         self.max_stalled_runs = max_stalled_runs
+        self.staging_root = staging_root
+        self.storage_conn_id = storage_conn_id
+        self.max_parked_runs = max_parked_runs
 
     def poke(self, context: Context) -> PokeReturnValue:
         name = self.slot_name
@@ -142,6 +166,7 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
                 _size(self.max_lag_bytes),
                 other.slot_name,
             )
+        parked = self._check_parked()
         lag = info.lag_bytes or 0
         if self.max_lag_bytes is not None and lag > self.max_lag_bytes:
             raise AirflowException(
@@ -169,8 +194,35 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
                 "idle_slots": [other.slot_name for other in idle],
                 "pending_changes": None if probe is None else probe.changes,
                 "stalled_runs": stalled,
+                "parked_tables": parked,
             },
         )
+
+    def _check_parked(self) -> dict[str, Any]:
+        """The slot's parked tables (named in the log); fails when one stayed parked too long."""
+        if not self.staging_root:
+            return {}
+        with fail_fast():
+            parked = read_parked(storage_for(str(self.staging_root), self.storage_conn_id), self.slot_name)
+        for name, entry in sorted(parked.items()):
+            self.log.warning(
+                "table %s is parked since LSN %s (%s, %d merge run(s)): %s. Its changes wait in the staged batches; "
+                "fix the cause and the next merge applies them (docs/merge.md, Parked tables)",
+                name,
+                entry.since_lsn,
+                entry.parked_at,
+                entry.runs,
+                entry.reason,
+            )
+        overdue = sorted(name for name, entry in parked.items() if entry.runs > self.max_parked_runs)
+        if overdue:
+            raise AirflowException(
+                f"slot {self.slot_name!r}: table(s) {', '.join(overdue)} parked through more than "
+                f"{self.max_parked_runs} merge run(s) (max_parked_runs): their changes are not in Delta; every other "
+                f"table flows. Reasons: {'; '.join(f'{n}: {parked[n].reason}' for n in overdue)}. Fix the cause and "
+                "the next merge applies their kept changes in order"
+            )
+        return {name: asdict(entry) for name, entry in parked.items()}
 
     def _check_state(self, info: SlotInfo) -> None:
         name = info.slot_name

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pytest
+from airflow.sdk.exceptions import AirflowException
 from deltalake import DeltaTable, QueryBuilder
 
 from airflow_provider_pgdecode.batch.manifest import list_batches
@@ -23,6 +24,7 @@ from airflow_provider_pgdecode.operators import (
     PgDecodeExtractOperator,
     PgDecodeMergeOperator,
 )
+from airflow_provider_pgdecode.sensors.slot_health import PgDecodeSlotHealthSensor
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
@@ -112,6 +114,13 @@ def test_a_table_with_a_damaged_delta_log_is_parked_and_catches_up_exactly_once(
     assert parked["public.park_c"].since_lsn == parked_batches[0]["start_lsn"]
     kept = set(list_batches(str(staging), slot_name))
     assert all(b["path"] in kept for b in parked_batches)  # retention (0 days, 0 batches) keeps them
+
+    # The health check names it: fails while it is parked longer than allowed, passes with it listed.
+    health = PgDecodeSlotHealthSensor(task_id="health", slot_name=slot_name, staging_root=str(staging))
+    with pytest.raises(AirflowException, match=r"public\.park_c parked through more than 0 merge run.*is damaged"):
+        health.poke(make_context())
+    health.max_parked_runs = 3
+    assert list(health.poke(make_context()).xcom_value["parked_tables"]) == ["public.park_c"]
 
     newest.write_bytes(original)  # the cause fixed
     batch, merged = cycle(5)
