@@ -47,6 +47,10 @@ class ColumnSummary:
     #: before it (``attmissingval``), as staged, in JSON form (:func:`~airflow_provider_pgdecode.batch.values.json_value`).
     #: Absent: none.
     missing: Any = None
+    #: The column's attribute number (``pg_attribute.attnum``) when the extract described the
+    #: batch; ``None`` for a name no longer live (dropped, or renamed since its changes): how the
+    #: merge follows a renamed column.
+    attnum: int | None = None
 
     @property
     def source_type(self) -> str:
@@ -157,6 +161,8 @@ class TableSummary:
         for column in data["columns"]:
             if column["missing"] is None:
                 column.pop("missing")
+            if column["attnum"] is None:
+                column.pop("attnum")
         return data
 
     @classmethod

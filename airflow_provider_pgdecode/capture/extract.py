@@ -669,6 +669,7 @@ def _describe_tables(
             if info is not None:  # a column dropped since keeps what the slot said of it
                 column.catalog_type = info.catalog_type
                 column.user_type = info.user_type
+                column.attnum = info.attnum
             if column.name in defaults:
                 column.missing = _missing_value(summary, column.name, column.type, defaults[column.name], staging)
         # Only new row images show every column the slot sends (a DELETE's old key does not).

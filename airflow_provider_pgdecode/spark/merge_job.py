@@ -95,7 +95,15 @@ from airflow_provider_pgdecode.errors import (
     MergeOutOfMemoryError,
     UnmappedTypeError,
 )
-from airflow_provider_pgdecode.spark import collapse, column_defaults, delta_commit, history, multiset, table_parking
+from airflow_provider_pgdecode.spark import (
+    collapse,
+    column_defaults,
+    column_renames,
+    delta_commit,
+    history,
+    multiset,
+    table_parking,
+)
 from airflow_provider_pgdecode.spark.collapse import KEEP, KIND, LSN, OP, SEQ, CollapseInput, col, old_key_name
 from airflow_provider_pgdecode.spark.history import HISTORY, KEPT_MODES, MODE_PROPERTY, SOFT_DELETE, Truncate
 from airflow_provider_pgdecode.spark.session import active_connect_session, configure_object_store, is_connect_session
@@ -260,6 +268,13 @@ class TablePlan:
     :mod:`.history`)."""
     missing: dict[str, Any] = field(default_factory=dict)
     """Columns added with a default: the value rows written before them hold (:mod:`.column_defaults`)."""
+    renamed: dict[str, str] = field(default_factory=dict)
+    """Delta columns renamed in the source: former name -> name now (:mod:`.column_renames`)."""
+    staged_as: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per column, the former names changes staged before its rename carry."""
+    numbers: dict[str, int] = field(default_factory=dict)
+    """The column numbers the Delta table records after this run (:mod:`.column_renames`)."""
+    numbers_changed: bool = False
 
     @property
     def name(self) -> str:
@@ -647,8 +662,17 @@ def plan_table(
     new_columns: tuple[str, ...] = ()
     widened: dict[str, DataType] = {}
     not_written: tuple[str, ...] = ()
+    live = column_renames.staged_numbers((c.name, c.attnum) for _, entry in entries for c in entry.columns)
+    recorded = column_renames.recorded_numbers(state.properties) if state.exists else {}
+    renamed, staged_as = column_renames.renames(
+        live, recorded, [f.name for f in state.schema.fields] if state.schema is not None else []
+    )
+    formers = {old for names in staged_as.values() for old in names}
+    columns = [c for c in columns if c not in formers]  # their values are read as the column's name now
     if state.exists and state.schema is not None:
         delta_fields = {f.name: f for f in state.schema.fields}
+        for old, new in renamed.items():  # checked as the column it becomes before the write
+            delta_fields[new] = delta_fields.pop(old)
         recorded_key = state.properties.get(KEY_PROPERTY)
         if not append_only and recorded_key is not None and json.loads(recorded_key) != list(key):
             raise MergeInputError(
@@ -688,7 +712,9 @@ def plan_table(
                 f"table {name}: key column(s) {missing_in_delta} are not in the Delta table at {path}"
             )
         not_written = tuple(
-            f.name for f in state.schema.fields if f.name not in types and not f.name.startswith(staged.METADATA_PREFIX)
+            f.name
+            for f in state.schema.fields
+            if f.name not in types and f.name not in renamed and not f.name.startswith(staged.METADATA_PREFIX)
         )
 
     if is_multiset:
@@ -711,6 +737,10 @@ def plan_table(
         append_only=append_only,
         mode=mode,
         missing=column_defaults.missing_values(entry for _, entry in entries),
+        renamed=renamed,
+        staged_as=staged_as,
+        numbers=column_renames.numbers_after(recorded, live),
+        numbers_changed=column_renames.numbers_after(recorded, live) != recorded,
     )
     applied_through = state.watermark if state.watermark is not None else -1
     for batch in batches:
@@ -913,6 +943,22 @@ def lossy_name(index: int) -> str:
     return f"__lossy_{index}"
 
 
+def _under_names_now(
+    frame: DataFrame, staged_names: list[str], manifest_columns: set[str], staged_as: Mapping[str, tuple[str, ...]]
+) -> tuple[DataFrame, list[str], set[str]]:
+    """Parts staged before a column's rename carry its former name: read as the name now."""
+    known = set(manifest_columns)
+    for name, formers in staged_as.items():
+        if name in staged_names:
+            continue
+        former = next((old for old in formers if old in staged_names and old in known), None)
+        if former is not None:
+            frame = frame.withColumnRenamed(former, name)
+            staged_names = [name if n == former else n for n in staged_names]
+            known.add(name)
+    return frame, staged_names, known
+
+
 def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
     """The table's staged changes of every segment, typed as in Delta, one row per change.
 
@@ -931,7 +977,8 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
         for staged_schema, files in groups.items():
             staged_names = [name for name, _ in staged_schema]
             frame = spark.read.parquet(*[spark_uri(file) for file in files])
-            present = [c for c in plan.columns if c in staged_names and c in manifest_columns]
+            frame, staged_names, known = _under_names_now(frame, staged_names, manifest_columns, plan.staged_as)
+            present = [c for c in plan.columns if c in staged_names and c in known]
             for column in present:
                 staged_type = frame.schema[column].dataType
                 # Parts staged before the column widened (in this batch or an earlier one) are cast.
@@ -951,7 +998,7 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
             }
             absent = [c for c in plan.value_columns if c not in present]
             missing_key = [k for k in plan.key if k not in present]
-            if missing_key:
+            if missing_key and present:  # a part without source columns holds TRUNCATEs only (batch/writer.py)
                 raise MergeInputError(f"table {plan.name}: staged file {files[0]} has no key column(s) {missing_key}")
             old_fields = (
                 {f.name for f in frame.schema[staged.OLD].dataType.fields}  # type: ignore[attr-defined]
@@ -1538,6 +1585,8 @@ def table_properties(plan: TablePlan, options: MergeOptions) -> dict[str, str]:
     properties[KEY_PROPERTY] = json.dumps(list(plan.key))
     properties[SOURCE_PROPERTY] = plan.name
     properties[MODE_PROPERTY] = plan.mode
+    if plan.numbers:
+        properties[column_renames.NUMBERS_PROPERTY] = column_renames.numbers_property(plan.numbers)
     return properties
 
 
@@ -1563,6 +1612,7 @@ def ensure_table(spark: SparkSession, plan: TablePlan, options: MergeOptions) ->
         spark.sql(create_table_statement(plan, options, plan.path))
         log.info("table %s: created Delta table %s", plan.name, plan.path)
         return True
+    rename_columns(spark, plan)
     # Columns added with a default: recorded before they are added, filled after (column_defaults).
     fill = column_defaults.pending_fill(plan.state.properties)
     added_with_default = {c: plan.missing[c] for c in plan.new_columns if c in plan.missing}
@@ -1591,6 +1641,25 @@ def ensure_table(spark: SparkSession, plan: TablePlan, options: MergeOptions) ->
             spark.sql(f"ALTER TABLE {delta_ref(plan.path)} ALTER COLUMN {quote(column)} TYPE {after}")
             log.info("table %s: widened column %s from %s to %s", plan.name, column, before.simpleString(), after)
     return False
+
+
+def rename_columns(spark: SparkSession, plan: TablePlan) -> None:
+    """Rename the Delta columns the source renamed (column mapping: metadata only, values kept),
+    and record the column numbers that tell a rename (:mod:`.column_renames`)."""
+    if plan.renamed and plan.state.properties.get("delta.columnMapping.mode", "none") == "none":
+        # A table created without column mapping (not by pgdecode): a rename needs it.
+        spark.sql(
+            f"ALTER TABLE {delta_ref(plan.path)} SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name', "
+            "'delta.minReaderVersion' = '2', 'delta.minWriterVersion' = '5')"
+        )
+    for old, new in plan.renamed.items():
+        spark.sql(f"ALTER TABLE {delta_ref(plan.path)} RENAME COLUMN {quote(old)} TO {quote(new)}")
+        log.info("table %s: renamed column %s to %s, as the source did (its values kept)", plan.name, old, new)
+    if plan.numbers_changed:
+        numbers = _literal(column_renames.numbers_property(plan.numbers))
+        spark.sql(
+            f"ALTER TABLE {delta_ref(plan.path)} SET TBLPROPERTIES ({_literal(column_renames.NUMBERS_PROPERTY)} = {numbers})"
+        )
 
 
 def fill_missing(spark: SparkSession, plan: TablePlan, fill: Mapping[str, Any]) -> None:
@@ -2401,7 +2470,7 @@ def write_table(
             plan.name,
         )
     try:
-        if result.created or plan.new_columns or plan.widened:
+        if result.created or plan.new_columns or plan.widened or plan.renamed or plan.numbers_changed:
             version_before, _ = _last_commit(spark, plan.path)
         else:
             version_before = plan.state.version
