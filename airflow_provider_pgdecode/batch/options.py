@@ -29,6 +29,7 @@ KEPT_MODES: tuple[str, ...] = ("history", "soft_delete")
 BadValuePolicy = Literal["fail", "quarantine"]
 ArrayStaging = Literal["list", "json"]
 KeptAs = Literal["string"]
+RewritePolicy = Literal["resnapshot", "stop"]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -84,6 +85,11 @@ class TableOptions(BaseModel):
         recorded in each batch's manifest, so the merge keeps those columns as ``string``. A
         Delta table that already holds such a column with another type refuses the change
         (resnapshot the table). See docs/merge.md, "Types".
+    :param on_rewrite: what the extract does when the table was rewritten without its rows in
+        the WAL (a volatile ``ADD COLUMN … DEFAULT``, a rewriting ``ALTER COLUMN … TYPE``, or
+        dropped and created again under its name): ``resnapshot`` (default) files a resnapshot
+        request for it, which the next runs copy; ``stop`` stops the run naming the table until a
+        snapshot request for it is filed. See docs/merge.md, "DDL on a source table".
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -93,6 +99,7 @@ class TableOptions(BaseModel):
     max_value_bytes: int = Field(default=DEFAULT_MAX_VALUE_BYTES, gt=0)
     arrays: ArrayStaging = "list"
     type_map: dict[str, KeptAs] = Field(default_factory=dict)
+    on_rewrite: RewritePolicy = "resnapshot"
 
     @field_validator("type_map")
     @classmethod

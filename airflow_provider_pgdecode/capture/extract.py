@@ -45,6 +45,7 @@ from airflow_provider_pgdecode.capture.bounds import CHANGES, WAL_BYTES, BatchBo
 from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
 from airflow_provider_pgdecode.capture.reconcile import reconcile
 from airflow_provider_pgdecode.capture.renames import KnownTables, follow_selection, follow_staged
+from airflow_provider_pgdecode.capture.rewrites import find_rewrites, handle_rewrites
 from airflow_provider_pgdecode.capture.sessions import (
     SecondHalf,
     expected_end,
@@ -397,6 +398,8 @@ def extract_batch(
         tables_staged = followed.tables
         _describe_tables(Catalog(conn), tables_staged, options_by_table, followed.current)
         _check_clamped_keys(tables_staged, writer.clamped_values())
+        # Rows changed without row changes in the WAL (a rewrite, a re-created table): resnapshot or stop.
+        handle_rewrites(find_rewrites(Catalog(conn), followed.known), options_by_table, staging, slot_name)
         check_append_only(tmp, tables_staged)
         still_pending = assembler.pending()
         prepared_entries = writer.save_prepared(still_pending)

@@ -41,6 +41,8 @@ class KnownTables:
 
     names: dict[int, list[Name]] = field(default_factory=dict)
     delta: dict[int, Name] = field(default_factory=dict)
+    files: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Per OID, its file node and column signature when last staged (capture/rewrites.py)."""
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any] | None) -> KnownTables:
@@ -50,6 +52,8 @@ class KnownTables:
                 known.names[int(oid)] = [(str(s), str(t)) for s, t in entry["names"]]
                 schema, table = entry["delta_table"]
                 known.delta[int(oid)] = (str(schema), str(table))
+                if entry.get("filenode") is not None:
+                    known.files[int(oid)] = {"filenode": int(entry["filenode"]), "columns": str(entry["columns"])}
             except (KeyError, TypeError, ValueError):
                 log.warning("Ignoring a malformed table_oids entry %r: %r", oid, entry)
         return known
@@ -71,7 +75,11 @@ class KnownTables:
     def record(self) -> dict[str, Any]:
         """The JSON form kept in the manifest and the checkpoint."""
         return {
-            str(oid): {"names": [list(n) for n in names], "delta_table": list(self.delta[oid])}
+            str(oid): {
+                "names": [list(n) for n in names],
+                "delta_table": list(self.delta[oid]),
+                **self.files.get(oid, {}),
+            }
             for oid, names in sorted(self.names.items())
         }
 
@@ -191,7 +199,7 @@ def follow_staged(
         name = (summary.schema, summary.table)
         if name in oids:
             first_name.setdefault(oids[name], name)
-    result = FollowedTables([], {}, KnownTables({o: list(n) for o, n in known.names.items()}, dict(known.delta)))
+    result = FollowedTables([], {}, KnownTables({o: list(n) for o, n in known.names.items()}, dict(known.delta), dict(known.files)))
     for summary in staged:
         oid = oids.get((summary.schema, summary.table))
         current = now.get(oid) if oid is not None else None

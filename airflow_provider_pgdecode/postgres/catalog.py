@@ -359,6 +359,21 @@ class Catalog:
         )
         return int(rows[0][0]) if rows else None
 
+    def relation_files(self, oids: Sequence[int]) -> dict[int, tuple[int, str]]:
+        """Per table of ``oids`` that exists now: its file node (``pg_relation_filenode``, 0 for a
+        table without storage) and its live columns' signature (``attnum:type:typmod``, comma
+        separated): a rewrite changes the first, a type change or a new column the second."""
+        if not oids:
+            return {}
+        rows = self._all(
+            "SELECT c.oid::int8, coalesce(pg_relation_filenode(c.oid), 0)::int8,"
+            " coalesce(string_agg(a.attnum || ':' || a.atttypid || ':' || a.atttypmod, ',' ORDER BY a.attnum), '')"
+            " FROM pg_class c LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped"
+            " WHERE c.oid = ANY(%s::oid[]) AND c.relkind IN ('r', 'p', 'v', 'm', 'f') GROUP BY c.oid",
+            ([int(oid) for oid in oids],),
+        )
+        return {int(oid): (int(filenode), str(columns)) for oid, filenode, columns in rows}
+
     def relation_names(self, oids: Sequence[int]) -> dict[int, tuple[str, str]]:
         """``(schema, table)`` of each of ``oids`` that is a table now (a renamed table's new
         name); dropped ones are left out."""
