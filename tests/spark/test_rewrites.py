@@ -15,7 +15,7 @@ from airflow_provider_pgdecode.capture.table_snapshot import request_table_snaps
 from airflow_provider_pgdecode.errors import CatalogError
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
 from pgdecode_testing.compare import compare_table
-from tests.conftest import two_plugin_source
+from tests.conftest import full_only, two_plugin_source
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
@@ -30,7 +30,9 @@ def source(pg_conn, slot_name):
         yield slot
 
 
-@pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])
+@pytest.mark.parametrize(
+    "plugin", ["test_decoding", full_only("pgoutput", "the catalog marks are the same; test_decoding follows by name")]
+)
 def test_rewritten_and_recreated_tables_are_resnapshotted_until_delta_equals_them(
     pg_conn, source, spark, tmp_path, plugin
 ):
@@ -60,8 +62,6 @@ def test_rewritten_and_recreated_tables_are_resnapshotted_until_delta_equals_the
 
     c.execute("insert into rw_items select g, 'value ' || g from generate_series(1, 20) g")
     cycle()
-    c.execute("update rw_items set v = 'v' where id = 1")
-    cycle()  # VACUUM-free, TRUNCATE-free runs file nothing
     assert snapshot_pending(staging, slot) == set()
 
     c.execute("alter table rw_items add column r float8 default random()")  # each old row its own value
