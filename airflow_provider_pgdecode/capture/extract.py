@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from airflow_provider_pgdecode.batch.badvalues import ClampedValue, clamped_key_error
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
-from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, batch_dir_name
+from airflow_provider_pgdecode.batch.manifest import BatchManifest, ColumnSummary, TableSummary, batch_dir_name
 from airflow_provider_pgdecode.batch.options import (
     KEPT_MODES,
     TableOptions,
@@ -39,7 +39,7 @@ from airflow_provider_pgdecode.batch.options import (
 )
 from airflow_provider_pgdecode.batch.publish import batch_workdir, publish_batch
 from airflow_provider_pgdecode.batch.storage import Storage, as_storage
-from airflow_provider_pgdecode.batch.values import json_value
+from airflow_provider_pgdecode.batch.values import arrow_type, json_value
 from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter, check_append_only
 from airflow_provider_pgdecode.capture.bounds import CHANGES, WAL_BYTES, BatchBounds, BatchCut
 from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
@@ -667,6 +667,8 @@ def _describe_tables(
         live = {c.name: c for c in catalog.columns(schema, table)}
         defaults = catalog.missing_values(schema, table)
         staging = options_for(options, summary.schema, summary.table).staging
+        if not summary.columns:
+            summary.columns = _truncated_columns(live.values(), staging)
         for column in summary.columns:
             info = live.get(column.name)
             if info is not None:  # a column dropped since keeps what the slot said of it
@@ -680,6 +682,13 @@ def _describe_tables(
         missing = _generated_not_staged(schema, table, live.values(), {c.name for c in summary.columns}, full_rows)
         if missing:
             summary.generated_not_staged = missing
+
+
+def _truncated_columns(live: Collection[ColumnInfo], staging: Staging) -> list[ColumnSummary]:
+    """The columns of a table staged with TRUNCATEs only, which carry no row image: the catalog's
+    live columns as a row image would name and stage them (generated ones left out, as pgoutput
+    leaves them). Without them the merge could not type the key, and refused the whole run."""
+    return [ColumnSummary(c.name, c.type_name, str(arrow_type(c.type_name, staging))) for c in live if not c.generated]
 
 
 def _check_clamped_keys(
