@@ -199,7 +199,9 @@ def follow_staged(
         name = (summary.schema, summary.table)
         if name in oids:
             first_name.setdefault(oids[name], name)
-    result = FollowedTables([], {}, KnownTables({o: list(n) for o, n in known.names.items()}, dict(known.delta), dict(known.files)))
+    result = FollowedTables(
+        [], {}, KnownTables({o: list(n) for o, n in known.names.items()}, dict(known.delta), dict(known.files))
+    )
     for summary in staged:
         oid = oids.get((summary.schema, summary.table))
         current = now.get(oid) if oid is not None else None
