@@ -381,8 +381,9 @@ def type_change_way_forward(source: str, path: str) -> str:
         f"Delta changes a column's type in place only to a wider type (type widening: a wider integer, "
         f"float to double, more decimal digits), and this change is not one, so nothing was written. To "
         f"continue: move the Delta table at {path} aside, then resnapshot {source} (pgdecode_backfill "
-        f"mode=resnapshot), which re-creates it with the new type; or change the column back to its former "
-        f"type in PostgreSQL"
+        f"mode=resnapshot), which re-creates it with the new type. Changing the column back in PostgreSQL helps "
+        f"only when the new type widens to the former one (integer back to bigint): the changes staged under the "
+        f"new type are merged as they are"
     )
 
 
