@@ -2370,6 +2370,13 @@ def parked_result(path: str, schema: str, table: str, error: BaseException) -> T
     )
 
 
+def _note_specials(plan: TablePlan, result: TableResult, specials: Mapping[str, int]) -> None:
+    """Log and record numeric NaN/Infinity a decimal column holds as NULL (one wording)."""
+    if specials:
+        log.warning("table %s: numeric NaN/Infinity stored as NULL (decimal cannot hold them): %s", plan.name, specials)
+        result.numeric_specials_nulled = dict(specials)
+
+
 def write_snapshot(
     spark: SparkSession,
     plan: TablePlan,
@@ -2380,13 +2387,7 @@ def write_snapshot(
     """Commit a snapshot batch's parts as they are staged into the Delta table this run creates."""
     entry, template = direct
     result.changes = entry.rows
-    if entry.numeric_specials:
-        log.warning(
-            "table %s: numeric NaN/Infinity stored as NULL (decimal cannot hold them): %s",
-            plan.name,
-            entry.numeric_specials,
-        )
-        result.numeric_specials_nulled = dict(entry.numeric_specials)
+    _note_specials(plan, result, entry.numeric_specials)
     committed = commit_snapshot(plan, entry, template, slot)
     if committed is None:
         state = read_delta_state(spark, plan.path, app_id(slot))
@@ -2443,13 +2444,7 @@ def write_table(
     if profile.changes == 0:
         result.reason = "already applied"
         return
-    if profile.specials:
-        log.warning(
-            "table %s: numeric NaN/Infinity stored as NULL (decimal cannot hold them): %s",
-            plan.name,
-            profile.specials,
-        )
-        result.numeric_specials_nulled = dict(profile.specials)
+    _note_specials(plan, result, profile.specials)
     if plan.not_written:
         log.warning(
             "table %s: column(s) %s are no longer in the source; kept in Delta, not written",
