@@ -53,8 +53,8 @@ def test_transient_errors_pass_through_so_retries_apply(error: Exception) -> Non
     assert not isinstance(raised.value, AirflowFailException)
 
 
-def test_only_a_busy_slot_and_a_lost_connection_are_retryable() -> None:
+def test_only_a_busy_slot_a_lost_connection_and_an_unreachable_spark_server_are_retryable() -> None:
     assert SlotInUseError.retryable and is_deterministic(CatalogError("x"))
     assert sorted(
         cls.__name__ for cls in vars(errors).values() if isinstance(cls, type) and getattr(cls, "retryable", False)
-    ) == ["SlotConnectionLostError", "SlotInUseError"]
+    ) == ["SlotConnectionLostError", "SlotInUseError", "SparkConnectUnreachableError"]
