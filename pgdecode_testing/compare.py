@@ -83,6 +83,25 @@ def _read_as_itself(type_name: str) -> bool:
     return entry is not None and (entry.delta != typemap.TEXT or entry.name in _TEXT_READ_AS_ITSELF)
 
 
+def output_text(column: sql.Composable) -> sql.Composable:
+    """SQL for the text PostgreSQL prints for a value (its type's output function, what ``psql``
+    shows and both plugins send), NULL kept. Not ``::text``: that cast differs from the output
+    for ``inet`` (``10.0.0.1/32`` where ``10.0.0.1`` is printed), ``xml`` (keeps a declaration
+    the output drops), ``boolean`` and ``character``."""
+    return sql.SQL("CASE WHEN num_nulls({0}) = 1 THEN NULL ELSE format('%s', {0}) END").format(column)
+
+
+def output_texts(column: sql.Composable) -> sql.Composable:
+    """SQL for the elements of a one-dimensional array as :func:`output_text` prints each, as
+    ``text[]`` (NULL elements kept, the lower bound dropped); an array of more dimensions is cast
+    with ``::text[]``."""
+    element = sql.SQL("{}[i]").format(column)
+    return sql.SQL(
+        "CASE WHEN array_ndims({0}) > 1 THEN {0}::text[] WHEN num_nulls({0}) = 0 THEN"
+        " array(SELECT {1} FROM generate_subscripts({0}, 1) i ORDER BY i) END"
+    ).format(column, output_text(element))
+
+
 def source_rows(conn: psycopg.Connection[Any], schema: str, table: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Column names and rows of a source table; text-like types are read as PostgreSQL prints them."""
     with conn.cursor(row_factory=tuple_row) as cur:
@@ -97,13 +116,11 @@ def source_rows(conn: psycopg.Connection[Any], schema: str, table: str) -> tuple
             element = typemap.array_element(type_name)
             ident = sql.Identifier(name)
             if element is not None and not typemap.array_staged_as_list(element):
-                select.append(sql.SQL("{}::text").format(ident))  # box[]: kept whole as its text
+                select.append(output_text(ident))  # box[]: kept whole as its text
             elif _read_as_itself(element if element is not None else type_name):
                 select.append(ident)
             else:  # uuid, json, enums, intervals...: compare the text PostgreSQL prints
-                select.append(
-                    sql.SQL("{}::text").format(ident) if element is None else sql.SQL("{}::text[]").format(ident)
-                )
+                select.append(output_text(ident) if element is None else output_texts(ident))
         cur.execute("SET LOCAL TimeZone = 'UTC'" if not conn.autocommit else "SET TimeZone = 'UTC'")
         cur.execute(sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(select), sql.Identifier(schema, table)))
         return [c[0] for c in columns], cur.fetchall()
