@@ -58,6 +58,17 @@ from airflow_provider_pgdecode.errors import CatalogError, staging_io
 DEFAULT_PART_ROWS = 100_000
 
 
+def old_field_staged(name: str, key: Collection[str] | None) -> bool:
+    """Whether the old image's column ``name`` is staged in ``_pg_old``, for a table whose key
+    columns are ``key`` (``stage_values``' key). Under REPLICA IDENTITY FULL PostgreSQL logs the
+    whole old row; the merge reads only the key from it when the table has a key of its own (a
+    primary key, a replica identity index): the rest is not staged, so a value the pipeline
+    cannot carry there (a BC date, an array of two dimensions) does not make the change a bad
+    value. Every column is staged when the key is all of them (merged as a multiset), when it is
+    not known here, or for an ``append_only`` table (empty key: never matched)."""
+    return not key or name in key
+
+
 class _TableBuffer:
     """The rows of one table waiting to be written, plus the table's running totals."""
 
@@ -183,7 +194,8 @@ class _TableBuffer:
         for image in images:
             if image is not None:
                 for name, pg_type in zip(image.names, image.types):
-                    field_types.setdefault(name, pg_type)
+                    if old_field_staged(name, self.key):
+                        field_types.setdefault(name, pg_type)
         for name, pg_type in field_types.items():
             # A table with only DELETEs in this batch still lists its key columns.
             self.all_columns.setdefault(name, pg_type)

@@ -101,6 +101,7 @@ from airflow_provider_pgdecode.batch.writer import (
     BatchWriter,
     append_only_error,
     no_tuple_data_error,
+    old_field_staged,
     quarantine_entry,
     write_quarantine_part,
 )
@@ -352,6 +353,7 @@ class NativeWriter:
         state = self._table(tid)
         layout = self.reader.layout(tid)
         buffers = self.reader.take(tid, rows)
+        buffers["old"] = [field for field in buffers["old"] if old_field_staged(field[0], state.key)]
         # The manifest's column list, in the order the Python writer records it.
         if layout is not None:
             for name, pg_type in zip(*layout):
