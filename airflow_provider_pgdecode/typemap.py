@@ -142,11 +142,15 @@ TYPES: tuple[PgType, ...] = (
         "text",
         "character varying",
         "character",
-        '"char"',
         "name",
         "citext",
         aliases={"character varying": ("varchar",), "character": ("char", "bpchar")},
         note="as printed; `character(n)` keeps its padding",
+    ),
+    *_text(
+        '"char"',
+        note="as PostgreSQL 15+ prints it: a byte above 127 as `\\ooo` (`\\303`), also from PostgreSQL 14, "
+        "which prints the byte itself (not UTF-8)",
     ),
     *_text("uuid", "json", "jsonb", "jsonpath", "xml", "inet", "cidr", "macaddr", "macaddr8"),
     PgType("money", TEXT, TEXT, modifiers=True, note="as printed, currency symbol included (`lc_monetary`)"),

@@ -109,6 +109,7 @@ from airflow_provider_pgdecode.capture.bounds import BatchCut
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction, TransactionAssembler
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, Message, Truncate
 from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.decoding.raw_char import CHAR_TYPES, char_text
 from airflow_provider_pgdecode.errors import DecodingError, staging_io
 
 log = logging.getLogger(__name__)
@@ -157,6 +158,21 @@ def _text(n: int, parts: tuple[bytes, int, bytes, bytes]) -> pa.Array:
         [pa.py_buffer(valid) if nulls else None, pa.py_buffer(offsets), pa.py_buffer(data)],
         null_count=nulls,
     )
+
+
+def _column_text(n: int, parts: tuple[bytes, int, bytes, bytes], pg_type: str) -> pa.Array:
+    """A column's values as text (:func:`_text`); a ``"char"`` column's as PostgreSQL 15+ prints
+    them: 14 prints a byte above 127 as itself, not UTF-8 (decoding/raw_char.py, as the Python
+    parsers read it). The C reader keeps the bytes as sent; only such a column is checked."""
+    text = _text(n, parts)
+    if pg_type not in CHAR_TYPES:
+        return text
+    try:
+        text.validate(full=True)  # UTF-8 included
+        return text
+    except pa.ArrowInvalid:
+        raw = text.view(pa.binary()).to_pylist()
+        return pa.array([None if v is None else char_text(v, pg_type) for v in raw], pa.string())
 
 
 def _fixed(kind: pa.DataType, n: int, data: bytes, valid: tuple[bytes, int] | None = None) -> pa.Array:
@@ -412,10 +428,13 @@ class NativeWriter:
         names: tuple[str, ...] = ()
         if layout is not None:
             names, types = layout
-            new = [(name, pg_type, _text(n, parts)) for name, pg_type, parts in zip(names, types, b["values"])]
+            new = [
+                (name, pg_type, _column_text(n, parts, pg_type))
+                for name, pg_type, parts in zip(names, types, b["values"])
+            ]
         order = {name: i for i, name in enumerate(names)}
         fields = sorted(b["old"], key=lambda f: (order.get(f[0], len(order)), f[0]))
-        old_fields = [(name, pg_type, _text(n, parts)) for name, pg_type, parts in fields]
+        old_fields = [(name, pg_type, _column_text(n, parts, pg_type)) for name, pg_type, parts in fields]
         has_old = pc.not_equal(pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(b["has_old"])]), 0)
         staged = stage_values(state.schema, state.table, state.options, columns, new, old_fields, has_old, state.key)
         for name, value in staged.clamped.items():

@@ -138,6 +138,7 @@ from airflow_provider_pgdecode.capture.renames import record_tables
 from airflow_provider_pgdecode.capture.tables import parse_table_names
 from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
 from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.decoding.raw_char import CHAR_TYPES, char_text
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError, StagingError
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, TableKey
 from airflow_provider_pgdecode.postgres.replication import ExportedSnapshot, replication_connection
@@ -853,7 +854,8 @@ def _copy_chunk(
         # A single chunk reads the whole table: no ctid condition at all.
         pages = (first, stop) if plan.chunks > 1 else (None, None)
         with copy_pages_csv(conn, plan.schema, plan.table, names, *pages) as copy:
-            for texts, count in _read_csv(copy, names, chunk_rows):
+            char_columns = {c.name: c.catalog_type for c in plan.columns if c.catalog_type in CHAR_TYPES}
+            for texts, count in _read_csv(copy, names, chunk_rows, char_columns):
                 table = _part_table(
                     plan.columns,
                     texts,
@@ -884,7 +886,9 @@ def _copy_chunk(
     return rows, name, truncate, {column: count for column, count in specials.items() if count}
 
 
-def _read_csv(copy: Iterable[Any], names: list[str], chunk_rows: int) -> Iterator[tuple[list[pa.Array], int]]:
+def _read_csv(
+    copy: Iterable[Any], names: list[str], chunk_rows: int, char_columns: Mapping[str, str] | None = None
+) -> Iterator[tuple[list[pa.Array], int]]:
     """COPY's CSV output as string columns, at most ``chunk_rows`` rows at a time.
 
     libpq hands COPY data over one row at a time, so rows are gathered as bytes (the only
@@ -892,12 +896,15 @@ def _read_csv(copy: Iterable[Any], names: list[str], chunk_rows: int) -> Iterato
     :data:`_CSV_BATCH_BYTES` bytes are parsed by Arrow's CSV reader at once. PostgreSQL's CSV
     prints NULL unquoted and empty, an empty string as ``""``: Arrow reads the first as null and
     the second as an empty string; values are the output functions' text, exactly as the text
-    format prints them.
+    format prints them. ``char_columns`` (name: type) are ``"char"`` columns, read as bytes and then
+    as PostgreSQL 15+ prints them: 14 prints a byte above 127 as itself, not UTF-8, which the
+    reader refuses in a text column (decoding/raw_char.py, as both plugins' parsers read it).
     """
+    char_columns = char_columns or {}
     read_options = pacsv.ReadOptions(column_names=names, block_size=_CSV_BLOCK)
     parse_options = pacsv.ParseOptions(newlines_in_values=True)
     convert_options = pacsv.ConvertOptions(
-        column_types={n: pa.string() for n in names},
+        column_types={n: pa.binary() if n in char_columns else pa.string() for n in names},
         strings_can_be_null=True,
         quoted_strings_can_be_null=False,
         null_values=[""],
@@ -907,7 +914,14 @@ def _read_csv(copy: Iterable[Any], names: list[str], chunk_rows: int) -> Iterato
         table = pacsv.read_csv(
             pa.py_buffer(data), read_options=read_options, parse_options=parse_options, convert_options=convert_options
         ).combine_chunks()
-        return [column.chunk(0) if column.num_chunks else pa.array([], pa.string()) for column in table.columns]
+        columns = [column.chunk(0) if column.num_chunks else pa.array([], pa.string()) for column in table.columns]
+        for index, name in enumerate(names):
+            if name in char_columns and pa.types.is_binary(columns[index].type):
+                raw = columns[index].to_pylist()
+                columns[index] = pa.array(
+                    [None if v is None else char_text(v, char_columns[name]) for v in raw], pa.string()
+                )
+        return columns
 
     data = bytearray()
     count = 0

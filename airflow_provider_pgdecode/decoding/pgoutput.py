@@ -42,6 +42,7 @@ from airflow_provider_pgdecode.decoding.events import (
     Truncate,
 )
 from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.decoding.raw_char import InvalidText, char_text
 from airflow_provider_pgdecode.errors import ConfigurationError, DecodingError
 
 _I16 = Struct(">h")
@@ -342,6 +343,8 @@ class PgOutputParser:
             return self._parse(lsn, xid, data)
         except (_Malformed, IndexError, UnicodeDecodeError) as exc:
             raise DecodingError(f"malformed pgoutput message: {exc}", lsn=lsn, data=data) from None
+        except InvalidText as exc:
+            raise DecodingError(f"cannot read pgoutput message: {exc}", lsn=lsn, data=data) from None
         except Exception as exc:  # struct.error and friends
             if type(exc).__name__ == "error":
                 raise DecodingError(f"truncated pgoutput message ({exc})", lsn=lsn, data=data) from None
@@ -402,7 +405,11 @@ class PgOutputParser:
                     raise _Malformed(
                         f"value of column {names[i]!r} is {length} bytes, the message holds {len(data) - pos}"
                     )
-                values.append(data[pos : pos + length].decode(encoding))
+                raw = data[pos : pos + length]
+                try:
+                    values.append(raw.decode(encoding))
+                except UnicodeDecodeError:  # a "char" above 127 from PostgreSQL 14 (decoding/raw_char.py)
+                    values.append(char_text(raw, types[i], encoding, names[i]))
                 pos += length
             elif kind == 110:  # 'n' NULL (in a K tuple: not part of the key)
                 values.append(None)

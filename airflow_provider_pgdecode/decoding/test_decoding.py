@@ -43,6 +43,7 @@ from airflow_provider_pgdecode.decoding.events import (
     Truncate,
 )
 from airflow_provider_pgdecode.decoding.lsn import Lsn
+from airflow_provider_pgdecode.decoding.raw_char import InvalidText, char_text, has_undecodable
 from airflow_provider_pgdecode.errors import DecodingError
 
 #: Options pgdecode passes to test_decoding: xids and timestamps on, empty transactions kept
@@ -424,6 +425,40 @@ def _parse_message(
     return Message(lsn, xid, transactional, prefix, content)
 
 
+def _parse_undecodable_change(data: bytes, lsn: Lsn, xid: int | None, encoding: str) -> Change | Truncate:
+    """A change whose line is not valid in ``encoding``: scanned with each undecodable byte kept
+    apart (``surrogateescape``: they are never a quote or a bracket), then a ``"char"`` value read
+    as PostgreSQL 15+ prints it; anything else undecodable is :class:`InvalidText`."""
+    event = _parse_change(data.decode(encoding, "surrogateescape"), lsn, xid)
+    if not isinstance(event, Change):
+        raise InvalidText(f"the line is not valid {encoding} text")
+
+    def fixed(image: RowImage | None) -> RowImage | None:
+        if image is None:
+            return None
+        values = []
+        for name, pg_type, value in zip(image.names, image.types, image.values):
+            if isinstance(value, str) and has_undecodable(value):
+                value = char_text(value.encode(encoding, "surrogateescape"), pg_type, encoding, name)
+            values.append(value)
+        if any(has_undecodable(text) for text in (*image.names, *image.types)):
+            raise InvalidText(f"a column name or type of {event.schema}.{event.table} is not valid {encoding} text")
+        return RowImage(image.names, image.types, tuple(values))
+
+    if has_undecodable(event.schema) or has_undecodable(event.table):
+        raise InvalidText(f"the table name is not valid {encoding} text")
+    return Change(
+        event.lsn,
+        event.xid,
+        event.operation,
+        event.schema,
+        event.table,
+        fixed(event.old),
+        fixed(event.new),
+        event.has_tuple_data,
+    )
+
+
 class TestDecodingParser:
     """Turns rows of a ``test_decoding`` slot into events.
 
@@ -448,8 +483,14 @@ class TestDecodingParser:
                     return self._parse_bytes_line(data.encode(self.encoding), lsn, xid)
                 return self._parse_text_line(data, lsn, xid)
             if data.startswith(b"table "):
-                return _parse_change(data.decode(self.encoding), lsn, xid, self._layouts)
+                try:
+                    line = data.decode(self.encoding)
+                except UnicodeDecodeError:  # a "char" above 127 from PostgreSQL 14 (decoding/raw_char.py)
+                    return _parse_undecodable_change(data, lsn, xid, self.encoding)
+                return _parse_change(line, lsn, xid, self._layouts)
             return self._parse_bytes_line(data, lsn, xid)
+        except InvalidText as exc:
+            raise DecodingError(f"cannot read test_decoding row: {exc}", lsn=lsn, data=data) from None
         except _Malformed as exc:
             raise DecodingError(f"malformed test_decoding row: {exc}", lsn=lsn, data=data) from None
         except (IndexError, ValueError) as exc:
