@@ -513,8 +513,8 @@ _RULES: tuple[_Rule, ...] = (
         "`list<item: A>` (A: T's Arrow type)",
         "`array<D>` (D: T's Delta type)",
         "as T",
-        "elements converted as T; NULL elements kept; a multi-dimensional value is a bad value "
-        "(see below) unless the table's arrays are staged as JSON",
+        "elements converted as T; NULL elements kept; an explicit lower bound (`[0:1]={a,b}`) dropped; "
+        "a multi-dimensional value is a bad value (see below) unless the table's arrays are staged as JSON",
         "numeric(6,2)[]",
     ),
     _Rule(
