@@ -9,6 +9,7 @@ Schema and table names are passed as query parameters, or composed as identifier
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -146,14 +147,16 @@ class Catalog:
         rewrite since materialized them)."""
         oid, _, _ = self._relation(schema, table)
         query = (
-            "SELECT a.attname::text, (a.attmissingval::text::text[])[1] FROM pg_attribute a"
+            "SELECT a.attname::text, a.attmissingval::text FROM pg_attribute a"
             " WHERE a.attrelid = %s::oid AND a.attnum > 0 AND NOT a.attisdropped AND a.atthasmissing"
         )
         if not self.conn.autocommit:
-            return dict(self._all(query, (oid,)))
-        with self.conn.transaction():
-            pin_settings(self.conn, local=True)
-            return dict(self._all(query, (oid,)))
+            rows = self._all(query, (oid,))
+        else:
+            with self.conn.transaction():
+                pin_settings(self.conn, local=True)
+                rows = self._all(query, (oid,))
+        return {name: value for name, value in ((n, single_element(t)) for n, t in rows) if value is not None}
 
     def _index_columns(self, oid: int, condition: str) -> tuple[str | None, list[str]]:
         # Only key columns (not INCLUDE ones), in index column order.
@@ -441,3 +444,14 @@ def source_tables(
             kind = "nothing"
         tables.append(SourceTable(schema, table, kind, bool(has_primary_key)))
     return tables
+
+
+def single_element(text: str) -> str | None:
+    """The element of a one-element array's text (``attmissingval``), ``None`` for NULL.
+
+    Not split at the delimiter: a type whose arrays are ``;``-delimited (``box``) prints
+    ``{(1,1),(0,0)}``, one element holding commas, unquoted."""
+    inner = text[1:-1]
+    if inner.startswith('"') and inner.endswith('"') and len(inner) >= 2:
+        return re.sub(r"\\(.)", r"\1", inner[1:-1], flags=re.DOTALL)
+    return None if inner == "NULL" else inner

@@ -117,7 +117,10 @@ def test_missing_values_of_columns_added_with_a_default_as_decoding_prints_them(
         schema,
         "CREATE TABLE t (id int); INSERT INTO t VALUES (1);"
         " ALTER TABLE t ADD COLUMN five int DEFAULT 5, ADD COLUMN at timestamptz DEFAULT '2024-01-02 03:04:05+02',"
-        " ADD COLUMN tags text[] DEFAULT '{a,\"b c\"}', ADD COLUMN plain int, ADD COLUMN q text DEFAULT 'it''s'",
+        " ADD COLUMN tags text[] DEFAULT '{a,\"b c\"}', ADD COLUMN plain int, ADD COLUMN q text DEFAULT 'it''s',"
+        # box arrays are ;-delimited: attmissingval prints {(1,1),(0,0)}, one element with commas.
+        " ADD COLUMN b box DEFAULT '((1,1),(0,0))', ADD COLUMN boxes box[] DEFAULT '{(1,1),(0,0);(2,2),(1,1)}',"
+        " ADD COLUMN quoted text DEFAULT 'a\\b \"c\"', ADD COLUMN nothing text DEFAULT NULL",
     )
     pg_conn.execute("SET TimeZone = 'America/New_York'; SET DateStyle = 'SQL, DMY'")
     assert catalog.missing_values(schema, "t") == {
@@ -125,6 +128,9 @@ def test_missing_values_of_columns_added_with_a_default_as_decoding_prints_them(
         "at": "2024-01-02 01:04:05+00",
         "tags": '{a,"b c"}',
         "q": "it's",
+        "b": "(1,1),(0,0)",
+        "boxes": "{(1,1),(0,0);(2,2),(1,1)}",
+        "quoted": 'a\\b "c"',
     }
     assert pg_conn.execute("SHOW TimeZone").fetchone()[0] == "America/New_York"  # the session keeps its own
     pg_conn.execute(f"VACUUM FULL {schema}.t")
