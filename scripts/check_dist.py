@@ -23,8 +23,8 @@
 checks what each archive holds and runs ``twine check --strict`` on all three.
 
 ``check`` then runs scripts/check_installed.py: each Python's wheel installed into a fresh
-virtualenv outside the repository runs real CDC cycles (spark-submit and Spark Connect) as the
-README's quick start sets them up, and ``installed --native`` there: the C module loads from the
+virtualenv outside the repository runs real CDC cycles (spark-submit; on the first Python Spark
+Connect too) as the README's quick start sets them up, and ``installed --native`` there: the C module loads from the
 installed wheel, the provider's metadata is the entry point's, and ``airflow providers list``
 (with a throwaway ``AIRFLOW_HOME``) lists pgdecode. On the first Python it swaps in the pure wheel
 (``--no-deps``) and runs ``installed --pure``: the extract's Python path only, the provider still

@@ -14,8 +14,10 @@ checkout:
    ``dags/`` folder holding only the file the README's quick start tells users to write, with the
    README's connections (a ``pgdecode`` source, a ``spark`` connection of master ``local[*]``),
    against a throwaway PostgreSQL where a workload ran: the merge goes through spark-submit;
-3. more changes, then a second run whose merge goes through a Spark Connect server started from
-   the installed wheel (``python -m airflow_provider_pgdecode.spark.connect_server``);
+3. on the first Python (the Connect client is the same code on each; a Connect server costs a
+   minute of CI per Python), more changes, then a second run whose merge goes through a Spark
+   Connect server started from the installed wheel (``python -m
+   airflow_provider_pgdecode.spark.connect_server``);
 4. after each run, every Delta table equals its source table as a multiset, Delta read by delta-rs
    (an independent reader) in the checkout's environment; and the run's log (its output and task
    logs) holds no ERROR or ``[error]`` line, no Ivy resolution line and none of the warnings a user
@@ -365,7 +367,7 @@ def connect_server(venv_python: Path, home: Path) -> Iterator[dict[str, Any]]:
 
 
 def check_python(
-    python: str, dist: Path, cluster: Any, quick_start: QuickStart, work: Path, *, connect_only: bool
+    python: str, dist: Path, cluster: Any, quick_start: QuickStart, work: Path, *, first: bool
 ) -> list[str]:
     home = work / f"py{python}"
     home.mkdir()
@@ -381,30 +383,29 @@ def check_python(
     pipeline = Pipeline(python, cluster, home, quick_start)
     pipeline.test_connection(venv_python)
     pipeline.cycle(venv_python, quick_start.connections["spark_default"], "spark-submit")
+    if not first:
+        return pipeline.reports
     with connect_server(venv_python, home) as connect:
         pipeline.cycle(venv_python, connect, "Spark Connect")
-        if connect_only:
-            slim = make_venv(python, wheel, home / "venv-connect", extra=None, home=home)
-            listed = installed_distributions(slim, home)
-            log(f"Python {python}, Connect-only install: pip list: {json.dumps(listed, sort_keys=True)}")
-            if "pyspark" in listed or "pyspark-client" not in listed:
-                raise InstalledCheckError(
-                    f"the Connect-only install should hold pyspark-client and no pyspark (a JVM Spark), holds "
-                    f"pyspark={listed.get('pyspark')}, pyspark-client={listed.get('pyspark-client')}"
-                )
-            if list((slim.parent.parent / "lib").glob("python*/site-packages/pyspark/jars")):
-                raise InstalledCheckError("the Connect-only install holds pyspark/jars (a JVM Spark)")
-            pipeline.cycle(slim, connect, "Spark Connect, Connect-only install")
-            # The pure-Python wheel in its place: the extract's Python path, the provider still listed.
-            pure = only_one(sorted(dist.glob(f"{PACKAGE}-*-py3-none-any.whl")), f"pure wheel in {dist}")
-            pip = [sys.executable, "-m", "pip", "--python", str(slim)]
-            run([*pip, "install", "--quiet", "--no-deps", "--force-reinstall", pure], env=clean_env(), cwd=home)
-            slim_installed: list[str | os.PathLike[str]] = [slim, *installed[1:]]
-            log(
-                run(
-                    [*slim_installed, "--pure", "--airflow-home", home / "airflow-pure"], env=clean_env(), cwd=home
-                ).strip()
+        slim = make_venv(python, wheel, home / "venv-connect", extra=None, home=home)
+        listed = installed_distributions(slim, home)
+        log(f"Python {python}, Connect-only install: pip list: {json.dumps(listed, sort_keys=True)}")
+        if "pyspark" in listed or "pyspark-client" not in listed:
+            raise InstalledCheckError(
+                f"the Connect-only install should hold pyspark-client and no pyspark (a JVM Spark), holds "
+                f"pyspark={listed.get('pyspark')}, pyspark-client={listed.get('pyspark-client')}"
             )
+        if list((slim.parent.parent / "lib").glob("python*/site-packages/pyspark/jars")):
+            raise InstalledCheckError("the Connect-only install holds pyspark/jars (a JVM Spark)")
+        pipeline.cycle(slim, connect, "Spark Connect, Connect-only install")
+        # The pure-Python wheel in its place: the extract's Python path, the provider still listed.
+        pure = only_one(sorted(dist.glob(f"{PACKAGE}-*-py3-none-any.whl")), f"pure wheel in {dist}")
+        pip = [sys.executable, "-m", "pip", "--python", str(slim)]
+        run([*pip, "install", "--quiet", "--no-deps", "--force-reinstall", pure], env=clean_env(), cwd=home)
+        slim_installed: list[str | os.PathLike[str]] = [slim, *installed[1:]]
+        log(
+            run([*slim_installed, "--pure", "--airflow-home", home / "airflow-pure"], env=clean_env(), cwd=home).strip()
+        )
     return pipeline.reports
 
 
@@ -433,9 +434,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"working in {work}")
             cluster = stack.enter_context(ThrowawayCluster())
             for python in pythons:
-                reports += check_python(
-                    python, args.dist, cluster, quick_start, work, connect_only=python == pythons[0]
-                )
+                reports += check_python(python, args.dist, cluster, quick_start, work, first=python == pythons[0])
     except InstalledCheckError as exc:
         print(f"check_installed: {exc}", file=sys.stderr)
         return 1
