@@ -61,7 +61,7 @@ from airflow_provider_pgdecode.capture.table_snapshot import (
     list_snapshot_requests,
 )
 from airflow_provider_pgdecode.capture.tables import parse_table_names
-from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
+from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS, plugin_unknown
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction, TransactionAssembler
 from airflow_provider_pgdecode.decoding.events import Message
 from airflow_provider_pgdecode.decoding.lsn import Lsn
@@ -190,7 +190,7 @@ def extract_batch(
     """
     bounds = bounds if bounds is not None else BatchBounds()
     if plugin not in SUPPORTED_PLUGINS:
-        raise SlotError(f"output plugin {plugin!r} is not supported; use one of {', '.join(SUPPORTED_PLUGINS)}")
+        raise SlotError(plugin_unknown(plugin))
     slots = SlotClient(conn)
     info = slots.describe(slot_name)
     check_readable(info, plugin)

@@ -136,7 +136,7 @@ from airflow_provider_pgdecode.batch.storage import Storage, as_storage
 from airflow_provider_pgdecode.batch.values import arrow_type
 from airflow_provider_pgdecode.capture.renames import record_tables
 from airflow_provider_pgdecode.capture.tables import parse_table_names
-from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
+from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS, plugin_unknown
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.raw_char import CHAR_TYPES, char_text
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError, StagingError
@@ -212,7 +212,7 @@ def create_slot_with_snapshot(
         failed is of no use (its snapshot is gone) and would only hold WAL back.
     """
     if plugin not in SUPPORTED_PLUGINS:
-        raise SlotError(f"output plugin {plugin!r} is not supported; use one of {', '.join(SUPPORTED_PLUGINS)}")
+        raise SlotError(plugin_unknown(plugin))
     with _connect(dsn) as conn:  # an upper-half slot left from an earlier slot of that name
         SlotClient(conn).drop_upper(slot_name)
     with replication_connection(dsn, slot_name) as repl:

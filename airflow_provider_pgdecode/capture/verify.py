@@ -37,7 +37,7 @@ from airflow_provider_pgdecode.batch.options import TableOptions
 from airflow_provider_pgdecode.batch.storage import Storage, as_storage
 from airflow_provider_pgdecode.capture.snapshot import DEFAULT_SNAPSHOT_CHUNK_ROWS, snapshot_workdir, stage_snapshot
 from airflow_provider_pgdecode.capture.tables import parse_table_names
-from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
+from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS, plugin_unknown
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError, SlotError, StagingError
 from airflow_provider_pgdecode.postgres.replication import check_slot_name, replication_connection
@@ -111,7 +111,7 @@ def stage_verify_snapshot(
         ``arrays``, ``type_map`` and ``max_value_bytes`` stage values as the pipeline does).
     """
     if plugin not in SUPPORTED_PLUGINS:
-        raise SlotError(f"output plugin {plugin!r} is not supported; use one of {', '.join(SUPPORTED_PLUGINS)}")
+        raise SlotError(plugin_unknown(plugin))
     check_slot_name(slot_name)
     names = sorted(parse_table_names(tables))
     if not names:

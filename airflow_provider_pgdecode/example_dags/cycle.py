@@ -19,6 +19,7 @@ from typing import Any
 from airflow.sdk import Param
 
 from airflow_provider_pgdecode.capture.bounds import DEFAULT_MAX_BATCH_CHANGES, DEFAULT_MAX_BATCH_WAL_BYTES
+from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
 from airflow_provider_pgdecode.operators.confirm import PgDecodeConfirmOperator
 from airflow_provider_pgdecode.operators.drain import PgDecodeDrainOperator
 from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator
@@ -97,7 +98,7 @@ def cycle_params(data_dir: str, *, source: bool = True, defaults: Mapping[str, A
             pattern="^[a-z0-9_]{1,63}$",
             description="the logical replication slot (created, two-phase, when missing)",
         ),
-        "plugin": Param("test_decoding", enum=["test_decoding", "pgoutput"], description="the slot's output plugin"),
+        "plugin": Param("test_decoding", enum=list(SUPPORTED_PLUGINS), description="the slot's output plugin"),
         "publication": Param(
             "pgdecode", type="string", description="the publication a pgoutput slot reads (ignored for test_decoding)"
         ),

@@ -52,6 +52,7 @@ from typing import Any
 from airflow.sdk import DAG, Param, TriggerRule, get_current_context, task
 from airflow.sdk.exceptions import AirflowSkipException
 
+from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
 from airflow_provider_pgdecode.example_dags.cycle import PARAM_SOURCE, SOURCE_PARAMS, Source, with_defaults
 from airflow_provider_pgdecode.operators.initial_snapshot import PgDecodeInitialSnapshotOperator
 from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
@@ -91,7 +92,7 @@ def backfill_params(
         "slot_name": Param(
             "pgdecode", type="string", pattern="^[a-z0-9_]{1,63}$", description="the pipeline's replication slot"
         ),
-        "plugin": Param("test_decoding", enum=["test_decoding", "pgoutput"], description="the slot's output plugin"),
+        "plugin": Param("test_decoding", enum=list(SUPPORTED_PLUGINS), description="the slot's output plugin"),
         "tables": Param(
             [],
             type="array",

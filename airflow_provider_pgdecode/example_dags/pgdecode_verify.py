@@ -36,6 +36,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Param
 
+from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
 from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator
 from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
 from airflow_provider_pgdecode.operators.verify import PgDecodeVerifyOperator
@@ -64,7 +65,7 @@ with DAG(
         "slot_name": Param(
             "pgdecode", type="string", pattern="^[a-z0-9_]{1,63}$", description="the pipeline's replication slot"
         ),
-        "plugin": Param("test_decoding", enum=["test_decoding", "pgoutput"], description="the slot's output plugin"),
+        "plugin": Param("test_decoding", enum=list(SUPPORTED_PLUGINS), description="the slot's output plugin"),
         "publication": Param(
             "pgdecode", type="string", description="the publication a pgoutput slot reads (ignored for test_decoding)"
         ),

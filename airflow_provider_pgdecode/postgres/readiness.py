@@ -33,10 +33,11 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
+from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS, plugin_unknown
 from airflow_provider_pgdecode.decoding.pgoutput import max_proto_version
 from airflow_provider_pgdecode.errors import ServerNotReadyError
 
-PLUGINS = ("test_decoding", "pgoutput")
+PLUGINS = SUPPORTED_PLUGINS
 """The output plugins pgdecode reads."""
 
 MIN_SERVER_VERSION = 110000
@@ -197,11 +198,6 @@ def two_phase_needs_newer_server(version: str, plugin: str) -> str:
         + (f"{other}, " if other else "")
         + "or use slots without two-phase decoding (two_phase=False)"
     )
-
-
-def plugin_unknown(plugin: str) -> str:
-    """An output plugin pgdecode does not read."""
-    return f"output plugin {plugin!r} is not one pgdecode reads: use {' or '.join(PLUGINS)}"
 
 
 def plugin_missing(plugin: str, detail: str | None = None) -> str:

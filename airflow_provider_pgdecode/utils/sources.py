@@ -59,6 +59,7 @@ from pydantic import (
 from airflow_provider_pgdecode.batch.options import parse_table_options
 from airflow_provider_pgdecode.capture.bounds import DEFAULT_MAX_BATCH_CHANGES, DEFAULT_MAX_BATCH_WAL_BYTES
 from airflow_provider_pgdecode.capture.tables import is_table_pattern, parse_table_pattern
+from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
 from airflow_provider_pgdecode.errors import ConfigurationError
 
 DEFAULT_FILE_NAME = "pgdecode_sources.yaml"
@@ -69,7 +70,7 @@ DEFAULT_POOL = "default_pool"
 pgdecode's own caps the merges of every source together; it must be created first, since
 Airflow's scheduler never runs a task of a pool that does not exist (it only logs a warning)."""
 
-PLUGINS = ("test_decoding", "pgoutput")
+PLUGINS = SUPPORTED_PLUGINS
 EVENT = "event"
 """The ``schedule`` that runs a source's cycle when its slot has changes (an Asset watched by an event trigger)."""
 PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly", "@once", "@continuous")
