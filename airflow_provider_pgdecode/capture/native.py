@@ -62,6 +62,8 @@ the first in the part); it needs an ALTER COLUMN TYPE between DELETEs of one par
 
 Select the path with ``extract_batch(..., native=False)`` or ``PGDECODE_NATIVE=0``; the
 Python path is used when the extension is not built or the database encoding is not UTF-8.
+``PGDECODE_NATIVE_LIBPQ=0`` (:data:`NATIVE_LIBPQ_ENV`) keeps the native path but has it read the
+COPY through psycopg instead of psycopg's own libpq, should a psycopg build's libpq misbehave.
 
 Its C twin is ``capture/csrc/module.c`` (the Reader; the scanners, buffers and part rules are
 in the other files of ``capture/csrc/``).
@@ -566,6 +568,10 @@ def _libpq_functions(path: str) -> tuple[int, int]:
     return get_copy_data, freemem
 
 
+NATIVE_LIBPQ_ENV = "PGDECODE_NATIVE_LIBPQ"
+"""``0``: the native reader reads the COPY through psycopg, not by calling psycopg's libpq."""
+
+
 def _libpq_connection(native: Any, copy: Any) -> int | None:
     """The ``PGconn*`` of a psycopg ``Copy`` whose libpq the reader can call, else ``None``.
 
@@ -575,7 +581,7 @@ def _libpq_connection(native: Any, copy: Any) -> int | None:
     """
     global _libpq_path
     pgconn = getattr(getattr(getattr(copy, "cursor", None), "connection", None), "pgconn", None)
-    if pgconn is None or os.environ.get("PGDECODE_NATIVE_LIBPQ", "1") == "0":
+    if pgconn is None or os.environ.get(NATIVE_LIBPQ_ENV, "1") == "0":
         return None
     if _libpq_path is False:
         _libpq_path = None

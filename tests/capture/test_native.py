@@ -6,6 +6,7 @@ import gzip
 import logging
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
@@ -335,3 +336,19 @@ def test_libpq_is_bound_by_address_from_the_very_copy_psycopg_loaded() -> None:
         native.bind_libpq(0, addresses[1])
     with pytest.raises(TypeError):
         native.bind_libpq(libpq[0])  # a path is no longer what it takes
+
+
+def test_reading_the_copy_through_psycopg_stages_the_same_batch(pg_conn, slots, tmp_path, monkeypatch) -> None:
+    """PGDECODE_NATIVE_LIBPQ=0: the native path, its COPY read through psycopg instead of libpq."""
+    import airflow_provider_pgdecode.capture.native as native_module
+
+    first_batch_workload(pg_conn)
+    upto = flush_lsn(pg_conn)
+    default = extract_batch(pg_conn, slots["test_decoding"], tmp_path / "libpq", upto_lsn=upto, native=True)
+    copy = SimpleNamespace(cursor=SimpleNamespace(connection=SimpleNamespace(pgconn=pg_conn.pgconn)))
+    assert native_module._libpq_connection(load_native(), copy) == pg_conn.pgconn.pgconn_ptr
+    monkeypatch.setenv(native_module.NATIVE_LIBPQ_ENV, "0")
+    assert native_module._libpq_connection(load_native(), copy) is None
+    through_psycopg = extract_batch(pg_conn, slots["test_decoding"], tmp_path / "psycopg", upto_lsn=upto, native=True)
+    assert through_psycopg.changes == default.changes > 0
+    assert_same_batches(default, through_psycopg)
