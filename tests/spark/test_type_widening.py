@@ -1,15 +1,23 @@
 """A source column's type change, from PostgreSQL through staging into Delta: a widening (``int`` to
 ``bigint``, ``real`` to ``double``, more numeric digits, a longer ``varchar``) is applied with
 Delta's type widening, also when the change falls inside a batch; a narrowing fails naming the
-column and the way forward, and writes nothing."""
+column and the way forward, and writes nothing; each way forward, followed, ends with Delta equal
+to PostgreSQL."""
 
 from __future__ import annotations
+
+import shutil
 
 import psycopg
 import pytest
 
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.capture.extract import extract_batch
+from airflow_provider_pgdecode.capture.table_snapshot import (
+    read_snapshot_state,
+    request_table_snapshot,
+    write_snapshot_states,
+)
 from airflow_provider_pgdecode.errors import MergeInputError
 from airflow_provider_pgdecode.spark.merge_job import merge_batches, read_delta_state
 from pgdecode_testing.compare import compare_table
@@ -93,6 +101,39 @@ def test_a_widened_column_flows_and_a_narrowed_one_is_refused(pg_conn, source, s
     after = read_delta_state(spark, path, f"pgdecode:{slot}")
     assert (after.version, after.watermark) == (before.version, before.watermark)
     assert _delta_types(spark, path)["qty"] == "bigint"
+
+    # The refusal's ways forward, followed. Changing the column back helps here, as integer widens
+    # to bigint: the refused range is extracted again, its rows staged under integer merged as they are.
+    c.execute("alter table tw_items alter column qty type bigint")
+    c.execute("insert into tw_items values (23, 6000000000, 1, 1, 'b')")
+    fourth = extract("b4", second)
+    assert merge_batches(spark, [str(fourth.path)], delta_root)["tables"]["public.tw_items"]["status"] == "merged"
+    assert _delta_types(spark, path)["qty"] == "bigint"
+    result = compare_table(c, spark, delta_root, "public", "tw_items")
+    assert result.equal, result.describe()
+
+    # Text to integer widens to nothing Delta holds: the other way, the Delta table moved aside and
+    # the table resnapshotted, re-creates it with the new type, equal to PostgreSQL.
+    c.execute("alter table tw_items alter column code type integer using length(code)")
+    c.execute("update tw_items set code = 99 where id = 1")
+    with pytest.raises(MergeInputError, match=r"column 'code' changed type from string .*move the Delta table"):
+        merge_batches(spark, [str(extract("b5", fourth).path)], delta_root)
+    shutil.move(path, str(tmp_path / "tw_items-aside"))
+    staging = tmp_path / "b6"
+    request = request_table_snapshot(staging, slot, ["public.tw_items"], "resnapshot")
+    checkpoint, state = Checkpoint.from_manifest(fourth), None
+    for _ in range(5):
+        batch = extract_batch(c, slot, staging, plugin=plugin, checkpoint=checkpoint, **extra)
+        merge_batches(spark, [str(batch.path)], delta_root)
+        checkpoint = Checkpoint.from_manifest(batch)
+        write_snapshot_states(staging, slot, checkpoint.snapshots)
+        state = read_snapshot_state(staging, slot, request.id)
+        if state is not None and state["done"]:
+            break
+    assert state is not None and state["done"] and not state["error"], state
+    assert _delta_types(spark, path)["code"] == "int"
+    result = compare_table(c, spark, delta_root, "public", "tw_items")
+    assert result.equal, result.describe()
 
 
 def _delta_types(spark, path: str) -> dict[str, str]:
