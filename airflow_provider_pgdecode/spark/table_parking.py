@@ -12,6 +12,7 @@ away), a damaged staged part, a session that is gone or out of memory.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 
 OUT_OF_MEMORY_SIGNS = ("java.lang.OutOfMemoryError", "Java heap space", "GC overhead limit exceeded")
 _REASON_CHARS = 600
+#: A Java exception's line in a py4j error: ``: java.io.X: message`` or ``Caused by: java.io.X: message``.
+_JAVA_EXCEPTION = re.compile(r"^(?::\s*|Caused by:\s*)?((?:[a-z_$][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error)): (.+)$")
 
 
 def catch_up_only(batches: Sequence[BatchManifest], parked: Collection[str]) -> list[BatchManifest]:
@@ -59,9 +62,18 @@ def table_problem(spark: SparkSession, error: BaseException) -> bool:
 
 
 def reason(error: BaseException) -> str:
-    """One line saying why a table is parked (Spark's errors carry pages of JVM stack)."""
+    """One line saying why a table is parked (Spark's errors carry pages of JVM stack).
+
+    For an error of the JVM (py4j's ``An error occurred while calling o60.sql.``, then the Java
+    exception and its causes), the innermost Java exception: the one that names the file and the
+    system's refusal (``FileNotFoundException: …/_delta_log/… (Operation not permitted)``)."""
     text = str(error).strip()
-    first = text.splitlines()[0] if text else type(error).__name__
-    if not isinstance(error, PgDecodeError):
+    lines = text.splitlines()
+    first = lines[0] if lines else type(error).__name__
+    java = [m for m in (_JAVA_EXCEPTION.match(line.strip()) for line in lines) if m]
+    if java:
+        name, message = java[-1].groups()
+        first = f"{name.rsplit('.', 1)[-1]}: {message}"
+    elif not isinstance(error, PgDecodeError):
         first = f"{type(error).__name__}: {first}"
     return first if len(first) <= _REASON_CHARS else first[: _REASON_CHARS - 1] + "…"

@@ -4,15 +4,17 @@ memory is reported as such, with the memory settings to change (not as a bug in 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_provider_pgdecode.errors import MergeOutOfMemoryError
+from airflow_provider_pgdecode.errors import DeltaTableError, MergeOutOfMemoryError
 from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
-from airflow_provider_pgdecode.spark import merge_job
+from airflow_provider_pgdecode.spark import merge_job, table_parking
 from airflow_provider_pgdecode.spark.merge_job import merge_batches, out_of_memory_error
 from tests.spark.staged import TableChanges, write_batch
 
@@ -139,3 +141,70 @@ def test_the_job_exits_3_with_the_out_of_memory_refusal(tmp_path: Path, monkeypa
     assert code == 3 and FakeSpark.stopped
     assert refusal["error"] == "MergeOutOfMemoryError" and "spark.driver.memory (now 512m" in refusal["message"]
     assert "MergeOutOfMemoryError" in capsys.readouterr().err
+
+
+def _immutable(path: Path, on: bool) -> None:
+    subprocess.run(["chattr", "+i" if on else "-i", str(path)], check=True, capture_output=True)
+
+
+@pytest.mark.spark
+def test_a_read_only_delta_table_is_parked_while_the_other_table_merges(spark, tmp_path: Path) -> None:
+    """A real refusal, nothing patched: the table's _delta_log cannot take a new commit (immutable,
+    which binds root too). That table is parked with the filesystem's reason, the other merges;
+    writable again, the same batch merges it exactly once."""
+    if shutil.which("chattr") is None:
+        pytest.skip("needs chattr (e2fsprogs) to make a directory read-only for root")
+    delta_root = tmp_path / "delta"
+    first = write_batch(
+        tmp_path / "staging",
+        SLOT,
+        10,
+        200,
+        [TableChanges("public", n, COLUMNS).insert(100, id=1, note="a") for n in ("ro", "rw")],
+    )
+    merge_batches(spark, [first], str(delta_root))
+    log = delta_root / "public" / "ro" / "_delta_log"
+    try:
+        _immutable(log, True)
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"this filesystem has no immutable flag: {exc.stderr!r}")
+    second = write_batch(
+        tmp_path / "staging",
+        SLOT,
+        200,
+        300,
+        [TableChanges("public", n, COLUMNS).update(250, id=1, note="b") for n in ("ro", "rw")],
+    )
+    try:
+        summary = merge_batches(spark, [second], str(delta_root))
+    finally:
+        _immutable(log, False)
+    assert summary["parked"] == ["public.ro"]
+    assert summary["tables"]["public.rw"]["status"] == "merged"
+    # The innermost Java exception, not py4j's "An error occurred while calling o60.sql.".
+    why = summary["tables"]["public.ro"]["reason"]
+    assert why.startswith("FileNotFoundException: ") and str(log) in why and "Operation not permitted" in why, why
+
+    def read(name: str) -> list[tuple[int, str]]:
+        rows = spark.read.format("delta").load(str(delta_root / "public" / name)).collect()
+        return [(r["id"], r["note"]) for r in rows]
+
+    assert read("ro") == [(1, "a")] and read("rw") == [(1, "b")]
+
+    again = merge_batches(spark, [second], str(delta_root))  # writable again: the parked table's turn
+    assert again["tables"]["public.ro"]["status"] == "merged" and again["tables"]["public.rw"]["status"] == "skipped"
+    assert read("ro") == [(1, "b")] and read("rw") == [(1, "b")]
+
+
+def test_the_parked_reason_is_the_innermost_java_exception_in_one_line() -> None:
+    class Py4JJavaError(Exception):
+        pass
+
+    jvm = Py4JJavaError(
+        "An error occurred while calling o60.sql.\n: org.apache.spark.SparkException: Job aborted.\n"
+        "\tat org.apache.spark.X.y(X.scala:1)\nCaused by: java.io.IOException: disk quota exceeded\n\tat a.B.c(B.java:2)"
+    )
+    assert table_parking.reason(jvm) == "IOException: disk quota exceeded"
+    assert table_parking.reason(RuntimeError("plain\nsecond line")) == "RuntimeError: plain"
+    assert table_parking.reason(DeltaTableError("table t: damaged")) == "table t: damaged"
+    assert table_parking.reason(RuntimeError("x" * 700)).endswith("…")
