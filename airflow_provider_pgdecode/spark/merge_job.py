@@ -114,6 +114,7 @@ from airflow_provider_pgdecode.spark.spark_types import (
     delta_ready,
     map_catalog_type,
     parse_unbounded_numeric_rule,
+    prints_as_its_text,
     staged_type_matches,
     widens,
 )
@@ -382,8 +383,8 @@ def type_change_way_forward(source: str, path: str) -> str:
         f"float to double, more decimal digits), and this change is not one, so nothing was written. To "
         f"continue: move the Delta table at {path} aside, then resnapshot {source} (pgdecode_backfill "
         f"mode=resnapshot), which re-creates it with the new type. Changing the column back in PostgreSQL helps "
-        f"only when the new type widens to the former one (integer back to bigint): the changes staged under the "
-        f"new type are merged as they are"
+        f"only when the new type widens to the former one (integer back to bigint), or when it was text and the "
+        f"new type is an integer or boolean: the changes staged under the new type are merged as they are"
     )
 
 
@@ -982,9 +983,13 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
             present = [c for c in plan.columns if c in staged_names and c in known]
             for column in present:
                 staged_type = frame.schema[column].dataType
-                # Parts staged before the column widened (in this batch or an earlier one) are cast.
-                if not staged_type_matches(plan.types[column], staged_type) and not widens(
-                    staged_type, plan.types[column].delta_type
+                # Parts staged before the column widened (in this batch or an earlier one) are cast,
+                # as are integers and booleans staged before it became text again.
+                delta_type = plan.types[column].delta_type
+                if not (
+                    staged_type_matches(plan.types[column], staged_type)
+                    or widens(staged_type, delta_type)
+                    or prints_as_its_text(staged_type, delta_type)
                 ):
                     raise MergeInputError(
                         f"table {plan.name} column {column!r} in {files[0]}: staged as {staged_type.simpleString()}, "

@@ -246,6 +246,15 @@ def widens(old: DataType, new: DataType) -> bool:
     return False
 
 
+def prints_as_its_text(staged: DataType, delta: DataType) -> bool:
+    """True when a value staged as ``staged``, cast to Delta's ``string``, reads as PostgreSQL
+    converts it to text whatever the session's settings: an integer (its digits) or a boolean
+    (``true``/``false``, as ``boolean::text``). So rows staged while a column was an integer or a
+    boolean merge into the string column it became again (``ALTER ... TYPE text``, a column
+    changed back), as PostgreSQL converted its own rows."""
+    return isinstance(delta, StringType) and (_integral_rank(staged) is not None or isinstance(staged, BooleanType))
+
+
 def delta_type_sql(data_type: DataType) -> str:
     """Spark SQL spelling of a Delta column type (for ALTER TABLE and messages)."""
     return data_type.simpleString()

@@ -174,6 +174,26 @@ def test_which_source_type_changes_delta_widens(before: str, after: str, expecte
     assert widens(map_catalog_type(before).delta_type, map_catalog_type(after).delta_type) is expected
 
 
+@pytest.mark.parametrize(
+    ("staged_as", "now", "expected"),
+    [
+        ("smallint", "text", True),
+        ("integer", "text", True),
+        ("bigint", "character varying(20)", True),
+        ("boolean", "text", True),
+        ("date", "text", False),  # its text depends on the DateStyle of the ALTER's session
+        ("double precision", "text", False),  # Spark and PostgreSQL print floats differently
+        ("numeric(10,2)", "text", False),  # a Delta decimal prints its whole scale
+        ("integer", "bigint", False),  # not text: that is widening's
+    ],
+)
+def test_which_staged_types_read_as_their_postgres_text(staged_as: str, now: str, expected: bool) -> None:
+    from airflow_provider_pgdecode.spark.spark_types import prints_as_its_text
+
+    staged = map_catalog_type(staged_as).delta_type
+    assert prints_as_its_text(staged, map_catalog_type(now).delta_type) is expected
+
+
 def _history_plan(tmp_path: Path, mode: str, properties: dict[str, str], **table: Any) -> None:
     """Plan one staged table of ``mode`` against an existing Delta table with ``properties``."""
     from pyspark.sql.types import IntegerType, LongType, StructField, StructType
