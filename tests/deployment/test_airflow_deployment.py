@@ -11,9 +11,9 @@ One deployment serves the module, in order:
    PostgreSQL reach Delta with no manual trigger, twice in a row, one run each;
 2. the cron-scheduled ``pgdecode_incremental`` (``[pgdecode] schedule`` every minute): a run
    catches up, and the next one's deferred sensor waits in the triggerer until changes arrive;
-3. ``airflow backfill create`` of ``pgdecode_backfill`` (replay) over three logical dates:
-   three runs under the scheduler, the Delta tables written by the first and unchanged by the
-   repeats, and equal to the source.
+3. ``airflow backfill create`` of ``pgdecode_backfill`` (replay) over two logical dates:
+   two runs under the scheduler, the Delta tables written by the first and unchanged by the
+   repeat, and equal to the source.
 
 Nothing here triggers a DAG run by hand: runs come from the trigger, the clock and the backfill.
 """
@@ -260,7 +260,7 @@ def delta_commits(table: Path) -> list[int]:
     return stamps
 
 
-def test_airflow_backfill_create_replays_three_dates_idempotently(deployment: Deployment, spark: Any) -> None:
+def test_airflow_backfill_create_replays_two_dates_idempotently(deployment: Deployment, spark: Any) -> None:
     airflow = deployment.airflow
     airflow.cli("dags", "unpause", "pgdecode_backfill")  # the scheduler runs a paused DAG's backfills not
     airflow.cli(
@@ -271,26 +271,26 @@ def test_airflow_backfill_create_replays_three_dates_idempotently(deployment: De
         "--from-date",
         "2026-03-01",
         "--to-date",
-        "2026-03-03",
+        "2026-03-02",
         "--max-active-runs",
         "1",
         "--dag-run-conf",
         json.dumps({"mode": "replay"}),
     )
-    runs = deployment.wait_for_runs("pgdecode_backfill", 3, run_type="backfill")
+    runs = deployment.wait_for_runs("pgdecode_backfill", 2, run_type="backfill")
     airflow.cli("dags", "pause", "pgdecode_backfill")
-    assert len(runs) == 3
+    assert len(runs) == 2
     ends = deployment.meta(
         "SELECT logical_date, end_date FROM dag_run WHERE dag_id = 'pgdecode_backfill' AND run_type = 'backfill'"
         " ORDER BY logical_date"
     )
-    assert [d.day for d, _ in ends] == [1, 2, 3]
+    assert [d.day for d, _ in ends] == [1, 2]
     merges = {r: s for r, t, s in deployment.task_states("pgdecode_backfill") if t == "merge"}
-    assert sorted(merges[r[0]] for r in runs) == ["success"] * 3  # each run merged (no skip)
+    assert sorted(merges[r[0]] for r in runs) == ["success"] * 2  # each run merged (no skip)
 
     replayed = deployment.data_dir / "delta_backfill"
     deployment.assert_delta_equals_source(spark, replayed)
-    # The first run wrote the tables; the two repeats committed nothing to them.
+    # The first run wrote the tables; the repeat committed nothing to them.
     first_end_ms = min(end for _, end in ends).timestamp() * 1000
     for table in TABLES:
         commits = delta_commits(replayed / "public" / table)
