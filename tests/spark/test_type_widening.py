@@ -6,6 +6,7 @@ to PostgreSQL."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 
 import psycopg
@@ -144,19 +145,18 @@ def _delta_types(spark, path: str) -> dict[str, str]:
 @pytest.fixture
 def text_source(pg_conn: psycopg.Connection, slot_name: str):
     with two_plugin_source(
-        pg_conn, slot_name, "tb_pub", ["tb_items"], "create table tb_items (id int primary key, v text)"
+        pg_conn, slot_name, "tb_pub", ["tb_items"], "create table tb_items (id int primary key, v text, d text)"
     ) as slot:
         yield slot
 
 
 @pytest.mark.parametrize("plugin", ["test_decoding", full_only("pgoutput", PLUGIN_REPEAT)])
-def test_a_column_changed_to_integer_and_back_to_text_flows_again(
-    pg_conn, text_source, spark, tmp_path, plugin
-) -> None:
-    """text -> integer is refused (Delta holds strings); changed back to text, the rows staged
-    while it was an integer are merged as their text (PostgreSQL converted its own rows with the
-    same cast), where they used to be refused on every run ('staged as int, but catalog type
-    'text' is staged as string'). The rewrite's resnapshot runs alongside; Delta ends equal."""
+def test_columns_changed_from_text_and_back_flow_again(pg_conn, text_source, spark, tmp_path, plugin, caplog) -> None:
+    """text -> integer and text -> date are refused (Delta holds strings); changed back to text,
+    the rows staged while v was an integer are merged as their text (PostgreSQL converted its own
+    rows with the same cast), d's dates as Spark prints them, with a warning, where both used to be
+    refused on every run ('staged as int, but catalog type 'text' is staged as string'). The
+    rewrite's resnapshot runs alongside; Delta ends equal."""
     c = pg_conn
     slot = text_source if plugin == "test_decoding" else text_source + "_po"
     extra = {"publication": "tb_pub"} if plugin == "pgoutput" else {}
@@ -172,15 +172,20 @@ def test_a_column_changed_to_integer_and_back_to_text_flows_again(
         write_snapshot_states(staging, slot, checkpoint.snapshots)  # as the confirm task does
         return summary
 
-    c.execute("insert into tb_items select g, g::text from generate_series(1, 5) g")
+    c.execute("insert into tb_items select g, g::text, '2024-01-0' || g from generate_series(1, 5) g")
     cycle()
-    c.execute("alter table tb_items alter column v type integer using v::integer")
-    c.execute("insert into tb_items values (6, 6)")
+    c.execute(
+        "alter table tb_items alter column v type integer using v::integer, alter column d type date using d::date"
+    )
+    c.execute("insert into tb_items values (6, 6, '2024-02-06')")
     with pytest.raises(MergeInputError, match=r"column 'v' changed type from string .* to 'integer'"):
         cycle()
-    c.execute("alter table tb_items alter column v type text")
-    c.execute("insert into tb_items values (7, 'seven')")
-    assert cycle()["tables"]["public.tb_items"]["status"] == "merged"
+    c.execute("alter table tb_items alter column v type text, alter column d type text")
+    c.execute("insert into tb_items values (7, 'seven', 'a week')")
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_pgdecode.spark.merge"):
+        assert cycle()["tables"]["public.tb_items"]["status"] == "merged"
+    warned = [r.getMessage() for r in caplog.records if "before the column became text" in r.getMessage()]
+    assert len(warned) == 1 and "column d: 1 part(s) staged as date" in warned[0], warned
     for _ in range(3):  # the resnapshot request the rewrites filed, carried out
         cycle()
     result = compare_table(c, spark, root, "public", "tb_items")
