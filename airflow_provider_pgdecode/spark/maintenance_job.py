@@ -56,8 +56,8 @@ from airflow_provider_pgdecode.spark.merge_job import (
     APP_ID_PREFIX,
     KEY_PROPERTY,
     SOURCE_PROPERTY,
-    _bucket_storage,
-    _delta_log_storage,
+    bucket_storage,
+    delta_log_storage,
     delta_ref,
     delta_table_path,
     log_actions,
@@ -196,7 +196,7 @@ def read_log_state(spark: SparkSession, path: str) -> LogState:
     its log (the newest complete checkpoint and the commits after it), as the merge job reads its
     watermark (:func:`~.merge_job.read_delta_state`); through Delta's JVM classes where the
     storage layer cannot reach."""
-    store = _delta_log_storage(path)
+    store = delta_log_storage(path)
     if store is None:
         return _read_log_state_jvm(spark, path)
     log = log_actions(store)
@@ -257,7 +257,7 @@ def _root_storage(delta_root: str) -> Storage:
         return Storage(local_path(delta_root))
     if is_object_store(delta_root):
         bucket, _, key = delta_root.split("://", 1)[1].partition("/")
-        store = _bucket_storage(bucket, ObjectStoreSettings.from_env())
+        store = bucket_storage(bucket, ObjectStoreSettings.from_env())
         return store.child(key.strip("/")) if key.strip("/") else store
     raise ConfigurationError(
         f"cannot list the Delta root {delta_root}: name its tables (--table schema.table) or use a local path or s3://"
@@ -343,7 +343,7 @@ def _table_storage(path: str) -> Storage:
     if is_local_path(path):
         return Storage(local_path(path))
     bucket, _, key = path.split("://", 1)[1].partition("/")
-    return _bucket_storage(bucket, ObjectStoreSettings.from_env()).child(key.strip("/"))
+    return bucket_storage(bucket, ObjectStoreSettings.from_env()).child(key.strip("/"))
 
 
 # --------------------------------------------------------------------------------------------

@@ -408,11 +408,11 @@ def _table_storage(path: str) -> Storage | None:
         return Storage(local_path(path))
     if is_object_store(path):
         bucket, _, key = path.split("://", 1)[1].partition("/")
-        return _bucket_storage(bucket, ObjectStoreSettings.from_env()).child(key.strip("/"))
+        return bucket_storage(bucket, ObjectStoreSettings.from_env()).child(key.strip("/"))
     return None
 
 
-def _delta_log_storage(path: str) -> Storage | None:
+def delta_log_storage(path: str) -> Storage | None:
     """The table's ``_delta_log`` through the batch format's storage layer, or ``None`` (:func:`_table_storage`)."""
     store = _table_storage(path)
     return store.child("_delta_log") if store is not None else None
@@ -501,7 +501,7 @@ def read_delta_state(spark: SparkSession, path: str, slot_app_id: str) -> DeltaS
     id is the watermark. Locations the storage layer cannot reach (``hdfs://``...) are read
     through Delta's JVM classes, which only a classic session has.
     """
-    store = _delta_log_storage(path)
+    store = delta_log_storage(path)
     if store is None:
         return _read_delta_state_jvm(spark, path, slot_app_id)
     log = log_actions(store)
@@ -829,7 +829,8 @@ def uses_object_store(batch_dirs: Iterable[str], delta_root: str) -> bool:
 
 
 @functools.lru_cache(maxsize=16)
-def _bucket_storage(bucket: str, settings: ObjectStoreSettings) -> Storage:
+def bucket_storage(bucket: str, settings: ObjectStoreSettings) -> Storage:
+    """A bucket of the object store, through the batch format's storage layer."""
     return Storage(f"s3://{bucket}", settings)
 
 
@@ -844,7 +845,7 @@ def open_part(file: str) -> Iterator[Any]:
     through the batch format's storage layer (settings from the ``AWS_*`` environment)."""
     if is_object_store(file):
         bucket, _, key = file.split("://", 1)[1].partition("/")
-        with _bucket_storage(bucket, ObjectStoreSettings.from_env()).open_input(key) as handle:
+        with bucket_storage(bucket, ObjectStoreSettings.from_env()).open_input(key) as handle:
             yield handle
     else:
         yield local_path(file)
@@ -2204,7 +2205,7 @@ def _last_commit(spark: SparkSession, path: str) -> tuple[int, dict[str, int]]:
     """The table's latest version, and its row counts when that commit is a MERGE or an append:
     the newest commit's ``commitInfo``, read from the log through the storage layer (``DESCRIBE
     HISTORY``, a Spark statement of its own, only where that cannot reach)."""
-    store = _delta_log_storage(path)
+    store = delta_log_storage(path)
     if store is None:
         row = spark.sql(f"DESCRIBE HISTORY {delta_ref(path)} LIMIT 1").collect()[0]
         version, operation, metrics = int(row["version"]), row["operation"], row["operationMetrics"] or {}
@@ -2632,7 +2633,7 @@ def drop_created_table(spark: SparkSession, path: str) -> None:
                 shutil.rmtree(directory, ignore_errors=True)
                 log.info("removed %s: created by this run, whose first write failed", path)
             return
-        store = _delta_log_storage(path)
+        store = delta_log_storage(path)
         if store is not None:  # object storage, through the storage layer (no JVM: Connect too)
             if not store.exists(f"{1:020d}.json"):
                 store.at(store.root.rsplit("/_delta_log", 1)[0]).delete_tree()
@@ -2668,7 +2669,8 @@ def out_of_memory_error(error: BaseException, spark_conf: Mapping[str, str]) -> 
     )
 
 
-def _parse_type_map(pairs: Sequence[str]) -> dict[str, str]:
+def parse_type_map(pairs: Sequence[str]) -> dict[str, str]:
+    """``--type-map NAME=TYPE`` pairs as a mapping (the merge and verify jobs' command lines)."""
     overrides: dict[str, str] = {}
     for pair in pairs:
         name, sep, spark_type = pair.rpartition("=")
@@ -2782,7 +2784,7 @@ def options_from_args(args: argparse.Namespace) -> MergeOptions:
     return MergeOptions(
         table_properties=table_properties,
         unbounded_numeric=args.unbounded_numeric,
-        type_overrides=_parse_type_map(args.type_map),
+        type_overrides=parse_type_map(args.type_map),
         numeric_special=args.numeric_special,
         key_range_pruning=not args.no_key_range_pruning,
         codegen_min_changes=args.codegen_min_changes,

@@ -70,9 +70,9 @@ from airflow_provider_pgdecode.spark.merge_job import (
     KEY_PROPERTY,
     DeltaState,
     MergeOptions,
-    _parse_type_map,
     app_id,
     delta_table_path,
+    parse_type_map,
     plan_table,
     read_delta_state,
     staged_events,
@@ -511,7 +511,7 @@ REFUSALS = (BatchError, MergeInputError, VerifyError)
 def verify_from_args(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
     """:func:`verify_tables` with the job's parsed arguments (spark-submit's ``main`` and the
     verify operator's Spark Connect path share it)."""
-    options = MergeOptions(unbounded_numeric=args.unbounded_numeric, type_overrides=_parse_type_map(args.type_map))
+    options = MergeOptions(unbounded_numeric=args.unbounded_numeric, type_overrides=parse_type_map(args.type_map))
     return verify_tables(
         spark,
         args.snapshot,
