@@ -43,18 +43,11 @@ Memory is bounded by configuration, whatever the batch size: ``part_rows`` buffe
 part being converted, one being written, one taken and waiting for them, and one open
 transaction of fewer than ``memory_items`` rows (kept twice: parsed, and as read).
 
-Measured (bench/extract_bench.py, 500,000 changes, 2 cores): the server decodes a row in ~1-2
-µs, and sending it as COPY costs it another ~0.1-0.2 µs; on our side the reader thread
-(transfer, C parsing, take) spends ~0.14 µs of CPU per pgoutput row (2026-11-27; ~0.19 before
-parts left without a copy, the open transaction stayed in the input buffer and libpq's input
-buffer was widened) and the writer's two threads ~0.25 µs (conversion ~0.08, Parquet ~0.16,
-with jemalloc and the part options of
-:func:`~airflow_provider_pgdecode.batch.format.change_part_options`); the Python path spends ~12
-µs per row. Since the server materialises the peek before sending its
-first row, all of this comes after the server's decode: on two cores, where reader, writer and
-the sending backend compete, the extract's ratio to the raw decode is bounded by that CPU. A
-large range is decoded in two sessions (:mod:`~airflow_provider_pgdecode.capture.sessions`):
-the reader reads the lower half while the server still decodes the upper one.
+Since the server materialises the peek before sending its first row, all of this comes after
+the server's decode; a large range is therefore decoded in two sessions
+(:mod:`~airflow_provider_pgdecode.capture.sessions`): the reader reads the lower half while the
+server still decodes the upper one. What each step costs per row is measured by
+bench/extract_bench.py and stated in the README's performance section.
 
 Known difference: a column of the old-key image whose type changes within one part takes the
 type first registered for the table while rows with it are buffered (the Python writer takes

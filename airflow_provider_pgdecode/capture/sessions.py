@@ -4,11 +4,10 @@ session decodes the lower half.
 
 Why: ``pg_logical_slot_peek_*changes`` decodes its whole range on one server core before it sends a
 row, and the client can do nothing meanwhile. Two sessions decode the two halves at once; the
-extract reads the first half while the server still decodes the second or sends it. Measured on
-two cores (500,000 changes, bench/extract_bench.py): both halves through ``psql`` take 0.56 s
-(test_decoding) and 0.37 s (pgoutput) against 0.81 s and 0.45 s for one raw decode. The server
+extract reads the first half while the server still decodes the second or sends it. The server
 spends no more CPU than for one peek, but for reading the WAL of the first half once more without
-decoding it (``pg_replication_slot_advance``: 25 ms here).
+decoding it (``pg_replication_slot_advance``). The gain is measured by bench/extract_bench.py and
+stated in the README's performance section ("Two decoding sessions").
 
 Why the two halves together are the batch one peek would give:
 
