@@ -4,9 +4,10 @@ The oracle is PostgreSQL: after each run every Delta table equals its source as 
 workload carries a prepared transaction across runs, a TRUNCATE, an unchanged TOAST value and a
 key change; one run is killed after the merge and before the confirm, and the re-run doubles
 nothing. The staging root and the Delta root are ``s3://`` locations reached through an Airflow
-``aws`` connection (``storage_conn_id``); nothing of either is on the local disk. The
-incremental DAG merges through a Spark Connect server reading the lake with its own S3A
-settings; the backfill DAG through spark-submit, hadoop-aws resolved by Ivy as users' runs do.
+``aws`` connection (``storage_conn_id``); nothing of either is on the local disk. Both DAGs
+merge through a Spark Connect server reading the lake with its own S3A settings (spark-submit with
+hadoop-aws resolved by Ivy, as users' runs do, merges on S3 in tests/spark/test_spark_submit.py and
+tests/spark/test_object_store.py: five spark-submits here cost ten minutes of CI).
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def backfill_s3(pg_cluster, pg_conn, slot_name, s3_server, s3_bucket, monkeypatc
     return bag.dags["pgdecode_backfill"], bag.dags["pgdecode_incremental"], conf
 
 
-def test_initial_add_table_and_replay_on_s3(pg_conn, backfill_s3, s3_object_spark) -> None:
+def test_initial_add_table_and_replay_on_s3(pg_conn, backfill_s3, merge_through_connect, s3_object_spark) -> None:
     backfill, incremental, conf = backfill_s3
     spark = s3_object_spark
     tables = ("s3_bf_customers", "s3_bf_orders", "s3_bf_late")
