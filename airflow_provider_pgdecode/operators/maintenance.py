@@ -28,15 +28,15 @@ from airflow.sdk import BaseOperator, Context
 from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings
 from airflow_provider_pgdecode.errors import ConfigurationError, MaintenanceError, MaintenanceRefusedError
 from airflow_provider_pgdecode.hooks.object_store import object_store_settings
-from airflow_provider_pgdecode.operators.merge import (
+from airflow_provider_pgdecode.hooks.spark_job import (
     SPARK_CONNECT_CONN_TYPE,
     SparkJobTask,
     connect_session,
-    parse_batch_paths,
     spark_connection_type,
     submit_hook,
     uses_object_store,
 )
+from airflow_provider_pgdecode.utils.arguments import parse_batch_paths
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 MAINTENANCE_JOB_MODULE = "airflow_provider_pgdecode.spark.maintenance_job"

@@ -38,15 +38,15 @@ from airflow_provider_pgdecode.capture.verify import (
 )
 from airflow_provider_pgdecode.errors import VerifyError, VerifyMismatchError
 from airflow_provider_pgdecode.hooks.object_store import object_store_settings
-from airflow_provider_pgdecode.operators.merge import (
+from airflow_provider_pgdecode.hooks.spark_job import (
     SPARK_CONNECT_CONN_TYPE,
     SparkJobTask,
     connect_session,
-    location_asset,
     spark_connection_type,
     submit_hook,
     uses_object_store,
 )
+from airflow_provider_pgdecode.utils.assets import location_asset
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 VERIFY_JOB_MODULE = "airflow_provider_pgdecode.spark.verify_job"
