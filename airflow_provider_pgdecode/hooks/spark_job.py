@@ -26,7 +26,15 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, is_object_store
-from airflow_provider_pgdecode.errors import ConfigurationError
+from airflow_provider_pgdecode.errors import (
+    ConfigurationError,
+    MaintenanceError,
+    MaintenanceRefusedError,
+    MergeInputError,
+    MergeOutOfMemoryError,
+    PgDecodeError,
+    VerifyError,
+)
 from airflow_provider_pgdecode.spark.session import SPARK_JOB_ENTRY, spark_job_arguments
 from airflow_provider_pgdecode.utils.config import exported, pgdecode_env, pgdecode_environment
 
@@ -215,13 +223,63 @@ def submit_hook(
     return build({**env_vars, **object_store_env(hook, settings, operator.storage_conn_id)})
 
 
-class SparkJobTask:
-    """What pgdecode's Spark-job operators (merge, verify, maintenance) share: the spark-submit of
-    a job that writes its result as JSON, and ``on_kill`` stopping the job they run (spark-submit
-    or a Spark Connect client session)."""
+#: What a Spark job's refusal (``{"error": <class name>, "message": ...}``) becomes in the task,
+#: per job: errors raised as themselves, by class name, and the job's error for any other refusal.
+#: The one table of it; :func:`refusal_error` reads it.
+REFUSAL_ERRORS: dict[str, tuple[type[PgDecodeError], dict[str, type[PgDecodeError]]]] = {
+    "merge": (MergeInputError, {MergeOutOfMemoryError.__name__: MergeOutOfMemoryError}),
+    "verify": (VerifyError, {}),
+    "maintenance": (
+        ConfigurationError,
+        {MaintenanceRefusedError.__name__: MaintenanceRefusedError, MaintenanceError.__name__: MaintenanceError},
+    ),
+}
 
+
+def refusal_error(job: str, refusal: Mapping[str, Any], detail: str | None = None) -> PgDecodeError:
+    """The error a job's refusal raises in the task (:data:`REFUSAL_ERRORS`); ``detail`` (or the
+    refusal's own ``detail``) is added to an error raised as itself (the task's memory settings for
+    an out-of-memory). A refusal means
+    the job left its output unchanged: every such error is deterministic, retrying cannot help."""
+    default, as_itself = REFUSAL_ERRORS[job]
+    kind, message = str(refusal.get("error")), str(refusal.get("message"))
+    detail = str(refusal["detail"]) if refusal.get("detail") else detail
+    if kind in as_itself:
+        return as_itself[kind](f"{message} ({detail})" if detail else message)
+    return default(f"the {job} job refused: {kind}: {message}")
+
+
+class SparkJobTask:
+    """What pgdecode's Spark-job operators (merge, verify, maintenance) share: running a job one way
+    or the other (:meth:`run_job`, the one place that decides), reading the JSON object a submitted
+    job writes, and ``on_kill`` stopping the job they run (spark-submit or a Spark Connect client
+    session)."""
+
+    conn_id: str
+    conf: Mapping[str, Any]
+    log: Any
     _hook: SparkSubmitHook | None = None
     _connect_session: Any = None
+
+    def run_job(
+        self,
+        kind: str,
+        *,
+        submit: Callable[[str], SparkSubmitHook],
+        in_session: Callable[[Any], dict[str, Any] | None],
+        settings: ObjectStoreSettings | None,
+    ) -> dict[str, Any] | None:
+        """The job's summary or refusal: ``in_session(spark)`` as a client session of the Spark
+        Connect server when ``conn_id`` is a ``spark_connect`` connection, else the spark-submit of
+        the hook ``submit`` makes (:meth:`submit_job`)."""
+        if spark_connection_type(self.conn_id) == SPARK_CONNECT_CONN_TYPE:
+            with connect_session(self.conn_id, self.conf, settings, self.log) as spark:
+                self._connect_session = spark
+                try:
+                    return in_session(spark)
+                finally:
+                    self._connect_session = None
+        return self.submit_job(submit, kind)
 
     def submit_job(self, get_hook: Callable[[str], SparkSubmitHook], kind: str) -> dict[str, Any] | None:
         """spark-submit the job of the hook ``get_hook`` makes and read the JSON object it writes to the path given to

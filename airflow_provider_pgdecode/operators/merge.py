@@ -24,14 +24,12 @@ from airflow_provider_pgdecode.batch.parking import (
 )
 from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage, is_object_store
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import MergeInputError, MergeOutOfMemoryError
+from airflow_provider_pgdecode.errors import MergeOutOfMemoryError
 from airflow_provider_pgdecode.hooks.object_store import object_store_settings, storage_for
 from airflow_provider_pgdecode.hooks.spark_job import (
-    SPARK_CONNECT_CONN_TYPE,
     SparkJobTask,
-    connect_session,
     read_json_object,
-    spark_connection_type,
+    refusal_error,
     submit_hook,
     uses_object_store,
 )
@@ -275,25 +273,22 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
                 self.delta_root,
                 ", ".join(f"{name} {n} rows" for name, n in sorted(rows.items())),
             )
-        if spark_connection_type(self.conn_id) == SPARK_CONNECT_CONN_TYPE:
-            connect_summary = self._merge_connect([str(m.path) for m in to_merge], settings)
-            result["summary"] = connect_summary
-            result["parked"] = self._settle_parking(parking, connect_summary)
-            self._emit_assets(context, connect_summary)
-            self._lineage = (to_merge, connect_summary)
-            return result
         paths = [str(m.path) for m in to_merge]
-        summary = self.submit_job(lambda path: self.get_hook(paths, path, settings), "merge")
+        summary = self.run_job(
+            "merge",
+            submit=lambda path: self.get_hook(paths, path, settings),
+            in_session=lambda spark: self._merge_in_session(spark, paths),
+            settings=settings,
+        )
         if summary is not None and "error" in summary:
-            kind, message = str(summary["error"]), str(summary.get("message"))
-            if kind == MergeOutOfMemoryError.__name__:
-                # Retrying with the same memory fails the same way.
-                raise MergeOutOfMemoryError(
-                    f"{message} (this task: driver_memory={self.driver_memory!r}, "
-                    f"executor_memory={self.executor_memory!r}, conf={self._memory_conf()})"
-                )
-            # The job refused the input and left Delta unchanged: retrying cannot help.
-            raise MergeInputError(f"the merge job refused the batch: {kind}: {message}")
+            # The job refused the input and left Delta unchanged, or ran out of memory: retrying
+            # with the same input and memory fails the same way.
+            raise refusal_error(
+                "merge",
+                summary,
+                f"this task: driver_memory={self.driver_memory!r}, executor_memory={self.executor_memory!r}, "
+                f"conf={self._memory_conf()}",
+            )
         summary = self._report_summary(summary)
         result["summary"] = summary
         result["parked"] = self._settle_parking(parking, summary)
@@ -357,44 +352,49 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
         batches, summary = self._lineage
         return merge_lineage(batches, summary)
 
-    def _merge_connect(self, batches: Sequence[str], settings: ObjectStoreSettings | None) -> dict[str, Any]:
+    def _merge_in_session(self, spark: Any, batches: Sequence[str]) -> dict[str, Any]:
         """The merge as a client session of the Spark Connect server of ``conn_id``: the merge job's
         own core (:func:`~airflow_provider_pgdecode.spark.merge_job.run_merge_job`) runs in this
-        task, its Spark work on the server. A session of its own, stopped at the end (the server
-        and its warm JVM stay); ``conf`` entries become settings of this session only."""
-        from airflow_provider_pgdecode.spark.merge_job import build_argument_parser, options_from_args, run_merge_job
+        task, its Spark work on the server (a session of its own, stopped at the end: the server
+        and its warm JVM stay; ``conf`` entries become settings of this session only). Its summary,
+        or its refusal."""
+        from airflow_provider_pgdecode.spark.merge_job import (
+            build_argument_parser,
+            options_from_args,
+            out_of_memory_error,
+            run_merge_job,
+        )
 
         args = ["--delta-root", str(self.delta_root)]
         for batch in batches:
             args += ["--batch", batch]
         parsed = build_argument_parser().parse_args([*args, *(str(a) for a in self.merge_args), *self._parking_args])
-        options = options_from_args(parsed)
-        with connect_session(self.conn_id, self.conf, settings, self.log) as spark:
-            self._connect_session = spark
-            workdir = tempfile.mkdtemp(prefix="pgdecode-merge-")
-            refusal_path = str(Path(workdir) / "summary.json")
-            try:
-                code, summary = run_merge_job(spark, list(batches), str(self.delta_root), options, refusal_path)
-                refusal = read_json_object(refusal_path) if code else None
-            except Exception as error:
-                from airflow_provider_pgdecode.spark.merge_job import out_of_memory_error
-
-                memory = out_of_memory_error(error, self._memory_conf())
-                if memory is not None:
-                    raise memory from None
-                raise
-            finally:
-                shutil.rmtree(workdir, ignore_errors=True)
-                self._connect_session = None
-        if summary is None:
-            kind, message = ("error", "see the merge job's error above")
-            if refusal is not None and "error" in refusal:
-                kind, message = str(refusal["error"]), str(refusal.get("message"))
-            if code == 3:
-                raise MergeOutOfMemoryError(f"{message} (this task: conf={self._memory_conf()})")
-            raise MergeInputError(f"the merge job refused the batch: {kind}: {message}")
-        self._report_summary(summary)
-        return summary
+        workdir = tempfile.mkdtemp(prefix="pgdecode-merge-")
+        refusal_path = str(Path(workdir) / "summary.json")
+        try:
+            code, summary = run_merge_job(
+                spark, list(batches), str(self.delta_root), options_from_args(parsed), refusal_path
+            )
+            refusal = read_json_object(refusal_path) if code else None
+        except Exception as error:
+            memory = out_of_memory_error(error, self._memory_conf())
+            if memory is not None:
+                raise memory from None
+            raise
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if summary is not None:
+            return summary
+        if code == 3:  # out of memory: the refusal's message, the session's memory settings
+            message = str((refusal or {}).get("message") or "the merge ran out of memory")
+            return {
+                "error": MergeOutOfMemoryError.__name__,
+                "message": message,
+                "detail": f"this task: conf={self._memory_conf()}",
+            }
+        if refusal is not None and "error" in refusal:
+            return refusal
+        return {"error": "error", "message": "see the merge job's error above"}
 
     def _log_summary(self, summary: Mapping[str, Any]) -> None:
         """One line per table and the total (:func:`~airflow_provider_pgdecode.spark.merge_job.summary_lines`),
