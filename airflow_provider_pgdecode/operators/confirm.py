@@ -18,9 +18,9 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError
 from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-from airflow_provider_pgdecode.operators.extract import checkpoint_xcom_key
 from airflow_provider_pgdecode.utils.config import pgdecode_environment
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
+from airflow_provider_pgdecode.utils.xcom import checkpoint_xcom_key
 
 
 def _same_path(a: str, b: str) -> bool:

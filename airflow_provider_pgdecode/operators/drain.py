@@ -14,8 +14,9 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.operators.confirm import PgDecodeConfirmOperator
-from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator, checkpoint_xcom_key
+from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator
 from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
+from airflow_provider_pgdecode.utils.xcom import checkpoint_xcom_key
 
 
 def eta_text(lag_bytes: int, drained_bytes: int, written_bytes: int, seconds: float) -> str:

@@ -19,12 +19,7 @@ from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.utils.config import pgdecode_bool, pgdecode_environment
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
-from airflow_provider_pgdecode.utils.xcom import latest_xcom
-
-
-def checkpoint_xcom_key(slot_name: str) -> str:
-    """The XCom key under which the confirm task leaves a slot's checkpoint."""
-    return f"pgdecode_checkpoint:{slot_name}"
+from airflow_provider_pgdecode.utils.xcom import checkpoint_xcom_key, latest_xcom
 
 
 def log_manifest(log: Any, manifest: BatchManifest, seconds: float | None = None) -> None:

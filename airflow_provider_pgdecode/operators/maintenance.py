@@ -26,17 +26,15 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings
-from airflow_provider_pgdecode.errors import ConfigurationError, MaintenanceError, MaintenanceRefusedError
+from airflow_provider_pgdecode.errors import MaintenanceError
 from airflow_provider_pgdecode.hooks.object_store import object_store_settings
-from airflow_provider_pgdecode.operators.merge import (
-    SPARK_CONNECT_CONN_TYPE,
+from airflow_provider_pgdecode.hooks.spark_job import (
     SparkJobTask,
-    connect_session,
-    parse_batch_paths,
-    spark_connection_type,
+    refusal_error,
     submit_hook,
     uses_object_store,
 )
+from airflow_provider_pgdecode.utils.arguments import parse_batch_paths
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 MAINTENANCE_JOB_MODULE = "airflow_provider_pgdecode.spark.maintenance_job"
@@ -224,17 +222,14 @@ class PgDecodeDeltaMaintenanceOperator(SparkJobTask, BaseOperator):
     def _maintain(self) -> dict[str, Any]:
         settings = object_store_settings(self.storage_conn_id)
         self.log.info("Maintaining the pgdecode Delta tables under %s: %s", self.delta_root, self.job_args())
-        summary: dict[str, Any] | None
-        if spark_connection_type(self.conn_id) == SPARK_CONNECT_CONN_TYPE:
-            summary = self._maintain_connect(settings)
-        else:
-            summary = self._maintain_submit(settings)
+        summary = self.run_job(
+            "maintenance",
+            submit=lambda path: self.get_hook(path, settings),
+            in_session=self._maintain_in_session,
+            settings=settings,
+        )
         if summary is not None and "error" in summary:
-            if summary["error"] == MaintenanceRefusedError.__name__:
-                raise MaintenanceRefusedError(str(summary.get("message")))
-            if summary["error"] == MaintenanceError.__name__:
-                raise MaintenanceError(str(summary.get("message")))
-            raise ConfigurationError(f"the maintenance job refused: {summary['error']}: {summary.get('message')}")
+            raise refusal_error("maintenance", summary)
         if summary is None or "tables" not in summary:
             raise MaintenanceError(f"the maintenance job wrote no summary for {self.delta_root} (its log says why)")
         from airflow_provider_pgdecode.spark.maintenance_job import table_line
@@ -245,16 +240,9 @@ class PgDecodeDeltaMaintenanceOperator(SparkJobTask, BaseOperator):
             self.log.warning("No pgdecode Delta table under %s: nothing to do", self.delta_root)
         return summary
 
-    def _maintain_submit(self, settings: ObjectStoreSettings | None) -> dict[str, Any] | None:
-        return self.submit_job(lambda path: self.get_hook(path, settings), "maintenance")
-
-    def _maintain_connect(self, settings: ObjectStoreSettings | None) -> dict[str, Any]:
+    def _maintain_in_session(self, spark: Any) -> dict[str, Any]:
+        """The maintenance job's core run in this task as a client session of the Spark Connect
+        server of ``conn_id``: its summary or refusal."""
         from airflow_provider_pgdecode.spark.maintenance_job import build_argument_parser, run_maintenance_job
 
-        args = build_argument_parser().parse_args(self.job_args())
-        with connect_session(self.conn_id, self.conf, settings, self.log) as spark:
-            self._connect_session = spark
-            try:
-                return run_maintenance_job(spark, args)[1]
-            finally:
-                self._connect_session = None
+        return run_maintenance_job(spark, build_argument_parser().parse_args(self.job_args()))[1]

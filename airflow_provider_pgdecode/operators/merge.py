@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-from airflow.sdk import Asset, AssetAlias, BaseHook, BaseOperator, Context
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk import AssetAlias, BaseOperator, Context
 
-from airflow_provider_pgdecode.batch.format import delta_path_part
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.batch.parking import (
     Parking,
@@ -31,289 +24,32 @@ from airflow_provider_pgdecode.batch.parking import (
 )
 from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage, is_object_store
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import ConfigurationError, MergeInputError, MergeOutOfMemoryError
+from airflow_provider_pgdecode.errors import MergeOutOfMemoryError
 from airflow_provider_pgdecode.hooks.object_store import object_store_settings, storage_for
-from airflow_provider_pgdecode.spark.session import SPARK_JOB_ENTRY, spark_job_arguments
-from airflow_provider_pgdecode.utils.config import exported, pgdecode_env, pgdecode_environment
+from airflow_provider_pgdecode.hooks.spark_job import (
+    SparkJobTask,
+    read_json_object,
+    refusal_error,
+    submit_hook,
+    uses_object_store,
+)
+from airflow_provider_pgdecode.utils.arguments import parse_batch_paths
+from airflow_provider_pgdecode.utils.assets import delta_table_asset, location_asset
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
 
+__all__ = ["PgDecodeMergeOperator", "delta_table_asset", "location_asset", "parse_batch_paths"]
+
 MERGE_JOB_MODULE = "airflow_provider_pgdecode.spark.merge_job"
 DEFAULT_ASSET_ALIAS = "pgdecode_delta_tables"
-SPARK_CONNECT_CONN_TYPE = "spark_connect"
-"""The Spark provider's connection type of a Spark Connect server (host + port): a merge whose
-``conn_id`` names one runs as a client session of that server instead of a spark-submit."""
-
-
-def spark_connection_type(conn_id: str) -> str | None:
-    """The type of the Spark connection ``conn_id`` (``spark``, ``spark_connect``...), or ``None``
-    when there is no such connection (the spark-submit path then says what to create)."""
-    try:
-        return BaseHook.get_connection(conn_id).conn_type
-    except AirflowException:
-        return None
-
-
-def connect_url(conn_id: str) -> str:
-    """The ``sc://host:port`` URL of a ``spark_connect`` connection, as the Spark provider's
-    :class:`~airflow.providers.apache.spark.hooks.spark_connect.SparkConnectHook` builds it."""
-    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
-
-    try:
-        return SparkConnectHook(conn_id=conn_id).get_connection_url()
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise ConfigurationError(
-            f"Spark Connect connection {conn_id!r} gives no usable server address ({exc}): set its host "
-            "(e.g. 127.0.0.1 or sc://spark-connect) and port (e.g. 15002)"
-        ) from None
-
-
-@contextmanager
-def connect_session(
-    conn_id: str, conf: Mapping[str, Any], settings: ObjectStoreSettings | None, log: Any
-) -> Iterator[Any]:
-    """A client session of the Spark Connect server of ``conn_id``, stopped on exit (the server
-    and its warm JVM stay), for a job whose core runs in this task and its Spark work on the
-    server; ``log`` is the task's logger. ``conf`` entries become settings of this session only.
-    The store's settings reach the manifests' and footers' reads in this process (the server
-    reads Parquet and Delta with its own S3A settings: docs/spark-connect.md); the [pgdecode]
-    settings too. A server that goes away meanwhile fails the job with
-    :class:`~airflow_provider_pgdecode.errors.SparkConnectUnreachableError` within a minute (the
-    session's client retries under bounds: spark/connect_client.py)."""
-    from airflow_provider_pgdecode.spark.session import build_connect_session, connect_server_named
-
-    url = connect_url(conn_id)
-    session_conf = {str(k): str(v) for k, v in conf.items() if not str(k).startswith("spark.jars")}
-    log.info("Running through the Spark Connect server %s (connection %s)", url.split(";")[0], conn_id)
-    with pgdecode_environment(), exported(settings.to_env() if settings is not None else {}):
-        spark = build_connect_session(url, extra_conf=session_conf, conn_id=conn_id)
-        try:
-            with connect_server_named(spark, url, conn_id=conn_id):
-                yield spark
-        finally:
-            try:
-                spark.stop()
-            except Exception as exc:  # a lost server: the job's own outcome matters more
-                log.warning("Could not close the Spark Connect session: %s", exc)
-
-
-def interrupt_connect_session(session: Any) -> None:
-    """Stop a task's Spark work on a Spark Connect server (``on_kill``); the server stays."""
-    if session is not None:
-        try:
-            session.interruptAll()
-        finally:
-            session.stop()
-
-
-def default_spark_binary() -> str:
-    """The ``spark-submit`` of the Python running Airflow (pip's pyspark puts it beside python)."""
-    from airflow_provider_pgdecode.spark.session import spark_bin
-
-    return spark_bin("spark-submit")
-
-
-DRIVER_ADDRESS_EXTRAS = {"driver-host": "spark.driver.host", "driver-bind-address": "spark.driver.bindAddress"}
-"""Keys of the Spark connection's extra that set the driver's advertised and bound address."""
-
-
-def default_env_vars(master: str | None = None) -> dict[str, str]:
-    """Environment that makes the venv's ``spark-submit`` find its Spark and Python (pitfall P2);
-    ``SPARK_LOCAL_IP=127.0.0.1`` only for a local ``master`` (for a remote one the driver must
-    advertise an address the executors reach: see :func:`driver_address_conf`), and the
-    ``[pgdecode]`` settings the Spark side reads (as their ``PGDECODE_*`` variables)."""
-    import pyspark
-
-    from airflow_provider_pgdecode.spark.session import driver_address_env
-
-    return {
-        **pgdecode_env(),
-        "SPARK_HOME": os.path.dirname(pyspark.__file__),
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        **driver_address_env(master),
-    }
-
-
-def driver_address_conf(extra: Mapping[str, Any]) -> dict[str, str]:
-    """``spark.driver.host`` / ``spark.driver.bindAddress`` from a Spark connection's extra
-    (``driver-host``, ``driver-bind-address``): the address executors on a remote master use to
-    reach a client-mode driver, and the local address it listens on (e.g. ``0.0.0.0``)."""
-    return {conf: str(extra[key]) for key, conf in DRIVER_ADDRESS_EXTRAS.items() if extra.get(key)}
-
-
-def hook_master(hook: SparkSubmitHook) -> str | None:
-    """The master the hook resolved from its Spark connection (``None`` when unknown)."""
-    connection = getattr(hook, "_connection", None) or {}
-    return str(connection["master"]) if connection.get("master") else None
-
-
-def default_spark_conf(*, object_store: bool = False) -> dict[str, str]:
-    """Delta's session settings and where its jars come from (``spark.jars.packages`` + a project Ivy
-    dir); with ``object_store``, hadoop-aws for ``s3a://`` too (no secret: those travel as environment)."""
-    from airflow_provider_pgdecode.spark.session import delta_spark_conf
-
-    with pgdecode_environment():  # [pgdecode] ivy_dir, delta_jars, delta_package ... (AIRFLOW__PGDECODE__*)
-        return delta_spark_conf(object_store=object_store)
-
-
-def spark_submit_settings(
-    conn_id: str, conf: Mapping[str, Any], packages: str | None, *, object_store: bool = False
-) -> tuple[dict[str, str], str | None]:
-    """The ``conf`` and ``packages`` of a pgdecode spark-submit (the merge and verify jobs): Delta's
-    defaults (with hadoop-aws when ``object_store``) under the operator's ``conf``, with
-    ``spark.jars.packages`` moved to ``packages``.
-
-    Checks first that the Spark connection exists: without it spark-submit would run on YARN.
-    The connection's ``driver-host`` / ``driver-bind-address`` extras become ``spark.driver.host``
-    / ``spark.driver.bindAddress`` (:func:`driver_address_conf`), under the operator's ``conf``.
-    """
-    try:
-        connection = BaseHook.get_connection(conn_id)
-    except AirflowException as exc:
-        raise ConfigurationError(
-            f"Spark connection {conn_id!r} not found ({exc}). Without it spark-submit would silently "
-            "use master 'yarn'. Create it, e.g. for local mode "
-            f'AIRFLOW_CONN_{conn_id.upper()}=\'{{"conn_type": "spark", "host": "local[*]"}}\''
-        ) from exc
-    merged = {
-        **default_spark_conf(object_store=object_store),
-        **driver_address_conf(connection.extra_dejson),
-        **{k: str(v) for k, v in conf.items()},
-    }
-    jars = merged.pop("spark.jars.packages", None)
-    return merged, packages or jars
-
-
-def submit_hook(
-    operator: Any,
-    *,
-    job: str,
-    name: str,
-    args: Sequence[str],
-    object_store: bool,
-    settings: ObjectStoreSettings | None,
-    **spark: Any,
-) -> SparkSubmitHook:
-    """The SparkSubmitHook that runs the pgdecode Spark job ``job`` (its module) for ``operator`` (its ``conn_id``,
-    ``conf``, ``packages``, ``driver_memory``, ``executor_memory``, ``env_vars``, ``spark_binary``
-    and ``storage_conn_id``); ``spark``: more SparkSubmitHook arguments. ``settings`` (the storage
-    connection's) reach the spark-submit process as ``AWS_*`` environment only, once the Spark
-    connection says they stay off the command line (never ``env_vars``: a template field, which
-    Airflow stores rendered)."""
-    conf, packages = spark_submit_settings(
-        operator.conn_id, operator.conf, operator.packages, object_store=object_store
-    )
-
-    def build(env_vars: dict[str, str]) -> SparkSubmitHook:
-        return SparkSubmitHook(
-            conf=conf,
-            conn_id=operator.conn_id,
-            packages=packages or None,
-            driver_memory=operator.driver_memory,
-            executor_memory=operator.executor_memory,
-            name=name,
-            application_args=spark_job_arguments(job, args),
-            env_vars=env_vars,
-            spark_binary=operator.spark_binary or default_spark_binary(),
-            **spark,
-        )
-
-    hook = build(dict(operator.env_vars))
-    # Loopback for the driver only with a local master (the hook resolved it from the connection).
-    env_vars = {**default_env_vars(hook_master(hook)), **operator.env_vars}
-    return build({**env_vars, **object_store_env(hook, settings, operator.storage_conn_id)})
-
-
-class SparkJobTask:
-    """What pgdecode's Spark-job operators (merge, verify, maintenance) share: the spark-submit of
-    a job that writes its result as JSON, and ``on_kill`` stopping the job they run (spark-submit
-    or a Spark Connect client session)."""
-
-    _hook: SparkSubmitHook | None = None
-    _connect_session: Any = None
-
-    def submit_job(self, get_hook: Callable[[str], SparkSubmitHook], kind: str) -> dict[str, Any] | None:
-        """spark-submit the job of the hook ``get_hook`` makes and read the JSON object it writes to the path given to
-        ``get_hook``: its summary, or its refusal (an object with ``error`` and ``message``) when it
-        refused its input and exited non-zero. Any other failure of the submit raises. ``None``:
-        nothing readable here (cluster deploy mode: the driver wrote it on another machine)."""
-        workdir = tempfile.mkdtemp(prefix=f"pgdecode-{kind}-")
-        try:
-            path = str(Path(workdir) / f"{kind}.json")
-            self._hook = get_hook(path)
-            try:
-                self._hook.submit(str(SPARK_JOB_ENTRY))
-            except AirflowException:
-                refusal = read_json_object(path)
-                if refusal is not None and "error" in refusal:
-                    return refusal
-                raise
-            return read_json_object(path)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-
-    def on_kill(self) -> None:
-        """Stop the spark-submit process (and the driver or application in cluster modes), or this
-        task's Spark work on a Spark Connect server."""
-        if self._hook is not None:
-            self._hook.on_kill()
-        interrupt_connect_session(self._connect_session)
-
-
-def object_store_env(
-    hook: SparkSubmitHook, settings: ObjectStoreSettings | None, storage_conn_id: str | None
-) -> dict[str, str]:
-    """The ``AWS_*`` environment that carries a storage connection's settings to the Spark job.
-
-    spark-submit gets them as its process environment, never as arguments. The Spark provider's
-    hook puts ``env_vars`` on the command line as ``--conf`` for a YARN or Kubernetes master (and
-    refuses them in standalone cluster mode), so a connection holding a secret is refused there.
-    """
-    if settings is None:
-        return {}
-    connection = getattr(hook, "_connection", None) or {}
-    master = str(connection.get("master") or "")
-    if settings.secrets and ("yarn" in master or "k8s" in master or connection.get("deploy_mode") == "cluster"):
-        raise ConfigurationError(
-            f"storage_conn_id={storage_conn_id!r} holds a secret key, and with master {master!r} "
-            f"(deploy mode {connection.get('deploy_mode')!r}) the Spark provider would pass it on the spark-submit "
-            "command line. Give the cluster its own S3 credentials instead (an instance or pod role, or fs.s3a.* in "
-            "its core-site.xml) and use a connection without a key pair (endpoint_url and region_name only), or "
-            "run the job in client mode on a standalone master or local[*]"
-        )
-    return settings.to_env()
-
-
-def uses_object_store(*locations: str) -> bool:
-    """Whether any location is on object storage (``s3://``, ``s3a://``)."""
-    return any(is_object_store(str(location)) for location in locations if location)
 
 
 def read_manifest(path: str, settings: ObjectStoreSettings | None) -> BatchManifest:
     """A batch's manifest: local, or on object storage with the storage connection's settings."""
     location: Any = Storage(path, settings) if settings is not None and is_object_store(path) else path
     return BatchManifest.read(location)
-
-
-def parse_batch_paths(value: str | Sequence[str] | None) -> list[str]:
-    """Batch directories from a path, a list of paths, or a rendered template of either (a JSON list)."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            try:
-                parsed = json.loads(text)
-            except ValueError:
-                import ast
-
-                parsed = ast.literal_eval(text)
-            return [str(p) for p in parsed if p]
-        return [text] if text else []
-    return [str(p) for p in value if p]
 
 
 class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
@@ -537,25 +273,22 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
                 self.delta_root,
                 ", ".join(f"{name} {n} rows" for name, n in sorted(rows.items())),
             )
-        if spark_connection_type(self.conn_id) == SPARK_CONNECT_CONN_TYPE:
-            connect_summary = self._merge_connect([str(m.path) for m in to_merge], settings)
-            result["summary"] = connect_summary
-            result["parked"] = self._settle_parking(parking, connect_summary)
-            self._emit_assets(context, connect_summary)
-            self._lineage = (to_merge, connect_summary)
-            return result
         paths = [str(m.path) for m in to_merge]
-        summary = self.submit_job(lambda path: self.get_hook(paths, path, settings), "merge")
+        summary = self.run_job(
+            "merge",
+            submit=lambda path: self.get_hook(paths, path, settings),
+            in_session=lambda spark: self._merge_in_session(spark, paths),
+            settings=settings,
+        )
         if summary is not None and "error" in summary:
-            kind, message = str(summary["error"]), str(summary.get("message"))
-            if kind == MergeOutOfMemoryError.__name__:
-                # Retrying with the same memory fails the same way.
-                raise MergeOutOfMemoryError(
-                    f"{message} (this task: driver_memory={self.driver_memory!r}, "
-                    f"executor_memory={self.executor_memory!r}, conf={self._memory_conf()})"
-                )
-            # The job refused the input and left Delta unchanged: retrying cannot help.
-            raise MergeInputError(f"the merge job refused the batch: {kind}: {message}")
+            # The job refused the input and left Delta unchanged, or ran out of memory: retrying
+            # with the same input and memory fails the same way.
+            raise refusal_error(
+                "merge",
+                summary,
+                f"this task: driver_memory={self.driver_memory!r}, executor_memory={self.executor_memory!r}, "
+                f"conf={self._memory_conf()}",
+            )
         summary = self._report_summary(summary)
         result["summary"] = summary
         result["parked"] = self._settle_parking(parking, summary)
@@ -619,44 +352,49 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
         batches, summary = self._lineage
         return merge_lineage(batches, summary)
 
-    def _merge_connect(self, batches: Sequence[str], settings: ObjectStoreSettings | None) -> dict[str, Any]:
+    def _merge_in_session(self, spark: Any, batches: Sequence[str]) -> dict[str, Any]:
         """The merge as a client session of the Spark Connect server of ``conn_id``: the merge job's
         own core (:func:`~airflow_provider_pgdecode.spark.merge_job.run_merge_job`) runs in this
-        task, its Spark work on the server. A session of its own, stopped at the end (the server
-        and its warm JVM stay); ``conf`` entries become settings of this session only."""
-        from airflow_provider_pgdecode.spark.merge_job import build_argument_parser, options_from_args, run_merge_job
+        task, its Spark work on the server (a session of its own, stopped at the end: the server
+        and its warm JVM stay; ``conf`` entries become settings of this session only). Its summary,
+        or its refusal."""
+        from airflow_provider_pgdecode.spark.merge_job import (
+            build_argument_parser,
+            options_from_args,
+            out_of_memory_error,
+            run_merge_job,
+        )
 
         args = ["--delta-root", str(self.delta_root)]
         for batch in batches:
             args += ["--batch", batch]
         parsed = build_argument_parser().parse_args([*args, *(str(a) for a in self.merge_args), *self._parking_args])
-        options = options_from_args(parsed)
-        with connect_session(self.conn_id, self.conf, settings, self.log) as spark:
-            self._connect_session = spark
-            workdir = tempfile.mkdtemp(prefix="pgdecode-merge-")
-            refusal_path = str(Path(workdir) / "summary.json")
-            try:
-                code, summary = run_merge_job(spark, list(batches), str(self.delta_root), options, refusal_path)
-                refusal = read_json_object(refusal_path) if code else None
-            except Exception as error:
-                from airflow_provider_pgdecode.spark.merge_job import out_of_memory_error
-
-                memory = out_of_memory_error(error, self._memory_conf())
-                if memory is not None:
-                    raise memory from None
-                raise
-            finally:
-                shutil.rmtree(workdir, ignore_errors=True)
-                self._connect_session = None
-        if summary is None:
-            kind, message = ("error", "see the merge job's error above")
-            if refusal is not None and "error" in refusal:
-                kind, message = str(refusal["error"]), str(refusal.get("message"))
-            if code == 3:
-                raise MergeOutOfMemoryError(f"{message} (this task: conf={self._memory_conf()})")
-            raise MergeInputError(f"the merge job refused the batch: {kind}: {message}")
-        self._report_summary(summary)
-        return summary
+        workdir = tempfile.mkdtemp(prefix="pgdecode-merge-")
+        refusal_path = str(Path(workdir) / "summary.json")
+        try:
+            code, summary = run_merge_job(
+                spark, list(batches), str(self.delta_root), options_from_args(parsed), refusal_path
+            )
+            refusal = read_json_object(refusal_path) if code else None
+        except Exception as error:
+            memory = out_of_memory_error(error, self._memory_conf())
+            if memory is not None:
+                raise memory from None
+            raise
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if summary is not None:
+            return summary
+        if code == 3:  # out of memory: the refusal's message, the session's memory settings
+            message = str((refusal or {}).get("message") or "the merge ran out of memory")
+            return {
+                "error": MergeOutOfMemoryError.__name__,
+                "message": message,
+                "detail": f"this task: conf={self._memory_conf()}",
+            }
+        if refusal is not None and "error" in refusal:
+            return refusal
+        return {"error": "error", "message": "see the merge job's error above"}
 
     def _log_summary(self, summary: Mapping[str, Any]) -> None:
         """One line per table and the total (:func:`~airflow_provider_pgdecode.spark.merge_job.summary_lines`),
@@ -708,42 +446,3 @@ class PgDecodeMergeOperator(SparkJobTask, BaseOperator):
 
     def _memory_conf(self) -> dict[str, str]:
         return {k: str(v) for k, v in self.conf.items() if k in ("spark.driver.memory", "spark.executor.memory")}
-
-
-def location_asset(location: str | Path) -> Asset:
-    """The Airflow Asset of a directory: named by its URI (``name == uri``), a ``file://`` URI of
-    the resolved path for a local directory, ``s3://bucket/...`` (percent-encoded) for one on
-    object storage (other schemes normalise badly). Exactly ``Asset(uri)``: what the provider
-    emits and what a DAG schedules on are one Asset, which Airflow keeps active."""
-    text = str(location)
-    if is_object_store(text):
-        bucket, _, prefix = text.split("://", 1)[1].partition("/")
-        uri = f"s3://{bucket}/" + "/".join(quote(p, safe="") for p in prefix.split("/") if p)
-    else:
-        uri = Path(text).resolve().as_uri()
-    return Asset(uri)
-
-
-def delta_table_asset(delta_root: str | Path, schema: str, table: str) -> Asset:
-    """The Airflow Asset of one Delta table, ``<delta_root>/<schema>/<table>`` as the merge job
-    writes it (:func:`~airflow_provider_pgdecode.batch.format.delta_path_part`). The merge emits it
-    for each table it changed; schedule a DAG on the same call::
-
-        schedule=[delta_table_asset("/data/delta", "public", "orders")]
-
-    (equal to ``Asset("file:///data/delta/public/orders")``: name and URI are the table's URI)."""
-    root = str(delta_root)
-    if is_object_store(root):
-        return location_asset(f"{root.rstrip('/')}/{delta_path_part(schema)}/{delta_path_part(table)}")
-    return location_asset(Path(root) / delta_path_part(schema) / delta_path_part(table))
-
-
-def read_json_object(path: str) -> dict[str, Any] | None:
-    """The JSON object a Spark job wrote to ``path`` (its summary or refusal); ``None`` when the
-    file is missing, unreadable or not an object."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

@@ -38,15 +38,13 @@ from airflow_provider_pgdecode.capture.verify import (
 )
 from airflow_provider_pgdecode.errors import VerifyError, VerifyMismatchError
 from airflow_provider_pgdecode.hooks.object_store import object_store_settings
-from airflow_provider_pgdecode.operators.merge import (
-    SPARK_CONNECT_CONN_TYPE,
+from airflow_provider_pgdecode.hooks.spark_job import (
     SparkJobTask,
-    connect_session,
-    location_asset,
-    spark_connection_type,
+    refusal_error,
     submit_hook,
     uses_object_store,
 )
+from airflow_provider_pgdecode.utils.assets import location_asset
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 VERIFY_JOB_MODULE = "airflow_provider_pgdecode.spark.verify_job"
@@ -279,15 +277,16 @@ class PgDecodeVerifyOperator(SparkJobTask, BaseOperator):
             self.delta_root,
             snapshot.lsn,
         )
-        report: dict[str, Any] | None
-        if spark_connection_type(self.conn_id) == SPARK_CONNECT_CONN_TYPE:
-            report = self._verify_connect(snapshot, settings)
-        else:
-            report = self._verify_submit(snapshot, settings)
+        report = self.run_job(
+            "verify",
+            submit=lambda path: self.get_hook(snapshot, path, settings),
+            in_session=lambda spark: self._verify_in_session(spark, snapshot),
+            settings=settings,
+        )
         if report is not None and "error" in report:
             # A refusal is final for this copy: drop it, a new verify run takes another.
             self._remove(snapshot, settings)
-            raise VerifyError(f"the verify job refused: {report['error']}: {report.get('message')}")
+            raise refusal_error("verify", report)
         if report is None or "tables" not in report:
             raise VerifyError(f"the verify job wrote no report for slot {snapshot.slot!r} (its log says why)")
         name = f"report-{int(snapshot.lsn):016X}.json"
@@ -302,25 +301,16 @@ class PgDecodeVerifyOperator(SparkJobTask, BaseOperator):
         self._emit(context, snapshot, report, str(kept))
         return report
 
-    def _verify_submit(self, snapshot: VerifySnapshot, settings: ObjectStoreSettings | None) -> dict[str, Any] | None:
-        """The report (or the job's refusal) of the verify job run by spark-submit; a crash raises
-        and the copy stays for the retry."""
-        return self.submit_job(lambda path: self.get_hook(snapshot, path, settings), "verify")
-
-    def _verify_connect(self, snapshot: VerifySnapshot, settings: ObjectStoreSettings | None) -> dict[str, Any]:
+    def _verify_in_session(self, spark: Any, snapshot: VerifySnapshot) -> dict[str, Any]:
         """The report (or the job's refusal) of the verify job's core run in this task as a client
-        session of the Spark Connect server of ``conn_id`` (the merge operator's Connect path)."""
+        session of the Spark Connect server of ``conn_id``."""
         from airflow_provider_pgdecode.spark.verify_job import REFUSALS, build_argument_parser, verify_from_args
 
         args = build_argument_parser().parse_args(self._job_args(snapshot))
-        with connect_session(self.conn_id, self.conf, settings, self.log) as spark:
-            self._connect_session = spark
-            try:
-                return verify_from_args(spark, args)
-            except REFUSALS as error:
-                return {"error": type(error).__name__, "message": str(error)}
-            finally:
-                self._connect_session = None
+        try:
+            return verify_from_args(spark, args)
+        except REFUSALS as error:
+            return {"error": type(error).__name__, "message": str(error)}
 
     def _remove(self, snapshot: VerifySnapshot, settings: ObjectStoreSettings | None = None) -> None:
         if self.keep_snapshot:

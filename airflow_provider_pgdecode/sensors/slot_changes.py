@@ -12,11 +12,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, Airfl
 
 from airflow_provider_pgdecode.errors import ConfigurationError, SlotError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-from airflow_provider_pgdecode.triggers.slot_changes import (
-    DEFAULT_HEARTBEAT_PREFIX,
-    DEFAULT_PROBE_ROWS,
-    SlotChangesTrigger,
-)
+from airflow_provider_pgdecode.hooks.slot_probe import DEFAULT_HEARTBEAT_PREFIX, DEFAULT_PROBE_ROWS
+from airflow_provider_pgdecode.triggers.slot_changes import SlotChangesTrigger
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
 

@@ -13,9 +13,9 @@ from airflow_provider_pgdecode.batch.parking import read_parked
 from airflow_provider_pgdecode.errors import SlotError, SlotInUseError
 from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.hooks.slot_probe import DEFAULT_HEARTBEAT_PREFIX, ChangesProbe, probe_changes
 from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
-from airflow_provider_pgdecode.triggers.slot_changes import DEFAULT_HEARTBEAT_PREFIX, ChangesProbe, probe_changes
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 from airflow_provider_pgdecode.utils.xcom import latest_xcom
 

@@ -52,15 +52,12 @@ if __package__ in (None, ""):  # run as a file by spark-submit: make the package
 from airflow_provider_pgdecode.batch.format import is_local_path, join_path, local_path
 from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage, is_object_store, spark_uri
 from airflow_provider_pgdecode.errors import ConfigurationError, MaintenanceError, MaintenanceRefusedError
+from airflow_provider_pgdecode.spark.delta_state import APP_ID_PREFIX, bucket_storage, replay_log, table_storage
 from airflow_provider_pgdecode.spark.merge_job import (
-    APP_ID_PREFIX,
     KEY_PROPERTY,
     SOURCE_PROPERTY,
-    bucket_storage,
-    delta_log_storage,
     delta_ref,
     delta_table_path,
-    log_actions,
     quote,
     uses_object_store,
 )
@@ -193,58 +190,14 @@ def parse_interval_hours(text: str) -> float:
 
 def read_log_state(spark: SparkSession, path: str) -> LogState:
     """Version, transaction ids (every app id) and properties of the Delta table at ``path``, from
-    its log (the newest complete checkpoint and the commits after it), as the merge job reads its
-    watermark (:func:`~.merge_job.read_delta_state`); through Delta's JVM classes where the
-    storage layer cannot reach."""
-    store = delta_log_storage(path)
-    if store is None:
-        return _read_log_state_jvm(spark, path)
-    log = log_actions(store)
-    if log is None:
+    its log, as the merge job reads its watermark (:func:`~.delta_state.replay_log`)."""
+    replay = replay_log(spark, path)
+    if replay is None:
         raise MaintenanceError(
             f"no Delta table at {path} (no commit in its _delta_log): check the table's name (schema.table) and the "
             "Delta root, or give no tables to maintain every pgdecode table under the root"
         )
-    version, actions = log
-    transactions: dict[str, int] = {}
-    metadata: dict[str, Any] | None = None
-    for action in actions:
-        txn = action.get("txn")
-        if txn and txn.get("appId") is not None and txn.get("version") is not None:
-            app, number = str(txn["appId"]), int(txn["version"])
-            transactions[app] = max(number, transactions.get(app, -1))
-        if action.get("metaData"):
-            metadata = dict(action["metaData"])
-    configuration: Any = (metadata or {}).get("configuration") or {}
-    if isinstance(configuration, list):  # a map column read from a checkpoint: (key, value) pairs
-        configuration = dict(configuration)
-    return LogState(version, transactions, {str(k): str(v) for k, v in configuration.items()})
-
-
-def _read_log_state_jvm(spark: SparkSession, path: str) -> LogState:
-    """:func:`read_log_state` through Delta's own classes, for locations Python does not reach."""
-    jvm: Any = getattr(spark, "_jvm", None)
-    if jvm is None:
-        raise ConfigurationError(
-            f"the Delta table at {path} is on a filesystem this process cannot read, and the session is a Spark "
-            "Connect client: use a local path or an s3:// location, or run the maintenance with spark-submit"
-        )
-    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    snapshot = delta_log.update(
-        getattr(delta_log, "update$default$1")(),
-        getattr(delta_log, "update$default$2")(),
-        getattr(delta_log, "update$default$3")(),
-    )
-
-    def as_dict(scala_map: Any) -> dict[str, str]:
-        found, iterator = {}, scala_map.iterator()
-        while iterator.hasNext():
-            entry = iterator.next()
-            found[str(entry._1())] = str(entry._2())
-        return found
-
-    transactions = {app: int(version) for app, version in as_dict(snapshot.transactions()).items()}
-    return LogState(int(snapshot.version()), transactions, as_dict(snapshot.metadata().configuration()))
+    return LogState(replay.version, dict(replay.transactions), replay.properties)
 
 
 def slot_transactions(state: LogState) -> dict[str, int]:
@@ -334,16 +287,10 @@ def detail(spark: SparkSession, path: str) -> tuple[int, int]:
 def storage_files(path: str) -> int | None:
     """Files under the table's directory outside ``_delta_log`` (data and deletion-vector files), or
     ``None`` where the storage layer cannot list."""
-    if not (is_local_path(path) or is_object_store(path)):
+    store = table_storage(path)
+    if store is None:
         return None
-    return sum(1 for name in _table_storage(path).walk_files() if not name.startswith("_delta_log/"))
-
-
-def _table_storage(path: str) -> Storage:
-    if is_local_path(path):
-        return Storage(local_path(path))
-    bucket, _, key = path.split("://", 1)[1].partition("/")
-    return bucket_storage(bucket, ObjectStoreSettings.from_env()).child(key.strip("/"))
+    return sum(1 for name in store.walk_files() if not name.startswith("_delta_log/"))
 
 
 # --------------------------------------------------------------------------------------------

@@ -105,6 +105,15 @@ from airflow_provider_pgdecode.spark import (
     table_parking,
 )
 from airflow_provider_pgdecode.spark.collapse import KEEP, KIND, LSN, OP, SEQ, CollapseInput, col, old_key_name
+from airflow_provider_pgdecode.spark.delta_state import (
+    DeltaState,
+    app_id,
+    bucket_storage,
+    delta_log_storage,
+    log_version,
+    read_delta_state,
+    table_storage,
+)
 from airflow_provider_pgdecode.spark.history import HISTORY, KEPT_MODES, MODE_PROPERTY, SOFT_DELETE, Truncate
 from airflow_provider_pgdecode.spark.session import active_connect_session, configure_object_store, is_connect_session
 from airflow_provider_pgdecode.spark.spark_types import (
@@ -126,7 +135,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("airflow_provider_pgdecode.spark.merge")
 
-APP_ID_PREFIX = "pgdecode:"
 METADATA_FIELDS: tuple[StructField, ...] = (
     StructField(COMMIT_LSN, LongType(), False, {"comment": "commit LSN of the row's last change"}),
     StructField(COMMIT_TIME, TimestampType(), True, {"comment": "commit time of the row's last change (UTC)"}),
@@ -227,15 +235,6 @@ class Segment:
     staged: TableSummary
     applied_through: int
     """Rows with a commit LSN at or below this are already in Delta (-1: none)."""
-
-
-@dataclass
-class DeltaState:
-    exists: bool
-    version: int
-    watermark: int | None
-    schema: StructType | None
-    properties: dict[str, str]
 
 
 @dataclass
@@ -394,175 +393,6 @@ def type_change_error(name: str, column: str, before: str, after: str, source: s
         f"table {name} column {column!r} changed type from {before} to {after}, a narrowing or incompatible "
         f"change; {type_change_way_forward(source, path)}"
     )
-
-
-def app_id(slot: str) -> str:
-    """The Delta idempotent-write app id of a slot: the watermark is kept under it."""
-    return f"{APP_ID_PREFIX}{slot}"
-
-
-def _table_storage(path: str) -> Storage | None:
-    """The table's directory through the batch format's storage layer (a local path or an
-    ``s3a://`` location), or ``None`` for a location only Spark's filesystems reach."""
-    if is_local_path(path):
-        return Storage(local_path(path))
-    if is_object_store(path):
-        bucket, _, key = path.split("://", 1)[1].partition("/")
-        return bucket_storage(bucket, ObjectStoreSettings.from_env()).child(key.strip("/"))
-    return None
-
-
-def delta_log_storage(path: str) -> Storage | None:
-    """The table's ``_delta_log`` through the batch format's storage layer, or ``None`` (:func:`_table_storage`)."""
-    store = _table_storage(path)
-    return store.child("_delta_log") if store is not None else None
-
-
-def _log_version(name: str, suffix: str) -> int | None:
-    head = name[: -len(suffix)] if name.endswith(suffix) else None
-    return int(head) if head is not None and head.isdigit() else None
-
-
-def _checkpoint_files(names: Sequence[str]) -> dict[int, list[str]]:
-    """Complete checkpoints of a Delta log by version: ``<v>.checkpoint.parquet``, all the parts of
-    a multi-part one (``<v>.checkpoint.<i>.<n>.parquet``), or a V2 one's top file
-    (``<v>.checkpoint.<uuid>.parquet|json``, which holds the txn and metaData actions itself)."""
-    found: dict[int, list[str]] = {}
-    parts: dict[tuple[int, int], list[str]] = {}
-    for name in names:
-        head, sep, rest = name.partition(".checkpoint")
-        if not sep or not head.isdigit():
-            continue
-        version = int(head)
-        pieces = rest.strip(".").split(".")
-        if pieces == ["parquet"] or (len(pieces) == 2 and pieces[1] in ("parquet", "json") and "-" in pieces[0]):
-            found.setdefault(version, [name])
-        elif len(pieces) == 3 and pieces[0].isdigit() and pieces[1].isdigit() and pieces[2] == "parquet":
-            parts.setdefault((version, int(pieces[1])), []).append(name)
-    for (version, total), names_of in parts.items():
-        if len(names_of) == total:
-            found.setdefault(version, sorted(names_of))
-    return found
-
-
-def log_actions(store: Storage) -> tuple[int, Iterator[Mapping[str, Any]]] | None:
-    """The table's version and the ``txn`` and ``metaData`` actions that make up its state, oldest
-    first: those of the newest complete checkpoint, then every commit after it. ``None`` when the
-    ``_delta_log`` holds no commit."""
-    names = [name for name, is_dir in store.list_dir() if not is_dir]
-    commits = sorted(v for v in (_log_version(n, ".json") for n in names) if v is not None)
-    checkpoints = _checkpoint_files(names)
-    if not commits and not checkpoints:
-        return None
-    version = max([*commits, *checkpoints])
-    base = max((v for v in checkpoints if v <= version), default=-1)
-
-    def actions() -> Iterator[Mapping[str, Any]]:
-        if base >= 0:
-            import pyarrow.parquet as pq
-
-            for name in checkpoints[base]:
-                if name.endswith(".json"):
-                    yield from _log_file_actions(store, name)
-                    continue
-                with store.open_input(name) as handle:
-                    columns = [c for c in ("txn", "metaData") if c in pq.read_schema(handle).names]
-                with store.open_input(name) as handle:
-                    yield from pq.read_table(handle, columns=columns).to_pylist()
-        for commit in (v for v in commits if v > base):
-            yield from _log_file_actions(store, f"{commit:020d}.json")
-
-    return version, actions()
-
-
-def _log_file_actions(store: Storage, name: str) -> Iterator[Mapping[str, Any]]:
-    """The actions of one JSON file of a ``_delta_log``; a line that is not JSON names the file."""
-    for number, line in enumerate(store.read_text(name).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield json.loads(line)
-        except ValueError as exc:
-            table = store.root.rstrip("/").rsplit("/_delta_log", 1)[0]
-            raise DeltaTableError(
-                f"the Delta log file {store.uri(name)} is damaged (line {number} is not JSON: {exc}), so the Delta "
-                f"table {table} cannot be read. Restore the file from a copy (a versioned bucket, a backup); or move "
-                "the table's directory aside and resnapshot the table (pgdecode_backfill, mode resnapshot)"
-            ) from None
-
-
-def read_delta_state(spark: SparkSession, path: str, slot_app_id: str) -> DeltaState:
-    """Version, watermark, schema and properties of the Delta table at ``path`` (if any).
-
-    Read from the table's transaction log itself (the latest complete checkpoint and the commits
-    after it) through the batch format's storage layer: no JVM call, so the same code serves a
-    spark-submit session and a Spark Connect client session. A watermark only grows (Delta refuses
-    a transaction version at or below the one it holds), so the newest ``txn`` action of the app
-    id is the watermark. Locations the storage layer cannot reach (``hdfs://``...) are read
-    through Delta's JVM classes, which only a classic session has.
-    """
-    store = delta_log_storage(path)
-    if store is None:
-        return _read_delta_state_jvm(spark, path, slot_app_id)
-    log = log_actions(store)
-    if log is None:
-        return DeltaState(False, -1, None, None, {})
-    version, actions = log
-    watermark: int | None = None
-    metadata: dict[str, Any] | None = None
-    for action in actions:
-        watermark, metadata = _apply_action(action, slot_app_id, watermark, metadata)
-    if metadata is None:
-        raise DeltaTableError(
-            f"the Delta log at {path} (version {version}) holds no table metadata: it is damaged or still being "
-            "created. Nothing was written. Move the directory aside (or restore its _delta_log) and run the merge again"
-        )
-    configuration = metadata.get("configuration") or {}
-    if isinstance(configuration, list):  # a map column read from a checkpoint: (key, value) pairs
-        configuration = dict(configuration)
-    schema = StructType.fromJson(json.loads(metadata["schemaString"]))
-    return DeltaState(True, version, watermark, schema, {str(k): str(v) for k, v in configuration.items()})
-
-
-def _apply_action(
-    action: Mapping[str, Any], slot_app_id: str, watermark: int | None, metadata: dict[str, Any] | None
-) -> tuple[int | None, dict[str, Any] | None]:
-    txn = action.get("txn")
-    if txn and txn.get("appId") == slot_app_id and txn.get("version") is not None:
-        watermark = max(int(txn["version"]), watermark if watermark is not None else -1)
-    if action.get("metaData"):
-        metadata = dict(action["metaData"])
-    return watermark, metadata
-
-
-def _read_delta_state_jvm(spark: SparkSession, path: str, slot_app_id: str) -> DeltaState:
-    """:func:`read_delta_state` through Delta's own classes, for locations Python does not reach."""
-    jvm: Any = getattr(spark, "_jvm", None)
-    if jvm is None:
-        raise ConfigurationError(
-            f"the Delta table at {path} is on a filesystem this process cannot read, and the session is a Spark "
-            "Connect client, which has no JVM to read it through: use a local path or an s3:// location as the "
-            "Delta root, or run the merge with spark-submit (a connection of type spark)"
-        )
-    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    snapshot = delta_log.update(
-        getattr(delta_log, "update$default$1")(),
-        getattr(delta_log, "update$default$2")(),
-        getattr(delta_log, "update$default$3")(),
-    )
-    version = int(snapshot.version())
-    if version < 0:
-        return DeltaState(False, -1, None, None, {})
-    txn = snapshot.transactions().get(slot_app_id)
-    watermark = int(txn.get()) if txn.isDefined() else None
-    configuration = snapshot.metadata().configuration()
-    properties: dict[str, str] = {}
-    iterator = configuration.iterator()
-    while iterator.hasNext():
-        entry = iterator.next()
-        properties[str(entry._1())] = str(entry._2())
-    schema = StructType.fromJson(json.loads(snapshot.schema().json()))
-    return DeltaState(True, version, watermark, schema, properties)
 
 
 def _same_type(a: DataType, b: DataType) -> bool:
@@ -829,11 +659,6 @@ def uses_object_store(batch_dirs: Iterable[str], delta_root: str) -> bool:
 
 
 @functools.lru_cache(maxsize=16)
-def bucket_storage(bucket: str, settings: ObjectStoreSettings) -> Storage:
-    """A bucket of the object store, through the batch format's storage layer."""
-    return Storage(f"s3://{bucket}", settings)
-
-
 def footers_readable(file: str) -> bool:
     """Whether pyarrow reads this part's footer here: a local file or one on object storage."""
     return is_local_path(file) or is_object_store(file)
@@ -1978,7 +1803,7 @@ def committable_snapshot(plan: TablePlan, options: MergeOptions) -> TableSummary
     entry = segment.staged
     if entry.snapshot_files is None or segment.applied_through >= 0 or segment.batch.snapshot_chunks:
         return None
-    if entry.updates or entry.deletes or _table_storage(plan.path) is None:
+    if entry.updates or entry.deletes or table_storage(plan.path) is None:
         return None
     if entry.numeric_specials and options.numeric_special == "error":
         return None  # the Spark path refuses the batch, naming the columns
@@ -2014,7 +1839,7 @@ def snapshot_template(
     fields = table_fields(plan)
     ntz = any(isinstance(f.dataType, TimestampNTZType) for f in fields)
     kind = (tuple(sorted(options.table_properties.items())), ntz, spark.version)
-    templates = _table_storage(join_path(delta_root, TEMPLATE_DIR))
+    templates = table_storage(join_path(delta_root, TEMPLATE_DIR))
     if templates is None:
         return None
     kept = hashlib.sha256(json.dumps(kind).encode("utf-8")).hexdigest()[:24] + ".json"
@@ -2119,7 +1944,7 @@ def commit_snapshot(
     watermark (:mod:`.delta_commit`). Returns the rows committed, or ``None`` when the table's first
     commit exists already (another run created the table meanwhile)."""
     protocol, metadata = template
-    store = _table_storage(plan.path)
+    store = table_storage(plan.path)
     assert store is not None and entry.location is not None and entry.snapshot_files is not None
     columns = delta_commit.indexed_columns(metadata)
     adds: list[dict[str, Any]] = []
@@ -2211,7 +2036,7 @@ def _last_commit(spark: SparkSession, path: str) -> tuple[int, dict[str, int]]:
         version, operation, metrics = int(row["version"]), row["operation"], row["operationMetrics"] or {}
     else:
         names = [name for name, is_dir in store.list_dir() if not is_dir]
-        version = max(v for v in (_log_version(n, ".json") for n in names) if v is not None)
+        version = max(v for v in (log_version(n, ".json") for n in names) if v is not None)
         info: dict[str, Any] = {}
         for line in store.read_text(f"{version:020d}.json").splitlines():
             action = json.loads(line) if line.strip() else {}

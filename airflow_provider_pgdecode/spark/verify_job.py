@@ -65,16 +65,14 @@ from airflow_provider_pgdecode.batch.storage import spark_uri
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import BatchError, MergeInputError, VerifyError
 from airflow_provider_pgdecode.spark.collapse import OP, col
+from airflow_provider_pgdecode.spark.delta_state import DeltaState, app_id, read_delta_state
 from airflow_provider_pgdecode.spark.history import KEPT_MODES, MODE_PROPERTY, current_rows, recorded_mode
 from airflow_provider_pgdecode.spark.merge_job import (
     KEY_PROPERTY,
-    DeltaState,
     MergeOptions,
-    app_id,
     delta_table_path,
     parse_type_map,
     plan_table,
-    read_delta_state,
     staged_events,
     uses_object_store,
 )

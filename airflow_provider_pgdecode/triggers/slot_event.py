@@ -60,11 +60,8 @@ from asgiref.sync import sync_to_async
 
 from airflow_provider_pgdecode.errors import PgDecodeError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-from airflow_provider_pgdecode.triggers.slot_changes import (
-    DEFAULT_HEARTBEAT_PREFIX,
-    DEFAULT_PROBE_ROWS,
-    SlotChangesTrigger,
-)
+from airflow_provider_pgdecode.hooks.slot_probe import DEFAULT_HEARTBEAT_PREFIX, DEFAULT_PROBE_ROWS
+from airflow_provider_pgdecode.triggers.slot_changes import SlotChangesTrigger
 
 #: The key of the last fired position in the watched Asset's state store.
 STATE_KEY = "pgdecode_fired"

@@ -28,3 +28,8 @@ def latest_xcom(ti: Any, task_id: str, key: str = XCOM_RETURN_KEY) -> Any:
     if not ever_succeeded(ti, task_id):
         return None
     return ti.xcom_pull(task_ids=task_id, key=key, include_prior_dates=True, map_indexes=-1)
+
+
+def checkpoint_xcom_key(slot_name: str) -> str:
+    """The XCom key under which the confirm task leaves a slot's checkpoint (the extract reads it)."""
+    return f"pgdecode_checkpoint:{slot_name}"

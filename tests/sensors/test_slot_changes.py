@@ -12,8 +12,9 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.hooks.slot_probe import check_slot_changes
 from airflow_provider_pgdecode.sensors.slot_changes import PgDecodeSlotChangesSensor
-from airflow_provider_pgdecode.triggers.slot_changes import SlotChangesTrigger, check_slot_changes
+from airflow_provider_pgdecode.triggers.slot_changes import SlotChangesTrigger
 
 pytestmark = pytest.mark.postgres
 

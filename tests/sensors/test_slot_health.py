@@ -12,10 +12,10 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.hooks.slot_probe import check_slot_changes
 from airflow_provider_pgdecode.operators import PgDecodeEnsureSlotOperator, PgDecodeExtractOperator
 from airflow_provider_pgdecode.sensors.slot_changes import PgDecodeSlotChangesSensor
 from airflow_provider_pgdecode.sensors.slot_health import PgDecodeSlotHealthSensor
-from airflow_provider_pgdecode.triggers.slot_changes import check_slot_changes
 from pgdecode_testing.postgres_cluster import ThrowawayCluster
 
 pytestmark = pytest.mark.postgres

@@ -21,6 +21,6 @@ def test_a_batch_the_job_refuses_fails_without_retry(tmp_path: Path, monkeypatch
     keyless.insert(100, a=1)
     batch = write_batch(tmp_path / "staging", "slot_refused", 10, 100, [keyless])
     operator = PgDecodeMergeOperator(task_id="merge", batch_paths=batch, delta_root=str(tmp_path / "delta"))
-    with pytest.raises(AirflowFailException, match="refused the batch: MergeInputError: .*keyless"):
+    with pytest.raises(AirflowFailException, match="job refused: MergeInputError: .*keyless"):
         operator.execute({})
     assert not (tmp_path / "delta" / "public" / "keyless").exists()

@@ -14,12 +14,9 @@ import pytest
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.hooks.slot_probe import classify_pgoutput_rows, classify_text_rows
 from airflow_provider_pgdecode.triggers import slot_changes
-from airflow_provider_pgdecode.triggers.slot_changes import (
-    SlotChangesTrigger,
-    classify_pgoutput_rows,
-    classify_text_rows,
-)
+from airflow_provider_pgdecode.triggers.slot_changes import SlotChangesTrigger
 from pgdecode_testing.postgres_cluster import ThrowawayCluster
 
 

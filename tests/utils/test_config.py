@@ -93,7 +93,7 @@ def test_a_bad_value_names_the_option_and_the_way_forward(monkeypatch: pytest.Mo
 def test_an_airflow_override_reaches_spark_submit_and_the_spark_conf(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from airflow_provider_pgdecode.operators.merge import default_env_vars, default_spark_conf
+    from airflow_provider_pgdecode.hooks.spark_job import default_env_vars, default_spark_conf
 
     monkeypatch.setenv("AIRFLOW__PGDECODE__DELTA_PACKAGE", "io.delta:delta-spark_4.2_2.13:9.9.9")
     monkeypatch.setenv("AIRFLOW__PGDECODE__IVY_DIR", str(tmp_path / "ivy"))
