@@ -43,8 +43,9 @@ from pgdecode_testing.connect_server import ConnectServerError, LocalConnectServ
 from pgdecode_testing.postgres_cluster import ThrowawayCluster, debian_bindir  # noqa: E402
 from pgdecode_testing.s3_server import LocalS3Server  # noqa: E402
 
-# `make test` keeps the suite within CI's budget: a few long tests repeat, on another plugin or with
-# more kills, what their siblings already cover. PGDECODE_FULL_TESTS=1 runs those repeats too.
+# `make test` keeps the suite within CI's budget: a few long tests repeat, on another plugin, another
+# major or another storage, what their siblings already cover, and the SIGKILL soak test is long by
+# nature. PGDECODE_FULL_TESTS=1 runs those too.
 FULL_TESTS = os.environ.get("PGDECODE_FULL_TESTS", "") not in ("", "0")
 
 
@@ -53,7 +54,12 @@ PLUGIN_REPEAT = "the other plugin runs this test end to end; the decoding and ex
 
 def full_only(value: object, why: str) -> Any:
     """A parametrization run only with PGDECODE_FULL_TESTS=1 (a skip that says so otherwise)."""
-    return pytest.param(value, marks=pytest.mark.skipif(not FULL_TESTS, reason=f"{why}; PGDECODE_FULL_TESTS=1 runs it"))
+    return pytest.param(value, marks=full_only_test(why))
+
+
+def full_only_test(why: str) -> pytest.MarkDecorator:
+    """A test run only with PGDECODE_FULL_TESTS=1; ``why`` names what covers its ground in ``make test``."""
+    return pytest.mark.skipif(not FULL_TESTS, reason=f"{why}; PGDECODE_FULL_TESTS=1 runs it")
 
 
 TEST_DATABASE = "pgdecode_test"

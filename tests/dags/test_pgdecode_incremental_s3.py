@@ -21,7 +21,7 @@ from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
 from airflow_provider_pgdecode.batch.storage import Storage
 from pgdecode_testing.compare import compare_table
 from pgdecode_testing.s3_server import SECRET_KEY
-from tests.conftest import full_only
+from tests.conftest import full_only, full_only_test
 from tests.dags.test_pgdecode_incremental import airflow_db, run  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.s3, pytest.mark.slow]
@@ -88,6 +88,10 @@ def assert_equal(pg_conn, spark, delta_root: str) -> None:
         assert result.equal, result.describe()
 
 
+@full_only_test(
+    "the local oracle runs this workload (tests/spark/test_postgres_oracle.py); the S3 path is run by the backfill"
+    " DAG below, tests/spark/test_object_store.py and the S3 cluster of tests/spark/test_spark_submit.py"
+)
 def test_the_oracle_on_s3(pg_conn, incremental_s3, merge_through_connect, s3_object_spark, tmp_path) -> None:
     dag, conf, bucket = incremental_s3
     spark = s3_object_spark

@@ -13,7 +13,7 @@ One deployment serves the module, in order:
    catches up, and the next one's deferred sensor waits in the triggerer until changes arrive;
 3. ``airflow backfill create`` of ``pgdecode_backfill`` (replay) over two logical dates:
    two runs under the scheduler, the Delta tables written by the first and unchanged by the
-   repeat, and equal to the source.
+   repeat, and equal to the source (with ``PGDECODE_FULL_TESTS=1``).
 
 Nothing here triggers a DAG run by hand: runs come from the trigger, the clock and the backfill.
 """
@@ -34,6 +34,7 @@ from pgdecode_testing.airflow_deployment import AirflowDeployment
 from pgdecode_testing.compare import compare_table
 from pgdecode_testing.connect_server import LocalConnectServer
 from pgdecode_testing.postgres_cluster import ThrowawayCluster
+from tests.conftest import full_only_test
 
 # A real deployment: migrating its database and starting four components take minutes.
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -260,6 +261,10 @@ def delta_commits(table: Path) -> list[int]:
     return stamps
 
 
+@full_only_test(
+    "the backfill DAG's replays are tested in tests/dags/test_pgdecode_backfill.py; this adds the scheduler's"
+    " backfill runs in a deployment"
+)
 def test_airflow_backfill_create_replays_two_dates_idempotently(deployment: Deployment, spark: Any) -> None:
     airflow = deployment.airflow
     airflow.cli("dags", "unpause", "pgdecode_backfill")  # the scheduler runs a paused DAG's backfills not

@@ -21,28 +21,35 @@ import time
 
 import pytest
 
-from tests.conftest import FULL_TESTS
+from tests.conftest import full_only_test
 from tests.faults.conftest import assert_caught_up, slot_position
 from tests.faults.dagproc import DagProcess, KillPlan, RunResult
 from tests.faults.writer import SCHEMA, TABLES, Writer
 
-pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(2400)]
+# A soak test (about twenty minutes): `make test` lands its faults at set points instead.
+SOAK = (
+    "a soak test of kills at random points; make test kills at set points: a Connect client after a Delta"
+    " commit (tests/spark/test_connect.py), a spark-submit (tests/operators/test_merge.py)"
+)
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.spark,
+    pytest.mark.slow,
+    pytest.mark.timeout(2400),
+    full_only_test(SOAK),
+]
 
 log = logging.getLogger(__name__)
 
 # Every phase is hit, and the windows where invariant 1 is at stake (after a table's Delta commit,
 # in the confirm) as often as before. Most kills are cheap (the sensors, the extract: ~10 s into a
 # cycle); a kill in the merge, after a Delta commit or in the confirm costs a whole merge, so there
-# are few of those. `make test` lands one in each phase (~6 min on a slow 2-core machine; the
-# random order and delays vary the windows from run to run); PGDECODE_FULL_TESTS=1 lands the
-# longer plan, with two kills after a table's Delta commit, the window invariant 1 is most at stake in.
-QUICK_KILLS = {"sensors": 1, "extract": 1, "merge": 1, "commit": 1, "confirm": 1, "drain": 1}  # 6
-FULL_KILLS = {"sensors": 2, "extract": 5, "merge": 2, "commit": 2, "confirm": 2, "drain": 2}  # 15
+# are few of those. The random order and delays vary the windows from run to run.
+KILLS = {"sensors": 2, "extract": 5, "merge": 2, "commit": 2, "confirm": 2, "drain": 2}  # 15
 # A cycle aimed at the drain bounds its batches to a few of the writer's changes, so the changes
 # made since the last cycle are several batches and the drain task loops over them; the kill
 # lands in its first or second batch (an extract, a merge or a confirm of the loop).
 DRAIN_CONF = {"max_batch_changes": 25}
-KILLS = FULL_KILLS if FULL_TESTS else QUICK_KILLS
 CLEAN_RUNS = 0  # full cycles between the kills, besides the first and the last ones
 
 
