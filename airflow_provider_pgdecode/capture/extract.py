@@ -23,23 +23,19 @@ import shutil
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
-from airflow_provider_pgdecode.batch.badvalues import ClampedValue, clamped_key_error
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
-from airflow_provider_pgdecode.batch.manifest import BatchManifest, ColumnSummary, TableSummary, batch_dir_name
+from airflow_provider_pgdecode.batch.manifest import BatchManifest, batch_dir_name
 from airflow_provider_pgdecode.batch.options import (
-    KEPT_MODES,
     TableOptions,
-    keyless_kept_mode_error,
-    options_for,
     parse_table_options,
 )
 from airflow_provider_pgdecode.batch.publish import batch_workdir, publish_batch
 from airflow_provider_pgdecode.batch.storage import Storage, as_storage
-from airflow_provider_pgdecode.batch.values import arrow_type, json_value
 from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter, check_append_only
 from airflow_provider_pgdecode.capture.bounds import CHANGES, WAL_BYTES, BatchBounds, BatchCut
 from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
@@ -54,6 +50,7 @@ from airflow_provider_pgdecode.capture.sessions import (
     two_sessions_wanted,
     upper_slot_needed,
 )
+from airflow_provider_pgdecode.capture.staged_tables import check_clamped_keys, describe_tables
 from airflow_provider_pgdecode.capture.table_snapshot import (
     DEFAULT_ROWS_PER_BATCH,
     TableSnapshotter,
@@ -69,18 +66,15 @@ from airflow_provider_pgdecode.decoding.pgoutput import PgOutputParser, max_prot
 from airflow_provider_pgdecode.decoding.spool import DEFAULT_MEMORY_ITEMS
 from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS, TestDecodingParser
 from airflow_provider_pgdecode.errors import (
-    CatalogError,
     ConfigurationError,
     SlotError,
     StagingError,
-    ValueConversionError,
     staging_io,
 )
-from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, source_tables
+from airflow_provider_pgdecode.postgres.catalog import Catalog, source_tables
 from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.postgres.session import server_address
-from airflow_provider_pgdecode.postgres.slot import SlotClient
-from airflow_provider_pgdecode.typemap import Staging
+from airflow_provider_pgdecode.postgres.slot import SlotClient, SlotInfo
 
 log = logging.getLogger(__name__)
 
@@ -188,13 +182,134 @@ def extract_batch(
         inside a given transaction); the range need not be large.
     :returns: the manifest of the staged batch (``manifest.path`` is its directory).
     """
-    bounds = bounds if bounds is not None else BatchBounds()
-    if plugin not in SUPPORTED_PLUGINS:
-        raise SlotError(plugin_unknown(plugin))
+    request = ExtractRequest(
+        plugin=plugin,
+        checkpoint=checkpoint,
+        upto_lsn=upto_lsn,
+        tables=tables,
+        publication=publication,
+        origin=origin,
+        proto_version=proto_version,
+        chunk_rows=chunk_rows,
+        part_rows=part_rows,
+        memory_items=memory_items,
+        progress_every=progress_every,
+        table_snapshots=table_snapshots,
+        snapshot_rows=snapshot_rows,
+        native=native,
+        table_options=table_options,
+        bounds=bounds if bounds is not None else BatchBounds(),
+        later_tables=later_tables,
+        two_sessions=two_sessions,
+        split_at=split_at,
+    )
+    plan = plan_extract(conn, slot_name, staging_root, request)
+    tmp = batch_workdir(plan.staging, slot_name, plan.start_lsn)
+    try:
+        spill_dir = tmp / ".spool"
+        with staging_io(spill_dir, "create directory"):
+            spill_dir.mkdir()
+        snapshotter = start_table_snapshots(plan, tmp)
+        decoded = decode_changes(plan, spill_dir, snapshotter)
+        manifest = staged_manifest(plan, tmp, decoded, snapshotter)
+        shutil.rmtree(spill_dir, ignore_errors=True)
+        manifest.write(tmp)
+        manifest.path = publish_batch(
+            tmp, plan.staging, f"{slot_name}/{batch_dir_name(plan.start_lsn, Lsn.parse(manifest.end_lsn))}", manifest
+        )
+        _log_progress(decoded.rows, decoded.writer, decoded.started, Lsn.parse(manifest.end_lsn), done=True)
+        return manifest
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@dataclass(frozen=True)
+class ExtractRequest:
+    """What one extract is asked for: :func:`extract_batch`'s keyword arguments (documented there)."""
+
+    plugin: str = "test_decoding"
+    checkpoint: Checkpoint | None = None
+    upto_lsn: Lsn | None = None
+    tables: Collection[str | tuple[str, str]] | None = None
+    publication: str | None = None
+    origin: str | None = None
+    proto_version: int | None = None
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
+    part_rows: int = DEFAULT_PART_ROWS
+    memory_items: int = DEFAULT_MEMORY_ITEMS
+    progress_every: int = 100_000
+    table_snapshots: bool = True
+    snapshot_rows: int = DEFAULT_ROWS_PER_BATCH
+    native: bool | None = None
+    table_options: Mapping[str, TableOptions | Mapping[str, Any]] | None = None
+    bounds: BatchBounds = field(default_factory=BatchBounds)
+    later_tables: Callable[[str, str], bool] | None = None
+    two_sessions: bool | None = None
+    split_at: Lsn | None = None
+
+
+@dataclass
+class ExtractPlan:
+    """The request checked against the slot: where the batch starts and what it takes.
+
+    ``include_pairs`` grows when table snapshot requests bring tables in; ``snapshots`` is the
+    snapshot requests' state carried by the checkpoint.
+    """
+
+    conn: Any
+    slot_name: str
+    request: ExtractRequest
+    slots: SlotClient
+    info: SlotInfo
+    staging: Storage
+    checkpoint: Checkpoint | None
+    start_lsn: Lsn
+    pending: list[PreparedTransaction]
+    include_pairs: set[tuple[str, str]] | None
+    options_by_table: dict[tuple[str, str], TableOptions]
+    known: KnownTables
+    snapshots: dict[str, Any]
+
+    @property
+    def confirmed(self) -> Lsn:
+        return self.info.confirmed_flush_lsn or Lsn(0)
+
+    @property
+    def resume_after(self) -> Lsn | None:
+        """Rows at or before the checkpoint's end are not staged again."""
+        return self.checkpoint.end_lsn if self.checkpoint is not None else None
+
+
+@dataclass
+class Decoded:
+    """What the decode read and assembled: the last attempt's reader state and how it ended."""
+
+    rows: int
+    parser: TestDecodingParser | PgOutputParser
+    assembler: TransactionAssembler
+    writer: BatchWriter
+    cut: BatchCut | None
+    ceiling: Lsn
+    upto: Lsn
+    row_limited: bool
+    repeated_rows: int
+    decode_split: Lsn | None
+    excluded_names: set[tuple[str, str]]
+    started: float
+
+
+def plan_extract(
+    conn: Any, slot_name: str, staging_root: str | os.PathLike[str] | Storage, request: ExtractRequest
+) -> ExtractPlan:
+    """Check the slot and the checkpoint, reconcile them, and resolve the tables to stage."""
+    if request.plugin not in SUPPORTED_PLUGINS:
+        raise SlotError(plugin_unknown(request.plugin))
     slots = SlotClient(conn)
     info = slots.describe(slot_name)
-    check_readable(info, plugin)
+    check_readable(info, request.plugin)
     staging = as_storage(staging_root)
+    checkpoint = request.checkpoint
     if checkpoint is not None and checkpoint.slot != slot_name:
         raise StagingError(f"the checkpoint belongs to slot {checkpoint.slot!r}, not {slot_name!r}")
     if checkpoint is not None:
@@ -206,259 +321,341 @@ def extract_batch(
     resume_after = checkpoint.end_lsn if checkpoint is not None else None
     start_lsn = max(confirmed, resume_after) if resume_after is not None else confirmed
     pending: list[PreparedTransaction] = checkpoint.pending_prepared(staging) if checkpoint is not None else []
-    include_pairs = parse_table_names(tables) if tables else None
-    options_by_table = parse_table_options(table_options)
+    include_pairs = parse_table_names(request.tables) if request.tables else None
     known = KnownTables.from_checkpoint(checkpoint)
-    include_pairs = follow_selection(Catalog(conn), include_pairs, known)
+    return ExtractPlan(
+        conn=conn,
+        slot_name=slot_name,
+        request=request,
+        slots=slots,
+        info=info,
+        staging=staging,
+        checkpoint=checkpoint,
+        start_lsn=start_lsn,
+        pending=pending,
+        include_pairs=follow_selection(Catalog(conn), include_pairs, known),
+        options_by_table=parse_table_options(request.table_options),
+        known=known,
+        snapshots=dict(checkpoint.snapshots) if checkpoint is not None else {},
+    )
 
-    tmp = batch_workdir(staging, slot_name, start_lsn)
-    try:
-        spill_dir = tmp / ".spool"
-        with staging_io(spill_dir, "create directory"):
-            spill_dir.mkdir()
-        snapshotter = None
-        requests = list_snapshot_requests(staging, slot_name) if table_snapshots else []
-        snapshots = dict(checkpoint.snapshots) if checkpoint is not None else {}
-        if requests:
-            snapshotter = TableSnapshotter(
-                conn,
-                tmp,
-                requests,
-                snapshots,
-                rows_per_batch=snapshot_rows,
-                publication=publication,
-                table_options=options_by_table,
-            )
-            backlog = _backlog_beyond(bounds, slots, start_lsn) if snapshotter.active else None
-            if snapshotter.active and upto_lsn is None and backlog is None:
-                snapshotter.copy_chunks()
-            elif snapshotter.active and backlog is not None:
-                log.info("Table snapshot requests wait until the backlog is drained (%s)", backlog)
-            elif snapshotter.active:
-                log.info("Table snapshot requests wait for a run without a fixed ceiling (upto_lsn=%s)", upto_lsn)
-        # Tables that snapshot requests brought in are staged from then on.
-        added = snapshotter.included_tables() if snapshotter is not None else added_tables(snapshots)
-        if include_pairs is not None and added:
-            include_pairs = set(include_pairs) | added
-        # Read after the chunks: the ceiling must lie past their watermarks.
-        ceiling = upto_lsn if upto_lsn is not None else slots.current_flush_lsn()
-        parser, options = _reader(plugin, slots, info.two_phase, publication, origin, proto_version)
-        excluded_names: set[tuple[str, str]] = set()
-        include = None if include_pairs is None else _recording_include(include_pairs, excluded_names, later_tables)
-        identities = {(t.schema, t.table): t.describe_identity() for t in source_tables(Catalog(conn))}
-        # Each table's key, read once: ±infinity in a date or timestamp key column is a bad value at staging.
-        keys = {name: key.columns for name, key in Catalog(conn).table_keys().items()}
-        # Chunk placement needs to see each transaction: the Python path while chunks are staged.
-        fast = _native_module(native, parser) if snapshotter is None or not snapshotter.chunks else None
-        floor = snapshotter.high_watermark() if snapshotter is not None else None
-        limit = bounds.commit_limit(start_lsn)
-        upto = ceiling if limit is None else min(ceiling, max(limit, floor or limit))
-        peek_rows = bounds.peek_rows(checkpoint.rows_per_change if checkpoint is not None else None)
-        started = time.monotonic()
-        decode_split: Lsn | None = None
-        for attempt in itertools.count():
-            assembler = TransactionAssembler(
-                pending,
-                memory_items,
-                spill_dir,
-                resume_after=resume_after,
-                drop_origins=origin_dropped_by_client(plugin, origin, slots.server_version_num()),
-            )
-            choose_memory_pool()
-            writer = BatchWriter(
-                tmp, include, part_rows, table_options=options_by_table, identities=identities, keys=keys
-            )
-            cut = BatchCut(bounds, start_lsn, assembler, floor) if bounds.bounded else None
-            log.info(
-                "Extracting slot %s from %s up to %s%s",
-                slot_name,
-                start_lsn,
-                upto,
-                f" (at most {peek_rows} rows decoded)" if peek_rows is not None else "",
-            )
-            row_limited = False
-            repeated_rows = 0
-            if upto > confirmed and fast is not None:
-                split = None
-                if attempt == 0 and upto == ceiling:
-                    split = _split(
-                        start_lsn,
-                        expected_end(
-                            start_lsn,
-                            upto,
-                            bounds.max_changes,
-                            checkpoint.wal_bytes_per_change if checkpoint is not None else None,
-                        ),
-                        two_sessions,
-                        split_at,
-                    )
-                with ExitStack() as stack:
-                    half = None
-                    if split is not None:
-                        half = stack.enter_context(
-                            second_session(
-                                conn,
-                                slot_name,
-                                split,
-                                upto,
-                                options,
-                                peek_rows,
-                                upper=upper_slot_needed(plugin, info.two_phase, options),
-                            )
-                        )
-                    lower = stack.enter_context(ExitStack())  # the lower half's peek, ended before a fallback
-                    copy = lower.enter_context(
-                        slots.peek_copy(slot_name, upto if half is None else half.split, options, upto_rows=peek_rows)
-                    )
-                    writer, rows = extract_native(  # type: ignore[assignment]
-                        fast,
-                        copy,
-                        parser,
-                        plugin,
-                        assembler,
-                        writer,
-                        include,
-                        part_rows,
-                        memory_items,
-                        resume_after,
-                        cut,
-                        None
-                        if half is None
-                        else _upper_half(half, stack, lower, slots, slot_name, upto, options, peek_rows),
-                    )
-                    if half is not None and half.taken:
-                        decode_split = half.split
-                    if half is not None and half.refused:
-                        repeated_rows = half.first_rows or 0
-                    if peek_rows is not None:
-                        # Each peek had a row limit; the batch stopped at it if the last one read did.
-                        last, row_limit = rows, peek_rows
-                        if half is not None and (half.taken or half.refused):
-                            last = rows - (half.first_rows or 0)
-                            row_limit = peek_rows if half.taken else peek_rows + (half.first_rows or 0)
-                        row_limited = last >= row_limit
-            elif upto > confirmed:
-                rows = _extract_python(
-                    slots.peek(slot_name, upto, options, chunk_rows, upto_rows=peek_rows),
-                    parser,
-                    assembler,
-                    writer,
-                    snapshotter,
-                    cut,
-                    progress_every,
-                    started,
+
+def start_table_snapshots(plan: ExtractPlan, tmp: Any) -> TableSnapshotter | None:
+    """Copy the chunks of filed table snapshot requests due in this batch (before the peek: the
+    ceiling must lie past their watermarks), and take the tables they brought in."""
+    request = plan.request
+    snapshotter = None
+    requests = list_snapshot_requests(plan.staging, plan.slot_name) if request.table_snapshots else []
+    if requests:
+        snapshotter = TableSnapshotter(
+            plan.conn,
+            tmp,
+            requests,
+            plan.snapshots,
+            rows_per_batch=request.snapshot_rows,
+            publication=request.publication,
+            table_options=plan.options_by_table,
+        )
+        backlog = _backlog_beyond(request.bounds, plan.slots, plan.start_lsn) if snapshotter.active else None
+        if snapshotter.active and request.upto_lsn is None and backlog is None:
+            snapshotter.copy_chunks()
+        elif snapshotter.active and backlog is not None:
+            log.info("Table snapshot requests wait until the backlog is drained (%s)", backlog)
+        elif snapshotter.active:
+            log.info("Table snapshot requests wait for a run without a fixed ceiling (upto_lsn=%s)", request.upto_lsn)
+    # Tables that snapshot requests brought in are staged from then on.
+    added = snapshotter.included_tables() if snapshotter is not None else added_tables(plan.snapshots)
+    if plan.include_pairs is not None and added:
+        plan.include_pairs = set(plan.include_pairs) | added
+    return snapshotter
+
+
+def decode_changes(plan: ExtractPlan, spill_dir: Any, snapshotter: TableSnapshotter | None) -> Decoded:
+    """Peek the slot up to the ceiling (or the batch's bounds), assemble transactions and stage
+    their rows; when not one transaction ended within the bounds, widen them and read again."""
+    request, slots, conn = plan.request, plan.slots, plan.conn
+    bounds = request.bounds
+    # Read after the chunks: the ceiling must lie past their watermarks.
+    ceiling = request.upto_lsn if request.upto_lsn is not None else slots.current_flush_lsn()
+    parser, options = _reader(
+        request.plugin, slots, plan.info.two_phase, request.publication, request.origin, request.proto_version
+    )
+    excluded_names: set[tuple[str, str]] = set()
+    include = (
+        None
+        if plan.include_pairs is None
+        else _recording_include(plan.include_pairs, excluded_names, request.later_tables)
+    )
+    identities = {(t.schema, t.table): t.describe_identity() for t in source_tables(Catalog(conn))}
+    # Each table's key, read once: ±infinity in a date or timestamp key column is a bad value at staging.
+    keys = {name: key.columns for name, key in Catalog(conn).table_keys().items()}
+    # Chunk placement needs to see each transaction: the Python path while chunks are staged.
+    fast = _native_module(request.native, parser) if snapshotter is None or not snapshotter.chunks else None
+    floor = snapshotter.high_watermark() if snapshotter is not None else None
+    limit = bounds.commit_limit(plan.start_lsn)
+    upto = ceiling if limit is None else min(ceiling, max(limit, floor or limit))
+    checkpoint = plan.checkpoint
+    peek_rows = bounds.peek_rows(checkpoint.rows_per_change if checkpoint is not None else None)
+    started = time.monotonic()
+    decode_split: Lsn | None = None
+    for attempt in itertools.count():
+        assembler = TransactionAssembler(
+            plan.pending,
+            request.memory_items,
+            spill_dir,
+            resume_after=plan.resume_after,
+            drop_origins=origin_dropped_by_client(request.plugin, request.origin, slots.server_version_num()),
+        )
+        choose_memory_pool()
+        writer = BatchWriter(
+            spill_dir.parent,
+            include,
+            request.part_rows,
+            table_options=plan.options_by_table,
+            identities=identities,
+            keys=keys,
+        )
+        cut = BatchCut(bounds, plan.start_lsn, assembler, floor) if bounds.bounded else None
+        log.info(
+            "Extracting slot %s from %s up to %s%s",
+            plan.slot_name,
+            plan.start_lsn,
+            upto,
+            f" (at most {peek_rows} rows decoded)" if peek_rows is not None else "",
+        )
+        row_limited = False
+        repeated_rows = 0
+        if upto > plan.confirmed and fast is not None:
+            split = None
+            if attempt == 0 and upto == ceiling:
+                split = _split(
+                    plan.start_lsn,
+                    expected_end(
+                        plan.start_lsn,
+                        upto,
+                        bounds.max_changes,
+                        checkpoint.wal_bytes_per_change if checkpoint is not None else None,
+                    ),
+                    request.two_sessions,
+                    request.split_at,
                 )
-                row_limited = peek_rows is not None and rows >= peek_rows
-            else:
-                rows = 0
-            if cut is not None and cut.cut_by is not None:
-                assembler.abandon_open()
-            limited = upto < ceiling or row_limited
-            if assembler.safe_lsn is not None or not limited:
-                break
-            # Not one transaction ended within the limits the server was given (a transaction
-            # larger than them, or one streamed past the row limit): widen them and read again.
-            # Nothing was staged, so nothing is repeated; the first transaction becomes the batch.
-            assembler.finish()
-            if upto < ceiling:
-                upto = ceiling
-            else:
-                peek_rows = None if peek_rows is None or peek_rows * 4 > 2**31 - 1 else peek_rows * 4
-            log.info("No transaction ended within the batch bounds: reading on to %s", upto)
-        assembler.finish()
-        bounded_by = cut.cut_by if cut is not None and cut.cut_by is not None else None
-        if bounded_by is None and upto < ceiling:
-            bounded_by = WAL_BYTES
-        elif bounded_by is None and row_limited:
-            bounded_by = CHANGES
-        # Rows per change of this batch up to its end: the next batch sizes the server's row limit
-        # by it. Past a cut the rows read include some of the next transaction: count BEGIN and
-        # COMMIT of each transaction taken instead.
-        stats = assembler.stats
-        changes_used = stats.changes
-        rows_used = rows - repeated_rows  # a fallback's peek delivered the lower half again
+            peeked = _peek_native(plan, fast, parser, options, assembler, writer, include, cut, split, upto, peek_rows)
+            writer, rows, repeated_rows, row_limited = (
+                peeked.writer,
+                peeked.rows,
+                peeked.repeated_rows,
+                peeked.row_limited,
+            )
+            if peeked.decode_split is not None:
+                decode_split = peeked.decode_split
+        elif upto > plan.confirmed:
+            rows = _extract_python(
+                slots.peek(plan.slot_name, upto, options, request.chunk_rows, upto_rows=peek_rows),
+                parser,
+                assembler,
+                writer,
+                snapshotter,
+                cut,
+                request.progress_every,
+                started,
+            )
+            row_limited = peek_rows is not None and rows >= peek_rows
+        else:
+            rows = 0
         if cut is not None and cut.cut_by is not None:
-            rows_used = changes_used + 2 * (stats.transactions + stats.empty_transactions)
-        tables_staged, messages = writer.close()
-        end_lsn = max(start_lsn, assembler.safe_lsn) if assembler.safe_lsn is not None else start_lsn
-        chunk_records: list[dict] = []
-        snapshot_rows_staged = 0
-        if snapshotter is not None:
-            chunk_records, snapshots = snapshotter.finish(end_lsn)
-            tables_staged = snapshotter.table_summaries(tables_staged)
-            snapshot_rows_staged = sum(r["rows"] + (r["kind"] == "truncate") for r in chunk_records)
-        followed = follow_staged(
-            Catalog(conn),
-            tables_staged,
-            known,
-            parser.relation_oids if isinstance(parser, PgOutputParser) else {},
-            include_pairs,
-            (record["table"] for record in chunk_records if record["kind"] == "truncate"),
+            assembler.abandon_open()
+        limited = upto < ceiling or row_limited
+        if assembler.safe_lsn is not None or not limited:
+            break
+        # Not one transaction ended within the limits the server was given (a transaction
+        # larger than them, or one streamed past the row limit): widen them and read again.
+        # Nothing was staged, so nothing is repeated; the first transaction becomes the batch.
+        assembler.finish()
+        if upto < ceiling:
+            upto = ceiling
+        else:
+            peek_rows = None if peek_rows is None or peek_rows * 4 > 2**31 - 1 else peek_rows * 4
+        log.info("No transaction ended within the batch bounds: reading on to %s", upto)
+    assembler.finish()
+    return Decoded(
+        rows=rows,
+        parser=parser,
+        assembler=assembler,
+        writer=writer,
+        cut=cut,
+        ceiling=ceiling,
+        upto=upto,
+        row_limited=row_limited,
+        repeated_rows=repeated_rows,
+        decode_split=decode_split,
+        excluded_names=excluded_names,
+        started=started,
+    )
+
+
+@dataclass
+class NativePeek:
+    """What one native peek (one session, or two) read."""
+
+    writer: BatchWriter
+    rows: int
+    repeated_rows: int
+    row_limited: bool
+    decode_split: Lsn | None
+
+
+def _peek_native(
+    plan: ExtractPlan,
+    fast: Any,
+    parser: TestDecodingParser | PgOutputParser,
+    options: list[tuple[str, str]],
+    assembler: TransactionAssembler,
+    writer: BatchWriter,
+    include: Callable[[str, str], bool] | None,
+    cut: BatchCut | None,
+    split: Lsn | None,
+    upto: Lsn,
+    peek_rows: int | None,
+) -> NativePeek:
+    """The C reader over the slot's COPY, the upper half in a second session when ``split``."""
+    request, slots, slot_name = plan.request, plan.slots, plan.slot_name
+    decode_split = None
+    repeated_rows = 0
+    row_limited = False
+    with ExitStack() as stack:
+        half = None
+        if split is not None:
+            half = stack.enter_context(
+                second_session(
+                    plan.conn,
+                    slot_name,
+                    split,
+                    upto,
+                    options,
+                    peek_rows,
+                    upper=upper_slot_needed(request.plugin, plan.info.two_phase, options),
+                )
+            )
+        lower = stack.enter_context(ExitStack())  # the lower half's peek, ended before a fallback
+        copy = lower.enter_context(
+            slots.peek_copy(slot_name, upto if half is None else half.split, options, upto_rows=peek_rows)
         )
-        tables_staged = followed.tables
-        _describe_tables(Catalog(conn), tables_staged, options_by_table, followed.current)
-        _check_clamped_keys(tables_staged, writer.clamped_values())
-        # Rows changed without row changes in the WAL (a rewrite, a re-created table): resnapshot or stop.
-        handle_rewrites(find_rewrites(Catalog(conn), followed.known), options_by_table, staging, slot_name)
-        check_append_only(tmp, tables_staged)
-        still_pending = assembler.pending()
-        prepared_entries = writer.save_prepared(still_pending)
-        shutil.rmtree(spill_dir, ignore_errors=True)
-        manifest = BatchManifest(
-            slot=slot_name,
-            plugin=plugin,
-            database=info.database or conn.info.dbname,
-            server=server_address(conn),
-            start_lsn=str(start_lsn),
-            end_lsn=str(end_lsn),
-            ceiling_lsn=str(ceiling),
-            transactions=writer.transactions,
-            changes=writer.changes + snapshot_rows_staged,
-            tables=tables_staged,
-            messages=messages,
-            prepared_pending=prepared_entries,
-            prepared_committed=[
-                {"gid": r.gid, "xid": r.xid, "commit_lsn": str(r.lsn)} for r in stats.resolved if r.committed
-            ],
-            prepared_rolled_back=[
-                {"gid": r.gid, "xid": r.xid, "lsn": str(r.lsn), "seen": r.known}
-                for r in stats.resolved
-                if not r.committed
-            ],
-            skipped={
-                "rows_read": rows,
-                "empty_transactions": stats.empty_transactions,
-                "excluded_table_changes": writer.skipped_changes,
-                "already_handled": stats.already_handled,
-                "duplicate_prepares": stats.duplicate_prepares,
-            },
-            snapshot_chunks=chunk_records,
-            snapshots=snapshots,
-            quarantine=writer.quarantine,
-            excluded_tables=sorted(f"{schema}.{table}" for schema, table in excluded_names),
-            table_oids=followed.known.record(),
-            bounded_by=bounded_by,
-            decode_split=None if decode_split is None else str(decode_split),
-            rows_per_change=round(rows_used / changes_used, 3) if changes_used else None,
-            wal_bytes_per_change=(
-                round((int(end_lsn) - int(start_lsn)) / changes_used, 1)
-                if changes_used and end_lsn > start_lsn
-                else None
-            ),
+        writer, rows = extract_native(  # type: ignore[assignment]
+            fast,
+            copy,
+            parser,
+            request.plugin,
+            assembler,
+            writer,
+            include,
+            request.part_rows,
+            request.memory_items,
+            plan.resume_after,
+            cut,
+            None if half is None else _upper_half(half, stack, lower, slots, slot_name, upto, options, peek_rows),
         )
-        if followed.dropped_changes:
-            manifest.skipped["dropped_table_changes"] = followed.dropped_changes
-        if stats.origin_dropped:
-            manifest.skipped["replicated_transactions"] = stats.origin_dropped
-        if stats.second_session_repeats:
-            manifest.skipped["second_session_repeats"] = stats.second_session_repeats
-        manifest.write(tmp)
-        manifest.path = publish_batch(tmp, staging, f"{slot_name}/{batch_dir_name(start_lsn, end_lsn)}", manifest)
-        _log_progress(rows, writer, started, end_lsn, done=True)
-        return manifest
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if half is not None and half.taken:
+            decode_split = half.split
+        if half is not None and half.refused:
+            repeated_rows = half.first_rows or 0
+        if peek_rows is not None:
+            # Each peek had a row limit; the batch stopped at it if the last one read did.
+            last, row_limit = rows, peek_rows
+            if half is not None and (half.taken or half.refused):
+                last = rows - (half.first_rows or 0)
+                row_limit = peek_rows if half.taken else peek_rows + (half.first_rows or 0)
+            row_limited = last >= row_limit
+    return NativePeek(writer, rows, repeated_rows, row_limited, decode_split)
+
+
+def staged_manifest(
+    plan: ExtractPlan, tmp: Any, decoded: Decoded, snapshotter: TableSnapshotter | None
+) -> BatchManifest:
+    """Close the batch: its end, the snapshot chunks, the tables followed through renames and
+    described from the catalog, the checks on what was staged, and the manifest."""
+    conn, start_lsn, assembler, writer, cut = plan.conn, plan.start_lsn, decoded.assembler, decoded.writer, decoded.cut
+    bounded_by = cut.cut_by if cut is not None and cut.cut_by is not None else None
+    if bounded_by is None and decoded.upto < decoded.ceiling:
+        bounded_by = WAL_BYTES
+    elif bounded_by is None and decoded.row_limited:
+        bounded_by = CHANGES
+    # Rows per change of this batch up to its end: the next batch sizes the server's row limit
+    # by it. Past a cut the rows read include some of the next transaction: count BEGIN and
+    # COMMIT of each transaction taken instead.
+    stats = assembler.stats
+    changes_used = stats.changes
+    rows_used = decoded.rows - decoded.repeated_rows  # a fallback's peek delivered the lower half again
+    if cut is not None and cut.cut_by is not None:
+        rows_used = changes_used + 2 * (stats.transactions + stats.empty_transactions)
+    tables_staged, messages = writer.close()
+    end_lsn = max(start_lsn, assembler.safe_lsn) if assembler.safe_lsn is not None else start_lsn
+    chunk_records: list[dict] = []
+    snapshot_rows_staged = 0
+    snapshots = plan.snapshots
+    if snapshotter is not None:
+        chunk_records, snapshots = snapshotter.finish(end_lsn)
+        tables_staged = snapshotter.table_summaries(tables_staged)
+        snapshot_rows_staged = sum(r["rows"] + (r["kind"] == "truncate") for r in chunk_records)
+    followed = follow_staged(
+        Catalog(conn),
+        tables_staged,
+        plan.known,
+        decoded.parser.relation_oids if isinstance(decoded.parser, PgOutputParser) else {},
+        plan.include_pairs,
+        (record["table"] for record in chunk_records if record["kind"] == "truncate"),
+    )
+    tables_staged = followed.tables
+    describe_tables(Catalog(conn), tables_staged, plan.options_by_table, followed.current)
+    check_clamped_keys(tables_staged, writer.clamped_values())
+    # Rows changed without row changes in the WAL (a rewrite, a re-created table): resnapshot or stop.
+    handle_rewrites(find_rewrites(Catalog(conn), followed.known), plan.options_by_table, plan.staging, plan.slot_name)
+    check_append_only(tmp, tables_staged)
+    prepared_entries = writer.save_prepared(assembler.pending())
+    manifest = BatchManifest(
+        slot=plan.slot_name,
+        plugin=plan.request.plugin,
+        database=plan.info.database or conn.info.dbname,
+        server=server_address(conn),
+        start_lsn=str(start_lsn),
+        end_lsn=str(end_lsn),
+        ceiling_lsn=str(decoded.ceiling),
+        transactions=writer.transactions,
+        changes=writer.changes + snapshot_rows_staged,
+        tables=tables_staged,
+        messages=messages,
+        prepared_pending=prepared_entries,
+        prepared_committed=[
+            {"gid": r.gid, "xid": r.xid, "commit_lsn": str(r.lsn)} for r in stats.resolved if r.committed
+        ],
+        prepared_rolled_back=[
+            {"gid": r.gid, "xid": r.xid, "lsn": str(r.lsn), "seen": r.known} for r in stats.resolved if not r.committed
+        ],
+        skipped={
+            "rows_read": decoded.rows,
+            "empty_transactions": stats.empty_transactions,
+            "excluded_table_changes": writer.skipped_changes,
+            "already_handled": stats.already_handled,
+            "duplicate_prepares": stats.duplicate_prepares,
+        },
+        snapshot_chunks=chunk_records,
+        snapshots=snapshots,
+        quarantine=writer.quarantine,
+        excluded_tables=sorted(f"{schema}.{table}" for schema, table in decoded.excluded_names),
+        table_oids=followed.known.record(),
+        bounded_by=bounded_by,
+        decode_split=None if decoded.decode_split is None else str(decoded.decode_split),
+        rows_per_change=round(rows_used / changes_used, 3) if changes_used else None,
+        wal_bytes_per_change=(
+            round((int(end_lsn) - int(start_lsn)) / changes_used, 1) if changes_used and end_lsn > start_lsn else None
+        ),
+    )
+    if followed.dropped_changes:
+        manifest.skipped["dropped_table_changes"] = followed.dropped_changes
+    if stats.origin_dropped:
+        manifest.skipped["replicated_transactions"] = stats.origin_dropped
+    if stats.second_session_repeats:
+        manifest.skipped["second_session_repeats"] = stats.second_session_repeats
+    return manifest
 
 
 def _upper_half(
@@ -633,122 +830,6 @@ def _recording_include(
         return False
 
     return include
-
-
-def _describe_tables(
-    catalog: Catalog,
-    tables: list[TableSummary],
-    options: Mapping[tuple[str, str], TableOptions],
-    current: dict[tuple[str, str], tuple[str, str]] | None = None,
-) -> None:
-    """Add each table's key (:meth:`Catalog.table_key`, the one rule the snapshots follow too),
-    load mode, ``type_map`` and catalog types; a table the merge cannot key is a :class:`CatalogError` saying
-    what to do, unless it is loaded ``append_only`` (appended, never matched: no key needed).
-    ``current``: staged name -> the table's name now, for renamed tables; generated columns the
-    slot did not send are named in ``generated_not_staged`` (:func:`_generated_not_staged`)."""
-    for summary in tables:
-        # The types the writers kept as text, by the options of the name they staged the table under.
-        summary.type_map = dict(options_for(options, summary.schema, summary.table).type_map)
-        schema, table = (current or {}).get((summary.schema, summary.table), (summary.schema, summary.table))
-        summary.mode = options_for(options, schema, table).mode
-        try:
-            key = catalog.table_key(schema, table)
-        except CatalogError:
-            if summary.mode != "append_only":
-                raise
-            summary.replica_identity = catalog.replica_identity(schema, table).kind
-        else:
-            summary.key = list(key.columns)
-            summary.replica_identity = key.replica_identity
-            summary.key_source = key.source
-            if summary.mode in KEPT_MODES and summary.keyed_by_all_columns:
-                # Refused here, before the batch is published, not by the merge after it is staged.
-                raise CatalogError(keyless_kept_mode_error(f"{schema}.{table}", summary.mode, "Nothing was staged."))
-        live = {c.name: c for c in catalog.columns(schema, table)}
-        defaults = catalog.missing_values(schema, table)
-        staging = options_for(options, summary.schema, summary.table).staging
-        if not summary.columns:
-            summary.columns = _truncated_columns(live.values(), staging)
-        for column in summary.columns:
-            info = live.get(column.name)
-            if info is not None:  # a column dropped since keeps what the slot said of it
-                column.catalog_type = info.catalog_type
-                column.user_type = info.user_type
-                column.attnum = info.attnum
-            if column.name in defaults:
-                column.missing = _missing_value(summary, column.name, column.type, defaults[column.name], staging)
-        # Only new row images show every column the slot sends (a DELETE's old key does not).
-        full_rows = summary.inserts + summary.updates > 0
-        missing = _generated_not_staged(schema, table, live.values(), {c.name for c in summary.columns}, full_rows)
-        if missing:
-            summary.generated_not_staged = missing
-
-
-def _truncated_columns(live: Collection[ColumnInfo], staging: Staging) -> list[ColumnSummary]:
-    """The columns of a table staged with TRUNCATEs only, which carry no row image: the catalog's
-    live columns as a row image would name and stage them (generated ones left out, as pgoutput
-    leaves them). Without them the merge could not type the key, and refused the whole run."""
-    return [ColumnSummary(c.name, c.type_name, str(arrow_type(c.type_name, staging))) for c in live if not c.generated]
-
-
-def _check_clamped_keys(
-    tables: list[TableSummary], clamped: Mapping[tuple[str, str], Mapping[str, ClampedValue]]
-) -> None:
-    """Refuse a batch in which ±infinity was staged clamped in a key column of a table whose key
-    the writers did not know (created or renamed after the extract read the keys): clamped, two
-    source keys would become one Delta row."""
-    for summary in tables:
-        found = clamped.get((summary.schema, summary.table))
-        if not found or summary.mode == "append_only":
-            continue
-        for column in summary.key:
-            if column in found:
-                raise clamped_key_error(summary.schema, summary.table, found[column], summary.key)
-
-
-def _missing_value(summary: TableSummary, column: str, pg_type: str, text: str, staging: Staging) -> Any:
-    """A column's ADD COLUMN default for the rows written before it, as staged (JSON form), or
-    ``None`` with a warning when it has no staged form (a BC date ...): the merge then leaves
-    those rows NULL, as it did before the default was known."""
-    try:
-        return json_value(pg_type, text, staging)
-    except (ValueConversionError, ValueError) as exc:
-        log.warning(
-            "table %s column %s: its ADD COLUMN default %r has no staged form (%s); Delta rows written "
-            "before the column was added keep NULL in it",
-            summary.qualified_name,
-            column,
-            text[:80],
-            exc,
-        )
-        return None
-
-
-def _generated_not_staged(
-    schema: str, table: str, live: Collection[ColumnInfo], staged: set[str], full_rows: bool
-) -> list[str]:
-    """The table's generated columns the slot did not send (named in the manifest and logged,
-    never silently absent); :class:`CatalogError` for a virtual one it did send, since
-    test_decoding prints those as ``null`` whatever their value (PostgreSQL 18)."""
-    virtual = [c.name for c in live if c.generated == "v" and c.name in staged]
-    if virtual:
-        raise CatalogError(
-            f"table {schema}.{table} has virtual generated column(s) {', '.join(virtual)} (PostgreSQL 18), which "
-            "test_decoding prints as null whatever their value, so staging them would write NULLs over real values. "
-            "Read the table through a pgoutput slot (virtual columns are left out), or make the columns STORED"
-        )
-    missing = [c.name for c in live if c.generated and c.name not in staged] if full_rows else []
-    if missing:
-        log.warning(
-            "Generated column(s) of %s.%s not staged: %s. pgoutput sends stored generated columns only when the "
-            "publication has publish_generated_columns = stored (PostgreSQL 18: ALTER PUBLICATION ... SET "
-            "(publish_generated_columns = stored)) and virtual ones never; compute them in Delta, or use "
-            "test_decoding, which sends stored ones on every version",
-            schema,
-            table,
-            ", ".join(missing),
-        )
-    return missing
 
 
 def _log_progress(rows: int, writer: BatchWriter, started: float, lsn: Lsn, done: bool = False) -> None:
