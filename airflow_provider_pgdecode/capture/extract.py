@@ -39,7 +39,7 @@ from airflow_provider_pgdecode.batch.storage import Storage, as_storage
 from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter, check_append_only
 from airflow_provider_pgdecode.capture.bounds import CHANGES, WAL_BYTES, BatchBounds, BatchCut
 from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
-from airflow_provider_pgdecode.capture.reconcile import reconcile
+from airflow_provider_pgdecode.capture.reconcile import Reconciliation, reconcile
 from airflow_provider_pgdecode.capture.renames import KnownTables, follow_selection, follow_staged
 from airflow_provider_pgdecode.capture.rewrites import find_rewrites, handle_rewrites
 from airflow_provider_pgdecode.capture.sessions import (
@@ -111,7 +111,7 @@ def extract_batch(
     staging_root: str | os.PathLike[str] | Storage,
     *,
     plugin: str = "test_decoding",
-    checkpoint: Checkpoint | None = None,
+    checkpoint: Checkpoint | Reconciliation | None = None,
     upto_lsn: Lsn | None = None,
     tables: Collection[str | tuple[str, str]] | None = None,
     publication: str | None = None,
@@ -144,6 +144,8 @@ def extract_batch(
         does (:func:`~airflow_provider_pgdecode.capture.reconcile.reconcile`): a slot that another
         reader moved past it raises :class:`~airflow_provider_pgdecode.errors.CheckpointError`
         rather than skipping the changes in between.
+        A :class:`~airflow_provider_pgdecode.capture.reconcile.Reconciliation` is taken as
+        decided: the DAG's extract task reconciles once, to log the decision, and hands it here.
     :param upto_lsn: the ceiling; default the server's WAL flush position when the run starts.
         The same ceiling over the same slot position gives the same batch.
     :param tables: ``schema.table`` names to stage; default every table that has changes.
@@ -229,7 +231,7 @@ class ExtractRequest:
     """What one extract is asked for: :func:`extract_batch`'s keyword arguments (documented there)."""
 
     plugin: str = "test_decoding"
-    checkpoint: Checkpoint | None = None
+    checkpoint: Checkpoint | Reconciliation | None = None
     upto_lsn: Lsn | None = None
     tables: Collection[str | tuple[str, str]] | None = None
     publication: str | None = None
@@ -309,10 +311,12 @@ def plan_extract(
     info = slots.describe(slot_name)
     check_readable(info, request.plugin)
     staging = as_storage(staging_root)
-    checkpoint = request.checkpoint
+    given = request.checkpoint
+    decided = isinstance(given, Reconciliation)
+    checkpoint = given.checkpoint if isinstance(given, Reconciliation) else given
     if checkpoint is not None and checkpoint.slot != slot_name:
         raise StagingError(f"the checkpoint belongs to slot {checkpoint.slot!r}, not {slot_name!r}")
-    if checkpoint is not None:
+    if checkpoint is not None and not decided:
         # The same reconciliation as the DAG's extract task: a slot ahead of the checkpoint with no
         # staged batches leading there was consumed by another reader, and starting from the slot
         # would skip those changes for good (CheckpointError says how to recover).

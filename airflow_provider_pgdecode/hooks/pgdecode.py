@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
     from airflow_provider_pgdecode.batch.manifest import BatchManifest
     from airflow_provider_pgdecode.batch.storage import Storage
+    from airflow_provider_pgdecode.capture.reconcile import Reconciliation
 
 
 class PgDecodeHook(PostgresHook):
@@ -239,7 +240,7 @@ class PgDecodeHook(PostgresHook):
         staging_root: str | os.PathLike[str] | Storage,
         *,
         plugin: str = "test_decoding",
-        checkpoint: Checkpoint | None = None,
+        checkpoint: Checkpoint | Reconciliation | None = None,
         upto_lsn: Lsn | None = None,
         tables: Collection[str | tuple[str, str]] | None = None,
         **options: Any,

@@ -326,7 +326,7 @@ class PgDecodeExtractOperator(BaseOperator):
                 self.slot_name,
                 staging,
                 plugin=self.plugin,
-                checkpoint=decision.checkpoint,
+                checkpoint=decision,  # reconciled once: extract_batch takes the decision as it is
                 upto_lsn=ceiling,
                 tables=tables,
                 bounds=bounds,

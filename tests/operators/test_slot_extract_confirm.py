@@ -14,6 +14,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
+from airflow_provider_pgdecode.capture import extract as capture_extract
+from airflow_provider_pgdecode.capture import reconcile as reconcile_module
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.operators import (
@@ -22,6 +24,7 @@ from airflow_provider_pgdecode.operators import (
     PgDecodeExtractOperator,
     PgDecodeMergeOperator,
 )
+from airflow_provider_pgdecode.operators import extract as operators_extract
 from airflow_provider_pgdecode.postgres.slot import SlotClient
 
 pytestmark = pytest.mark.postgres
@@ -82,7 +85,12 @@ def run_confirm(confirm: PgDecodeConfirmOperator, summary: dict[str, Any], make_
 
 
 def test_two_runs_carry_the_checkpoint_and_a_pending_prepared_transaction(
-    source_conn: str, pg_conn: psycopg.Connection[Any], slot_name: str, tmp_path: Path, make_context: Any
+    source_conn: str,
+    pg_conn: psycopg.Connection[Any],
+    slot_name: str,
+    tmp_path: Path,
+    make_context: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     table = new_table(pg_conn)
     ensure = PgDecodeEnsureSlotOperator(task_id="ensure", slot_name=slot_name, two_phase=True)
@@ -129,7 +137,18 @@ def test_two_runs_carry_the_checkpoint_and_a_pending_prepared_transaction(
 
     pg_conn.execute(f"COMMIT PREPARED '{gid}'")
     insert(pg_conn, table, 4)
+    # The checkpoint meets the slot once per run: the task reconciles and logs, extract_batch takes its decision.
+    decisions: list[str] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        decision = reconcile_module.reconcile(*args, **kwargs)
+        decisions.append(decision.action)
+        return decision
+
+    monkeypatch.setattr(capture_extract, "reconcile", counted)
+    monkeypatch.setattr(operators_extract, "reconcile", counted)
     second = extract.execute(make_context(confirm=checkpoint))
+    assert decisions == ["resume"]
     assert second["checkpoint"] == "resume"
     assert second["start_lsn"] == first["end_lsn"]
     assert second["prepared_pending"] == []
