@@ -331,21 +331,11 @@ def _same_type(a: DataType, b: DataType) -> bool:
     return a.simpleString() == b.simpleString()
 
 
-def plan_table(
-    schema: str,
-    table: str,
-    batches: Sequence[BatchManifest],
-    delta_root: str,
-    state: DeltaState,
-    options: MergeOptions,
-) -> TablePlan:
-    """Decide how one table is merged, or raise :class:`MergeInputError` saying why it cannot be."""
-    path = delta_table_path(delta_root, schema, table)
-    name = f"{schema}.{table}"
-    # A renamed source table's changes staged under each of its names (docs/merge.md) flow here.
-    entries = [(batch, entry) for batch in batches for entry in batch.tables if entry.target == (schema, table)]
-    latest = entries[-1][1]
-    source = max(entries, key=lambda e: (e[0].end, e[1].max_commit or Lsn(0)))[1].qualified_name
+def _mode_and_key(
+    name: str, entries: Sequence[tuple[BatchManifest, TableSummary]], latest: TableSummary
+) -> tuple[str, bool, list[str], bool]:
+    """The table's load mode, whether it is append-only, its key and whether it is matched as a
+    multiset; raises :class:`MergeInputError` for a mode or key the merge cannot use."""
     modes = sorted({entry.mode for _, entry in entries})
     if len(modes) > 1:
         raise MergeInputError(
@@ -378,6 +368,19 @@ def plan_table(
                 f"table {name}: the key changed from {list(entry.key)} (batch {batch.label}) to {list(key)}; "
                 f"merge these batches in separate runs or rebuild the Delta table"
             )
+    return mode, append_only, key, is_multiset
+
+
+def _column_types(
+    name: str,
+    entries: Sequence[tuple[BatchManifest, TableSummary]],
+    key: Sequence[str],
+    source: str,
+    path: str,
+    options: MergeOptions,
+) -> tuple[list[str], dict[str, ColumnType]]:
+    """The staged columns in order and the type of each (the last staged, when a type widened);
+    raises :class:`MergeInputError` for a column the merge cannot store."""
     unbounded = parse_unbounded_numeric_rule(options.unbounded_numeric)
     columns: list[str] = []
     types: dict[str, ColumnType] = {}
@@ -422,17 +425,27 @@ def plan_table(
             raise MergeInputError(
                 f"table {name}: columns {other!r} and {column_name!r} differ only in case, which Delta cannot store"
             )
+    return columns, types
 
+
+def _against_delta(
+    name: str,
+    path: str,
+    source: str,
+    state: DeltaState,
+    mode: str,
+    append_only: bool,
+    key: Sequence[str],
+    columns: Sequence[str],
+    types: Mapping[str, ColumnType],
+    renamed: Mapping[str, str],
+) -> tuple[tuple[str, ...], dict[str, DataType], tuple[str, ...]]:
+    """The columns to add, the columns whose Delta type stays wider and the Delta columns the
+    batches do not write, checked against the existing Delta table (key, mode, types); raises
+    :class:`MergeInputError` for what cannot change in place."""
     new_columns: tuple[str, ...] = ()
     widened: dict[str, DataType] = {}
     not_written: tuple[str, ...] = ()
-    live = column_renames.staged_numbers((c.name, c.attnum) for _, entry in entries for c in entry.columns)
-    recorded = column_renames.recorded_numbers(state.properties) if state.exists else {}
-    renamed, staged_as = column_renames.renames(
-        live, recorded, [f.name for f in state.schema.fields] if state.schema is not None else []
-    )
-    formers = {old for names in staged_as.values() for old in names}
-    columns = [c for c in columns if c not in formers]  # their values are read as the column's name now
     if state.exists and state.schema is not None:
         delta_fields = {f.name: f for f in state.schema.fields}
         for old, new in renamed.items():  # checked as the column it becomes before the write
@@ -480,6 +493,66 @@ def plan_table(
             for f in state.schema.fields
             if f.name not in types and f.name not in renamed and not f.name.startswith(staged.METADATA_PREFIX)
         )
+    return new_columns, widened, not_written
+
+
+def _add_segments(
+    plan: TablePlan, batches: Sequence[BatchManifest], entries: Sequence[tuple[BatchManifest, TableSummary]]
+) -> None:
+    """The batches (in LSN order) the table still needs as ``plan.segments``, with the watermark
+    they take it to; those it already holds are skipped (``plan.skipped``), with a warning."""
+    name = plan.name
+    state = plan.state
+    applied_through = state.watermark if state.watermark is not None else -1
+    for batch in batches:
+        for staged_entry in (entry for entry_batch, entry in entries if entry_batch is batch):
+            if batch.end <= applied_through or (
+                staged_entry.max_commit is not None and staged_entry.max_commit <= applied_through
+            ):
+                if batch.label in plan.skipped:
+                    continue
+                plan.skipped.append(batch.label)
+                log.warning(
+                    "table %s: batch %s (%s) is already applied: the table holds changes through LSN %s; skipped",
+                    name,
+                    batch.label,
+                    batch.directory,
+                    Lsn(applied_through),
+                )
+            elif staged_entry.files:
+                plan.segments.append(Segment(batch, staged_entry, applied_through))
+                plan.watermark_after = max(plan.watermark_after, int(batch.end))
+        applied_through = max(applied_through, int(batch.end))
+
+
+def plan_table(
+    schema: str,
+    table: str,
+    batches: Sequence[BatchManifest],
+    delta_root: str,
+    state: DeltaState,
+    options: MergeOptions,
+) -> TablePlan:
+    """Decide how one table is merged, or raise :class:`MergeInputError` saying why it cannot be."""
+    path = delta_table_path(delta_root, schema, table)
+    name = f"{schema}.{table}"
+    # A renamed source table's changes staged under each of its names (docs/merge.md) flow here.
+    entries = [(batch, entry) for batch in batches for entry in batch.tables if entry.target == (schema, table)]
+    latest = entries[-1][1]
+    source = max(entries, key=lambda e: (e[0].end, e[1].max_commit or Lsn(0)))[1].qualified_name
+    mode, append_only, key, is_multiset = _mode_and_key(name, entries, latest)
+    columns, types = _column_types(name, entries, key, source, path, options)
+
+    live = column_renames.staged_numbers((c.name, c.attnum) for _, entry in entries for c in entry.columns)
+    recorded = column_renames.recorded_numbers(state.properties) if state.exists else {}
+    renamed, staged_as = column_renames.renames(
+        live, recorded, [f.name for f in state.schema.fields] if state.schema is not None else []
+    )
+    formers = {old for names in staged_as.values() for old in names}
+    columns = [c for c in columns if c not in formers]  # their values are read as the column's name now
+    new_columns, widened, not_written = _against_delta(
+        name, path, source, state, mode, append_only, key, columns, types, renamed
+    )
 
     if is_multiset:
         uncomparable = multiset.uncomparable_columns({c: types[c].delta_type for c in columns})
@@ -506,26 +579,7 @@ def plan_table(
         numbers=column_renames.numbers_after(recorded, live),
         numbers_changed=column_renames.numbers_after(recorded, live) != recorded,
     )
-    applied_through = state.watermark if state.watermark is not None else -1
-    for batch in batches:
-        for staged_entry in (entry for entry_batch, entry in entries if entry_batch is batch):
-            if batch.end <= applied_through or (
-                staged_entry.max_commit is not None and staged_entry.max_commit <= applied_through
-            ):
-                if batch.label in plan.skipped:
-                    continue
-                plan.skipped.append(batch.label)
-                log.warning(
-                    "table %s: batch %s (%s) is already applied: the table holds changes through LSN %s; skipped",
-                    name,
-                    batch.label,
-                    batch.directory,
-                    Lsn(applied_through),
-                )
-            elif staged_entry.files:
-                plan.segments.append(Segment(batch, staged_entry, applied_through))
-                plan.watermark_after = max(plan.watermark_after, int(batch.end))
-        applied_through = max(applied_through, int(batch.end))
+    _add_segments(plan, batches, entries)
     return plan
 
 

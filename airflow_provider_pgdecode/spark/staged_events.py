@@ -192,6 +192,116 @@ def _under_names_now(
     return frame, staged_names, known
 
 
+def _check_staged_types(plan: TablePlan, frame: DataFrame, present: Sequence[str], files: Sequence[str]) -> None:
+    """Raise :class:`MergeInputError` for a column staged as a type the column's Delta type cannot
+    take from (a part staged before the column became text again is merged as Spark prints it)."""
+    for column in present:
+        staged_type = frame.schema[column].dataType
+        # Parts staged before the column widened (in this batch or an earlier one) are cast,
+        # as are integers and booleans staged before it became text again.
+        delta_type = plan.types[column].delta_type
+        if staged_type_matches(plan.types[column], staged_type) or widens(staged_type, delta_type):
+            continue
+        if prints_as_its_text(staged_type, delta_type):
+            continue
+        if isinstance(delta_type, StringType):
+            # Back to text from another type: a rewrite, which the extract resnapshots
+            # (capture/rewrites.py); until then these rows hold Spark's text of the value.
+            log.warning(
+                "table %s column %s: %d part(s) staged as %s before the column became text are merged "
+                "as Spark prints the values, which can differ from PostgreSQL's text (a time zone, a "
+                "float's digits); the resnapshot the extract files for the column's rewrite replaces them",
+                plan.name,
+                column,
+                len(files),
+                staged_type.simpleString(),
+            )
+            continue
+        raise MergeInputError(
+            f"table {plan.name} column {column!r} in {files[0]}: staged as {staged_type.simpleString()}, "
+            f"but catalog type {plan.types[column].catalog_type!r} is staged as "
+            f"{' or '.join(t.simpleString() for t in plan.types[column].staged_types)}"
+        )
+
+
+def _group_events(
+    plan: TablePlan,
+    frame: DataFrame,
+    staged_names: Sequence[str],
+    known: set[str],
+    files: Sequence[str],
+    numeric_columns: Sequence[str],
+) -> DataFrame:
+    """The changes of parts staged with one schema (``frame``), typed as in Delta: the columns
+    of :func:`staged_events`."""
+    present = [c for c in plan.columns if c in staged_names and c in known]
+    _check_staged_types(plan, frame, present, files)
+    # A snapshot stages bounded numeric as its Delta decimal already (capture/snapshot.py).
+    typed = {c for c in present if plan.types[c].is_numeric_text and isinstance(frame.schema[c].dataType, DecimalType)}
+    absent = [c for c in plan.value_columns if c not in present]
+    missing_key = [k for k in plan.key if k not in present]
+    if missing_key and present:  # a part without source columns holds TRUNCATEs only (batch/writer.py)
+        raise MergeInputError(f"table {plan.name}: staged file {files[0]} has no key column(s) {missing_key}")
+    old_fields = (
+        {f.name for f in frame.schema[staged.OLD].dataType.fields}  # type: ignore[attr-defined]
+        if staged.OLD in staged_names and isinstance(frame.schema[staged.OLD].dataType, StructType)
+        else set()
+    )
+    toast = (
+        F.coalesce(F.col(staged.UNCHANGED_TOAST), F.array().cast("array<string>"))
+        if staged.UNCHANGED_TOAST in staged_names
+        else F.array().cast("array<string>")
+    )
+    keep = F.when(F.col(staged.OP) == "I", F.array().cast("array<string>")).otherwise(
+        F.array_distinct(F.concat(toast, F.array(*[F.lit(c) for c in absent]).cast("array<string>")))
+    )
+    selected: list[Column] = [
+        F.col(COMMIT_LSN).cast("bigint").alias(LSN),
+        F.col(staged.SEQ).cast("int").alias(SEQ),
+        F.col(staged.OP).alias(OP),
+        keep.alias(KEEP),
+        F.col(COMMIT_LSN).cast("bigint").alias(COMMIT_LSN),
+        (F.col(COMMIT_TIME).cast("timestamp") if COMMIT_TIME in staged_names else F.lit(None).cast("timestamp")).alias(
+            COMMIT_TIME
+        ),
+        (F.col(XID).cast("bigint") if XID in staged_names else F.lit(None).cast("bigint")).alias(XID),
+    ]
+    for column in plan.columns:
+        delta_type = plan.types[column].delta_type
+        if column in typed:
+            value = col(column).cast(delta_type)  # a no-op unless the decimal widened since
+        elif column in present:
+            value = _convert(col(column), plan.types[column])
+        elif column in plan.missing:  # staged before the column was added with a default
+            value = F.expr(column_defaults.sql_value(plan.missing[column], delta_type))
+        else:
+            value = F.lit(None).cast(delta_type)
+        selected.append(value.alias(column))
+    for index, key_column in enumerate(plan.key):
+        old = (
+            (
+                F.col(staged.OLD).getField(key_column).cast(plan.types[key_column].delta_type)
+                if key_column in typed
+                else _convert(F.col(staged.OLD).getField(key_column), plan.types[key_column])
+            )
+            if key_column in old_fields
+            else F.lit(None).cast(plan.types[key_column].delta_type)
+        )
+        selected.append(old.alias(old_key_name(index)))
+    selected.append((F.col(staged.OLD).isNotNull() if old_fields else F.lit(False)).alias(HAS_OLD))
+    selected.append(_special_key(plan, present, typed, old_fields).alias(SPECIAL_KEY))
+    for index, column in enumerate(numeric_columns):
+        if column in present and column not in typed:
+            special, lossy = _diagnostics(col(column), plan.types[column])
+            if not plan.types[column].may_lose_digits:
+                # numeric(p,s): PostgreSQL already rounded to the scale, it always fits.
+                lossy = F.lit(False)
+        else:
+            special, lossy = F.lit(False), F.lit(False)
+        selected += [special.alias(special_name(index)), lossy.alias(lossy_name(index))]
+    return frame.select(*selected)
+
+
 def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
     """The table's staged changes of every segment, typed as in Delta, one row per change.
 
@@ -211,104 +321,7 @@ def staged_events(spark: SparkSession, plan: TablePlan) -> DataFrame:
             staged_names = [name for name, _ in staged_schema]
             frame = spark.read.parquet(*[spark_uri(file) for file in files])
             frame, staged_names, known = _under_names_now(frame, staged_names, manifest_columns, plan.staged_as)
-            present = [c for c in plan.columns if c in staged_names and c in known]
-            for column in present:
-                staged_type = frame.schema[column].dataType
-                # Parts staged before the column widened (in this batch or an earlier one) are cast,
-                # as are integers and booleans staged before it became text again.
-                delta_type = plan.types[column].delta_type
-                if staged_type_matches(plan.types[column], staged_type) or widens(staged_type, delta_type):
-                    continue
-                if prints_as_its_text(staged_type, delta_type):
-                    continue
-                if isinstance(delta_type, StringType):
-                    # Back to text from another type: a rewrite, which the extract resnapshots
-                    # (capture/rewrites.py); until then these rows hold Spark's text of the value.
-                    log.warning(
-                        "table %s column %s: %d part(s) staged as %s before the column became text are merged "
-                        "as Spark prints the values, which can differ from PostgreSQL's text (a time zone, a "
-                        "float's digits); the resnapshot the extract files for the column's rewrite replaces them",
-                        plan.name,
-                        column,
-                        len(files),
-                        staged_type.simpleString(),
-                    )
-                    continue
-                raise MergeInputError(
-                    f"table {plan.name} column {column!r} in {files[0]}: staged as {staged_type.simpleString()}, "
-                    f"but catalog type {plan.types[column].catalog_type!r} is staged as "
-                    f"{' or '.join(t.simpleString() for t in plan.types[column].staged_types)}"
-                )
-            # A snapshot stages bounded numeric as its Delta decimal already (capture/snapshot.py).
-            typed = {
-                c
-                for c in present
-                if plan.types[c].is_numeric_text and isinstance(frame.schema[c].dataType, DecimalType)
-            }
-            absent = [c for c in plan.value_columns if c not in present]
-            missing_key = [k for k in plan.key if k not in present]
-            if missing_key and present:  # a part without source columns holds TRUNCATEs only (batch/writer.py)
-                raise MergeInputError(f"table {plan.name}: staged file {files[0]} has no key column(s) {missing_key}")
-            old_fields = (
-                {f.name for f in frame.schema[staged.OLD].dataType.fields}  # type: ignore[attr-defined]
-                if staged.OLD in staged_names and isinstance(frame.schema[staged.OLD].dataType, StructType)
-                else set()
-            )
-            toast = (
-                F.coalesce(F.col(staged.UNCHANGED_TOAST), F.array().cast("array<string>"))
-                if staged.UNCHANGED_TOAST in staged_names
-                else F.array().cast("array<string>")
-            )
-            keep = F.when(F.col(staged.OP) == "I", F.array().cast("array<string>")).otherwise(
-                F.array_distinct(F.concat(toast, F.array(*[F.lit(c) for c in absent]).cast("array<string>")))
-            )
-            selected: list[Column] = [
-                F.col(COMMIT_LSN).cast("bigint").alias(LSN),
-                F.col(staged.SEQ).cast("int").alias(SEQ),
-                F.col(staged.OP).alias(OP),
-                keep.alias(KEEP),
-                F.col(COMMIT_LSN).cast("bigint").alias(COMMIT_LSN),
-                (
-                    F.col(COMMIT_TIME).cast("timestamp")
-                    if COMMIT_TIME in staged_names
-                    else F.lit(None).cast("timestamp")
-                ).alias(COMMIT_TIME),
-                (F.col(XID).cast("bigint") if XID in staged_names else F.lit(None).cast("bigint")).alias(XID),
-            ]
-            for column in plan.columns:
-                delta_type = plan.types[column].delta_type
-                if column in typed:
-                    value = col(column).cast(delta_type)  # a no-op unless the decimal widened since
-                elif column in present:
-                    value = _convert(col(column), plan.types[column])
-                elif column in plan.missing:  # staged before the column was added with a default
-                    value = F.expr(column_defaults.sql_value(plan.missing[column], delta_type))
-                else:
-                    value = F.lit(None).cast(delta_type)
-                selected.append(value.alias(column))
-            for index, key_column in enumerate(plan.key):
-                old = (
-                    (
-                        F.col(staged.OLD).getField(key_column).cast(plan.types[key_column].delta_type)
-                        if key_column in typed
-                        else _convert(F.col(staged.OLD).getField(key_column), plan.types[key_column])
-                    )
-                    if key_column in old_fields
-                    else F.lit(None).cast(plan.types[key_column].delta_type)
-                )
-                selected.append(old.alias(old_key_name(index)))
-            selected.append((F.col(staged.OLD).isNotNull() if old_fields else F.lit(False)).alias(HAS_OLD))
-            selected.append(_special_key(plan, present, typed, old_fields).alias(SPECIAL_KEY))
-            for index, column in enumerate(numeric_columns):
-                if column in present and column not in typed:
-                    special, lossy = _diagnostics(col(column), plan.types[column])
-                    if not plan.types[column].may_lose_digits:
-                        # numeric(p,s): PostgreSQL already rounded to the scale, it always fits.
-                        lossy = F.lit(False)
-                else:
-                    special, lossy = F.lit(False), F.lit(False)
-                selected += [special.alias(special_name(index)), lossy.alias(lossy_name(index))]
-            events = frame.select(*selected)
+            events = _group_events(plan, frame, staged_names, known, files, numeric_columns)
             if segment.applied_through >= 0:
                 events = events.where(F.col(LSN) > F.lit(segment.applied_through))
             frames.append(events)
