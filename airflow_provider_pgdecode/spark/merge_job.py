@@ -23,6 +23,12 @@ How a run goes (docs/merge.md explains the why):
    deletes, updates and inserts the last state per key, folds a TRUNCATE in as
    ``WHEN NOT MATCHED BY SOURCE ... DELETE``, and records the new watermark in the same commit.
 
+This module keeps that run order, the per-table write and the command line; each step's code is
+in its own module: :mod:`.merge_plan` (options, plans, results), :mod:`.staged_events` (the
+staged parts read), :mod:`.profiling`, :mod:`.merge_sql` (DDL and the MERGE),
+:mod:`.write_strategies` (one write per load mode) and :mod:`.snapshot_commit` (an initial load
+committed as staged), over :mod:`.delta_state` (the Delta table's state).
+
 Batches and the Delta root may be local paths or ``s3://`` (``s3a://``) locations
 (docs/object-storage.md): manifests and Parquet footers are read through the batch format's
 storage layer, Spark reads the parts and writes Delta through ``s3a://``, and the store's settings
