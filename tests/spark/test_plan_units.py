@@ -237,7 +237,7 @@ def test_a_keyless_table_or_an_unknown_mode_is_refused(tmp_path: Path) -> None:
 
 
 def test_key_ranges_join_neighbouring_buckets_and_keep_real_gaps() -> None:
-    from airflow_provider_pgdecode.spark.merge_job import _KeyRangeCollector
+    from airflow_provider_pgdecode.spark.profiling import _KeyRangeCollector
 
     # Keys spread over the whole span: every bucket is a neighbour of the next, one range.
     spread = _KeyRangeCollector((0, 99_999))

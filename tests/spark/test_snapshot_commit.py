@@ -21,7 +21,7 @@ from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.capture.snapshot import TRUNCATE_PART, create_slot_with_snapshot, stage_snapshot
 from airflow_provider_pgdecode.errors import MergeInputError
-from airflow_provider_pgdecode.spark import merge_job
+from airflow_provider_pgdecode.spark import merge_job, snapshot_commit
 from airflow_provider_pgdecode.spark.merge_job import MergeOptions, app_id, merge_batches, read_delta_state
 from pgdecode_testing.compare import compare_table
 
@@ -161,7 +161,7 @@ def test_a_crash_before_the_commit_leaves_no_table(
     def crash(*args: Any, **kwargs: Any) -> bool:
         raise RuntimeError("killed before the commit")
 
-    monkeypatch.setattr(merge_job, "_create_if_absent", crash)
+    monkeypatch.setattr(snapshot_commit, "_create_if_absent", crash)
     with pytest.raises(RuntimeError, match="killed before the commit"):
         merge_batches(spark, [str(batch.path)], root, MergeOptions(park=False))
     placed = [p.name for p in Path(table_path(root)).glob("*.parquet")]
