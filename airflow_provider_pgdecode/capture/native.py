@@ -638,54 +638,85 @@ def extract_native(
     ``cut``: the batch's bounds; the reader hands the transaction that would cross one to the
     Python side, which cuts the batch before it (the rest of the COPY is then read and dropped).
     """
-    relations: dict[int, Any] = {}
+    run = _NativeRun(native, parser, plugin, assembler, writer, include, part_rows, memory_items, resume_after, cut)
+    try:
+        run.read(copy)
+        if more is not None and (cut is None or cut.cut_by is None):
+            following = more(run.reader.stats()["rows_read"])
+            if following is not None:
+                run.read_following(following)
+        run.out.wait()  # no part is still being written when the extract goes on (or fails)
+    except BaseException:
+        run.out.abort()
+        raise
+    return run.finish()
 
-    def sync_relations() -> None:
-        for relid, rel in parser.relations.items():
-            if relations.get(relid) is not rel:
-                reader.set_relation(relid, rel.schema, rel.table, rel.names, rel.types, rel.key_flags)
-                relations[relid] = rel
 
-    def on_relation(lsn: int, xid: int | None, data: bytes) -> None:
-        parser.parse(Lsn(lsn), xid, data)
-        sync_relations()
+class _NativeRun:
+    """One native extract: the C reader, the writer it feeds, and the rows it hands to the Python
+    path (pgoutput's Relation messages, a transaction the batch's bounds may cut)."""
 
-    reader = native.Reader(
-        plugin,
-        part_rows,
-        memory_items,
-        None if resume_after is None else int(resume_after),
-        include if include is not None else (lambda schema, table: True),
-        on_relation if plugin == "pgoutput" else None,
-        UNCHANGED_TOAST,
-    )
-    out = NativeWriter(reader, writer)
-    parse = parser.parse
-    feed = assembler.feed
-    is_pgoutput = plugin == "pgoutput"
-    stops_before = None
-    if cut is not None:
-        reader.set_bounds(cut.max_changes, None if cut.max_lsn is None else int(cut.max_lsn))
+    def __init__(
+        self,
+        native: Any,
+        parser: Any,
+        plugin: str,
+        assembler: TransactionAssembler,
+        writer: BatchWriter,
+        include: Callable[[str, str], bool] | None,
+        part_rows: int,
+        memory_items: int,
+        resume_after: Lsn | None,
+        cut: BatchCut | None,
+    ) -> None:
+        self.native = native
+        self.parser = parser
+        self.assembler = assembler
+        self.cut = cut
+        self.is_pgoutput = plugin == "pgoutput"
+        self.relations: dict[int, Any] = {}
+        self.handed = 0
+        self.reader: Any = native.Reader(
+            plugin,
+            part_rows,
+            memory_items,
+            None if resume_after is None else int(resume_after),
+            include if include is not None else (lambda schema, table: True),
+            self.on_relation if self.is_pgoutput else None,
+            UNCHANGED_TOAST,
+        )
+        self.out = NativeWriter(self.reader, writer)
+        self.stops_before = None
+        if cut is not None:
+            self.reader.set_bounds(cut.max_changes, None if cut.max_lsn is None else int(cut.max_lsn))
+            cut.elsewhere = self.native_share
+            self.stops_before = cut.stops_before
 
-        def native_share() -> tuple[int, bool]:
-            stats = reader.stats()
-            return stats["assembled_changes"], stats["safe_lsn"] is not None
+    def native_share(self) -> tuple[int, bool]:
+        stats = self.reader.stats()
+        return stats["assembled_changes"], stats["safe_lsn"] is not None
 
-        cut.elsewhere = native_share
-        stops_before = cut.stops_before
+    def sync_relations(self) -> None:
+        for relid, rel in self.parser.relations.items():
+            if self.relations.get(relid) is not rel:
+                self.reader.set_relation(relid, rel.schema, rel.table, rel.names, rel.types, rel.key_flags)
+                self.relations[relid] = rel
 
-    handed = 0
+    def on_relation(self, lsn: int, xid: int | None, data: bytes) -> None:
+        self.parser.parse(Lsn(lsn), xid, data)
+        self.sync_relations()
 
-    def python_rows(rows: list[tuple[int, int | None, bytes]]) -> None:
-        nonlocal handed
-        handed += len(rows)
+    def python_rows(self, rows: list[tuple[int, int | None, bytes]]) -> None:
+        self.handed += len(rows)
+        cut, reader, out = self.cut, self.reader, self.out
+        parse, feed, stops_before = self.parser.parse, self.assembler.feed, self.stops_before
         for lsn, xid, data in rows:
             if cut is not None and cut.cut_by is not None:
                 return
             event = parse(Lsn(lsn), xid, data)
             if event is None:
-                if is_pgoutput:
-                    sync_relations()
+                if self.is_pgoutput:
+                    self.sync_relations()
                 continue
             if stops_before is not None and stops_before(event):
                 reader.stop()
@@ -698,21 +729,22 @@ def extract_native(
                 elif type(done) is Message:
                     out.add_message(done)
         if cut is not None:
-            reader.set_python_totals(assembler.stats.changes, assembler.safe_lsn is not None)
+            reader.set_python_totals(self.assembler.stats.changes, self.assembler.safe_lsn is not None)
 
-    def handle(result: tuple[Any, ...]) -> None:
+    def handle(self, result: tuple[Any, ...]) -> None:
         kind = result[0]
         if kind == "flush":
-            out.flush_all(result[1])
+            self.out.flush_all(result[1])
         elif kind == "rows":
-            python_rows(result[1])
-            if assembler.idle:
-                reader.resume()
+            self.python_rows(result[1])
+            if self.assembler.idle:
+                self.reader.resume()
         elif kind == "end":  # rows of a transaction cut off by the end, for the assembler to judge
-            python_rows(result[1])
+            self.python_rows(result[1])
 
-    def read(copy: Any) -> None:
-        pgconn = _libpq_connection(native, copy)
+    def read(self, copy: Any) -> None:
+        reader, handle = self.reader, self.handle
+        pgconn = _libpq_connection(self.native, copy)
         if pgconn is not None:
             # Rows straight from libpq into the reader: no Python object per row.
             pump = reader.pump
@@ -732,38 +764,33 @@ def extract_native(
             while (result := run()) is not None:
                 handle(result)
 
-    try:
-        read(copy)
-        if more is not None and (cut is None or cut.cut_by is None):
-            following = more(reader.stats()["rows_read"])
-            if following is not None:
-                assembler.drop_streams()
-                if assembler.idle:
-                    reader.resume()
-                reached = max(
-                    (Lsn(x) for x in (reader.stats()["safe_lsn"], assembler.safe_lsn) if x is not None), default=None
-                )
-                reader.next_copy(None if reached is None else int(reached))
-                assembler.resume_from(reached)
-                read(following)
-                assembler.end_resume()
-        out.wait()  # no part is still being written when the extract goes on (or fails)
-    except BaseException:
-        out.abort()
-        raise
-    stats = reader.stats()
-    # The relation callback refers to the reader through this frame's cell, and the reader to the
-    # callback: break the cycle here, so the reader's buffers go with its writer, not at the cycle
-    # collector's next full pass (a drain's batches piled up 17 MiB each).
-    reader = None
-    log.info("Native extract: %d rows read, %d of them handed to the Python path", stats["rows_read"], handed)
-    assembler.add_fast_totals(
-        safe_lsn=None if stats["safe_lsn"] is None else Lsn(stats["safe_lsn"]),
-        transactions=stats["assembled_transactions"],
-        changes=stats["assembled_changes"],
-        empty=stats["empty_transactions"],
-    )
-    return out, stats["rows_read"]
+    def read_following(self, following: Any) -> None:
+        """The COPY that continues this one, read after the position reached."""
+        assembler, reader = self.assembler, self.reader
+        assembler.drop_streams()
+        if assembler.idle:
+            reader.resume()
+        reached = max((Lsn(x) for x in (reader.stats()["safe_lsn"], assembler.safe_lsn) if x is not None), default=None)
+        reader.next_copy(None if reached is None else int(reached))
+        assembler.resume_from(reached)
+        self.read(following)
+        assembler.end_resume()
+
+    def finish(self) -> tuple[NativeWriter, int]:
+        """The reader's totals handed to the assembler; the writer and the rows read."""
+        stats = self.reader.stats()
+        # The relation callback refers to the reader through this object, and the reader to the
+        # callback: break the cycle here, so the reader's buffers go with its writer, not at the cycle
+        # collector's next full pass (a drain's batches piled up 17 MiB each).
+        self.reader = None
+        log.info("Native extract: %d rows read, %d of them handed to the Python path", stats["rows_read"], self.handed)
+        self.assembler.add_fast_totals(
+            safe_lsn=None if stats["safe_lsn"] is None else Lsn(stats["safe_lsn"]),
+            transactions=stats["assembled_transactions"],
+            changes=stats["assembled_changes"],
+            empty=stats["empty_transactions"],
+        )
+        return self.out, stats["rows_read"]
 
 
 __all__ = ["NativeWriter", "extract_native", "load_native", "native_wanted"]

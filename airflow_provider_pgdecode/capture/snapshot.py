@@ -1,10 +1,10 @@
 """Initial load consistent with a new slot: an exported snapshot staged as one batch. Plain Python.
 
-A logical slot created over a replication connection can export the snapshot in which its
-decoding starts: every transaction that committed at or before the slot's *consistent point*
-is visible in the snapshot, every one committing after it is decoded by the slot. Copying the
-tables inside that snapshot and staging them with the consistent point as their commit LSN
-makes the copy and the slot's later batches fit exactly: nothing missed, nothing twice.
+A slot created over a replication connection exports the snapshot its decoding starts from;
+the tables copied inside it, staged with the slot's consistent point as their commit LSN, fit
+the slot's later batches exactly: nothing missed, nothing twice. This room owns the chunk plan
+(heap page ranges), the copying workers, the resume after a failure or a kill, and where the
+copy is written; how and why: docs/backfill.md, "How the initial copy works".
 
 ::
 
@@ -17,80 +17,6 @@ makes the copy and the slot's later batches fit exactly: nothing missed, nothing
 
 The snapshot exists only while the connection that created the slot stays open, so the copy
 must run inside the ``with`` block.
-
-Chunks. Every table is cut into chunks of consecutive heap *pages* (``ctid`` ranges), read with
-TID range scans (PostgreSQL 14+)::
-
-    COPY (SELECT <columns> FROM t WHERE ctid >= '(first,0)'::tid AND ctid < '(next,0)'::tid)
-        TO STDOUT (FORMAT csv)
-
-the last chunk of a table open-ended (``ctid >= '(first,0)'``). Page ranges rather than key
-ranges, because
-
-* they are computed up front from two cheap numbers and nothing else: the table's size in pages
-  (``pg_relation_size / block_size``) and the number of rows visible in its first 32 pages (read
-  inside the snapshot), which sizes chunks of about ``chunk_rows`` rows. Key ranges would need
-  the key's distribution (a sample or an index walk) and break down on skewed or composite keys;
-* every chunk is a sequential read of its own pages: no index, no sort, no ``OFFSET``; chunks
-  are independent, so any number of them run at once and each can be redone alone;
-* tuples visible in the snapshot cannot move while it is held (the exported snapshot keeps
-  VACUUM from removing them, and every copying transaction holds ACCESS SHARE locks, which keep
-  ``VACUUM FULL``/``CLUSTER`` out), and pages added after the plan hold only newer tuples, which
-  the snapshot does not see: the open-ended last chunk covers them anyway.
-
-Within a chunk rows come in physical order (synchronized and parallel scans are switched off),
-so a part's contents depend only on the snapshot and the chunk plan, never on worker count or
-timing. Parts are named by chunk index (``part-00007.parquet``); a chunk with no visible row
-writes no part. With ``replace`` the table's TRUNCATE row is a part of its own
-(``part-truncate.parquet``, written with chunk 0). Two plans of one snapshot can differ only in
-trailing empty chunks (when the table grew meanwhile), so they stage the same manifest.
-
-Delta's types. The chunks' parts hold only rows, with every column in the type Spark reads as
-its Delta type: bounded ``numeric`` as its ``decimal128`` (NaN/Infinity, which a decimal cannot
-hold, staged as null and counted in the manifest's ``numeric_specials``), ``timestamp without
-time zone`` as UTC-annotated microseconds, everything else as incremental batches stage it. The
-manifest lists them as ``snapshot_files``: the merge job commits them into a Delta table it
-creates as they are, without reading and writing them again (spark/delta_commit.py), and all
-checks on the values happen here, in the pass that writes them.
-
-Workers. ``workers`` threads each open their own connection that imports the snapshot
-(:func:`~airflow_provider_pgdecode.postgres.snapshot_queries.import_snapshot`) and take chunks
-from one queue, in table then chunk order: chunks of one table and of different tables run
-concurrently. A planning connection holds the snapshot and ACCESS SHARE locks on every table
-until the copy ends. COPY's CSV output is gathered as bytes, parsed by Arrow's CSV reader and
-converted column-wise (batch/values.py), then written as the chunk's Parquet part; memory is
-bounded by ``chunk_rows`` rows per worker (a chunk larger than estimated is written in several
-row groups). Threads suffice: the only per-row Python work is gathering COPY's rows, while the
-server's side of COPY, Arrow's parser, the conversions and the Parquet writer run outside the GIL.
-
-Resume. Each part is written to ``<name>.part``, fsynced and renamed; only then is the chunk
-recorded in ``progress.json`` (rewritten atomically, fsynced), together with the chunk plan.
-A copy that stops at any point — an error, or the process killed with SIGKILL — continues when
-:func:`stage_snapshot` is called again *inside the same block*: the recorded chunks are kept,
-half-written ``.part`` files and parts not recorded are deleted, and the remaining chunks are
-copied. If a table was rewritten meanwhile (its relfilenode changed) its chunks are discarded
-and it is planned and copied again. Once the block has ended the snapshot is gone and nothing
-can resume: drop the slot and start over (docs/staging-format.md, "Snapshot batches"). To
-survive a kill of the copy, the process holding the block must outlive it: run the copy in a
-child process.
-
-Where. The copy is written in a local work directory (:func:`snapshot_workdir`): beside the
-batch in ``<staging_root>/<slot>/`` when staging is local, so publishing it is a rename; under
-the local spool directory (``$PGDECODE_SPOOL_DIR``) when the staging root is ``s3://...``, so
-publishing uploads its parts, then its manifest last (the batch's commit marker: there is no
-rename on object storage). Progress stays in the work directory either way.
-
-Errors are specific: an unknown table or one without a key (a primary key, a replica identity
-index, or all columns under REPLICA IDENTITY FULL: :meth:`Catalog.table_key`) is refused before
-anything is copied (:class:`CatalogError`), a snapshot that is no longer exported is reported
-with what to do (:class:`StagingError`).
-
-Every statement is issued by the PostgreSQL layer: the replication connection by
-``postgres/replication.py``, the plan's and the chunks' queries by ``postgres/snapshot_queries.py``.
-
-Progress goes to this module's logger: per table and overall, chunks done of total, rows
-copied, rows/s and an estimated time to go, at most every ``log_interval`` seconds and when a
-table finishes.
 """
 
 from __future__ import annotations
@@ -103,25 +29,19 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from airflow_provider_pgdecode.batch.badvalues import convert_snapshot_column
 from airflow_provider_pgdecode.batch.format import (
-    OLD,
     PARQUET_OPTIONS,
     SNAPSHOT_START_LSN,
     check_column_names,
-    metadata_columns,
-    part_schema,
 )
 from airflow_provider_pgdecode.batch.manifest import (
     BatchManifest,
@@ -133,12 +53,18 @@ from airflow_provider_pgdecode.batch.manifest import (
 from airflow_provider_pgdecode.batch.options import DEFAULT_OPTIONS, TableOptions, options_for, parse_table_options
 from airflow_provider_pgdecode.batch.publish import TMP_PREFIX, publish_batch, workdir_base
 from airflow_provider_pgdecode.batch.storage import Storage, as_storage
-from airflow_provider_pgdecode.batch.values import arrow_type
-from airflow_provider_pgdecode.capture.renames import record_tables
+from airflow_provider_pgdecode.capture.renames import KnownTables, record_tables
+from airflow_provider_pgdecode.capture.snapshot_parts import (
+    part_table,
+    read_csv_columns,
+    snapshot_part_schema,
+    staged_type,
+    write_part_file,
+)
 from airflow_provider_pgdecode.capture.tables import parse_table_names
 from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS, plugin_unknown
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.decoding.raw_char import CHAR_TYPES, char_text
+from airflow_provider_pgdecode.decoding.raw_char import CHAR_TYPES
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError, StagingError
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, TableKey
 from airflow_provider_pgdecode.postgres.replication import ExportedSnapshot, replication_connection
@@ -159,14 +85,6 @@ from airflow_provider_pgdecode.postgres.snapshot_queries import (
     import_snapshot,
     lock_and_measure,
 )
-from airflow_provider_pgdecode.typemap import (
-    DEFAULT_STAGING,
-    NUMERIC_SPECIAL_VALUES,
-    Staging,
-    array_element,
-    numeric_delta_type,
-    numeric_typmod,
-)
 
 log = logging.getLogger(__name__)
 
@@ -182,9 +100,6 @@ PROGRESS_NAME = "progress.json"
 SAMPLE_PAGES = 32
 
 _SNAPSHOT_NAME = re.compile(r"^[0-9A-Fa-f-]{1,64}$")
-_SEQ_MAX = 2**31 - 1
-_CSV_BLOCK = 1 << 22
-_CSV_BATCH_BYTES = 64 << 20
 
 
 @contextmanager
@@ -361,22 +276,13 @@ def stage_snapshot(
     """
     lsn = Lsn.coerce(consistent_lsn)
     options_by_table = parse_table_options(table_options)
-    if not _SNAPSHOT_NAME.match(snapshot_name):
-        raise StagingError(f"{snapshot_name!r} is not an exported snapshot name")
-    if chunk_rows < 1:
-        raise ConfigurationError("chunk_rows must be at least 1")
-    if chunk_pages is not None and chunk_pages < 1:
-        raise ConfigurationError("chunk_pages must be at least 1")
-    workers = DEFAULT_SNAPSHOT_WORKERS if workers is None else workers
-    if workers < 1:
-        raise ConfigurationError("workers must be at least 1")
+    workers = _checked_arguments(snapshot_name, chunk_rows, chunk_pages, workers)
     names = sorted(parse_table_names(tables))
     if not names:
         raise ConfigurationError("no table to snapshot")
     store = as_storage(staging_root)
     tmp = snapshot_workdir(store, slot_name, snapshot_name)
     tmp.parent.mkdir(parents=True, exist_ok=True)
-    options_by_table = parse_table_options(table_options)
     settings = {
         "format": SNAPSHOT_FORMAT,
         "slot": slot_name,
@@ -424,8 +330,44 @@ def stage_snapshot(
     finally:
         planner.close()
 
+    manifest = _snapshot_manifest(plans, lsn, replace, slot_name, plugin, database, server, loaded)
+    info = _snapshot_info(settings, plans)
+    (tmp / SNAPSHOT_INFO_NAME).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (tmp / PROGRESS_NAME).unlink()
+    manifest.write(tmp)
+    manifest.path = publish_batch(tmp, store, f"{slot_name}/{batch_dir_name(SNAPSHOT_START_LSN, lsn)}", manifest)
+    if not store.is_local:
+        shutil.rmtree(tmp, ignore_errors=True)  # the local copy of an uploaded batch
+    log.info("Staged the snapshot of %d table(s), %d rows, at %s: %s", len(names), info["rows"], lsn, manifest.path)
+    return manifest
+
+
+def _checked_arguments(snapshot_name: str, chunk_rows: int, chunk_pages: int | None, workers: int | None) -> int:
+    """Refuse arguments no copy can run with; the number of workers."""
+    if not _SNAPSHOT_NAME.match(snapshot_name):
+        raise StagingError(f"{snapshot_name!r} is not an exported snapshot name")
+    if chunk_rows < 1:
+        raise ConfigurationError("chunk_rows must be at least 1")
+    if chunk_pages is not None and chunk_pages < 1:
+        raise ConfigurationError("chunk_pages must be at least 1")
+    workers = DEFAULT_SNAPSHOT_WORKERS if workers is None else workers
+    if workers < 1:
+        raise ConfigurationError("workers must be at least 1")
+    return workers
+
+
+def _snapshot_manifest(
+    plans: Sequence[_TablePlan],
+    lsn: Lsn,
+    replace: bool,
+    slot_name: str,
+    plugin: str,
+    database: str,
+    server: str,
+    loaded: KnownTables,
+) -> BatchManifest:
+    """The snapshot batch's manifest: its tables with rows, each with its oid."""
     summaries = [s for s in (_summary(plan, lsn, replace) for plan in plans) if s.files]
-    total_rows = sum(plan.done_rows() for plan in plans)
     manifest = BatchManifest(
         slot=slot_name,
         plugin=plugin,
@@ -442,10 +384,15 @@ def stage_snapshot(
     oid_of = {names[0]: oid for oid, names in loaded.names.items()}
     for summary in summaries:
         summary.oid = oid_of.get((summary.schema, summary.table))
-    info = {
+    return manifest
+
+
+def _snapshot_info(settings: Mapping[str, Any], plans: Sequence[_TablePlan]) -> dict[str, Any]:
+    """``snapshot.json``: the copy's settings and each table's chunk plan, files and rows."""
+    return {
         **settings,
         "kind": "snapshot",
-        "rows": total_rows,
+        "rows": sum(plan.done_rows() for plan in plans),
         "tables": [
             {
                 "schema": p.schema,
@@ -457,14 +404,6 @@ def stage_snapshot(
             for p in plans
         ],
     }
-    (tmp / SNAPSHOT_INFO_NAME).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    (tmp / PROGRESS_NAME).unlink()
-    manifest.write(tmp)
-    manifest.path = publish_batch(tmp, store, f"{slot_name}/{batch_dir_name(SNAPSHOT_START_LSN, lsn)}", manifest)
-    if not store.is_local:
-        shutil.rmtree(tmp, ignore_errors=True)  # the local copy of an uploaded batch
-    log.info("Staged the snapshot of %d table(s), %d rows, at %s: %s", len(names), total_rows, lsn, manifest.path)
-    return manifest
 
 
 def snapshot_workdir(store: Storage, slot_name: str, snapshot_name: str) -> Path:
@@ -577,7 +516,7 @@ def _summary(plan: _TablePlan, lsn: Lsn, replace: bool) -> TableSummary:
         min_commit_lsn=str(lsn),
         max_commit_lsn=str(lsn),
         columns=[
-            ColumnSummary(c.name, c.type_name, str(_staged_type(c, plan.options.staging)), c.catalog_type, c.user_type)
+            ColumnSummary(c.name, c.type_name, str(staged_type(c, plan.options.staging)), c.catalog_type, c.user_type)
             for c in plan.columns
         ],
         key=list(plan.key),
@@ -839,14 +778,14 @@ def _copy_chunk(
     part = path.with_name(name + ".part")
     truncate = None
     seq_start = (1 if replace else 0) + index * int(plan.state["seq_stride"])
-    schema = _part_schema(plan.columns, plan.options.staging)
+    schema = snapshot_part_schema(plan.columns, plan.options.staging)
     specials: dict[str, int] = {}
     if replace and index == 0:
         # The TRUNCATE row in a part of its own: the chunks' parts hold rows only, so that a
         # merge creating the Delta table can commit them as they are.
         empty = [pa.array([], pa.string())] * len(plan.columns)
-        table = _part_table(plan.columns, empty, 0, lsn, 0, True, plan.name, schema, plan.options)
-        _write_table(tmp / plan.relpath / TRUNCATE_PART, table)
+        table = part_table(plan.columns, empty, 0, lsn, 0, True, plan.name, schema, plan.options)
+        write_part_file(tmp / plan.relpath / TRUNCATE_PART, table)
         truncate = TRUNCATE_PART
     writer: pq.ParquetWriter | None = None
     rows = 0
@@ -855,8 +794,8 @@ def _copy_chunk(
         pages = (first, stop) if plan.chunks > 1 else (None, None)
         with copy_pages_csv(conn, plan.schema, plan.table, names, *pages) as copy:
             char_columns = {c.name: c.catalog_type for c in plan.columns if c.catalog_type in CHAR_TYPES}
-            for texts, count in _read_csv(copy, names, chunk_rows, char_columns):
-                table = _part_table(
+            for texts, count in read_csv_columns(copy, names, chunk_rows, char_columns):
+                table = part_table(
                     plan.columns,
                     texts,
                     count,
@@ -884,185 +823,6 @@ def _copy_chunk(
         if writer is not None:
             writer.close()
     return rows, name, truncate, {column: count for column, count in specials.items() if count}
-
-
-def _read_csv(
-    copy: Iterable[Any], names: list[str], chunk_rows: int, char_columns: Mapping[str, str] | None = None
-) -> Iterator[tuple[list[pa.Array], int]]:
-    """COPY's CSV output as string columns, at most ``chunk_rows`` rows at a time.
-
-    libpq hands COPY data over one row at a time, so rows are gathered as bytes (the only
-    per-row Python work: the floor any client pays) and every ``chunk_rows`` rows or
-    :data:`_CSV_BATCH_BYTES` bytes are parsed by Arrow's CSV reader at once. PostgreSQL's CSV
-    prints NULL unquoted and empty, an empty string as ``""``: Arrow reads the first as null and
-    the second as an empty string; values are the output functions' text, exactly as the text
-    format prints them. ``char_columns`` (name: type) are ``"char"`` columns, read as bytes and then
-    as PostgreSQL 15+ prints them: 14 prints a byte above 127 as itself, not UTF-8, which the
-    reader refuses in a text column (decoding/raw_char.py, as both plugins' parsers read it).
-    """
-    char_columns = char_columns or {}
-    read_options = pacsv.ReadOptions(column_names=names, block_size=_CSV_BLOCK)
-    parse_options = pacsv.ParseOptions(newlines_in_values=True)
-    convert_options = pacsv.ConvertOptions(
-        column_types={n: pa.binary() if n in char_columns else pa.string() for n in names},
-        strings_can_be_null=True,
-        quoted_strings_can_be_null=False,
-        null_values=[""],
-    )
-
-    def parse(data: bytearray) -> list[pa.Array]:
-        table = pacsv.read_csv(
-            pa.py_buffer(data), read_options=read_options, parse_options=parse_options, convert_options=convert_options
-        ).combine_chunks()
-        columns = [column.chunk(0) if column.num_chunks else pa.array([], pa.string()) for column in table.columns]
-        for index, name in enumerate(names):
-            if name in char_columns and pa.types.is_binary(columns[index].type):
-                raw = columns[index].to_pylist()
-                columns[index] = pa.array(
-                    [None if v is None else char_text(v, char_columns[name]) for v in raw], pa.string()
-                )
-        return columns
-
-    data = bytearray()
-    count = 0
-    for row in copy:
-        data += row
-        count += 1
-        if count >= chunk_rows or len(data) >= _CSV_BATCH_BYTES:
-            yield parse(data), count
-            data = bytearray()
-            count = 0
-    if count:
-        yield parse(data), count
-
-
-def _decimal_type(column: ColumnInfo, staging: Staging = DEFAULT_STAGING) -> pa.Decimal128Type | None:
-    """The ``decimal128`` a bounded ``numeric(p,s)`` column is staged as in a snapshot (the Delta
-    type of the type map, :func:`~airflow_provider_pgdecode.typemap.numeric_delta_type`), or
-    ``None``: every other column, unbounded ``numeric``, precision above 38, arrays and numeric
-    kept as text by the table's ``type_map`` keep the staging of incremental batches (text)."""
-    if array_element(column.catalog_type) is not None or staging.keeps_as_text(column.catalog_type):
-        return None
-    typmod = numeric_typmod(column.catalog_type)
-    if typmod is None or typmod[0] is None:
-        return None
-    match = re.fullmatch(r"decimal\((\d+),(\d+)\)", numeric_delta_type(*typmod))
-    return pa.decimal128(int(match.group(1)), int(match.group(2))) if match else None
-
-
-_NAIVE_TIMESTAMP = pa.timestamp("us")
-_UTC_TIMESTAMP = pa.timestamp("us", tz="UTC")
-
-
-def _staged_type(column: ColumnInfo, staging: Staging = DEFAULT_STAGING) -> pa.DataType:
-    """A snapshot column's staged Arrow type, the one Spark reads as the column's Delta type:
-    Delta's decimal for bounded numeric, ``timestamp[us, tz=UTC]`` for ``timestamp without time
-    zone`` (its wall-clock time read as UTC, the type map's rule: the same microseconds, only the
-    annotation differs), else as incremental batches stage it
-    (:func:`~airflow_provider_pgdecode.batch.values.arrow_type`)."""
-    decimal = _decimal_type(column, staging)
-    if decimal is not None:
-        return decimal
-    staged = arrow_type(column.type_name, staging)
-    return _UTC_TIMESTAMP if staged == _NAIVE_TIMESTAMP else staged
-
-
-def _part_schema(columns: list[ColumnInfo], staging: Staging = DEFAULT_STAGING) -> pa.Schema:
-    values = [(c.name, _staged_type(c, staging)) for c in columns]
-    return part_schema(pa.struct(values), values)
-
-
-def _as_decimal(text: pa.Array, decimal: pa.Decimal128Type) -> tuple[pa.Array, int]:
-    """Numeric text as ``decimal``, in the pass that writes the part: NaN/Infinity (which a
-    decimal cannot hold) become null and are counted. PostgreSQL already rounded every value to
-    the column's scale and checked its precision, so the cast never loses a digit (it raises if
-    it would)."""
-    special = pc.fill_null(pc.is_in(text, pa.array(NUMERIC_SPECIAL_VALUES)), False)
-    count = pc.sum(special).as_py() or 0
-    if count:
-        text = pc.if_else(special, pa.scalar(None, pa.string()), text)
-    return pc.cast(text, decimal), int(count)
-
-
-def _part_table(
-    columns: list[ColumnInfo],
-    texts: Sequence[pa.Array],
-    rows: int,
-    lsn: Lsn,
-    seq_start: int,
-    leading_truncate: bool,
-    where: str,
-    schema: pa.Schema | None = None,
-    options: TableOptions = DEFAULT_OPTIONS,
-    specials: dict[str, int] | None = None,
-    key: Collection[str] = (),
-) -> pa.Table:
-    """Rows of one part in the layout of batch/writer.py: op I rows (after an op T row).
-
-    ``_pg_seq`` is 0 for the TRUNCATE, then ``seq_start``, ``seq_start + 1``, ... (capped at
-    int32: each key occurs once in a snapshot, so only the order against the TRUNCATE matters).
-    Numeric NaN/Infinity staged as null in a decimal column are added to ``specials``. ``key``:
-    the columns the table is matched by, where ±infinity is a bad value (not clamped).
-    """
-    schema = schema or _part_schema(columns, options.staging)
-    count = rows + (1 if leading_truncate else 0)
-    seqs = (
-        pc.min_element_wise(
-            pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), rows), start=seq_start - 1),
-            pa.scalar(_SEQ_MAX, pa.int64()),
-        )
-        if rows
-        else pa.array([], pa.int64())
-    )
-    ops = pa.repeat(pa.scalar("I"), rows)
-    if leading_truncate:
-        seqs = pa.concat_arrays([pa.array([0], pa.int64()), seqs])
-        ops = pa.concat_arrays([pa.array(["T"]), ops])
-    lsns = pa.repeat(pa.scalar(int(lsn), pa.int64()), count)
-    data: list[pa.Array] = [
-        *metadata_columns(lsns, seqs, ops, [None] * count, [None] * count, lsns, [None] * count).values(),
-        # No old images: a null struct shaped like the row, as the writer stages it.
-        pa.nulls(count, schema.field(OLD).type),
-    ]
-    for column, text in zip(columns, texts):
-        if leading_truncate:
-            text = pa.concat_arrays([pa.nulls(1, pa.string()), text.cast(pa.string())])
-        value = convert_snapshot_column(
-            where, column.name, column.type_name, text, options, int(lsn), key=column.name in key
-        )
-        decimal = _decimal_type(column, options.staging)
-        if decimal is not None:
-            value, nulled = _as_decimal(value, decimal)
-            if specials is not None:
-                specials[column.name] = specials.get(column.name, 0) + nulled
-        elif value.type == _NAIVE_TIMESTAMP:
-            value = value.cast(_UTC_TIMESTAMP)  # the wall-clock time as UTC: same values
-        data.append(value)
-    return pa.Table.from_arrays(data, schema=schema)
-
-
-def _write_table(path: Path, table: pa.Table) -> None:
-    """One Parquet part, written under ``.part``, fsynced, renamed."""
-    part = path.with_name(path.name + ".part")
-    pq.write_table(table, part, **PARQUET_OPTIONS)
-    with open(part, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(part, path)
-
-
-def _write_part(
-    path: Path,
-    columns: list[ColumnInfo],
-    rows: list[tuple[Any, ...]],
-    lsn: Lsn,
-    rows_before: int,
-    leading_truncate: bool,
-    where: str,
-) -> None:
-    """One Parquet part from text rows (``None`` = NULL), written under ``.part``, fsynced, renamed."""
-    texts = [pa.array([row[index] for row in rows], pa.string()) for index in range(len(columns))]
-    first = 1 if leading_truncate else 0
-    _write_table(path, _part_table(columns, texts, len(rows), lsn, first + rows_before, leading_truncate, where))
 
 
 __all__ = [

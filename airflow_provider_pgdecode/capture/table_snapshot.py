@@ -72,7 +72,6 @@ from airflow_provider_pgdecode.batch.badvalues import convert_snapshot_column
 from airflow_provider_pgdecode.batch.format import (
     CHANGE_LSN,
     COMMIT_LSN,
-    PARQUET_OPTIONS,
     SEQ,
     check_column_names,
     metadata_columns,
@@ -82,6 +81,7 @@ from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary
 from airflow_provider_pgdecode.batch.options import DEFAULT_OPTIONS, TableOptions, options_for
 from airflow_provider_pgdecode.batch.storage import Storage, as_storage, iter_names
 from airflow_provider_pgdecode.batch.values import arrow_type
+from airflow_provider_pgdecode.capture.snapshot_parts import write_part_file
 from airflow_provider_pgdecode.capture.tables import parse_table_names
 from airflow_provider_pgdecode.decoding.assembler import Transaction
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, RowImage, Truncate
@@ -743,7 +743,7 @@ class TableSnapshotter:
         table = table.set_column(
             table.schema.get_field_index(SEQ), SEQ, pa.array([p[1] for p in positions], pa.int32())
         )
-        _write_table(chunk.file, table)
+        write_part_file(chunk.file, table)
         return moved
 
     def table_summaries(self, summaries: list[TableSummary]) -> list[TableSummary]:
@@ -819,13 +819,7 @@ def _write_chunk(
             int(lsn),
             key=column.name in key and table_options.mode != "append_only",
         )
-    _write_table(path, pa.table(data))
-
-
-def _write_table(path: Path, table: pa.Table) -> None:
-    part = path.with_name(path.name + ".part")
-    pq.write_table(table, part, **PARQUET_OPTIONS)
-    os.replace(part, path)
+    write_part_file(path, pa.table(data))
 
 
 __all__ = [
