@@ -237,9 +237,18 @@ def _stop(writer: Writer) -> None:
     assert writer.ops > 0
 
 
+# The longest test of `make test` (up to 7 minutes): CI leaves it to PGDECODE_FULL_TESTS=1.
+ADD_TABLE_REPEAT = (
+    "test_add_table_with_replica_identity_full_and_no_primary_key_under_concurrent_writes runs add-table under"
+    " concurrent writes, and the backfill DAG tests add a table to a flowing pipeline"
+)
+
+
 @pytest.mark.postgres
 @pytest.mark.spark
-@pytest.mark.parametrize("plugin", ["test_decoding", full_only("pgoutput", PLUGIN_REPEAT)])
+@pytest.mark.parametrize(
+    "plugin", [full_only("test_decoding", ADD_TABLE_REPEAT), full_only("pgoutput", ADD_TABLE_REPEAT)]
+)
 def test_add_table_under_concurrent_writes(
     tables: None, pg_conn: psycopg.Connection, pg_dsn: str, slot_name: str, spark: Any, tmp_path: Path, plugin: str
 ) -> None:
