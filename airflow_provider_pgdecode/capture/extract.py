@@ -390,9 +390,7 @@ def decode_changes(plan: ExtractPlan, spill_dir: Any, snapshotter: TableSnapshot
         if plan.include_pairs is None
         else _recording_include(plan.include_pairs, excluded_names, request.later_tables)
     )
-    identities = {(t.schema, t.table): t.describe_identity() for t in source_tables(Catalog(conn))}
-    # Each table's key, read once: ±infinity in a date or timestamp key column is a bad value at staging.
-    keys = {name: key.columns for name, key in Catalog(conn).table_keys().items()}
+    identities, keys = _identities_and_keys(conn)
     # Chunk placement needs to see each transaction: the Python path while chunks are staged.
     fast = _native_module(request.native, parser) if snapshotter is None or not snapshotter.chunks else None
     floor = snapshotter.high_watermark() if snapshotter is not None else None
@@ -495,6 +493,16 @@ def decode_changes(plan: ExtractPlan, spill_dir: Any, snapshotter: TableSnapshot
         excluded_names=excluded_names,
         started=started,
     )
+
+
+def _identities_and_keys(
+    conn: Any,
+) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], Any]]:
+    """Each table's replica identity and key, read once per batch: ±infinity in a date or
+    timestamp key column is a bad value at staging."""
+    identities = {(t.schema, t.table): t.describe_identity() for t in source_tables(Catalog(conn))}
+    keys = {name: key.columns for name, key in Catalog(conn).table_keys().items()}
+    return identities, keys
 
 
 @dataclass
