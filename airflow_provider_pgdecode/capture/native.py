@@ -1,65 +1,13 @@
-"""The extract's native fast path: COPY blocks into a C scanner, columnar buffers into Parquet.
+"""The extract's native fast path: the peek as binary COPY read by a C scanner (``capture/_native``,
+sources in ``capture/csrc/``, the Reader in ``module.c``) into per-table Arrow-layout buffers,
+written as Parquet parts on writer threads; whatever the scanner does not take (TRUNCATE,
+messages, two-phase, streams, unreadable rows) is handed with its transaction to the Python
+parser and assembler, so both paths stage the same batch.
 
-Why: the Python path spends ~12 µs per slot row (tuples from the cursor, the line scanner,
-event and row objects, Python lists turned into Arrow columns), while the server decodes a
-row in 1-2 µs. ``pg_logical_slot_peek_*changes`` materialises its whole result before
-returning anything, so extract time is server time plus client time; to stay within twice
-the server's time the client may spend no more than the server per row. Here no Python
-object is made per row or per value:
-
-1. Transfer: the peek (same function, options and pinned GUCs as :meth:`SlotClient.peek`) runs
-   inside ``COPY (SELECT lsn, xid, data ...) TO STDOUT (FORMAT BINARY)``: the server evaluates no
-   expression per row, and the C reader pulls the rows straight from the libpq that psycopg
-   loaded (``PQgetCopyData`` on the connection's ``PGconn``, GIL released while it waits).
-   Iterating psycopg's ``Copy`` costs ~1 µs per row in Python, as much as the whole budget; it
-   is still used where libpq cannot be identified, and to end the COPY. Rows may straddle blocks.
-   libpq's input buffer is widened first (:func:`~airflow_provider_pgdecode.postgres.session.widen_input_buffer`).
-2. The C reader (:mod:`airflow_provider_pgdecode.capture._native`) parses test_decoding lines
-   (the scanning rules of :mod:`~airflow_provider_pgdecode.decoding.test_decoding`, with its
-   fast match of a table's `` name[type]:`` column markers) or pgoutput messages (its Relation
-   cache is filled by the Python parser, so type names come from the same place) and appends
-   values as text to per-table Arrow-layout buffers (validity, int32 offsets, bytes) with the
-   writer's metadata columns. Commit LSN and time are filled in at COMMIT.
-3. Parts are cut exactly where :class:`~airflow_provider_pgdecode.batch.writer.BatchWriter`
-   cuts them (``part_rows`` over all tables, the largest table first; a change of a table's
-   columns): in C when a commit crosses the budget (replaying the writer's rule over the
-   transaction's rows), here for transactions assembled in Python. At a flush the rows leave
-   the C buffers (a large buffer itself is handed over, its memory reused for a later part once
-   the part is written) and a writer thread wraps them as Arrow arrays without copying, converts
-   them with the same vectorised rules (:func:`~airflow_provider_pgdecode.batch.values.convert_column`)
-   and hands the part to a second thread that writes Parquet with the writer's options; pyarrow
-   releases the GIL, so this overlaps the transfer and parsing of the next rows.
-4. Anything but plain committed INSERT/UPDATE/DELETE transactions, and any row the C scanner
-   cannot read, goes to the Python path: the reader keeps the open transaction's rows as
-   read (in its input buffer, not copied aside) and hands them over with the unusual row
-   (TRUNCATE, messages, two-phase, streamed transactions, origins, a column change while rows
-   of the old columns are buffered, a transaction of ``memory_items`` changes or more, a commit
-   at or before the checkpoint's end...). Python parses them with the pure-Python parser and
-   :class:`TransactionAssembler` (so errors and spilling are those of the Python path) and
-   passes rows through until the assembler is idle again. Transactions it assembles are
-   added to the same buffers row by row.
-
-Memory is bounded by configuration, whatever the batch size: ``part_rows`` buffered rows, one
-part being converted, one being written, one taken and waiting for them, and one open
-transaction of fewer than ``memory_items`` rows (kept twice: parsed, and as read).
-
-Since the server materialises the peek before sending its first row, all of this comes after
-the server's decode; a large range is therefore decoded in two sessions
-(:mod:`~airflow_provider_pgdecode.capture.sessions`): the reader reads the lower half while the
-server still decodes the upper one. What each step costs per row is measured by
-bench/extract_bench.py and stated in the README's performance section.
-
-Known difference: a column of the old-key image whose type changes within one part takes the
-type first registered for the table while rows with it are buffered (the Python writer takes
-the first in the part); it needs an ALTER COLUMN TYPE between DELETEs of one part.
-
-Select the path with ``extract_batch(..., native=False)`` or ``PGDECODE_NATIVE=0``; the
-Python path is used when the extension is not built or the database encoding is not UTF-8.
-``PGDECODE_NATIVE_LIBPQ=0`` (:data:`NATIVE_LIBPQ_ENV`) keeps the native path but has it read the
-COPY through psycopg instead of psycopg's own libpq, should a psycopg build's libpq misbehave.
-
-Its C twin is ``capture/csrc/module.c`` (the Reader; the scanners, buffers and part rules are
-in the other files of ``capture/csrc/``).
+How and why, step by step, with its memory bound and its one known difference:
+docs/extract.md ("The native path"). ``PGDECODE_NATIVE=0`` or ``extract_batch(..., native=False)``
+selects the Python path; ``PGDECODE_NATIVE_LIBPQ=0`` (:data:`NATIVE_LIBPQ_ENV`) reads the COPY
+through psycopg instead of its libpq.
 """
 
 from __future__ import annotations

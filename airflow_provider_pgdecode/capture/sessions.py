@@ -1,44 +1,10 @@
-"""The extract's second decoding session: the upper half of a batch's range is decoded on a second
-connection, over a temporary copy of the slot (or its upper-half slot), while the slot's own
-session decodes the lower half.
+"""The extract's second decoding session: the upper part of a large batch's range is decoded on a
+second connection, over a temporary copy of the slot (or, for a two-phase test_decoding slot, its
+upper-half slot ``<slot>_upper``), while the slot's own session decodes the lower part; the
+extract reads the lower part while the server still decodes the upper one.
 
-Why: ``pg_logical_slot_peek_*changes`` decodes its whole range on one server core before it sends a
-row, and the client can do nothing meanwhile. Two sessions decode the two halves at once; the
-extract reads the first half while the server still decodes the second or sends it. The server
-spends no more CPU than for one peek, but for reading the WAL of the first half once more without
-decoding it (``pg_replication_slot_advance``). The gain is measured by bench/extract_bench.py and
-stated in the README's performance section ("Two decoding sessions").
-
-Why the two halves together are the batch one peek would give:
-
-* The copy starts where the slot stands and is moved to the split LSN, as the slot itself would
-  be by a confirm of that position: it then delivers what the slot would deliver after such a
-  confirm, which PostgreSQL's restart rules make exact (transactions whose commit record starts
-  at or after the split, whole, with the streamed ones streamed again from their start).
-* The first session's peek stops at the split (``upto_lsn``): it delivers the transactions whose
-  commit record starts before the split, and at most the one record that crosses it. The
-  second half is read resuming after the first half's last position, so a transaction delivered
-  by both is dropped the second time, as after a failed confirm. Streams the first half left in
-  progress are dropped at the switch; the second half delivers them again, whole.
-* A copy is not a two-phase slot. pgoutput's ``two_phase`` option makes it one from the split on,
-  so it may deliver again a PREPARE that the first half (or an earlier batch) delivered; the
-  assembler keeps a PREPARE once. test_decoding has no such option (a copy would deliver a
-  prepared transaction only at its commit, a pending one not at all), so a two-phase
-  test_decoding slot has an upper-half slot (:func:`~airflow_provider_pgdecode.postgres.slot.upper_slot_name`):
-  a two-phase slot of its own, made by the first large batch (:func:`_creating_upper`, while that
-  batch decodes in one session), moved to the split like a copy, and to the slot's position by
-  every confirm (:meth:`SlotClient.advance`). Two-phase from after the slot's own two-phase
-  point, it takes what was prepared before the split as delivered, as the slot would after a
-  confirm there; one from before the slot is dropped (:func:`_stale_upper`).
-
-One session only, too, when the range is small (under :data:`MIN_SPLIT_WAL_BYTES`), when the
-WAL bound lowers the batch's ceiling (a backlog: the upper half would mostly be decoded in
-vain), on the Python path (table snapshot chunks staged, no extension), when the server has
-no replication slot to spare for the copy, or when the upper-half slot is missing, in use or
-beyond the batch (logged). A batch that ``max_batch_changes`` is
-expected to end early, at the previous batch's WAL per change, splits on the way to that expected
-end (:func:`expected_end`). When the second session fails once started, the slot's own session
-reads the upper half after the lower one (logged; slower, the same batch).
+Why the two halves together are exactly the batch one peek gives, and when one session is used
+instead: docs/extract.md ("Two decoding sessions").
 
 Example::
 

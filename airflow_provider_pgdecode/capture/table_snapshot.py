@@ -1,47 +1,17 @@
 """Snapshots of single tables while the slot keeps flowing: add a table, re-snapshot a table.
 
-A running pipeline cannot stop its slot to load one table, and cannot simply copy the table
-either: rows change while the copy runs, and those changes are in the slot too. This module
-copies the table in key-ordered chunks *inside the incremental extract*, and places every
-copied row in the batch's commit order exactly where it belongs (docs/backfill.md):
+The table is copied in key-ordered chunks *inside the incremental extract*, each in its own
+``REPEATABLE READ`` snapshot followed by a high-watermark message, and every copied row is placed
+in the batch's commit order where it belongs (at the watermark, or just before the first change
+of its key that the chunk's snapshot did not see). The algorithm, why it is exact, and what a
+user sees: docs/backfill.md ("Adding a table, re-snapshotting a table").
 
-1. The extract of a run copies a few chunks before it peeks the slot. Each chunk is one
-   ``SELECT ... WHERE key > last ORDER BY key LIMIT n`` in its own ``REPEATABLE READ``
-   transaction, whose snapshot *S* (``pg_current_snapshot()``: xmin, xmax, in-progress xids)
-   is recorded with it.
-2. Right after the chunk, a *high watermark* is written: a transactional logical message
-   (prefix ``pgdecode.snapshot``) in a tiny transaction, synchronously committed. Its LSN *H*
-   is after every transaction visible in *S*; every transaction committing after *H* is
-   invisible in *S*.
-3. The extract then reads the slot up to a ceiling past *H*, as usual. For every staged change
-   to a chunk's table whose transaction commits at or before *H* but is **not visible in S**
-   (it was still running, or began, when the chunk was read), the chunk row of the same key is
-   moved to just before that change (the change's commit LSN, ``_pg_seq`` -1). Every other
-   chunk row is placed at *H*.
-
-Why this is exact: a chunk row holds the row as of *S*, so it must come after every change
-visible in *S* and before every change not visible in *S*. Two transactions that change the
-same row are serialised by the row lock, which the first holds until it is visible, so for one
-key every visible change precedes every invisible one in commit order; the placement above
-puts the chunk row between the two groups. Changes of keys outside the chunk flow as usual.
-A re-snapshot (and an added table) first stages a TRUNCATE of the table at a *low watermark*
-before its first chunk, so that rows Delta held but PostgreSQL no longer has disappear; until
-the last chunk is merged the Delta table holds only the chunks copied so far (plus rows that
-changed meanwhile).
-
-The key is :meth:`Catalog.table_key`'s, the one the extract stages the table with: a primary key,
-a replica identity index, or under REPLICA IDENTITY FULL all columns. A key of all columns may
-hold NULLs and repeat; its chunks order NULLs last and never split copies of one row (see
-:func:`~airflow_provider_pgdecode.postgres.snapshot_queries.copy_key_range`), and each of its
-columns must have an ordering (a ``json`` or ``point`` column has none: the request fails with
-a :class:`CatalogError` naming it). Every statement is issued by the PostgreSQL layer
-(``postgres/snapshot_queries.py``, ``postgres/catalog.py``).
-
-Requests are files, ``<staging_root>/<slot>/snapshot-requests/<id>.json``, written by
-:func:`request_table_snapshot` (the ``pgdecode_backfill`` DAG in ``add-table`` and
-``resnapshot`` modes). Progress travels with the checkpoint (``Checkpoint.snapshots``), so a
-batch that is never merged is copied again by the next run; the confirm step mirrors it to
-``<id>.state.json`` for whoever waits on the request. Plain Python: no Airflow, no Spark.
+The key is :meth:`Catalog.table_key`'s, the one the extract stages the table with; a key of all
+columns (REPLICA IDENTITY FULL) may hold NULLs and repeat, so its chunks never split copies of one
+row, and a column without an ordering is refused by name. Requests are files,
+``<staging_root>/<slot>/snapshot-requests/<id>.json`` (:func:`request_table_snapshot`); progress
+travels with the checkpoint (``Checkpoint.snapshots``). Every statement is issued by the
+PostgreSQL layer (``postgres/snapshot_queries.py``). Plain Python: no Airflow, no Spark.
 
 Example::
 
