@@ -65,7 +65,8 @@ def old_field_staged(name: str, key: Collection[str] | None) -> bool:
     primary key, a replica identity index): the rest is not staged, so a value the pipeline
     cannot carry there (a BC date, an array of two dimensions) does not make the change a bad
     value. Every column is staged when the key is all of them (merged as a multiset), when it is
-    not known here, or for an ``append_only`` table (empty key: never matched)."""
+    not known here, or for an ``append_only`` table (empty key: never matched); and ``key`` is
+    ``None`` for a table whose old image is its key alone (:meth:`BatchWriter.old_image_key`)."""
     return not key or name in key
 
 
@@ -80,11 +81,13 @@ class _TableBuffer:
         part_rows: int,
         options: TableOptions = DEFAULT_OPTIONS,
         key: Collection[str] | None = None,
+        old_key: Collection[str] | None = None,
     ) -> None:
         self.schema = schema
         self.table = table
         self.options = options
         self.key = key  # the key columns (stage_values' key); None: unknown here
+        self.old_key = old_key  # the old image's columns staged (old_field_staged); None: all
         #: per column, the first ±infinity staged clamped while the key was unknown
         self.clamped: dict[str, ClampedValue] = {}
         self.relpath = table_path(schema, table)
@@ -194,7 +197,7 @@ class _TableBuffer:
         for image in images:
             if image is not None:
                 for name, pg_type in zip(image.names, image.types):
-                    if old_field_staged(name, self.key):
+                    if old_field_staged(name, self.old_key):
                         field_types.setdefault(name, pg_type)
         for name, pg_type in field_types.items():
             # A table with only DELETEs in this batch still lists its key columns.
@@ -332,6 +335,8 @@ class BatchWriter:
         timestamp key column is a bad value (``on_bad_value`` applies), never clamped into another
         key. A table not in it (``keys`` not given, a table created or renamed since) is staged
         with them clamped and named in :meth:`clamped_values`, for the check once its key is known.
+    :param whole_row_old: the tables whose old image is the whole row (REPLICA IDENTITY FULL), by
+        ``(schema, table)``; ``None``: not known, every table taken as one (:meth:`old_image_key`).
     """
 
     def __init__(
@@ -343,8 +348,10 @@ class BatchWriter:
         table_options: Mapping[tuple[str, str], TableOptions] | None = None,
         identities: Mapping[tuple[str, str], str] | None = None,
         keys: Mapping[tuple[str, str], Collection[str]] | None = None,
+        whole_row_old: Collection[tuple[str, str]] | None = None,
     ) -> None:
         self.directory = Path(directory)
+        self.whole_row_old = None if whole_row_old is None else set(whole_row_old)
         self.identities = dict(identities or {})
         self.keys = dict(keys or {})
         self.include = include
@@ -378,7 +385,13 @@ class BatchWriter:
                 return None
             options = options_for(self.table_options, schema, table)
             buffer = self._tables[key] = _TableBuffer(
-                schema, table, self.directory, self.part_rows, options, self.staging_key(schema, table, options)
+                schema,
+                table,
+                self.directory,
+                self.part_rows,
+                options,
+                self.staging_key(schema, table, options),
+                self.old_image_key(schema, table, options),
             )
             buffer.append_only = buffer.options.mode == "append_only"
         return buffer
@@ -389,6 +402,15 @@ class BatchWriter:
         if options.mode == "append_only":
             return ()
         return self.keys.get((schema, table))
+
+    def old_image_key(self, schema: str, table: str, options: TableOptions) -> Collection[str] | None:
+        """The key the old image's columns are staged by (:func:`old_field_staged`): ``None``
+        (every column) when the old image is the table's key alone (REPLICA IDENTITY DEFAULT or
+        USING INDEX), under the names its columns had when the change was logged: a key column
+        renamed since is still staged, and the merge reads it under its name now."""
+        if self.whole_row_old is not None and (schema, table) not in self.whole_row_old:
+            return None
+        return self.staging_key(schema, table, options)
 
     def clamped_values(self) -> dict[tuple[str, str], dict[str, ClampedValue]]:
         """Per table whose key was not known at staging, per column, the first ±infinity staged

@@ -390,7 +390,7 @@ def decode_changes(plan: ExtractPlan, spill_dir: Any, snapshotter: TableSnapshot
         if plan.include_pairs is None
         else _recording_include(plan.include_pairs, excluded_names, request.later_tables)
     )
-    identities, keys = _identities_and_keys(conn)
+    identities, keys, whole_row_old = _identities_and_keys(conn)
     # Chunk placement needs to see each transaction: the Python path while chunks are staged.
     fast = _native_module(request.native, parser) if snapshotter is None or not snapshotter.chunks else None
     floor = snapshotter.high_watermark() if snapshotter is not None else None
@@ -416,6 +416,7 @@ def decode_changes(plan: ExtractPlan, spill_dir: Any, snapshotter: TableSnapshot
             table_options=plan.options_by_table,
             identities=identities,
             keys=keys,
+            whole_row_old=whole_row_old,
         )
         cut = BatchCut(bounds, plan.start_lsn, assembler, floor) if bounds.bounded else None
         log.info(
@@ -497,12 +498,14 @@ def decode_changes(plan: ExtractPlan, spill_dir: Any, snapshotter: TableSnapshot
 
 def _identities_and_keys(
     conn: Any,
-) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], Any]]:
-    """Each table's replica identity and key, read once per batch: ±infinity in a date or
-    timestamp key column is a bad value at staging."""
-    identities = {(t.schema, t.table): t.describe_identity() for t in source_tables(Catalog(conn))}
+) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], Any], set[tuple[str, str]]]:
+    """Each table's replica identity and key, read once per batch (±infinity in a date or
+    timestamp key column is a bad value at staging), and the tables whose old image is the whole
+    row (REPLICA IDENTITY FULL: only its key columns are staged)."""
+    tables = source_tables(Catalog(conn))
+    identities = {(t.schema, t.table): t.describe_identity() for t in tables}
     keys = {name: key.columns for name, key in Catalog(conn).table_keys().items()}
-    return identities, keys
+    return identities, keys, {(t.schema, t.table) for t in tables if t.replica_identity == "full"}
 
 
 @dataclass

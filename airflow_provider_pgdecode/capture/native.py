@@ -139,16 +139,24 @@ class _Table:
         "quarantined",
         "quarantined_ops",
         "key",
+        "old_key",
         "clamped",
     )
 
     def __init__(
-        self, schema: str, table: str, root: Path, options: TableOptions, key: Collection[str] | None = None
+        self,
+        schema: str,
+        table: str,
+        root: Path,
+        options: TableOptions,
+        key: Collection[str] | None = None,
+        old_key: Collection[str] | None = None,
     ) -> None:
         self.schema = schema
         self.table = table
         self.options = options
         self.key = key  # the key columns (stage_values' key); None: unknown here
+        self.old_key = old_key  # the old image's columns staged (old_field_staged); None: all
         #: per column, the first ±infinity staged clamped while the key was unknown
         self.clamped: dict[str, ClampedValue] = {}
         self.relpath = table_path(schema, table)
@@ -288,6 +296,7 @@ class NativeWriter:
                 self.directory,
                 options,
                 self.writer.staging_key(info["schema"], info["table"], options),
+                self.writer.old_image_key(info["schema"], info["table"], options),
             )
         return table
 
@@ -312,7 +321,7 @@ class NativeWriter:
         state = self._table(tid)
         layout = self.reader.layout(tid)
         buffers = self.reader.take(tid, rows)
-        buffers["old"] = [field for field in buffers["old"] if old_field_staged(field[0], state.key)]
+        buffers["old"] = [field for field in buffers["old"] if old_field_staged(field[0], state.old_key)]
         # The manifest's column list, in the order the Python writer records it.
         if layout is not None:
             for name, pg_type in zip(*layout):

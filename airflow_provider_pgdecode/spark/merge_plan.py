@@ -362,8 +362,10 @@ def _mode_and_key(
     is_multiset = not append_only and latest.keyed_by_all_columns
     if is_multiset and mode in KEPT_MODES:
         raise MergeInputError(keyless_kept_mode_error(name, mode, "Nothing was written."))
+    numbers = column_renames.staged_numbers((c.name, c.attnum) for _, entry in entries for c in entry.columns)
     for batch, entry in entries:
-        if not append_only and entry.key and tuple(entry.key) != tuple(key):
+        # A key column renamed between batches is the same key: compared by attribute number.
+        if not append_only and entry.key and [numbers.get(k, k) for k in entry.key] != [numbers.get(k, k) for k in key]:
             raise MergeInputError(
                 f"table {name}: the key changed from {list(entry.key)} (batch {batch.label}) to {list(key)}; "
                 f"merge these batches in separate runs or rebuild the Delta table"
@@ -428,6 +430,13 @@ def _column_types(
     return columns, types
 
 
+def recorded_key_now(state: DeltaState, renamed: Mapping[str, str]) -> list[str] | None:
+    """The key the Delta table records (its property), under the names its columns take once the
+    source's renames are followed (a renamed key column is the same key)."""
+    text = state.properties.get(KEY_PROPERTY)
+    return None if text is None else [renamed.get(column, column) for column in json.loads(text)]
+
+
 def _against_delta(
     name: str,
     path: str,
@@ -450,10 +459,10 @@ def _against_delta(
         delta_fields = {f.name: f for f in state.schema.fields}
         for old, new in renamed.items():  # checked as the column it becomes before the write
             delta_fields[new] = delta_fields.pop(old)
-        recorded_key = state.properties.get(KEY_PROPERTY)
-        if not append_only and recorded_key is not None and json.loads(recorded_key) != list(key):
+        recorded_key = recorded_key_now(state, renamed)
+        if not append_only and recorded_key is not None and recorded_key != list(key):
             raise MergeInputError(
-                f"table {name}: the Delta table at {path} is keyed on {json.loads(recorded_key)}, the source now on "
+                f"table {name}: the Delta table at {path} is keyed on {recorded_key}, the source now on "
                 f"{list(key)}; a key change needs the Delta table rebuilt"
             )
         recorded_mode = state.properties.get(MODE_PROPERTY)

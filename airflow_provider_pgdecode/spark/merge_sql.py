@@ -183,11 +183,15 @@ def rename_columns(spark: SparkSession, plan: TablePlan) -> None:
     for old, new in plan.renamed.items():
         spark.sql(f"ALTER TABLE {delta_ref(plan.path)} RENAME COLUMN {quote(old)} TO {quote(new)}")
         log.info("table %s: renamed column %s to %s, as the source did (its values kept)", plan.name, old, new)
+    properties: dict[str, str] = {}
     if plan.numbers_changed:
-        numbers = sql_literal(column_renames.numbers_property(plan.numbers))
-        spark.sql(
-            f"ALTER TABLE {delta_ref(plan.path)} SET TBLPROPERTIES ({sql_literal(column_renames.NUMBERS_PROPERTY)} = {numbers})"
-        )
+        properties[column_renames.NUMBERS_PROPERTY] = column_renames.numbers_property(plan.numbers)
+    recorded_key = plan.state.properties.get(KEY_PROPERTY)
+    if recorded_key is not None and any(old in plan.renamed for old in json.loads(recorded_key)):
+        properties[KEY_PROPERTY] = json.dumps(list(plan.key))  # the key's column renamed: the same key
+    if properties:
+        pairs = ", ".join(f"{sql_literal(name)} = {sql_literal(value)}" for name, value in properties.items())
+        spark.sql(f"ALTER TABLE {delta_ref(plan.path)} SET TBLPROPERTIES ({pairs})")
 
 
 def fill_missing(spark: SparkSession, plan: TablePlan, fill: Mapping[str, Any]) -> None:

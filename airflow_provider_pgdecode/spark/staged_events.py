@@ -181,6 +181,7 @@ def _under_names_now(
 ) -> tuple[DataFrame, list[str], set[str]]:
     """Parts staged before a column's rename carry its former name: read as the name now."""
     known = set(manifest_columns)
+    frame = _old_key_under_names_now(frame, staged_names, staged_as)
     for name, formers in staged_as.items():
         if name in staged_names:
             continue
@@ -190,6 +191,21 @@ def _under_names_now(
             staged_names = [name if n == former else n for n in staged_names]
             known.add(name)
     return frame, staged_names, known
+
+
+def _old_key_under_names_now(
+    frame: DataFrame, staged_names: list[str], staged_as: Mapping[str, tuple[str, ...]]
+) -> DataFrame:
+    """The old-key image (a struct) of parts staged before a key column's rename, its fields read
+    as the names now."""
+    if staged.OLD not in staged_names or not isinstance(frame.schema[staged.OLD].dataType, StructType):
+        return frame
+    fields = [f.name for f in frame.schema[staged.OLD].dataType.fields]  # type: ignore[attr-defined]
+    now = {old: name for name, formers in staged_as.items() for old in formers if name not in fields}
+    if not any(field in now for field in fields):
+        return frame
+    image = F.struct(*[F.col(staged.OLD).getField(field).alias(now.get(field, field)) for field in fields])
+    return frame.withColumn(staged.OLD, F.when(F.col(staged.OLD).isNull(), F.lit(None)).otherwise(image))
 
 
 def _check_staged_types(plan: TablePlan, frame: DataFrame, present: Sequence[str], files: Sequence[str]) -> None:

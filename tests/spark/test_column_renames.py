@@ -83,3 +83,47 @@ def test_a_renamed_column_is_renamed_in_delta_with_its_values(pg_conn, source, s
     assert result.equal, result.describe()
     history = spark.sql(f"DESCRIBE HISTORY {delta_ref(path)}").collect()
     assert sum(1 for h in history if h["operation"] == "RENAME COLUMN") == 2
+
+
+@pytest.mark.parametrize(
+    "plugin", ["test_decoding", full_only("pgoutput", "attribute numbers come from the catalog for both plugins")]
+)
+def test_a_renamed_key_column_is_followed_in_delta(pg_conn, source, spark, tmp_path, plugin):
+    """The primary key's column renamed: the Delta column and the table's recorded key follow it,
+    and changes staged before the rename (their old-key images under the former name) still
+    find their rows."""
+    slot = source if plugin == "test_decoding" else source + "_po"
+    extra = {"publication": PUBLICATION} if plugin == "pgoutput" else {}
+    c = pg_conn
+    root = str(tmp_path / "delta")
+    path = f"{root}/public/cr_items"
+
+    def cycle() -> None:
+        upto = Lsn.parse(str(c.execute("select pg_current_wal_flush_lsn()").fetchone()[0]))
+        batch = extract_batch(c, slot, tmp_path / "staging", plugin=plugin, upto_lsn=upto, **extra)
+        merge_batches(spark, [str(batch.path)], root)
+        c.execute("select pg_replication_slot_advance(%s, %s)", (slot, str(batch.end_lsn)))
+
+    c.execute("insert into cr_items select g, 't' || g, g from generate_series(1, 6) g")
+    cycle()
+    # In one batch: a key change and a delete under the old name, the rename, changes under the new one.
+    c.execute("update cr_items set id = 60 where id = 6")
+    c.execute("delete from cr_items where id = 5")
+    c.execute("alter table cr_items rename column id to item_id")
+    c.execute("update cr_items set title = 'after' where item_id = 3")
+    c.execute("delete from cr_items where item_id = 4")
+    c.execute("insert into cr_items values (7, 'new', 7)")
+    cycle()
+    table = spark.read.format("delta").load(path)
+    assert [f.name for f in table.schema.fields if not f.name.startswith("_pg")] == ["item_id", "title", "n"]
+    result = compare_table(c, spark, root, "public", "cr_items")
+    assert result.equal, result.describe()
+    properties = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {delta_ref(path)}").collect()}
+    assert properties["pgdecode.key"] == '["item_id"]'
+
+    # A later batch keys on the new name only; an update and a delete find their rows.
+    c.execute("update cr_items set n = 100 where item_id = 1")
+    c.execute("delete from cr_items where item_id = 2")
+    cycle()
+    result = compare_table(c, spark, root, "public", "cr_items")
+    assert result.equal, result.describe()
