@@ -143,6 +143,39 @@ def backfill_params(
     return with_defaults(params, defaults)
 
 
+def table_snapshot_tasks(src: Source) -> tuple[PgDecodeTableSnapshotOperator, PgDecodeTableSnapshotSensor]:
+    """The ``add-table`` / ``resnapshot`` branch: file the request, then wait until the incremental
+    DAG's runs have copied the tables (inside the DAG being built)."""
+    # [START howto_operator_pgdecode_table_snapshot]
+    request = PgDecodeTableSnapshotOperator(
+        task_id="prepare",
+        slot_name=src.slot_name,
+        staging_root="{{ params.staging_uri }}",
+        tables="{{ params.tables }}",
+        exclude_tables="{{ params.exclude_tables }}",
+        table_options="{{ params.table_options }}",
+        mode="{{ params.mode }}",
+        request_id="{{ params.request_id }}",  # empty: one per DAG run
+        chunk_rows="{{ params.chunk_rows }}",
+        postgres_conn_id=src.postgres_conn_id,
+        storage_conn_id="{{ params.storage_conn_id }}",
+    )
+    # [END howto_operator_pgdecode_table_snapshot]
+    # [START howto_operator_pgdecode_table_snapshot_sensor]
+    filed: Any = request.output  # an XComArg (the request id), resolved when the sensor runs
+    wait_for_snapshot = PgDecodeTableSnapshotSensor(
+        task_id="wait_for_snapshot",
+        slot_name=src.slot_name,
+        staging_root="{{ params.staging_uri }}",
+        request_id=filed,
+        wait_seconds="{{ params.wait_seconds }}",
+        poke_interval=30,  # reschedule mode: no worker is held between pokes
+        storage_conn_id="{{ params.storage_conn_id }}",
+    )
+    # [END howto_operator_pgdecode_table_snapshot_sensor]
+    return request, wait_for_snapshot
+
+
 def backfill_dag(
     dag_id: str = "pgdecode_backfill",
     *,
@@ -243,33 +276,7 @@ def backfill_dag(
             storage_conn_id="{{ params.storage_conn_id }}",
             **spark_pool,
         )
-        # [START howto_operator_pgdecode_table_snapshot]
-        request = PgDecodeTableSnapshotOperator(
-            task_id="prepare",
-            slot_name=src.slot_name,
-            staging_root="{{ params.staging_uri }}",
-            tables="{{ params.tables }}",
-            exclude_tables="{{ params.exclude_tables }}",
-            table_options="{{ params.table_options }}",
-            mode="{{ params.mode }}",
-            request_id="{{ params.request_id }}",  # empty: one per DAG run
-            chunk_rows="{{ params.chunk_rows }}",
-            postgres_conn_id=src.postgres_conn_id,
-            storage_conn_id="{{ params.storage_conn_id }}",
-        )
-        # [END howto_operator_pgdecode_table_snapshot]
-        # [START howto_operator_pgdecode_table_snapshot_sensor]
-        filed: Any = request.output  # an XComArg (the request id), resolved when the sensor runs
-        wait_for_snapshot = PgDecodeTableSnapshotSensor(
-            task_id="wait_for_snapshot",
-            slot_name=src.slot_name,
-            staging_root="{{ params.staging_uri }}",
-            request_id=filed,
-            wait_seconds="{{ params.wait_seconds }}",
-            poke_interval=30,  # reschedule mode: no worker is held between pokes
-            storage_conn_id="{{ params.storage_conn_id }}",
-        )
-        # [END howto_operator_pgdecode_table_snapshot_sensor]
+        request, wait_for_snapshot = table_snapshot_tasks(src)
 
         choose_mode() >> [initial_load, replay, request]
         [initial_load, replay] >> merge
