@@ -72,6 +72,7 @@ from airflow_provider_pgdecode.spark.merge_plan import (
     Profile,
     TablePlan,
     TableResult,
+    parks,
     plan_merge,
 )
 from airflow_provider_pgdecode.spark.merge_plan import KEY_PROPERTY as KEY_PROPERTY
@@ -229,21 +230,12 @@ def _merge_batches(
             prepared.append((plan, None, None, time.monotonic() - table_started))
             continue
         try:
-            table_events = staged_events(spark, plan)
-            table_profile = profile_from_parts(plan)
-            if table_profile is None:
-                table_profile = profile_events(table_events, plan, staged_key_ranges(plan))
-        except (BatchError, MergeInputError):
-            raise
-        except Exception as exc:  # Spark's read of a damaged part: name the batch and the file
-            error = staged_part_error(plan, exc)
-            if error is None:
+            table_events, table_profile = _profiled(spark, plan, options)
+        except MergeInputError as error:  # a refusal of this table's changes: it waits, the others flow
+            if not parks(error, options):
                 raise
-            raise error from exc
-        for segment in plan.segments:  # a snapshot's NaN/Infinity, staged as null in a decimal column
-            for column, count in segment.staged.numeric_specials.items():
-                table_profile.specials[column] = table_profile.specials.get(column, 0) + count
-        check_profile(plan, table_profile, options)
+            results[plan.name] = parked_result(plan.path, plan.schema, plan.table, error)
+            continue
         prepared.append((plan, table_events, table_profile, time.monotonic() - table_started))
 
     for plan, events, profile, profile_seconds in prepared:
@@ -272,7 +264,7 @@ def _merge_batches(
             else:
                 write_table(spark, plan, events, profile, result, skipped_rows, slot, chunked, options)
         except Exception as error:
-            if not options.park or not table_parking.table_problem(spark, error):
+            if not options.park or not table_parking.table_problem(spark, error, options.park_refused):
                 raise
             results[plan.name] = parked_result(plan.path, plan.schema, plan.table, error)
             continue
@@ -297,15 +289,40 @@ def _merge_batches(
     }
 
 
+def _profiled(spark: SparkSession, plan: TablePlan, options: MergeOptions) -> tuple[DataFrame, Profile]:
+    """The table's staged changes and their profile, checked (:func:`check_profile`): raises
+    :class:`MergeInputError` for changes the merge refuses, :class:`BatchError` for a damaged part."""
+    try:
+        table_events = staged_events(spark, plan)
+        table_profile = profile_from_parts(plan)
+        if table_profile is None:
+            table_profile = profile_events(table_events, plan, staged_key_ranges(plan))
+    except (BatchError, MergeInputError):
+        raise
+    except Exception as exc:  # Spark's read of a damaged part: name the batch and the file
+        error = staged_part_error(plan, exc)
+        if error is None:
+            raise
+        raise error from exc
+    for segment in plan.segments:  # a snapshot's NaN/Infinity, staged as null in a decimal column
+        for column, count in segment.staged.numeric_specials.items():
+            table_profile.specials[column] = table_profile.specials.get(column, 0) + count
+    check_profile(plan, table_profile, options)
+    return table_events, table_profile
+
+
 def parked_result(path: str, schema: str, table: str, error: BaseException) -> TableResult:
     """The result of a table this run parked: nothing of it written, the reason logged."""
     reason = table_parking.reason(error)
+    if table_parking.refused(error):
+        reason += table_parking.REFUSAL_HINT
     log.warning(
         "table %s.%s is parked: %s. Nothing of it was written; the other tables are merged. Its staged changes are "
-        "kept and applied in order by the first merge after the cause is fixed",
+        "kept and applied in order by the first merge after the cause is fixed%s",
         schema,
         table,
         reason,
+        table_parking.REFUSAL_WAY_FORWARD if table_parking.refused(error) else "",
     )
     return TableResult(
         delta_path=path, schema=schema, table=table, status=PARKED, reason=reason, error=type(error).__name__
@@ -651,7 +668,8 @@ def build_argument_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-park",
         action="store_true",
-        help="a table whose Delta table cannot be read or written stops the run instead of being parked",
+        help="a table whose Delta table cannot be read or written, or whose changes are refused, stops the run "
+        "instead of being parked",
     )
     parser.add_argument(
         "--parked-table", action="append", default=[], help="schema.table parked by an earlier run (repeatable)"
@@ -713,6 +731,7 @@ def options_from_args(args: argparse.Namespace) -> MergeOptions:
         key_range_pruning=not args.no_key_range_pruning,
         codegen_min_changes=args.codegen_min_changes,
         park=not args.no_park,
+        park_refused=not args.no_park,  # the merge task keeps parked tables' places (batch/parking.py)
         parked=tuple(args.parked_table),
         catch_up=tuple(args.catch_up),
     )

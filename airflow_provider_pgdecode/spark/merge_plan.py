@@ -137,6 +137,10 @@ class MergeOptions:
     park: bool = True
     """Park a table whose Delta table cannot be read or written and merge the others
     (:mod:`.table_parking`); ``False``: such a table stops the whole run."""
+    park_refused: bool = False
+    """Park a table whose staged changes are refused too (with ``park``). The merge task does, and
+    keeps the parked table's place (batch/parking.py); a caller that keeps no such record gets
+    the refusal raised, before anything is written."""
     parked: tuple[str, ...] = ()
     """``schema.table`` of the tables parked by earlier runs (batch/parking.py)."""
     catch_up: tuple[str, ...] = ()
@@ -534,6 +538,35 @@ def _add_segments(
         applied_through = max(applied_through, int(batch.end))
 
 
+def since_resnapshot(
+    name: str, entries: list[tuple[BatchManifest, TableSummary]]
+) -> list[tuple[BatchManifest, TableSummary]]:
+    """The table's entries from the last batch that starts a resnapshot of it (a table snapshot's
+    TRUNCATE) on: what earlier batches staged is emptied by that TRUNCATE, so they are not read
+    (nor typed, nor keyed) at all. This is what lets a resnapshot replace the changes of a parked
+    table that were refused. Kept modes (``history``, ``soft_delete``) keep every version: all."""
+    if entries[-1][1].mode in KEPT_MODES:
+        return entries
+    starts = [
+        index
+        for index, (batch, _) in enumerate(entries)
+        if any(chunk.get("table") == name and chunk.get("kind") == "truncate" for chunk in batch.snapshot_chunks)
+    ]
+    if not starts or starts[-1] == 0:
+        return entries
+    first = entries[starts[-1]][0]
+    kept = [(batch, entry) for batch, entry in entries if batch is first or batch.end > first.end]
+    earlier = sorted({batch.label for batch, _ in entries} - {batch.label for batch, _ in kept})
+    log.info(
+        "table %s: batch %s starts a resnapshot of it; what batch(es) %s staged before it is not read (the "
+        "resnapshot empties the table first)",
+        name,
+        first.label,
+        ", ".join(earlier),
+    )
+    return kept
+
+
 def plan_table(
     schema: str,
     table: str,
@@ -547,6 +580,7 @@ def plan_table(
     name = f"{schema}.{table}"
     # A renamed source table's changes staged under each of its names (docs/merge.md) flow here.
     entries = [(batch, entry) for batch in batches for entry in batch.tables if entry.target == (schema, table)]
+    entries = since_resnapshot(name, entries)
     latest = entries[-1][1]
     source = max(entries, key=lambda e: (e[0].end, e[1].max_commit or Lsn(0)))[1].qualified_name
     mode, append_only, key, is_multiset = _mode_and_key(name, entries, latest)
@@ -592,14 +626,20 @@ def plan_table(
     return plan
 
 
+def parks(error: MergeInputError, options: MergeOptions) -> bool:
+    """Whether ``error`` of one table parks that table under ``options`` (:mod:`.table_parking`)."""
+    return options.park and (options.park_refused or isinstance(error, DeltaTableError))
+
+
 @dataclass(frozen=True)
 class UnreadableTable:
-    """A table whose Delta table could not be read while planning (it is parked)."""
+    """A table parked while planning: its Delta table could not be read, or its staged changes
+    were refused (:mod:`.table_parking`)."""
 
     schema: str
     table: str
     path: str
-    error: DeltaTableError
+    error: MergeInputError
 
     @property
     def name(self) -> str:
@@ -610,7 +650,8 @@ def plan_merge(
     spark: SparkSession, batches: Sequence[BatchManifest], delta_root: str, options: MergeOptions
 ) -> list[TablePlan | UnreadableTable]:
     """Plan every table of ``batches`` (in LSN order); raises before anything is written. With
-    ``options.park``, a table whose Delta table cannot be read is returned as :class:`UnreadableTable`."""
+    ``options.park``, a table whose Delta table cannot be read, or whose changes are refused, is
+    returned as :class:`UnreadableTable`."""
     names: list[tuple[str, str]] = []
     for batch in batches:
         for entry in batch.tables:
@@ -622,10 +663,9 @@ def plan_merge(
         path = delta_table_path(delta_root, schema, table)
         try:
             state = read_delta_state(spark, path, slot_app_id)
-        except DeltaTableError as error:
-            if not options.park:
+            plans.append(plan_table(schema, table, batches, delta_root, state, options))
+        except MergeInputError as error:
+            if not parks(error, options):
                 raise
             plans.append(UnreadableTable(schema, table, path, error))
-            continue
-        plans.append(plan_table(schema, table, batches, delta_root, state, options))
     return plans

@@ -1,13 +1,17 @@
 """Which failures park one table instead of stopping the merge (batch/parking.py keeps its place).
 
-A table is parked when its own Delta table cannot be read or written: a damaged ``_delta_log``
-(:class:`~airflow_provider_pgdecode.errors.DeltaTableError`), or a write Spark refuses while the
-session itself still works (a directory it may not write, a disk quota). Nothing of that table is
-written, its staged batches stay where they are, and the merge of the other tables goes on.
+A table is parked when its own Delta table cannot be read or written (a damaged ``_delta_log``:
+:class:`~airflow_provider_pgdecode.errors.DeltaTableError`; a write Spark refuses while the
+session itself still works: a directory it may not write, a disk quota), or when the merge
+refuses its staged changes (:class:`~airflow_provider_pgdecode.errors.MergeInputError`: a type or
+key change, a NULL key, a value Delta cannot hold). Nothing of that table is written, its staged
+batches stay where they are, and the merge of the other tables goes on. A refused table's way
+forward is the refusal's own when it changes something outside the staged changes (the Delta
+table, the merge's options), or else a resnapshot, whose TRUNCATE replaces the changes staged
+before it (``merge_plan.since_resnapshot``): the slot has moved on, they cannot be re-extracted.
 
-Everything else still stops the run before the slot moves: a refusal of the staged changes
-themselves (their way forward re-extracts the unconfirmed range, which confirming would give
-away), a damaged staged part, a session that is gone or out of memory.
+Everything else still stops the run before the slot moves: a damaged staged part (its way forward
+re-extracts the unconfirmed range), a session that is gone or out of memory.
 """
 
 from __future__ import annotations
@@ -18,11 +22,19 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
-from airflow_provider_pgdecode.errors import DeltaTableError, PgDecodeError
+from airflow_provider_pgdecode.errors import DeltaTableError, MergeInputError, PgDecodeError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+#: Added to the parking warning of a table whose changes were refused (one wording).
+REFUSAL_WAY_FORWARD = (
+    ". The slot moves on for the other tables, so a way forward that re-extracts the changes no longer "
+    "applies: resnapshot the table instead (pgdecode_backfill mode=resnapshot; move its Delta table aside "
+    "first when the refusal asks for a rebuilt table), and the resnapshot replaces the changes refused here"
+)
+#: Ends the recorded reason of a table parked for a refusal (parked-tables.json, the health check).
+REFUSAL_HINT = " [parked: where this says re-extract, resnapshot the table instead (docs/merge.md, 'Parked tables')]"
 OUT_OF_MEMORY_SIGNS = ("java.lang.OutOfMemoryError", "Java heap space", "GC overhead limit exceeded")
 _REASON_CHARS = 600
 #: A Java exception's line in a py4j error: ``: java.io.X: message`` or ``Caused by: java.io.X: message``.
@@ -49,11 +61,17 @@ def session_alive(spark: SparkSession) -> bool:
         return False
 
 
-def table_problem(spark: SparkSession, error: BaseException) -> bool:
-    """True when ``error``, raised while writing one table, is that table's own problem."""
-    if isinstance(error, DeltaTableError):
-        return True
-    if isinstance(error, PgDecodeError):  # a refusal of the staged changes: the run stops
+def refused(error: BaseException) -> bool:
+    """True for a refusal of a table's staged changes (not of its Delta table)."""
+    return isinstance(error, MergeInputError) and not isinstance(error, DeltaTableError)
+
+
+def table_problem(spark: SparkSession, error: BaseException, park_refused: bool = False) -> bool:
+    """True when ``error``, raised while writing one table, is that table's own problem to park
+    (a refusal of its changes only with ``park_refused``)."""
+    if isinstance(error, MergeInputError):  # its Delta table, or a refusal of its changes
+        return park_refused or not refused(error)
+    if isinstance(error, PgDecodeError):  # a damaged staged part: the run stops
         return False
     text = f"{error}\n{getattr(error, 'java_exception', '')}"
     if any(sign in text for sign in OUT_OF_MEMORY_SIGNS):

@@ -17,6 +17,7 @@ from deltalake import DeltaTable, QueryBuilder
 
 from airflow_provider_pgdecode.batch.manifest import list_batches
 from airflow_provider_pgdecode.batch.parking import PARKED_FILE, read_parked
+from airflow_provider_pgdecode.capture.table_snapshot import request_table_snapshot
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.operators import (
@@ -53,6 +54,53 @@ def confirmed(conn: psycopg.Connection[Any], slot: str) -> Lsn:
     return Lsn.parse(row.fetchone()[0])
 
 
+class Cycles:
+    """The extract, merge (through the session's Spark Connect server) and confirm tasks of one
+    pipeline over ``TABLES``, run as a DAG run chains them."""
+
+    def __init__(self, pg_conn: psycopg.Connection[Any], slot_name: str, tmp_path: Path, make_context: Any) -> None:
+        for table in TABLES:
+            pg_conn.execute(f"drop table if exists {table}; create table {table} (id int primary key, v text)")
+        with PgDecodeHook() as hook:
+            hook.ensure_slot(slot_name)
+        self.conn, self.slot, self.make_context = pg_conn, slot_name, make_context
+        self.staging, self.delta = tmp_path / "staging", tmp_path / "delta"
+        # Only its own tables: other tests' tables share the database (and one has no key).
+        self.extract = PgDecodeExtractOperator(
+            task_id="extract",
+            slot_name=slot_name,
+            staging_root=str(self.staging),
+            tables=[f"public.{t}" for t in TABLES],
+        )
+        self.merge = PgDecodeMergeOperator(task_id="merge", batch_paths="(set per run)", delta_root=str(self.delta))
+        self.confirm = PgDecodeConfirmOperator(
+            task_id="confirm", slot_name=slot_name, batch_path="(set per run)", retention_days=0, retention_batches=0
+        )
+        self.checkpoint: dict[str, Any] | None = None
+
+    def __call__(self, run: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        workload(self.conn, run)
+        batch = self.extract.execute(self.make_context(**({"confirm": self.checkpoint} if self.checkpoint else {})))
+        self.merge.batch_paths = batch["path"]
+        merged = self.merge.execute(self.make_context())
+        json.dumps(merged)  # XCom
+        self.confirm.batch_path = batch["path"]
+        self.checkpoint = self.confirm.execute(self.make_context(merge=merged))
+        assert confirmed(self.conn, self.slot) == Lsn.parse(batch["end_lsn"])  # the slot moves every run
+        return batch, merged
+
+    def assert_the_others_flow(self, batch: dict[str, Any], merged: dict[str, Any], parked: str) -> None:
+        """``parked`` is parked; every other table took this run's changes once and equals its source."""
+        tables = merged["summary"]["tables"]
+        assert tables[f"public.{parked}"]["status"] == "parked"
+        assert list(merged["parked"]) == [f"public.{parked}"]
+        for table in (t for t in TABLES if t != parked):
+            assert tables[f"public.{table}"]["status"] == "merged"
+            assert tables[f"public.{table}"]["changes"] == batch["tables"][f"public.{table}"]
+            assert tables[f"public.{table}"]["changes_already_applied"] == 0
+            assert delta_rows(self.delta, table) == source_rows(self.conn, table)
+
+
 def test_a_table_with_a_damaged_delta_log_is_parked_and_catches_up_exactly_once(
     source_conn: str,
     pg_conn: psycopg.Connection[Any],
@@ -63,33 +111,8 @@ def test_a_table_with_a_damaged_delta_log_is_parked_and_catches_up_exactly_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", spark_connect_server.airflow_conn_json)
-    for table in TABLES:
-        pg_conn.execute(f"drop table if exists {table}; create table {table} (id int primary key, v text)")
-    with PgDecodeHook() as hook:
-        hook.ensure_slot(slot_name)
-    staging, delta = tmp_path / "staging", tmp_path / "delta"
-    # Only its own tables: other tests' tables share the database (and one has no key).
-    extract = PgDecodeExtractOperator(
-        task_id="extract", slot_name=slot_name, staging_root=str(staging), tables=[f"public.{t}" for t in TABLES]
-    )
-    merge = PgDecodeMergeOperator(task_id="merge", batch_paths="(set per run)", delta_root=str(delta))
-    confirm = PgDecodeConfirmOperator(
-        task_id="confirm", slot_name=slot_name, batch_path="(set per run)", retention_days=0, retention_batches=0
-    )
-    checkpoint: dict[str, Any] | None = None
-
-    def cycle(run: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        nonlocal checkpoint
-        workload(pg_conn, run)
-        batch = extract.execute(make_context(**({"confirm": checkpoint} if checkpoint else {})))
-        merge.batch_paths = batch["path"]
-        merged = merge.execute(make_context())
-        json.dumps(merged)  # XCom
-        confirm.batch_path = batch["path"]
-        checkpoint = confirm.execute(make_context(merge=merged))
-        assert confirmed(pg_conn, slot_name) == Lsn.parse(batch["end_lsn"])  # the slot moves every run
-        return batch, merged
-
+    cycle = Cycles(pg_conn, slot_name, tmp_path, make_context)
+    staging, delta = cycle.staging, cycle.delta
     cycle(1)
     assert all(delta_rows(delta, t) == source_rows(pg_conn, t) for t in TABLES)
 
@@ -102,15 +125,9 @@ def test_a_table_with_a_damaged_delta_log_is_parked_and_catches_up_exactly_once(
     parked_batches = []
     for run in (2, 3, 4):
         batch, merged = cycle(run)
-        tables = merged["summary"]["tables"]
-        assert tables["public.park_c"]["status"] == "parked"
-        assert "is damaged" in tables["public.park_c"]["reason"] and newest.name in tables["public.park_c"]["reason"]
-        assert list(merged["parked"]) == ["public.park_c"]
-        for table in ("park_a", "park_b"):  # the others flow, each run's changes once
-            assert tables[f"public.{table}"]["status"] == "merged"
-            assert tables[f"public.{table}"]["changes"] == batch["tables"][f"public.{table}"]
-            assert tables[f"public.{table}"]["changes_already_applied"] == 0
-            assert delta_rows(delta, table) == source_rows(pg_conn, table)
+        reason = merged["summary"]["tables"]["public.park_c"]["reason"]
+        assert "is damaged" in reason and newest.name in reason
+        cycle.assert_the_others_flow(batch, merged, "park_c")
         parked_batches.append(batch)
     parked = read_parked(str(staging), slot_name)
     assert list(parked) == ["public.park_c"] and parked["public.park_c"].runs == 3
@@ -139,3 +156,40 @@ def test_a_table_with_a_damaged_delta_log_is_parked_and_catches_up_exactly_once(
     assert all(delta_rows(delta, t) == source_rows(pg_conn, t) for t in TABLES)
     # Nothing holds the batches any more: retention removes what parking kept.
     assert not any(b["path"] in set(list_batches(str(staging), slot_name)) for b in parked_batches)
+
+
+def test_a_table_whose_changes_are_refused_is_parked_and_a_resnapshot_replaces_them(
+    source_conn: str,
+    pg_conn: psycopg.Connection[Any],
+    slot_name: str,
+    tmp_path: Path,
+    make_context: Any,
+    spark_connect_server: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A refusal of one table's staged changes (here its key changed) parks that table only; the
+    refusal's way forward (a rebuilt Delta table) works after the slot moved on: the table's
+    Delta directory moved aside and the table resnapshotted, its refused batches are replaced."""
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", spark_connect_server.airflow_conn_json)
+    cycle = Cycles(pg_conn, slot_name, tmp_path, make_context)
+    cycle(1)
+    pg_conn.execute("alter table park_c drop constraint park_c_pkey, add primary key (id, v)")  # no rewrite
+    for run in (2, 3):
+        batch, merged = cycle(run)
+        reason = merged["summary"]["tables"]["public.park_c"]["reason"]
+        assert "keyed on ['id'], the source now on ['id', 'v']" in reason, reason
+        cycle.assert_the_others_flow(batch, merged, "park_c")
+    assert read_parked(str(cycle.staging), slot_name)["public.park_c"].runs == 2
+
+    # The refusal's way forward, now that its changes cannot be re-extracted: a rebuilt table.
+    table_dir = cycle.delta / "public" / "park_c"
+    table_dir.rename(table_dir.with_name("park_c.aside"))
+    request = request_table_snapshot(str(cycle.staging), slot_name, ["public.park_c"], "resnapshot")
+    batch, merged = cycle(4)
+    chunks = json.loads((Path(batch["path"]) / "manifest.json").read_text())["snapshot_chunks"]
+    assert [c["kind"] for c in chunks if c["request"] == request.id][0] == "truncate"  # one run copies it all
+    tables = merged["summary"]["tables"]
+    assert tables["public.park_c"]["status"] == "merged", tables["public.park_c"]
+    assert merged["parked"] == {} and not (cycle.staging / slot_name / PARKED_FILE).exists()
+    assert all(delta_rows(cycle.delta, t) == source_rows(pg_conn, t) for t in TABLES)
+    assert DeltaTable(str(table_dir)).metadata().configuration["pgdecode.key"] == '["id", "v"]'

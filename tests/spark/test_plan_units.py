@@ -292,3 +292,25 @@ def test_superseded_effects_stand_aside_when_effects_cannot_be_told_apart() -> N
     # Two INSERTs at one commit LSN and position: dropping one by its id would drop both.
     assert superseded_effects([_keys(["I", "I"], [1, 2], [None] * 2, [10, 10], [0, 0])]) is None
     assert superseded_effects([]) is None
+
+
+def test_a_resnapshot_s_truncate_replaces_what_earlier_batches_staged() -> None:
+    """Batches before the one that starts a resnapshot of a table are not read for it (its
+    TRUNCATE empties the table): a parked table's refused changes are replaced that way. Kept
+    modes keep every version, so every batch."""
+    from types import SimpleNamespace
+
+    from airflow_provider_pgdecode.spark.merge_plan import since_resnapshot
+
+    def batch(label: str, end: int, truncates: str | None = None) -> Any:
+        chunks = [{"table": truncates, "kind": "truncate"}, {"table": truncates, "kind": "rows"}] if truncates else []
+        return SimpleNamespace(label=label, end=end, snapshot_chunks=chunks)
+
+    merge, history = SimpleNamespace(mode="merge"), SimpleNamespace(mode="history")
+    b1, b2, b3, b4 = batch("b1", 10), batch("b2", 20), batch("b3", 30, "public.t"), batch("b4", 40)
+    entries = [(b1, merge), (b2, merge), (b3, merge), (b3, merge), (b4, merge)]
+    assert since_resnapshot("public.t", entries) == entries[2:]  # both names of a renamed table kept
+    assert since_resnapshot("public.other", entries) == entries  # another table's resnapshot
+    assert since_resnapshot("public.t", [(b3, merge), (b4, merge)]) == [(b3, merge), (b4, merge)]
+    kept = [(b, history) for b in (b1, b2, b3, b4)]
+    assert since_resnapshot("public.t", kept) == kept
