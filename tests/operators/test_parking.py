@@ -101,7 +101,8 @@ class Cycles:
             assert delta_rows(self.delta, table) == source_rows(self.conn, table)
 
 
-def test_a_table_with_a_damaged_delta_log_is_parked_and_catches_up_exactly_once(
+@pytest.fixture
+def cycle(
     source_conn: str,
     pg_conn: psycopg.Connection[Any],
     slot_name: str,
@@ -109,9 +110,14 @@ def test_a_table_with_a_damaged_delta_log_is_parked_and_catches_up_exactly_once(
     make_context: Any,
     spark_connect_server: Any,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
+) -> Cycles:
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", spark_connect_server.airflow_conn_json)
-    cycle = Cycles(pg_conn, slot_name, tmp_path, make_context)
+    return Cycles(pg_conn, slot_name, tmp_path, make_context)
+
+
+def test_a_table_with_a_damaged_delta_log_is_parked_and_catches_up_exactly_once(
+    cycle: Cycles, pg_conn: psycopg.Connection[Any], slot_name: str, make_context: Any
+) -> None:
     staging, delta = cycle.staging, cycle.delta
     cycle(1)
     assert all(delta_rows(delta, t) == source_rows(pg_conn, t) for t in TABLES)
@@ -159,19 +165,11 @@ def test_a_table_with_a_damaged_delta_log_is_parked_and_catches_up_exactly_once(
 
 
 def test_a_table_whose_changes_are_refused_is_parked_and_a_resnapshot_replaces_them(
-    source_conn: str,
-    pg_conn: psycopg.Connection[Any],
-    slot_name: str,
-    tmp_path: Path,
-    make_context: Any,
-    spark_connect_server: Any,
-    monkeypatch: pytest.MonkeyPatch,
+    cycle: Cycles, pg_conn: psycopg.Connection[Any], slot_name: str
 ) -> None:
     """A refusal of one table's staged changes (here its key changed) parks that table only; the
     refusal's way forward (a rebuilt Delta table) works after the slot moved on: the table's
     Delta directory moved aside and the table resnapshotted, its refused batches are replaced."""
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", spark_connect_server.airflow_conn_json)
-    cycle = Cycles(pg_conn, slot_name, tmp_path, make_context)
     cycle(1)
     pg_conn.execute("alter table park_c drop constraint park_c_pkey, add primary key (id, v)")  # no rewrite
     for run in (2, 3):

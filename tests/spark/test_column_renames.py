@@ -41,21 +41,29 @@ def test_the_rename_rule_follows_attribute_numbers() -> None:
     assert column_renames.numbers_after({"title": 2}, {"heading": 2}) == {"title": 2, "heading": 2}
 
 
-@pytest.mark.parametrize(
-    "plugin", ["test_decoding", full_only("pgoutput", "attribute numbers come from the catalog for both plugins")]
-)
-def test_a_renamed_column_is_renamed_in_delta_with_its_values(pg_conn, source, spark, tmp_path, plugin):
+def one_cycle(c, spark, source: str, plugin: str, tmp_path, root: str):
+    """Extract the slot of ``plugin`` up to the server's WAL position, merge, advance the slot."""
     slot = source if plugin == "test_decoding" else source + "_po"
     extra = {"publication": PUBLICATION} if plugin == "pgoutput" else {}
-    c = pg_conn
-    root = str(tmp_path / "delta")
-    path = f"{root}/public/cr_items"
 
     def cycle() -> None:
         upto = Lsn.parse(str(c.execute("select pg_current_wal_flush_lsn()").fetchone()[0]))
         batch = extract_batch(c, slot, tmp_path / "staging", plugin=plugin, upto_lsn=upto, **extra)
         merge_batches(spark, [str(batch.path)], root)
         c.execute("select pg_replication_slot_advance(%s, %s)", (slot, str(batch.end_lsn)))
+
+    return cycle
+
+
+@pytest.mark.parametrize(
+    "plugin", ["test_decoding", full_only("pgoutput", "attribute numbers come from the catalog for both plugins")]
+)
+def test_a_renamed_column_is_renamed_in_delta_with_its_values(pg_conn, source, spark, tmp_path, plugin):
+    c = pg_conn
+    root = str(tmp_path / "delta")
+    path = f"{root}/public/cr_items"
+
+    cycle = one_cycle(c, spark, source, plugin, tmp_path, root)
 
     def delta_columns() -> list[str]:
         return [f.name for f in spark.read.format("delta").load(path).schema.fields if not f.name.startswith("_pg")]
@@ -92,17 +100,11 @@ def test_a_renamed_key_column_is_followed_in_delta(pg_conn, source, spark, tmp_p
     """The primary key's column renamed: the Delta column and the table's recorded key follow it,
     and changes staged before the rename (their old-key images under the former name) still
     find their rows."""
-    slot = source if plugin == "test_decoding" else source + "_po"
-    extra = {"publication": PUBLICATION} if plugin == "pgoutput" else {}
     c = pg_conn
     root = str(tmp_path / "delta")
     path = f"{root}/public/cr_items"
 
-    def cycle() -> None:
-        upto = Lsn.parse(str(c.execute("select pg_current_wal_flush_lsn()").fetchone()[0]))
-        batch = extract_batch(c, slot, tmp_path / "staging", plugin=plugin, upto_lsn=upto, **extra)
-        merge_batches(spark, [str(batch.path)], root)
-        c.execute("select pg_replication_slot_advance(%s, %s)", (slot, str(batch.end_lsn)))
+    cycle = one_cycle(c, spark, source, plugin, tmp_path, root)
 
     c.execute("insert into cr_items select g, 't' || g, g from generate_series(1, 6) g")
     cycle()
