@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
+from typing import Any, TypeVar
 
 from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_pgdecode.batch.options import yes_or_no
+from airflow_provider_pgdecode.cycle import CycleTask, KillSwitch
+from airflow_provider_pgdecode.cycle.confirm import ConfirmArguments, confirm_once
+from airflow_provider_pgdecode.cycle.extract import ExtractArguments, extract_once
+from airflow_provider_pgdecode.cycle.merge import MergeArguments, merge_once
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-from airflow_provider_pgdecode.operators.confirm import PgDecodeConfirmOperator
-from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator
-from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
 from airflow_provider_pgdecode.utils.xcom import checkpoint_xcom_key
+
+Arguments = TypeVar("Arguments", ExtractArguments, MergeArguments, ConfirmArguments)
 
 
 def eta_text(lag_bytes: int, drained_bytes: int, written_bytes: int, seconds: float) -> str:
@@ -42,10 +45,11 @@ class PgDecodeDrainOperator(BaseOperator):
 
     A batch is bounded (``max_batch_changes``, ``max_batch_wal_bytes`` of the extract task), so
     after downtime one batch does not hold everything. When the cycle's batch ended at a bound,
-    this task runs the cycle's **own** extract, merge and confirm tasks again (their code and
-    their rendered arguments, taken from the DAG) in a loop: extract a batch from the last
-    checkpoint, merge it, confirm it, until a batch reaches the server's WAL position or
-    ``max_batches`` batches ran. Each batch is confirmed before the next one is extracted, and its
+    this task runs the cycle's **own** extract, merge and confirm again (the library calls of
+    :mod:`airflow_provider_pgdecode.cycle` that those tasks make, with the arguments the tasks of the
+    DAG render for this run) in a loop: extract a batch from the last checkpoint, merge it,
+    confirm it, until a batch reaches the server's WAL position or ``max_batches`` batches ran.
+    Each batch is confirmed before the next one is extracted, and its
     checkpoint is pushed to XCom at once (the extract task reads the latest of the confirm's and
     this task's), so a run killed between two batches resumes after the last confirmed one.
     Each batch logs its progress: batches done, changes per second, WAL lag left and the time
@@ -107,19 +111,19 @@ class PgDecodeDrainOperator(BaseOperator):
         self.confirm_task_id = confirm_task_id
         self.max_batches = max_batches
         self.enabled = enabled
-        self._running: BaseOperator | None = None
+        self._kill = KillSwitch()
 
-    def _cycle_task(self, context: Context, task_id: str, kind: type[BaseOperator]) -> Any:
-        """A rendered copy of one of the cycle's tasks (the DAG's own object stays as it is)."""
+    def _cycle_arguments(self, context: Context, task_id: str, kind: type[Arguments]) -> Arguments:
+        """The rendered arguments of one of the cycle's tasks (the DAG's task stays as it is)."""
         task = context["dag"].get_task(task_id)
-        if not isinstance(task, kind):
+        arguments = task.cycle_arguments(context) if isinstance(task, CycleTask) else None
+        if not isinstance(arguments, kind):
+            role = kind.OPERATOR.removeprefix("PgDecode").removesuffix("Operator").lower()
             raise ConfigurationError(
-                f"task {task_id!r} is a {type(task).__name__}, not a {kind.__name__}: set {self.task_id}'s "
-                f"{kind.__name__.removeprefix('PgDecode').removesuffix('Operator').lower()}_task_id to the cycle's task"
+                f"task {task_id!r} is a {type(task).__name__}, not a {kind.OPERATOR}: set {self.task_id}'s "
+                f"{role}_task_id to the cycle's task"
             )
-        task = copy.copy(task)
-        task.render_template_fields(context)
-        return task
+        return arguments
 
     def execute(self, context: Context) -> dict[str, Any]:
         ti = context["ti"]
@@ -135,10 +139,10 @@ class PgDecodeDrainOperator(BaseOperator):
             self._carry_checkpoint(ti)
             return result
         limit = None if self.max_batches in (None, "", "None") else int(self.max_batches)
-        extract = self._cycle_task(context, self.extract_task_id, PgDecodeExtractOperator)
-        merge = self._cycle_task(context, self.merge_task_id, PgDecodeMergeOperator)
-        confirm = self._cycle_task(context, self.confirm_task_id, PgDecodeConfirmOperator)
-        confirm.merge_task_id = None  # the loop merges each batch itself, just before confirming it
+        extract = self._cycle_arguments(context, self.extract_task_id, ExtractArguments)
+        merge = self._cycle_arguments(context, self.merge_task_id, MergeArguments)
+        # The loop merges each batch itself, just before confirming it.
+        confirm = replace(self._cycle_arguments(context, self.confirm_task_id, ConfirmArguments), merge_task_id=None)
         checkpoint = ti.xcom_pull(task_ids=self.confirm_task_id, key=checkpoint_xcom_key(self.slot_name))
         started = time.monotonic()
         start_lsn = Lsn.parse(str(first["end_lsn"]))
@@ -150,15 +154,10 @@ class PgDecodeDrainOperator(BaseOperator):
             start_lsn,
         )
         while summary.get("bounded_by") and (limit is None or result["batches"] < limit):
-            extract.checkpoint = checkpoint
-            self._running = extract
-            summary = extract.extract(context)
-            merge.batch_paths = [summary["path"]]
-            self._running = merge
-            merge.merge(context)
-            confirm.batch_path = summary["path"]
-            self._running = None
-            checkpoint = confirm.confirm(context)  # also pushes it to XCom under the slot's key
+            summary = extract_once(replace(extract, checkpoint=checkpoint), context, self.log, self._kill)
+            merge_once(replace(merge, batch_paths=[summary["path"]]), context, self.log, self._kill)
+            # Also pushes the checkpoint to XCom under the slot's key.
+            checkpoint = confirm_once(replace(confirm, batch_path=summary["path"]), context, self.log)
             result["batches"] += 1
             result["changes"] += int(summary.get("changes") or 0)
             result["end_lsn"] = summary["end_lsn"]
@@ -200,5 +199,4 @@ class PgDecodeDrainOperator(BaseOperator):
     def on_kill(self) -> None:
         """Stop the batch in progress (the extract's peek, the merge's Spark work); confirmed
         batches stay confirmed and the next run starts after the last of them."""
-        if self._running is not None:
-            self._running.on_kill()
+        self._kill.pull()

@@ -2,99 +2,18 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from airflow_provider_pgdecode.batch.manifest import BatchManifest
-from airflow_provider_pgdecode.batch.options import as_table_options
-from airflow_provider_pgdecode.capture.bounds import DEFAULT_MAX_BATCH_CHANGES, DEFAULT_MAX_BATCH_WAL_BYTES, BatchBounds
-from airflow_provider_pgdecode.capture.reconcile import reconcile
-from airflow_provider_pgdecode.capture.tables import as_table_names, later_tables, resolve_tables
-from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.hooks.object_store import storage_for
+from airflow_provider_pgdecode.capture.bounds import DEFAULT_MAX_BATCH_CHANGES, DEFAULT_MAX_BATCH_WAL_BYTES
+from airflow_provider_pgdecode.cycle import CycleTask, KillSwitch
+from airflow_provider_pgdecode.cycle.extract import ExtractArguments, extract_once, previous_checkpoint
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-from airflow_provider_pgdecode.postgres.health import check_readable
-from airflow_provider_pgdecode.utils.config import pgdecode_bool, pgdecode_environment
-from airflow_provider_pgdecode.utils.fail_fast import fail_fast
-from airflow_provider_pgdecode.utils.xcom import checkpoint_xcom_key, latest_xcom
 
 
-def log_manifest(log: Any, manifest: BatchManifest, seconds: float | None = None) -> None:
-    """Log a batch's LSN range, transactions, rows per table and pending prepared transactions."""
-    start, end = Lsn.parse(manifest.start_lsn), Lsn.parse(manifest.end_lsn)
-    rate = f", {manifest.changes / seconds:.0f} changes/s" if seconds else ""
-    log.info(
-        "Batch %s: LSN %s to %s (%d bytes of WAL, ceiling %s): %d transactions, %d changes in %d table(s)%s",
-        manifest.path,
-        start,
-        end,
-        int(end) - int(start),
-        manifest.ceiling_lsn,
-        manifest.transactions,
-        manifest.changes,
-        len(manifest.tables),
-        rate,
-    )
-    for table in manifest.tables:
-        log.info(
-            "  %s.%s: %d rows (%d inserts, %d updates, %d deletes, %d truncates), commit LSN %s to %s",
-            table.schema,
-            table.table,
-            table.rows,
-            table.inserts,
-            table.updates,
-            table.deletes,
-            table.truncates,
-            table.min_commit_lsn,
-            table.max_commit_lsn,
-        )
-    if manifest.messages:
-        log.info("  logical decoding messages: %d", manifest.messages.get("rows", 0))
-    for entry in manifest.prepared_pending:
-        log.info(
-            "  prepared transaction %r (xid %s) still pending since %s: carried to the next batch",
-            entry.get("gid"),
-            entry.get("xid"),
-            entry.get("prepare_lsn"),
-        )
-    for chunk in manifest.snapshot_chunks:
-        if chunk.get("kind") == "truncate":
-            log.info(
-                "  snapshot %s of %s: TRUNCATE at low watermark %s", chunk["request"], chunk["table"], chunk["lsn"]
-            )
-        else:
-            log.info(
-                "  snapshot %s of %s: chunk %d, %d rows at watermark %s (%d placed before changes the chunk missed)",
-                chunk["request"],
-                chunk["table"],
-                chunk["chunk"],
-                chunk["rows"],
-                chunk["lsn"],
-                chunk.get("moved_rows", 0),
-            )
-    for entry in manifest.prepared_committed:
-        log.info("  prepared transaction %r committed at %s", entry.get("gid"), entry.get("commit_lsn"))
-    for entry in manifest.prepared_rolled_back:
-        log.info("  prepared transaction %r rolled back at %s: not staged", entry.get("gid"), entry.get("lsn"))
-
-
-def _optional_count(value: int | str | None) -> int | None:
-    """A bound from a DAG param: an integer, or ``None``/``""``/``"null"`` for no bound."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
-        return None
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    return value  # type: ignore[return-value]  # BatchBounds names anything else
-
-
-def _has_end(value: Any) -> bool:
-    return isinstance(value, Mapping) and bool(value.get("end_lsn"))
-
-
-class PgDecodeExtractOperator(BaseOperator):
+class PgDecodeExtractOperator(CycleTask[ExtractArguments], BaseOperator):
     """Peek a slot up to a ceiling LSN, stage the changes as one batch, return its summary.
 
     The run starts from the previous successful run's checkpoint, pulled from XCom (the
@@ -184,6 +103,7 @@ class PgDecodeExtractOperator(BaseOperator):
         "max_batch_changes",
         "max_batch_wal_bytes",
     )
+    arguments_kind = ExtractArguments
     ui_color = "#d9f0ea"
 
     def __init__(
@@ -222,148 +142,16 @@ class PgDecodeExtractOperator(BaseOperator):
         self.table_options = table_options
         self.extract_options = dict(extract_options or {})
         self.storage_conn_id = storage_conn_id
-        self._hook: PgDecodeHook | None = None
+        self._kill = KillSwitch()
 
     def previous_checkpoint(self, context: Context) -> Mapping[str, Any] | None:
         """The explicit ``checkpoint``, else the latest checkpoint the ``checkpoint_task_id`` task(s)
         left in XCom (of several, the one that ends last)."""
-        if self.checkpoint:
-            self.log.info("Using the checkpoint given to the task: %s", self.checkpoint)
-            return self.checkpoint
-        if not self.checkpoint_task_id:
-            return None
-        ids = [self.checkpoint_task_id] if isinstance(self.checkpoint_task_id, str) else list(self.checkpoint_task_id)
-        # The first task's return value is its checkpoint too (a confirm task of an older release
-        # pushed nothing else); the others' (the drain's summary) are not.
-        found = [
-            (task_id, value)
-            for i, task_id in enumerate(ids)
-            if (value := self._pull_checkpoint(context, task_id, returned=i == 0)) is not None
-        ]
-        if not found:
-            return None
-        odd = next((value for _, value in found if not isinstance(value, Mapping)), None)
-        if odd is not None:
-            return odd  # reconcile names what is wrong with it
-        task_id, value = max(
-            found, key=lambda item: Lsn.parse(str(item[1]["end_lsn"])) if _has_end(item[1]) else Lsn(0)
-        )
-        self.log.info(
-            "Previous checkpoint (XCom of task %s): end LSN %s, %d prepared transaction(s) pending",
-            task_id,
-            value.get("end_lsn") if isinstance(value, Mapping) else value,
-            len(value.get("prepared_pending") or []) if isinstance(value, Mapping) else 0,
-        )
-        return value
-
-    def _pull_checkpoint(self, context: Context, task_id: str, returned: bool) -> Any:
-        # The confirm task pushes the checkpoint under a key per slot, so a DAG whose slot_name
-        # param changes between runs picks up each slot's own checkpoint.
-        ti = context["ti"]
-        value = latest_xcom(ti, task_id, checkpoint_xcom_key(self.slot_name))
-        if value is None and returned:
-            value = latest_xcom(ti, task_id)
-            if isinstance(value, Mapping) and value.get("slot") not in (None, self.slot_name):
-                self.log.info(
-                    "The latest checkpoint belongs to slot %s; slot %s has none yet", value.get("slot"), self.slot_name
-                )
-                value = None
-        if isinstance(value, list):
-            candidates = [v for v in value if _has_end(v)]
-            value = max(candidates, key=lambda v: Lsn.parse(str(v["end_lsn"])), default=None)
-        return value
-
-    def bounds(self) -> BatchBounds:
-        """The batch bounds from the (rendered) fields; ``None`` or an empty value lifts one."""
-        return BatchBounds(_optional_count(self.max_batch_changes), _optional_count(self.max_batch_wal_bytes))
+        return previous_checkpoint(self.cycle_arguments(), context, self.log)
 
     def execute(self, context: Context) -> dict[str, Any]:
-        return self.extract(context)
-
-    def extract(self, context: Context) -> dict[str, Any]:
-        """Stage one batch from the previous checkpoint; returns the summary :meth:`execute` returns
-        (the drain task calls this once per batch)."""
-        previous = self.previous_checkpoint(context)
-        bounds = self.bounds()
-        options = dict(self.extract_options)
-        if self.publication is not None:
-            options["publication"] = self.publication
-        if self.table_options:
-            options["table_options"] = as_table_options(self.table_options)
-        # [pgdecode] spool_dir (batches bound for s3://) reaches the staging code as PGDECODE_SPOOL_DIR.
-        with fail_fast(), pgdecode_environment(), PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
-            staging = storage_for(self.staging_root, self.storage_conn_id)
-            self._hook = hook
-            info = hook.describe_slot(self.slot_name)
-            check_readable(info, self.plugin)
-            decision = reconcile(previous, info, staging)
-            self.log.info("%s", decision.message)
-            # Without a fixed ceiling the extract reads the flush position itself, after copying
-            # any table snapshot chunks (their watermarks must lie below the ceiling).
-            ceiling = Lsn.parse(self.upto_lsn) if self.upto_lsn else None
-            self.log.info(
-                "Extracting slot %s from %s up to %s",
-                self.slot_name,
-                decision.start_lsn,
-                ceiling if ceiling is not None else "the server's WAL flush position",
-            )
-            # Names as given; patterns matched against the catalog now; no tables: every table
-            # outside the system schemas (and in the publication). Minus exclude_tables; a table
-            # that cannot be loaded, or a pattern matching none, fails here, before the slot is read.
-            tables: list[str | tuple[str, str]] = list(
-                resolve_tables(
-                    hook.get_catalog,
-                    as_table_names(self.tables),
-                    publication=self.publication if self.plugin == "pgoutput" else None,
-                    exclude_tables=as_table_names(self.exclude_tables),
-                    table_options=as_table_options(self.table_options),
-                )
-            )
-            if not self.tables:
-                self.log.info("No tables given: staging all %d table(s) of the database", len(tables))
-            started = time.monotonic()
-            manifest = hook.extract_batch(
-                self.slot_name,
-                staging,
-                plugin=self.plugin,
-                checkpoint=decision,  # reconciled once: extract_batch takes the decision as it is
-                upto_lsn=ceiling,
-                tables=tables,
-                bounds=bounds,
-                # A table created while the run reads the slot, that the selection takes: staged too.
-                later_tables=later_tables(as_table_names(self.tables), as_table_names(self.exclude_tables)),
-                # [pgdecode] native and two_sessions, unless extract_options says
-                **{"native": pgdecode_bool("native"), "two_sessions": pgdecode_bool("two_sessions"), **options},
-            )
-            not_staged = manifest.skipped.get("excluded_table_changes", 0)
-            if not_staged:
-                self.log.warning(
-                    "%d change(s) to tables outside the list were not staged: %s",
-                    not_staged,
-                    ", ".join(manifest.excluded_tables) or "(tables not recorded)",
-                )
-            elapsed = time.monotonic() - started
-        self._hook = None
-        log_manifest(self.log, manifest, elapsed)
-        for entry in manifest.quarantine:
-            self.log.warning(
-                "%s.%s: %d change(s) quarantined (a value the pipeline cannot carry); the merge appends them to "
-                "the quarantine Delta table",
-                entry["schema"],
-                entry["table"],
-                entry["rows"],
-            )
-        return {
-            **manifest.summary(),
-            "plugin": manifest.plugin,
-            "database": manifest.database,
-            "ceiling_lsn": manifest.ceiling_lsn,
-            "has_changes": any(table.rows for table in manifest.tables) or bool(manifest.quarantine),
-            "checkpoint": decision.action,
-        }
+        return extract_once(self.cycle_arguments(), context, self.log, self._kill)
 
     def on_kill(self) -> None:
         """Cancel the running peek on the server; the unfinished batch directory is removed."""
-        if self._hook is not None:
-            self.log.info("Cancelling the extract of slot %s", self.slot_name)
-            self._hook.cancel()
+        self._kill.pull()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
-from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator
+from airflow_provider_pgdecode.operators import drain as drain_module
 from pgdecode_testing.compare import compare_table
 from tests.dags.test_pgdecode_incremental import airflow_db, run  # noqa: F401 - fixture
 
@@ -102,15 +102,15 @@ def test_a_backlog_drains_in_one_run_and_resumes_after_a_kill(pg_conn, drain_dag
     backlog(c, 1000)
     done = len(batches)
     calls = {"n": 0}
-    extract = PgDecodeExtractOperator.extract
+    extract = drain_module.extract_once
 
-    def killed_on_the_third(self, context):
+    def killed_on_the_second(*args, **kwargs):  # the drain's own extracts, not the cycle's task
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] == 2:
             raise AirflowFailException("killed between two batches")
-        return extract(self, context)
+        return extract(*args, **kwargs)
 
-    monkeypatch.setattr(PgDecodeExtractOperator, "extract", killed_on_the_third)
+    monkeypatch.setattr(drain_module, "extract_once", killed_on_the_second)
     dag_run = dag.test(run_conf=conf)
     assert dag_run.state == DagRunState.FAILED
     assert {ti.task_id: ti.state for ti in dag_run.get_task_instances()}["drain"] == "failed"
@@ -118,7 +118,7 @@ def test_a_backlog_drains_in_one_run_and_resumes_after_a_kill(pg_conn, drain_dag
     assert len(before_kill) == done + 2  # the cycle's batch and one drained batch, both confirmed
     assert slot_position(c, conf["slot_name"]) == before_kill[-1].end_lsn
 
-    monkeypatch.setattr(PgDecodeExtractOperator, "extract", extract)
+    monkeypatch.setattr(drain_module, "extract_once", extract)
     run(dag, conf)
     after = staged(conf)
     # Resumed from the last confirmed batch: one chain, no batch extracted twice.

@@ -17,6 +17,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, ColumnSummary, TableSummary, batch_dir_name
+from airflow_provider_pgdecode.cycle.merge import MergeJob
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import SparkConnectUnreachableError
 from airflow_provider_pgdecode.operators.merge import MERGE_JOB_MODULE, PgDecodeMergeOperator, parse_batch_paths
@@ -318,11 +319,14 @@ def test_on_kill_stops_the_spark_submit_process(spark_conn: str, tmp_path: Path)
     thread.start()
     # Wait until the job runs (it wrote call.json) or execute() gave up; no clock involved.
     while thread.is_alive() and not (
-        op._hook is not None and op._hook._submit_sp is not None and (tmp_path / "call.json").exists()
+        op._job is not None
+        and op._job._hook is not None
+        and op._job._hook._submit_sp is not None
+        and (tmp_path / "call.json").exists()
     ):
         time.sleep(0.02)
     assert thread.is_alive(), f"execute() ended before the job started: {outcome.get('error')!r}"
-    process = op._hook._submit_sp
+    process = op._job._hook._submit_sp
     try:
         assert process.poll() is None  # running, in its sleep
         op.on_kill()
@@ -363,7 +367,8 @@ def test_assets_name_each_delta_table_by_its_schema_and_table_even_with_dots_and
             "public.skipped": {"status": "skipped"},
         }
     }
-    operator._emit_assets({"outlet_events": {AssetAlias("pgdecode_delta_tables"): Events()}}, summary)  # type: ignore[arg-type]
+    job = MergeJob(operator.cycle_arguments(), operator.log)
+    job._emit_assets({"outlet_events": {AssetAlias("pgdecode_delta_tables"): Events()}}, summary)  # type: ignore[arg-type]
     root = tmp_path.resolve()
     assert sorted(added) == [
         ((root / "my.schema" / "c%2Fd").as_uri(),) * 2,

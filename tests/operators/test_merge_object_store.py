@@ -10,6 +10,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
+from airflow_provider_pgdecode.cycle.merge import MergeJob
 from airflow_provider_pgdecode.errors import ConfigurationError
 from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator, delta_table_asset
 from airflow_provider_pgdecode.operators.verify import PgDecodeVerifyOperator, verify_asset
@@ -90,9 +91,9 @@ def test_a_secret_is_refused_where_the_spark_provider_would_put_it_on_the_comman
 
 
 def test_the_merge_task_fails_for_good_on_that_refusal(connections: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(PgDecodeMergeOperator, "read_batches", lambda self, settings=None: ([_manifest()], []))
+    monkeypatch.setattr(MergeJob, "read_batches", lambda self, settings=None: ([_manifest()], []))
     # No parked tables: the store behind this connection is not reachable, and the refusal is the point.
-    monkeypatch.setattr(PgDecodeMergeOperator, "_parking", lambda self, *args: None)
+    monkeypatch.setattr(MergeJob, "_parking", lambda self, *args: None)
     operator = PgDecodeMergeOperator(
         task_id="merge", batch_paths=BATCHES, delta_root="s3://lake/d", conn_id="spark_yarn", storage_conn_id="lake"
     )

@@ -16,6 +16,7 @@ from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, list_batches
 from airflow_provider_pgdecode.capture import extract as capture_extract
 from airflow_provider_pgdecode.capture import reconcile as reconcile_module
+from airflow_provider_pgdecode.cycle import extract as cycle_extract
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.operators import (
@@ -24,7 +25,6 @@ from airflow_provider_pgdecode.operators import (
     PgDecodeExtractOperator,
     PgDecodeMergeOperator,
 )
-from airflow_provider_pgdecode.operators import extract as operators_extract
 from airflow_provider_pgdecode.postgres.slot import SlotClient
 
 pytestmark = pytest.mark.postgres
@@ -146,7 +146,7 @@ def test_two_runs_carry_the_checkpoint_and_a_pending_prepared_transaction(
         return decision
 
     monkeypatch.setattr(capture_extract, "reconcile", counted)
-    monkeypatch.setattr(operators_extract, "reconcile", counted)
+    monkeypatch.setattr(cycle_extract, "reconcile", counted)
     second = extract.execute(make_context(confirm=checkpoint))
     assert decisions == ["resume"]
     assert second["checkpoint"] == "resume"
