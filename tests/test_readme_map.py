@@ -11,7 +11,19 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "airflow_provider_pgdecode"
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-FOLDERS = ("decoding", "batch", "postgres", "capture", "spark", "hooks", "cycle", "operators", "sensors", "triggers", "utils")
+FOLDERS = (
+    "decoding",
+    "batch",
+    "postgres",
+    "capture",
+    "spark",
+    "hooks",
+    "cycle",
+    "operators",
+    "sensors",
+    "triggers",
+    "utils",
+)
 
 
 def parts_table() -> str:
