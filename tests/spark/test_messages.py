@@ -103,6 +103,7 @@ def plugin(request: pytest.FixtureRequest) -> str:
 
 def test_a_batch_of_messages_only_is_merged(pg_conn, source, tmp_path) -> None:
     """The merge operator sends a batch to Spark when it holds messages and no table rows."""
+    from airflow_provider_pgdecode.cycle.merge import MergeJob
     from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
 
     end = pg_conn.execute("select pg_logical_emit_message(false, 'only', 'message')").fetchone()[0]
@@ -110,5 +111,5 @@ def test_a_batch_of_messages_only_is_merged(pg_conn, source, tmp_path) -> None:
     batch = extract_batch(pg_conn, source, tmp_path / "b")
     assert not any(t.rows for t in batch.tables) and batch.messages and batch.messages["rows"] == 1
     operator = PgDecodeMergeOperator(task_id="merge", batch_paths=[str(batch.path)], delta_root=str(tmp_path / "d"))
-    to_merge, empty = operator.read_batches()
+    to_merge, empty = MergeJob(operator.cycle_arguments(), operator.log).read_batches()
     assert [m.path for m in to_merge] == [batch.path] and empty == []

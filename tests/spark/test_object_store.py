@@ -190,8 +190,8 @@ def test_merge_operator_on_s3_keeps_the_secret_out_of_command_log_event_log_and_
     assert result["summary"]["tables"]["public.orders"]["delta_path"].startswith("s3a://")
     # The command line spark-submit ran with (what ps shows): hadoop-aws (its coordinates, or its jar
     # once resolved: spark/jars.py), and no credential.
-    assert operator._hook is not None
-    command = " ".join(operator._hook._build_spark_submit_command(str(SPARK_JOB_ENTRY)))
+    assert operator._job is not None and operator._job._hook is not None
+    command = " ".join(operator._job._hook._build_spark_submit_command(str(SPARK_JOB_ENTRY)))
     assert "org.apache.hadoop:hadoop-aws:" in command or "/org.apache.hadoop_hadoop-aws-" in command
     assert SECRET_KEY not in command
     # The task log (the operator's and the hook's lines, spark-submit's output relayed by the hook).
