@@ -35,8 +35,8 @@ from airflow_provider_pgdecode.batch.format import (
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary
 from airflow_provider_pgdecode.batch.options import LOAD_MODES, keyless_kept_mode_error
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import ConfigurationError, DeltaTableError, MergeInputError, UnmappedTypeError
-from airflow_provider_pgdecode.spark import column_defaults, column_renames, multiset
+from airflow_provider_pgdecode.errors import ConfigurationError, MergeInputError, UnmappedTypeError
+from airflow_provider_pgdecode.spark import column_defaults, column_renames, multiset, table_parking
 from airflow_provider_pgdecode.spark.delta_state import DeltaState, app_id, read_delta_state
 from airflow_provider_pgdecode.spark.history import HISTORY, KEPT_MODES, MODE_PROPERTY, SOFT_DELETE, Truncate
 from airflow_provider_pgdecode.spark.spark_types import (
@@ -628,7 +628,7 @@ def plan_table(
 
 def parks(error: MergeInputError, options: MergeOptions) -> bool:
     """Whether ``error`` of one table parks that table under ``options`` (:mod:`.table_parking`)."""
-    return options.park and (options.park_refused or isinstance(error, DeltaTableError))
+    return options.park and table_parking.parks_merge_input(error, options.park_refused)
 
 
 @dataclass(frozen=True)

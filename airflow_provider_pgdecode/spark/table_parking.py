@@ -66,11 +66,17 @@ def refused(error: BaseException) -> bool:
     return isinstance(error, MergeInputError) and not isinstance(error, DeltaTableError)
 
 
+def parks_merge_input(error: MergeInputError, park_refused: bool) -> bool:
+    """Whether a :class:`MergeInputError` of one table parks it: its Delta table's always, a
+    refusal of its staged changes only with ``park_refused`` (the one rule for both)."""
+    return park_refused or not refused(error)
+
+
 def table_problem(spark: SparkSession, error: BaseException, park_refused: bool = False) -> bool:
     """True when ``error``, raised while writing one table, is that table's own problem to park
     (a refusal of its changes only with ``park_refused``)."""
     if isinstance(error, MergeInputError):  # its Delta table, or a refusal of its changes
-        return park_refused or not refused(error)
+        return parks_merge_input(error, park_refused)
     if isinstance(error, PgDecodeError):  # a damaged staged part: the run stops
         return False
     text = f"{error}\n{getattr(error, 'java_exception', '')}"
