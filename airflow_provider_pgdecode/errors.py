@@ -166,6 +166,11 @@ class DeltaTableError(MergeInputError):
     write): the merge parks that table (batch/parking.py) and merges the others."""
 
 
+class StagedTooLargeError(MergeInputError):
+    """A table's staged changes would not fit a shared Spark Connect server's memory: they are not
+    sent, and the table is parked (spark/memory_budget.py) while the others merge."""
+
+
 class MergeOutOfMemoryError(PgDecodeError):
     """The merge job ran out of memory (the JVM's heap): the message names the memory settings to change.
 

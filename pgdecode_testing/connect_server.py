@@ -67,8 +67,12 @@ class LocalConnectServer:
         object_store: ObjectStoreSettings | None = None,
         env: Mapping[str, str] | None = None,
         log_path: Path | None = None,
+        driver_memory: str | None = None,
+        warm_up_rounds: int | None = None,
     ) -> None:
         self.python = python
+        self.driver_memory = driver_memory
+        self.warm_up_rounds = warm_up_rounds
         self.port = port or free_port()
         self.master = master
         self.conf = dict(conf or {})
@@ -107,6 +111,10 @@ class LocalConnectServer:
             "--master",
             self.master,
         ]
+        if self.driver_memory is not None:
+            command += ["--driver-memory", self.driver_memory]
+        if self.warm_up_rounds is not None:
+            command += ["--warm-up-rounds", str(self.warm_up_rounds)]
         for key, value in self.conf.items():
             command += ["--conf", f"{key}={value}"]
         if self.object_store:

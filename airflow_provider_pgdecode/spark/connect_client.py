@@ -113,6 +113,8 @@ SESSION_LOST_SIGNS = (
     "Received incorrect server side session identifier",
 )
 """What pyspark's client says when the server it talks to no longer has its session (it restarted)."""
+CONTEXT_STOPPED_SIGN = "Cannot call methods on a stopped SparkContext"
+"""What a server whose JVM is shutting down answers (stopped, or Spark's exit on running out of memory)."""
 
 
 def server_gone(error: BaseException, spark: Any = None) -> str | None:
@@ -133,6 +135,12 @@ def server_gone(error: BaseException, spark: Any = None) -> str | None:
         text = str(current)
         if any(sign in text for sign in SESSION_LOST_SIGNS):
             return "the server no longer has this task's session: it restarted or was replaced"
+        if CONTEXT_STOPPED_SIGN in text:
+            return (
+                "the server's Spark context stopped while the task ran: the server was stopped, or it exited because "
+                "a task ran out of memory (exit code 52, java.lang.OutOfMemoryError in its log; then give it more "
+                "memory: pgdecode's connect_server keeps serving when a merge runs out of memory and names it)"
+            )
         current = current.__cause__ or current.__context__
     policy = _bounded_policy(spark)
     if policy is not None and policy.gave_up is not None:

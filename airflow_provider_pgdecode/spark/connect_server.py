@@ -48,6 +48,9 @@ READY_PREFIX = "pgdecode Spark Connect server ready on "
 
 DEFAULT_WARM_UP_ROUNDS = 3
 
+SPARK_OUT_OF_MEMORY_EXIT = 52
+"""Spark's exit code when its JVM runs out of memory (``SparkExitCode.OOM``)."""
+
 DEFAULT_START_TIMEOUT = 300.0
 """Seconds to wait for the port: the first start resolves Delta's jars from Maven Central."""
 
@@ -249,7 +252,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if stopping:
         log.info("Spark Connect server on port %d stopped", args.port)
         return 0
-    if ready:
+    if code == SPARK_OUT_OF_MEMORY_EXIT:
+        print(
+            f"the Spark Connect server on port {args.port} ran out of memory (exit code {code}, Spark's "
+            "out-of-memory exit; its log above names the java.lang.OutOfMemoryError): start it again with more "
+            f"--driver-memory (now {args.driver_memory})",
+            file=sys.stderr,
+        )
+    elif ready:
         print(f"the Spark Connect server on port {args.port} exited (code {code})", file=sys.stderr)
     return code if code else 1
 

@@ -65,6 +65,7 @@ from airflow_provider_pgdecode.spark import table_parking
 from airflow_provider_pgdecode.spark.delta_state import DeltaState as DeltaState
 from airflow_provider_pgdecode.spark.delta_state import app_id, delta_log_storage, log_version, read_delta_state
 from airflow_provider_pgdecode.spark.history import HISTORY, SOFT_DELETE
+from airflow_provider_pgdecode.spark.memory_budget import check_fits, server_memory
 from airflow_provider_pgdecode.spark.merge_plan import (
     DEFAULT_CODEGEN_MIN_CHANGES,
     DEFAULT_TABLE_PROPERTIES,
@@ -212,7 +213,8 @@ def _merge_batches(
             plans.append(plan)
         else:
             results[plan.name] = parked_result(plan.path, plan.schema, plan.table, plan.error)
-    check_staged_parts(plans)
+    largest_reads = check_staged_parts(plans)
+    server = server_memory(spark) if options.memory_check and is_connect_session(spark) else None
 
     prepared: list[tuple[TablePlan, DataFrame | None, Profile | None, float]] = []
     # Tables whose snapshot parts are committed as staged: no read, no profile, no rewrite.
@@ -230,6 +232,9 @@ def _merge_batches(
             prepared.append((plan, None, None, time.monotonic() - table_started))
             continue
         try:
+            read = largest_reads.get(plan.name)
+            if server is not None and read is not None:  # Spark reads its parts: they must fit the shared server
+                check_fits(plan.name, read, server)
             table_events, table_profile = _profiled(spark, plan, options)
         except MergeInputError as error:  # a refusal of this table's changes: it waits, the others flow
             if not parks(error, options):
@@ -672,6 +677,12 @@ def build_argument_parser() -> argparse.ArgumentParser:
         "instead of being parked",
     )
     parser.add_argument(
+        "--no-memory-check",
+        action="store_true",
+        help="through Spark Connect, send a table's staged changes even when they would not fit the server's "
+        "memory (by default such a table is parked before they are sent)",
+    )
+    parser.add_argument(
         "--parked-table", action="append", default=[], help="schema.table parked by an earlier run (repeatable)"
     )
     parser.add_argument(
@@ -734,6 +745,7 @@ def options_from_args(args: argparse.Namespace) -> MergeOptions:
         park_refused=not args.no_park,  # the merge task keeps parked tables' places (batch/parking.py)
         parked=tuple(args.parked_table),
         catch_up=tuple(args.catch_up),
+        memory_check=not args.no_memory_check,
     )
 
 

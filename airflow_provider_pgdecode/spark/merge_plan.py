@@ -145,6 +145,9 @@ class MergeOptions:
     """``schema.table`` of the tables parked by earlier runs (batch/parking.py)."""
     catch_up: tuple[str, ...] = ()
     """Earlier batches the parked tables still need: merged for those tables only."""
+    memory_check: bool = True
+    """Through Spark Connect, refuse a table whose staged changes would not fit the server's memory
+    before sending them (:mod:`.memory_budget`); ``False``: send them anyway."""
 
     def __post_init__(self) -> None:
         if self.numeric_special not in ("null", "error"):

@@ -635,6 +635,12 @@ def build_connect_session(
     return spark
 
 
+SHARED_SERVER_CONF = {"spark.executor.killOnFatalError.depth": "0"}
+"""Settings of the Connect server pgdecode starts: a task that runs out of memory fails its merge,
+reported to it as out of memory (``MergeOutOfMemoryError``), instead of Spark exiting the JVM (code
+52), which would stop every source's merges on the shared server. ``--conf`` overrides it."""
+
+
 def connect_server_command(
     port: int = DEFAULT_CONNECT_PORT,
     *,
@@ -649,6 +655,7 @@ def connect_server_command(
     catalog, pgdecode's session defaults and logging at :func:`spark_log_level`; with
     ``object_store``, hadoop-aws too (``s3a://``; the store's settings are the server's own)."""
     conf = delta_spark_conf(object_store=object_store)
+    conf.update(SHARED_SERVER_CONF)
     conf["spark.connect.grpc.binding.port"] = str(port)
     conf["spark.connect.grpc.binding.address"] = host
     conf.update(extra_conf or {})

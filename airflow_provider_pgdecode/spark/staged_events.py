@@ -25,6 +25,7 @@ from airflow_provider_pgdecode.errors import BatchError, MergeInputError
 from airflow_provider_pgdecode.spark import column_defaults
 from airflow_provider_pgdecode.spark.collapse import KEEP, LSN, OP, SEQ, col, old_key_name
 from airflow_provider_pgdecode.spark.delta_state import bucket_storage
+from airflow_provider_pgdecode.spark.memory_budget import LargestRead, largest_read
 from airflow_provider_pgdecode.spark.merge_plan import HAS_OLD, SPECIAL_KEY, TablePlan
 from airflow_provider_pgdecode.spark.spark_types import (
     NUMERIC_SPECIAL_VALUES,
@@ -81,11 +82,14 @@ def open_part(file: str) -> Iterator[Any]:
         yield local_path(file)
 
 
-def check_staged_parts(plans: Sequence[TablePlan]) -> None:
+def check_staged_parts(plans: Sequence[TablePlan]) -> dict[str, LargestRead]:
     """Read the footer of every Parquet part the merge will read (local or on object storage): a
-    truncated, empty or missing part fails here, before any Delta table is created or written."""
+    truncated, empty or missing part fails here, before any Delta table is created or written.
+    Returns each table's largest read batch (:mod:`.memory_budget`), for the tables whose parts
+    pyarrow reads here."""
     import pyarrow.parquet as pq
 
+    largest: dict[str, LargestRead] = {}
     for plan in plans:
         for segment in plan.segments:
             for file in segment.staged.file_paths:
@@ -93,9 +97,13 @@ def check_staged_parts(plans: Sequence[TablePlan]) -> None:
                     continue  # another Hadoop filesystem: Spark's read names the file (see staged_part_error)
                 try:
                     with open_part(file) as source:
-                        pq.read_metadata(source)
+                        metadata = pq.read_metadata(source)
                 except Exception as exc:  # OSError, pyarrow's ArrowInvalid: what reading it would raise
                     raise unreadable_part(segment.batch, plan.name, file, exc) from exc
+                read, current = largest_read(file, metadata), largest.get(plan.name)
+                if current is None or read.batch_bytes > current.batch_bytes:
+                    largest[plan.name] = read
+    return largest
 
 
 def staged_part_error(plan: TablePlan, exc: BaseException) -> BatchError | None:
