@@ -337,6 +337,9 @@ class BatchWriter:
         with them clamped and named in :meth:`clamped_values`, for the check once its key is known.
     :param whole_row_old: the tables whose old image is the whole row (REPLICA IDENTITY FULL), by
         ``(schema, table)``; ``None``: not known, every table taken as one (:meth:`old_image_key`).
+    :param partitions: the partitions of partitioned tables, by ``(schema, table)``: their
+        TRUNCATEs are not staged (they would empty the root's whole Delta table; the extract finds
+        them in the catalog and resnapshots the root: capture/partitions.py), only counted.
     """
 
     def __init__(
@@ -349,8 +352,11 @@ class BatchWriter:
         identities: Mapping[tuple[str, str], str] | None = None,
         keys: Mapping[tuple[str, str], Collection[str]] | None = None,
         whole_row_old: Collection[tuple[str, str]] | None = None,
+        partitions: Collection[tuple[str, str]] = (),
     ) -> None:
         self.directory = Path(directory)
+        self.partitions = set(partitions)
+        self.partition_truncates = 0
         self.whole_row_old = None if whole_row_old is None else set(whole_row_old)
         self.identities = dict(identities or {})
         self.keys = dict(keys or {})
@@ -395,6 +401,13 @@ class BatchWriter:
             )
             buffer.append_only = buffer.options.mode == "append_only"
         return buffer
+
+    def skips_truncate(self, schema: str, table: str) -> bool:
+        """Whether a TRUNCATE of this table is left out: a partition's (counted)."""
+        if (schema, table) not in self.partitions:
+            return False
+        self.partition_truncates += 1
+        return True
 
     def staging_key(self, schema: str, table: str, options: TableOptions) -> Collection[str] | None:
         """The key columns checked at staging (``stage_values``' ``key``): none for a table loaded
@@ -442,6 +455,8 @@ class BatchWriter:
                     self._flush_largest()
             elif kind is Truncate:
                 for schema, table in item.relations:  # type: ignore[union-attr]
+                    if self.skips_truncate(schema, table):
+                        continue
                     truncated = self._buffer(schema, table)
                     if truncated is None:
                         self.skipped_changes += 1

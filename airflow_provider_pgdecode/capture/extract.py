@@ -39,6 +39,7 @@ from airflow_provider_pgdecode.batch.storage import Storage, as_storage
 from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter, check_append_only
 from airflow_provider_pgdecode.capture.bounds import CHANGES, WAL_BYTES, BatchBounds, BatchCut
 from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
+from airflow_provider_pgdecode.capture.partitions import Roots, partition_changes, with_partitions, with_root_options
 from airflow_provider_pgdecode.capture.reconcile import Reconciliation, reconcile
 from airflow_provider_pgdecode.capture.renames import KnownTables, follow_selection, follow_staged
 from airflow_provider_pgdecode.capture.rewrites import find_rewrites, handle_rewrites
@@ -272,6 +273,8 @@ class ExtractPlan:
     options_by_table: dict[tuple[str, str], TableOptions]
     known: KnownTables
     snapshots: dict[str, Any]
+    partition_roots: Roots = field(default_factory=dict)
+    """Each partition's partitioned table at the top of its tree (:mod:`.partitions`)."""
 
     @property
     def confirmed(self) -> Lsn:
@@ -327,6 +330,8 @@ def plan_extract(
     pending: list[PreparedTransaction] = checkpoint.pending_prepared(staging) if checkpoint is not None else []
     include_pairs = parse_table_names(request.tables) if request.tables else None
     known = KnownTables.from_checkpoint(checkpoint)
+    catalog = Catalog(conn)
+    roots = catalog.partition_roots()
     return ExtractPlan(
         conn=conn,
         slot_name=slot_name,
@@ -337,10 +342,11 @@ def plan_extract(
         checkpoint=checkpoint,
         start_lsn=start_lsn,
         pending=pending,
-        include_pairs=follow_selection(Catalog(conn), include_pairs, known),
-        options_by_table=parse_table_options(request.table_options),
+        include_pairs=with_partitions(follow_selection(catalog, include_pairs, known), roots),
+        options_by_table=with_root_options(parse_table_options(request.table_options), roots),
         known=known,
         snapshots=dict(checkpoint.snapshots) if checkpoint is not None else {},
+        partition_roots=roots,
     )
 
 
@@ -417,6 +423,7 @@ def decode_changes(plan: ExtractPlan, spill_dir: Any, snapshotter: TableSnapshot
             identities=identities,
             keys=keys,
             whole_row_old=whole_row_old,
+            partitions=plan.partition_roots.keys(),
         )
         cut = BatchCut(bounds, plan.start_lsn, assembler, floor) if bounds.bounded else None
         log.info(
@@ -618,12 +625,16 @@ def staged_manifest(
         decoded.parser.relation_oids if isinstance(decoded.parser, PgOutputParser) else {},
         plan.include_pairs,
         (record["table"] for record in chunk_records if record["kind"] == "truncate"),
+        plan.partition_roots,
     )
     tables_staged = followed.tables
-    describe_tables(Catalog(conn), tables_staged, plan.options_by_table, followed.current)
+    catalog = Catalog(conn)
+    describe_tables(catalog, tables_staged, plan.options_by_table, followed.current)
     check_clamped_keys(tables_staged, writer.clamped_values())
-    # Rows changed without row changes in the WAL (a rewrite, a re-created table): resnapshot or stop.
-    handle_rewrites(find_rewrites(Catalog(conn), followed.known), plan.options_by_table, plan.staging, plan.slot_name)
+    # Rows changed without row changes in the WAL (a rewrite, a re-created table, a partition
+    # attached, detached or truncated): resnapshot or stop.
+    rewrites = find_rewrites(catalog, followed.known) + partition_changes(catalog, followed.known)
+    handle_rewrites(rewrites, plan.options_by_table, plan.staging, plan.slot_name)
     check_append_only(tmp, tables_staged)
     prepared_entries = writer.save_prepared(assembler.pending())
     manifest = BatchManifest(
@@ -666,6 +677,8 @@ def staged_manifest(
     )
     if followed.dropped_changes:
         manifest.skipped["dropped_table_changes"] = followed.dropped_changes
+    if writer.partition_truncates:  # found in the catalog instead (capture/partitions.py)
+        manifest.skipped["partition_truncates"] = writer.partition_truncates
     if stats.origin_dropped:
         manifest.skipped["replicated_transactions"] = stats.origin_dropped
     if stats.second_session_repeats:

@@ -209,6 +209,10 @@ class NativeWriter:
     def skipped_changes(self) -> int:
         return self._py_skipped + self.reader.stats()["skipped"]
 
+    @property
+    def partition_truncates(self) -> int:
+        return self.writer.partition_truncates
+
     # -- the Python path's transactions ----------------------------------------------------------
 
     def add_transaction(self, txn: Transaction) -> None:
@@ -257,6 +261,8 @@ class NativeWriter:
             elif kind is Truncate:
                 truncate = cast(Truncate, item)
                 for schema, table in truncate.relations:
+                    if self.writer.skips_truncate(schema, table):
+                        continue
                     tid = reader.table_id(schema, table)
                     if tid < 0:
                         self._py_skipped += 1

@@ -43,6 +43,9 @@ class KnownTables:
     delta: dict[int, Name] = field(default_factory=dict)
     files: dict[int, dict[str, Any]] = field(default_factory=dict)
     """Per OID, its file node and column signature when last staged (capture/rewrites.py)."""
+    partitions: dict[int, dict[int, int] | None] = field(default_factory=dict)
+    """Per partitioned table, its partitions' file nodes by OID when last extracted; ``None``: not
+    yet recorded (capture/partitions.py)."""
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any] | None) -> KnownTables:
@@ -54,6 +57,11 @@ class KnownTables:
                 known.delta[int(oid)] = (str(schema), str(table))
                 if entry.get("filenode") is not None:
                     known.files[int(oid)] = {"filenode": int(entry["filenode"]), "columns": str(entry["columns"])}
+                if "partitions" in entry:
+                    leaves = entry["partitions"]
+                    known.partitions[int(oid)] = (
+                        None if leaves is None else {int(leaf): int(node) for leaf, node in leaves.items()}
+                    )
             except (KeyError, TypeError, ValueError):
                 log.warning("Ignoring a malformed table_oids entry %r: %r", oid, entry)
         return known
@@ -79,9 +87,16 @@ class KnownTables:
                 "names": [list(n) for n in names],
                 "delta_table": list(self.delta[oid]),
                 **self.files.get(oid, {}),
+                **({"partitions": _leaves_record(self.partitions[oid])} if oid in self.partitions else {}),
             }
             for oid, names in sorted(self.names.items())
         }
+
+    def add_root(self, oid: int, name: Name) -> None:
+        """A partitioned table whose partitions' changes land in its Delta table."""
+        self.add(oid, name)
+        self.delta.setdefault(oid, name)
+        self.partitions.setdefault(oid, None)
 
     def oid_named(self, name: Name) -> int | None:
         """The table last known under ``name``."""
@@ -95,6 +110,10 @@ class KnownTables:
         for name in names:
             if name not in seen:
                 seen.append(name)
+
+
+def _leaves_record(leaves: dict[int, int] | None) -> dict[str, int] | None:
+    return None if leaves is None else {str(leaf): node for leaf, node in sorted(leaves.items())}
 
 
 def follow_selection(catalog: Catalog, selected: set[Name] | None, known: KnownTables) -> set[Name] | None:
@@ -157,6 +176,7 @@ def follow_staged(
     stream_oids: Mapping[Name, list[int]],
     selected: set[Name] | None,
     fresh: Iterable[str] = (),
+    roots: Mapping[Name, tuple[int, Name]] | None = None,
 ) -> FollowedTables:
     """Give each staged table its OID and Delta table, following renames; leave out (and log) the
     changes of tables dropped since. A staged name that is no table now and that no earlier batch
@@ -164,8 +184,14 @@ def follow_staged(
 
     ``fresh``: ``schema.table`` of tables whose snapshot (``add-table``, ``resnapshot``) starts in
     this batch: such a table starts afresh in the Delta table of its current name (how a renamed
-    table moves to a Delta table of its new name)."""
+    table moves to a Delta table of its new name).
+
+    ``roots``: each partition's partitioned table at the top of its tree
+    (:meth:`Catalog.partition_roots`): a partition staged for the first time flows into the root's
+    Delta table (:mod:`.partitions`), and its catalog lookups are the root's."""
     fresh = set(fresh)
+    roots = roots or {}
+    root_names = {root: oid for oid, root in roots.values()}
     staged = list(staged)
     oids: dict[Name, int] = {}
     for summary in staged:
@@ -200,7 +226,11 @@ def follow_staged(
         if name in oids:
             first_name.setdefault(oids[name], name)
     result = FollowedTables(
-        [], {}, KnownTables({o: list(n) for o, n in known.names.items()}, dict(known.delta), dict(known.files))
+        [],
+        {},
+        KnownTables(
+            {o: list(n) for o, n in known.names.items()}, dict(known.delta), dict(known.files), dict(known.partitions)
+        ),
     )
     for summary in staged:
         oid = oids.get((summary.schema, summary.table))
@@ -246,14 +276,19 @@ def follow_staged(
             )
             result.dropped_changes += summary.rows
             continue
-        target = result.known.delta.get(oid) or first_name[oid]
+        root = roots.get(current)
+        if root is not None:
+            result.known.add_root(*root)
+        elif current in root_names:  # published through the root (publish_via_partition_root)
+            result.known.add_root(oid, current)
+        target = result.known.delta.get(oid) or (root[1] if root is not None else first_name[oid])
         summary.oid = oid
         summary.delta_table = list(target) if target != name else None
-        result.current[name] = current
+        result.current[name] = root[1] if root is not None else current
         result.known.add(oid, name, current)
         result.known.delta[oid] = target
         result.tables.append(summary)
-        if current != target and oid not in told:
+        if root is None and current != target and oid not in told:
             told.add(oid)
             log.info(
                 "%s is now %s (OID %d); its changes keep flowing into Delta table %s",

@@ -321,11 +321,16 @@ class Catalog:
         return True
 
     def in_publication(self, publication: str, schema: str, table: str) -> bool:
-        """Whether ``publication`` sends the table's changes (a pgoutput slot decodes nothing else)."""
+        """Whether ``publication`` sends the table's changes (a pgoutput slot decodes nothing else);
+        a partitioned table's are sent under its own name or under its partitions' (without
+        ``publish_via_partition_root`` the publication lists those)."""
         return bool(
             self._all(
-                "SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
-                (publication, schema, table),
+                "SELECT 1 FROM pg_publication_tables p JOIN pg_namespace n ON n.nspname = p.schemaname"
+                " JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename"
+                " JOIN pg_namespace rn ON rn.nspname = %s JOIN pg_class r ON r.relnamespace = rn.oid AND r.relname = %s"
+                " WHERE p.pubname = %s AND (c.oid = r.oid OR (c.relispartition AND pg_partition_root(c.oid) = r.oid))",
+                (schema, table, publication),
             )
         )
 
@@ -377,6 +382,39 @@ class Catalog:
         )
         return {int(oid): (int(filenode), str(columns)) for oid, filenode, columns in rows}
 
+    def partition_roots(self) -> dict[tuple[str, str], tuple[int, tuple[str, str]]]:
+        """Every partition (at any level) by ``(schema, table)``: the OID and name of the
+        partitioned table at the top of its tree, whose Delta table its changes land in."""
+        rows = self._all(
+            "SELECT n.nspname::text, c.relname::text, r.oid::int8, rn.nspname::text, r.relname::text"
+            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " JOIN pg_class r ON r.oid = pg_partition_root(c.oid) JOIN pg_namespace rn ON rn.oid = r.relnamespace"
+            " WHERE c.relispartition AND c.relkind IN ('r', 'p')",
+            (),
+        )
+        return {(schema, table): (int(oid), (root_schema, root)) for schema, table, oid, root_schema, root in rows}
+
+    def partition_leaves(self, roots: Sequence[int]) -> dict[int, dict[int, tuple[int, bool]]]:
+        """Per partitioned table of ``roots`` that exists now, its leaf partitions by OID: each
+        one's file node (a TRUNCATE gives it a new one) and whether it was attached to the tree
+        after it was created (its ``pg_inherits`` row is younger than its row type, which
+        ``CREATE TABLE … PARTITION OF`` makes in the same transaction)."""
+        if not roots:
+            return {}
+        rows = self._all(
+            "SELECT r.oid::int8, t.relid::oid::int8, coalesce(pg_relation_filenode(t.relid), 0)::int8,"
+            " coalesce(i.xmin::text <> ty.xmin::text, false)"
+            " FROM pg_class r CROSS JOIN LATERAL pg_partition_tree(r.oid) t"
+            " LEFT JOIN pg_inherits i ON i.inhrelid = t.relid AND i.inhparent = t.parentrelid"
+            " LEFT JOIN pg_type ty ON ty.typrelid = t.relid"
+            " WHERE r.oid = ANY(%s::oid[]) AND r.relkind = 'p' AND t.isleaf AND t.level > 0",
+            ([int(oid) for oid in roots],),
+        )
+        out: dict[int, dict[int, tuple[int, bool]]] = {}
+        for root, leaf, filenode, attached in rows:
+            out.setdefault(int(root), {})[int(leaf)] = (int(filenode), bool(attached))
+        return out
+
     def relation_names(self, oids: Sequence[int]) -> dict[int, tuple[str, str]]:
         """``(schema, table)`` of each of ``oids`` that is a table now (a renamed table's new
         name); dropped ones are left out."""
@@ -418,20 +456,22 @@ def source_tables(
 ) -> list[SourceTable]:
     """Ordinary and partitioned tables outside ``exclude_schemas`` and temporary schemas (and, for
     a pgoutput pipeline, in ``publication``), sorted by ``(schema, table)``: what a pipeline
-    loads when no tables are named. Partitions are listed as well as their parents
-    (test_decoding reports changes under the partition's name)."""
+    loads when no tables are named. A partition is listed as the partitioned table at the top of
+    its tree, whose Delta table its changes land in (capture/partitions.py)."""
     in_publication = (
         " AND EXISTS (SELECT 1 FROM pg_publication_tables p"
-        " WHERE p.pubname = %s AND p.schemaname = n.nspname AND p.tablename = c.relname)"
+        " WHERE p.pubname = %s AND p.schemaname = tn.nspname AND p.tablename = t.relname)"
         if publication is not None
         else ""
     )
     rows = catalog._all(
-        "SELECT n.nspname::text, c.relname::text, c.relreplident::text,"
+        "SELECT DISTINCT n.nspname::text, c.relname::text, c.relreplident::text,"
         " EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),"
         " EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident)"
-        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE c.relkind IN ('r', 'p') AND c.relpersistence <> 't'"
+        " FROM pg_class t JOIN pg_namespace tn ON tn.oid = t.relnamespace"
+        " JOIN pg_class c ON c.oid = CASE WHEN t.relispartition THEN pg_partition_root(t.oid) ELSE t.oid END"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE t.relkind IN ('r', 'p') AND t.relpersistence <> 't'"
         " AND n.nspname <> ALL(%s::text[])"
         " AND n.nspname NOT LIKE 'pg\\_temp\\_%%' AND n.nspname NOT LIKE 'pg\\_toast\\_temp\\_%%'"
         f"{in_publication} ORDER BY 1, 2",

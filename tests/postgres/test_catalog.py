@@ -433,22 +433,27 @@ def test_source_tables_lists_tables_with_what_decides_their_key(pg_conn, catalog
         "full_rows": ("full", False),
         "keyed": ("default", True),
         "keyless": ("default", False),
-        "parted": ("default", False),
-        "parted_eu": ("default", False),
+        "parted": ("default", False),  # its partition parted_eu lands in it: listed as the root only
         "pk_nothing": ("nothing", True),
     }
+    roots = catalog.partition_roots()
+    assert roots[(schema, "parted_eu")] == (catalog.relation_oid(schema, "parted"), (schema, "parted"))
+    assert (schema, "parted") not in roots
     everything = [(t.schema, t.table) for t in source_tables(catalog)]
     assert everything == sorted(everything)
     assert not any(s in ("pg_catalog", "information_schema") for s, _ in everything)
     named = next(t for t in source_tables(catalog) if (t.schema, t.table) == (schema, "keyless"))
     assert named.describe_identity() == "REPLICA IDENTITY DEFAULT and no primary key"
-    # For pgoutput: only the publication's tables.
-    pg_conn.execute(f"CREATE PUBLICATION pub_{schema} FOR TABLE {schema}.keyed, {schema}.full_rows")
+    # For pgoutput: only the publication's tables; a partitioned one as its root, though the
+    # publication lists its partitions (no publish_via_partition_root).
+    pg_conn.execute(f"CREATE PUBLICATION pub_{schema} FOR TABLE {schema}.keyed, {schema}.full_rows, {schema}.parted")
     try:
         published = [t.table for t in source_tables(catalog, publication=f"pub_{schema}")]
+        assert catalog.in_publication(f"pub_{schema}", schema, "parted")
+        assert not catalog.in_publication(f"pub_{schema}", schema, "keyless")
     finally:
         pg_conn.execute(f"DROP PUBLICATION pub_{schema}")
-    assert published == ["full_rows", "keyed"]
+    assert published == ["full_rows", "keyed", "parted"]
 
 
 def test_table_key_of_a_missing_table(catalog, schema) -> None:

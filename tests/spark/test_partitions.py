@@ -1,0 +1,141 @@
+"""A partitioned table lands as its root: one Delta table, equal to the root, through both plugins
+and whatever the publication's publish_via_partition_root says (issue 37). Rows moving across
+partitions, a partition truncated, detached or attached; the initial load of the root."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.capture.extract import extract_batch
+from airflow_provider_pgdecode.capture.rewrites import snapshot_pending
+from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot, stage_snapshot
+from airflow_provider_pgdecode.capture.table_snapshot import write_snapshot_states
+from airflow_provider_pgdecode.spark.merge_job import merge_batches
+from pgdecode_testing.compare import compare_table
+from tests.conftest import full_only_test
+
+pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+
+PUBLICATION = "pt_pub"
+DDL = """
+create table pt_orders (id int, region text, amount int, primary key (id, region)) partition by list (region);
+create table pt_orders_eu partition of pt_orders for values in ('eu');
+create table pt_orders_us partition of pt_orders for values in ('us');
+create table pt_orders_asia partition of pt_orders for values in ('asia');
+"""
+TABLES = "pt_orders_later, pt_orders_asia, pt_orders_us, pt_orders_eu, pt_orders"
+
+
+@pytest.fixture()
+def partitioned(pg_conn) -> Iterator[psycopg.Connection]:
+    pg_conn.execute(f"drop table if exists {TABLES} cascade; drop publication if exists {PUBLICATION}")
+    pg_conn.execute(DDL)
+    yield pg_conn
+    pg_conn.execute(f"drop publication if exists {PUBLICATION}")
+    pg_conn.execute(f"drop table if exists {TABLES} cascade")
+
+
+SOURCES = [
+    pytest.param("test_decoding", None, id="test_decoding"),
+    pytest.param("pgoutput", False, id="pgoutput"),  # changes published under the partitions' names
+    pytest.param(  # publish_via_partition_root: under the root's
+        "pgoutput",
+        True,
+        id="pgoutput-via-root",
+        marks=full_only_test(
+            "the root's own name and OID flow as an ordinary table's; a partition's TRUNCATE, DETACH and ATTACH "
+            "are found in the catalog as for the other two"
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("plugin", "via_root"), SOURCES)
+def test_a_partitioned_table_lands_as_its_root(partitioned, slot_name, spark, tmp_path: Path, plugin, via_root):
+    c = partitioned
+    extra = {}
+    if plugin == "pgoutput":
+        c.execute(
+            f"create publication {PUBLICATION} for table pt_orders "
+            f"with (publish_via_partition_root = {str(via_root).lower()})"
+        )
+        extra = {"publication": PUBLICATION}
+    c.execute("select pg_create_logical_replication_slot(%s, %s, false, true)", (slot_name, plugin))
+    root = str(tmp_path / "delta")
+    staging = tmp_path / "staging"
+    checkpoint: Checkpoint | None = None
+
+    def cycle() -> None:
+        nonlocal checkpoint
+        batch = extract_batch(
+            c, slot_name, staging, plugin=plugin, checkpoint=checkpoint, tables=["public.pt_orders"], **extra
+        )
+        merge_batches(spark, [str(batch.path)], root)
+        c.execute("select pg_replication_slot_advance(%s, %s)", (slot_name, str(batch.end_lsn)))
+        checkpoint = Checkpoint.from_manifest(batch)
+        write_snapshot_states(staging, slot_name, checkpoint.snapshots)  # as the confirm task does
+
+    def equal() -> None:
+        result = compare_table(c, spark, root, "public", "pt_orders")
+        assert result.equal, result.describe()
+        assert sorted(p.name for p in (Path(root) / "public").iterdir()) == ["pt_orders"]  # no Delta per partition
+
+    def resnapshotted() -> None:
+        """The run that finds the partition's change files a resnapshot of the root; the next copies it."""
+        cycle()
+        assert snapshot_pending(staging, slot_name) == {("public", "pt_orders")}
+        cycle()
+        assert snapshot_pending(staging, slot_name) == set()
+        equal()
+
+    c.execute(
+        "insert into pt_orders select g, (array['eu', 'us', 'asia'])[g % 3 + 1], g * 10 from generate_series(1, 30) g"
+    )
+    cycle()
+    equal()
+    # Rows moving across partitions (a DELETE in one, an INSERT in another), in place, deleted; a
+    # partition created (empty: nothing to resnapshot) and written to.
+    c.execute("update pt_orders set region = 'us' where region = 'eu' and id < 10")
+    c.execute("update pt_orders set amount = amount + 1 where region = 'asia'")
+    c.execute("delete from pt_orders where id in (28, 29)")
+    c.execute("create table pt_orders_later partition of pt_orders for values in ('later')")
+    c.execute("insert into pt_orders values (31, 'eu', 1), (32, 'asia', 2), (33, 'later', 3)")
+    cycle()
+    assert snapshot_pending(staging, slot_name) == set()
+    equal()
+    # One partition truncated (pgoutput through the root does not even send it): the root is resnapshotted.
+    c.execute("truncate pt_orders_us")
+    c.execute("insert into pt_orders values (34, 'us', 4)")
+    resnapshotted()
+    # One detached: its rows leave the root.
+    c.execute("alter table pt_orders detach partition pt_orders_asia")
+    resnapshotted()
+    # Attached with rows of its own: they join the root.
+    c.execute("alter table pt_orders detach partition pt_orders_later")
+    resnapshotted()
+    c.execute("insert into pt_orders_later values (40, 'later', 40)")
+    c.execute("alter table pt_orders attach partition pt_orders_later for values in ('later')")
+    resnapshotted()
+
+
+def test_the_initial_load_copies_a_partitioned_root(partitioned, pg_dsn, spark, tmp_path: Path) -> None:
+    c = partitioned
+    c.execute(
+        "insert into pt_orders select g, (array['eu', 'us', 'asia'])[g % 3 + 1], g from generate_series(1, 3000) g"
+    )
+    slot = "pt_snapshot"
+    try:
+        with create_slot_with_snapshot(pg_dsn, slot, two_phase=False) as (lsn, name):
+            batch = stage_snapshot(pg_dsn, name, lsn, slot, tmp_path / "staging", ["public.pt_orders"], chunk_rows=500)
+    finally:
+        c.execute("select pg_drop_replication_slot(slot_name) from pg_replication_slots where slot_name = %s", (slot,))
+    assert [(t.schema, t.table) for t in batch.tables] == [("public", "pt_orders")]
+    root = str(tmp_path / "delta")
+    merge_batches(spark, [str(batch.path)], root)
+    result = compare_table(c, spark, root, "public", "pt_orders")
+    assert result.equal and result.source_rows == 3000, result.describe()
