@@ -21,6 +21,7 @@ must run inside the ``with`` block.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -61,6 +62,7 @@ from airflow_provider_pgdecode.capture.snapshot_parts import (
     staged_type,
     write_part_file,
 )
+from airflow_provider_pgdecode.capture.staged_tables import carried_columns
 from airflow_provider_pgdecode.capture.tables import parse_table_names
 from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS, plugin_unknown
 from airflow_provider_pgdecode.decoding.lsn import Lsn
@@ -236,6 +238,7 @@ def stage_snapshot(
     chunk_pages: int | None = None,
     log_interval: float = 10.0,
     table_options: Mapping[str, TableOptions | Mapping[str, Any]] | None = None,
+    publication: str | None = None,
 ) -> BatchManifest:
     """Copy ``tables`` inside an exported snapshot and stage them as one snapshot batch.
 
@@ -272,6 +275,10 @@ def stage_snapshot(
         as the incremental batches do); a bad value fails the snapshot naming the table and column
         (snapshots do not quarantine; fixing the row in PostgreSQL is the way forward); a table
         loaded ``append_only`` needs no key (its rows are appended).
+    :param publication: a pgoutput slot's publication: its stored generated columns are copied
+        only when it publishes them (``publish_generated_columns = stored``), as its changes
+        carry them (``staged_tables.carried_columns``; virtual ones never, test_decoding's stored
+        ones always).
     :returns: the manifest of the published batch ``<staging_root>/<slot>/<0>-<consistent_lsn>``.
     """
     lsn = Lsn.coerce(consistent_lsn)
@@ -306,8 +313,13 @@ def stage_snapshot(
         try:
             import_snapshot(planner, snapshot_name, slot_name)
             catalog = Catalog(planner)
+            carried = functools.partial(
+                carried_columns, plugin=plugin, stored_published=catalog.publishes_generated(publication)
+            )
             plans = [
-                _plan_table(planner, catalog, progress, schema, table, chunk_rows, chunk_pages, options_by_table)
+                _plan_table(
+                    planner, catalog, progress, schema, table, chunk_rows, chunk_pages, options_by_table, carried
+                )
                 for schema, table in names
             ]
             for plan in plans:
@@ -423,9 +435,11 @@ def _plan_table(
     chunk_rows: int,
     chunk_pages: int | None,
     table_options: Mapping[tuple[str, str], TableOptions] | None = None,
+    carried: Callable[[list[ColumnInfo]], list[ColumnInfo]] = list,
 ) -> _TablePlan:
-    """Columns, key and chunk plan of one table, read inside the snapshot; an earlier plan is kept."""
-    columns = catalog.columns(schema, table)  # inside the snapshot: the columns as of the consistent point
+    """Columns (those the slot's changes carry: ``carried``), key and chunk plan of one table,
+    read inside the snapshot; an earlier plan is kept."""
+    columns = carried(catalog.columns(schema, table))  # inside the snapshot: the columns as of the consistent point
     mode = options_for(table_options or {}, schema, table).mode
     try:
         key = catalog.table_key(schema, table)

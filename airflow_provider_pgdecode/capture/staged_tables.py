@@ -10,7 +10,7 @@ test_decoding prints as null).
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from airflow_provider_pgdecode.batch.badvalues import ClampedValue, clamped_key_error
@@ -71,6 +71,16 @@ def describe_tables(
         missing = _generated_not_staged(schema, table, live.values(), {c.name for c in summary.columns}, full_rows)
         if missing:
             summary.generated_not_staged = missing
+
+
+def carried_columns(columns: Sequence[ColumnInfo], plugin: str, stored_published: bool) -> list[ColumnInfo]:
+    """The columns a snapshot copies: those the slot's changes carry, so that the Delta table never
+    holds a column its changes leave stale. Virtual generated columns never (pgoutput leaves them
+    out, test_decoding prints them as null); stored ones through test_decoding, and through
+    pgoutput when the publication has ``publish_generated_columns = stored`` (``stored_published``)."""
+    return [
+        c for c in columns if not c.generated or (c.generated == "s" and (plugin != "pgoutput" or stored_published))
+    ]
 
 
 def _truncated_columns(live: Collection[ColumnInfo], staging: Staging) -> list[ColumnSummary]:

@@ -52,6 +52,7 @@ from airflow_provider_pgdecode.batch.options import DEFAULT_OPTIONS, TableOption
 from airflow_provider_pgdecode.batch.storage import Storage, as_storage, iter_names
 from airflow_provider_pgdecode.batch.values import arrow_type
 from airflow_provider_pgdecode.capture.snapshot_parts import write_part_file
+from airflow_provider_pgdecode.capture.staged_tables import carried_columns
 from airflow_provider_pgdecode.capture.tables import parse_table_names
 from airflow_provider_pgdecode.decoding.assembler import Transaction
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, RowImage, Truncate
@@ -467,8 +468,13 @@ class TableSnapshotter:
 
     def _check_table(self, catalog: Catalog, schema: str, table: str) -> tuple[list[ColumnInfo], TableKey]:
         """The table's columns and key, checked: it exists, has a key the chunks can be ordered
-        by, no column named like the metadata columns, and (pgoutput) is in the publication."""
-        columns = catalog.columns(schema, table)
+        by, no column named like the metadata columns, and (pgoutput) is in the publication. The
+        columns are those the slot's changes carry (``staged_tables.carried_columns``)."""
+        columns = carried_columns(
+            catalog.columns(schema, table),
+            "pgoutput" if self.publication is not None else "test_decoding",
+            catalog.publishes_generated(self.publication),
+        )
         if not columns:
             raise CatalogError(f"table {schema}.{table} does not exist (or has no columns): check the request's name")
         key = catalog.table_key(schema, table)

@@ -227,5 +227,6 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
                 chunk_rows=chunk_rows,
                 workers=workers,
                 table_options=options,
+                publication=self.publication if self.plugin == "pgoutput" else None,
             )
         return [str(manifest.path)]

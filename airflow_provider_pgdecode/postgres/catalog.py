@@ -334,6 +334,14 @@ class Catalog:
             )
         )
 
+    def publishes_generated(self, publication: str | None) -> bool:
+        """Whether ``publication`` sends stored generated columns (``publish_generated_columns =
+        stored``, PostgreSQL 18; never before)."""
+        if publication is None or self.conn.info.server_version < 180000:
+            return False
+        rows = self._all("SELECT pubgencols::text FROM pg_publication WHERE pubname = %s", (publication,))
+        return bool(rows) and rows[0][0] == "s"
+
     def type_names(self) -> dict[int, str]:
         """``format_type`` names of every type by OID (what test_decoding prints for them)."""
         return {int(oid): name for oid, name in self._all("SELECT oid::int8, format_type(oid, NULL) FROM pg_type", ())}
