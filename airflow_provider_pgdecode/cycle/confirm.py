@@ -21,6 +21,7 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError
 from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.utils import metrics
 from airflow_provider_pgdecode.utils.config import pgdecode_environment
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 from airflow_provider_pgdecode.utils.xcom import checkpoint_xcom_key
@@ -93,6 +94,8 @@ def _confirm(arguments: ConfirmArguments, context: Context, log: Any) -> dict[st
         with fail_fast(f"batch {path} is merged, but the slot could not be advanced to {end}"):
             before = hook.describe_slot(arguments.slot_name).confirmed_flush_lsn
             position = hook.advance_slot(arguments.slot_name, end)
+        after = hook.describe_slot(arguments.slot_name)
+    metrics.slot_state(arguments.slot_name, after.lag_bytes, after.wal_status, after.safe_wal_size)
     if position > end:
         log.warning(
             "Slot %s was already at %s, beyond this batch's end %s: something else advanced it. The next "
@@ -103,6 +106,7 @@ def _confirm(arguments: ConfirmArguments, context: Context, log: Any) -> dict[st
         )
     else:
         released = int(end) - int(before) if before is not None and end > before else 0
+        metrics.emit("confirm.released_bytes", released, arguments.slot_name)
         log.info(
             "Confirmed slot %s: %s -> %s (%d bytes of WAL released)", arguments.slot_name, before, position, released
         )

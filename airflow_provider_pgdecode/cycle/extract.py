@@ -21,6 +21,7 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.postgres.health import check_readable
+from airflow_provider_pgdecode.utils import metrics
 from airflow_provider_pgdecode.utils.config import pgdecode_bool, pgdecode_environment
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 from airflow_provider_pgdecode.utils.xcom import checkpoint_xcom_key, latest_xcom
@@ -254,6 +255,7 @@ def extract_once(
             )
         elapsed = time.monotonic() - started
     log_manifest(log, manifest, elapsed)
+    metrics.extract_done(manifest.summary(), elapsed)
     for entry in manifest.quarantine:
         log.warning(
             "%s.%s: %d change(s) quarantined (a value the pipeline cannot carry); the merge appends them to "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -37,6 +38,7 @@ from airflow_provider_pgdecode.hooks.spark_job import (
     submit_hook,
     uses_object_store,
 )
+from airflow_provider_pgdecode.utils import metrics
 from airflow_provider_pgdecode.utils.arguments import parse_batch_paths
 from airflow_provider_pgdecode.utils.assets import delta_table_asset
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
@@ -186,6 +188,7 @@ class MergeJob(SparkJobTask):
                 ", ".join(f"{name} {n} rows" for name, n in sorted(rows.items())),
             )
         paths = [str(m.path) for m in to_merge]
+        started = time.monotonic()
         summary = self.run_job(
             "merge",
             submit=lambda path: self.get_hook(paths, path, settings),
@@ -204,6 +207,8 @@ class MergeJob(SparkJobTask):
         summary = self._report_summary(summary)
         result["summary"] = summary
         result["parked"] = self._settle_parking(parking, summary)
+        if summary is not None:
+            metrics.merge_done(to_merge[0].slot, {**summary, "parked": result["parked"]}, time.monotonic() - started)
         self._emit_assets(context, summary)
         self.lineage = (to_merge, summary)
         return result
