@@ -193,32 +193,12 @@ def follow_staged(
     roots = roots or {}
     root_names = {root: oid for oid, root in roots.values()}
     staged = list(staged)
-    oids: dict[Name, int] = {}
-    for summary in staged:
-        name = (summary.schema, summary.table)
-        from_stream = stream_oids.get(name)
-        if from_stream:
-            if len(from_stream) > 1:
-                log.warning(
-                    "%s named %d tables in this batch (OIDs %s): it was dropped and re-created, or renamed and "
-                    "replaced; their changes flow into one Delta table, so resnapshot it (pgdecode_backfill "
-                    "mode=resnapshot) to make it equal the table named so now",
-                    _dotted(name),
-                    len(from_stream),
-                    from_stream,
-                )
-            oids[name] = from_stream[-1]
-            continue
-        oid = catalog.relation_oid(*name)
-        if oid is None:
-            oid = known.oid_named(name)
-        if oid is not None:
-            oids[name] = oid
+    oids = _staged_oids(catalog, staged, known, stream_oids)
     now = catalog.relation_names(sorted(set(oids.values()) | set(known.names)))
-    for name, oid in sorted(oids.items()):
+    for name, staged_oid in sorted(oids.items()):
         earlier = known.oid_named(name)
-        if earlier is not None and earlier != oid and earlier not in now:
-            log.warning(recreated_message(name, earlier, oid, known.delta[earlier]))
+        if earlier is not None and earlier != staged_oid and earlier not in now:
+            log.warning(recreated_message(name, earlier, staged_oid, known.delta[earlier]))
     # A table staged for the first time flows into the Delta table of the first name it had in the batch.
     first_name: dict[int, Name] = {}
     for summary in sorted(staged, key=lambda s: (s.min_commit is None, s.min_commit or 0)):
@@ -302,6 +282,35 @@ def follow_staged(
         if oid in result.known.names:
             result.known.add(oid, current)
     return result
+
+
+def _staged_oids(
+    catalog: Catalog, staged: Iterable[TableSummary], known: KnownTables, stream_oids: Mapping[Name, list[int]]
+) -> dict[Name, int]:
+    """Each staged name's table OID: pgoutput's Relation message, else the catalog's table of that
+    name now, else the OID an earlier batch recorded for it; names none of these know are left out."""
+    oids: dict[Name, int] = {}
+    for summary in staged:
+        name = (summary.schema, summary.table)
+        from_stream = stream_oids.get(name)
+        if from_stream:
+            if len(from_stream) > 1:
+                log.warning(
+                    "%s named %d tables in this batch (OIDs %s): it was dropped and re-created, or renamed and "
+                    "replaced; their changes flow into one Delta table, so resnapshot it (pgdecode_backfill "
+                    "mode=resnapshot) to make it equal the table named so now",
+                    _dotted(name),
+                    len(from_stream),
+                    from_stream,
+                )
+            oids[name] = from_stream[-1]
+            continue
+        oid = catalog.relation_oid(*name)
+        if oid is None:
+            oid = known.oid_named(name)
+        if oid is not None:
+            oids[name] = oid
+    return oids
 
 
 def unknown_table_message(name: Name) -> str:
