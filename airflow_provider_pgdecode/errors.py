@@ -65,6 +65,11 @@ class SlotConnectionLostError(SlotError):
     retryable = True
 
 
+class StandbyWriteError(SlotError):
+    """The source is a standby and something must be written on its primary, which the source
+    connection does not name (``primary_conn_id`` in its extra)."""
+
+
 class ServerNotReadyError(SlotError):
     """The server or the connected role lacks what a slot needs (``wal_level``, the REPLICATION attribute,
     a free slot or WAL sender, ``max_prepared_transactions``, a server version, an output plugin): the

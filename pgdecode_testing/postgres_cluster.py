@@ -146,6 +146,8 @@ class ThrowawayCluster:
         self._bindir = Path(bindir) if bindir else None
         self._pg_version = pg_version
         self._os_user = os_user
+        self.os_user = os_user
+        """The OS user the server runs as when running as root."""
         self._port: int | None = None
         self._workdir: Path | None = None
         self._finalizer: weakref.finalize[..., ThrowawayCluster] | None = None
@@ -170,7 +172,7 @@ class ThrowawayCluster:
         """Create the cluster with initdb and start it; waits until it accepts connections."""
         if self.running:
             raise ClusterError("the cluster is already running")
-        bindir = self._bindir or find_bindir(self._pg_version)
+        bindir = self.bindir
         run_kwargs = self._run_kwargs()
         workdir = Path(tempfile.mkdtemp(prefix="pgdecode-pg-"))
         datadir = workdir / "data"
@@ -180,22 +182,7 @@ class ThrowawayCluster:
             if "user" in run_kwargs:
                 entry = pwd.getpwnam(self._os_user)
                 os.chown(workdir, entry.pw_uid, entry.pw_gid)
-            self._run(
-                [
-                    str(bindir / "initdb"),
-                    "-D",
-                    str(datadir),
-                    "-U",
-                    self.user,
-                    "--auth=trust",
-                    "-E",
-                    "UTF8",
-                    "--locale=C",
-                    "--no-sync",
-                ],
-                run_kwargs,
-                what="initdb",
-            )
+            self._create_datadir(bindir, datadir, run_kwargs)
             # Another process can take the port between picking and binding: retry on a new one.
             for attempt in range(5):
                 port = int(self.settings["port"]) if "port" in self.settings else _free_port()
@@ -224,6 +211,35 @@ class ThrowawayCluster:
         self._workdir = workdir
         self._port = port
         self._finalizer = finalizer
+
+    def _create_datadir(self, bindir: Path, datadir: Path, run_kwargs: dict[str, Any]) -> None:
+        """A new cluster in ``datadir`` (initdb); a standby copies its primary's instead."""
+        self._run(
+            [
+                str(bindir / "initdb"),
+                "-D",
+                str(datadir),
+                "-U",
+                self.user,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ],
+            run_kwargs,
+            what="initdb",
+        )
+
+    @property
+    def bindir(self) -> Path:
+        """The directory of the server binaries this cluster runs."""
+        return self._bindir or find_bindir(self._pg_version)
+
+    @property
+    def datadir(self) -> Path:
+        """The cluster's data directory."""
+        return self.socket_dir / "data"
 
     def stop(self) -> None:
         """Stop the server immediately (no checkpoint) and remove its directory. Idempotent."""
@@ -291,8 +307,8 @@ class ThrowawayCluster:
         return kwargs
 
     @staticmethod
-    def _run(cmd: Sequence[str], run_kwargs: dict[str, Any], *, what: str) -> None:
-        proc = subprocess.run(list(cmd), capture_output=True, text=True, check=False, **run_kwargs)
+    def _run(cmd: Sequence[str], run_kwargs: dict[str, Any], *, what: str, input: str | None = None) -> None:
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, check=False, input=input, **run_kwargs)
         if proc.returncode != 0:
             raise ClusterError(f"{what} failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
 

@@ -76,6 +76,7 @@ from airflow_provider_pgdecode.postgres.catalog import Catalog, source_tables
 from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.postgres.session import server_address
 from airflow_provider_pgdecode.postgres.slot import SlotClient, SlotInfo
+from airflow_provider_pgdecode.postgres.standby import PrimaryLink
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,7 @@ def extract_batch(
     later_tables: Callable[[str, str], bool] | None = None,
     two_sessions: bool | None = None,
     split_at: Lsn | None = None,
+    primary: PrimaryLink | None = None,
 ) -> BatchManifest:
     """Stage the slot's changes from its confirmed position (or the checkpoint) up to a ceiling.
 
@@ -183,6 +185,8 @@ def extract_batch(
         Default on unless ``PGDECODE_TWO_SESSIONS=0`` (``[pgdecode] two_sessions``).
     :param split_at: where the second session begins, instead of :func:`split_point` (for tests: a split
         inside a given transaction); the range need not be large.
+    :param primary: when ``conn``'s server is a standby, its primary: where the watermarks of table
+        snapshots are written (:mod:`~airflow_provider_pgdecode.postgres.standby`).
     :returns: the manifest of the staged batch (``manifest.path`` is its directory).
     """
     request = ExtractRequest(
@@ -205,6 +209,7 @@ def extract_batch(
         later_tables=later_tables,
         two_sessions=two_sessions,
         split_at=split_at,
+        primary=primary,
     )
     plan = plan_extract(conn, slot_name, staging_root, request)
     tmp = batch_workdir(plan.staging, slot_name, plan.start_lsn)
@@ -250,6 +255,7 @@ class ExtractRequest:
     later_tables: Callable[[str, str], bool] | None = None
     two_sessions: bool | None = None
     split_at: Lsn | None = None
+    primary: PrimaryLink | None = None
 
 
 @dataclass
@@ -310,7 +316,7 @@ def plan_extract(
     """Check the slot and the checkpoint, reconcile them, and resolve the tables to stage."""
     if request.plugin not in SUPPORTED_PLUGINS:
         raise SlotError(plugin_unknown(request.plugin))
-    slots = SlotClient(conn)
+    slots = SlotClient(conn, primary=request.primary)
     info = slots.describe(slot_name)
     check_readable(info, request.plugin)
     staging = as_storage(staging_root)
@@ -365,6 +371,7 @@ def start_table_snapshots(plan: ExtractPlan, tmp: Any) -> TableSnapshotter | Non
             rows_per_batch=request.snapshot_rows,
             publication=request.publication,
             table_options=plan.options_by_table,
+            slots=plan.slots,
         )
         backlog = _backlog_beyond(request.bounds, plan.slots, plan.start_lsn) if snapshotter.active else None
         if snapshotter.active and request.upto_lsn is None and backlog is None:

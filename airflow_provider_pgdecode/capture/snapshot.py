@@ -87,6 +87,7 @@ from airflow_provider_pgdecode.postgres.snapshot_queries import (
     import_snapshot,
     lock_and_measure,
 )
+from airflow_provider_pgdecode.postgres.standby import PrimaryLink
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,7 @@ def create_slot_with_snapshot(
     two_phase: bool = True,
     *,
     drop_on_error: bool = True,
+    primary: PrimaryLink | None = None,
 ) -> Iterator[ExportedSnapshot]:
     """Create a logical slot that exports its snapshot; yield ``(consistent_lsn, snapshot_name)``.
 
@@ -127,6 +129,8 @@ def create_slot_with_snapshot(
     :param two_phase: decode prepared transactions at PREPARE (PostgreSQL 15+ here).
     :param drop_on_error: drop the slot again when the block raises: a slot whose initial load
         failed is of no use (its snapshot is gone) and would only hold WAL back.
+    :param primary: when ``dsn`` is a standby's, its primary, asked to log the running
+        transactions the creation waits for (:func:`~airflow_provider_pgdecode.postgres.standby.primary_logs_snapshots`).
     """
     if plugin not in SUPPORTED_PLUGINS:
         raise SlotError(plugin_unknown(plugin))
@@ -135,7 +139,7 @@ def create_slot_with_snapshot(
     with replication_connection(dsn, slot_name) as repl:
         try:
             started = time.monotonic()
-            snapshot = repl.create_slot_exporting_snapshot(slot_name, plugin, two_phase)
+            snapshot = repl.create_slot_exporting_snapshot(slot_name, plugin, two_phase, primary=primary)
             log.info(
                 "Created slot %s (%s%s) at consistent point %s, exported snapshot %s (%.1f s)",
                 slot_name,

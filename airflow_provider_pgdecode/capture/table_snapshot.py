@@ -61,6 +61,7 @@ from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, S
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, TableKey
 from airflow_provider_pgdecode.postgres.session import Connection, pin_settings, rollback, rollback_if_open
 from airflow_provider_pgdecode.postgres.session import commit as commit_transaction
+from airflow_provider_pgdecode.postgres.slot import SlotClient
 from airflow_provider_pgdecode.postgres.snapshot_queries import (
     begin_chunk_snapshot,
     copy_key_range,
@@ -373,8 +374,11 @@ class TableSnapshotter:
         rows_per_batch: int = DEFAULT_ROWS_PER_BATCH,
         publication: str | None = None,
         table_options: Mapping[tuple[str, str], TableOptions] | None = None,
+        slots: SlotClient | None = None,
     ) -> None:
         self.conn = conn
+        #: Where the watermarks are written: ``conn`` itself, or a standby's primary.
+        self.slots = slots if slots is not None else SlotClient(conn)
         #: Per-table options: ``arrays`` and ``max_value_bytes`` apply to the chunks.
         self.table_options = dict(table_options or {})
         self.batch_dir = batch_dir
@@ -453,8 +457,12 @@ class TableSnapshotter:
             self._by_table[(chunk.schema, chunk.table)].remove(chunk)
 
     def _watermark(self, content: Mapping[str, Any]) -> Lsn:
-        """A transactional logical message, synchronously committed: its LSN orders the chunk."""
-        return emit_watermark(self.conn, WATERMARK_PREFIX, json.dumps(content, sort_keys=True))
+        """A transactional logical message, synchronously committed: its LSN orders the chunk. On a
+        standby it is written on the primary, and the standby has replayed it when this returns."""
+        text = json.dumps(content, sort_keys=True)
+        return self.slots.written_where_wal_is(
+            lambda conn: emit_watermark(conn, WATERMARK_PREFIX, text), "a table snapshot's watermark"
+        )
 
     def _options(self, schema: str, table: str) -> tuple[str, TableOptions]:
         return f"{schema}.{table}", options_for(self.table_options, schema, table)

@@ -41,6 +41,7 @@ from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS, plugin_unknown
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError, SlotError, StagingError
 from airflow_provider_pgdecode.postgres.replication import check_slot_name, replication_connection
+from airflow_provider_pgdecode.postgres.standby import PrimaryLink
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ def stage_verify_snapshot(
     chunk_rows: int = DEFAULT_SNAPSHOT_CHUNK_ROWS,
     workers: int | None = None,
     table_options: Mapping[str, TableOptions | Mapping[str, Any]] | None = None,
+    primary: PrimaryLink | None = None,
 ) -> VerifySnapshot:
     """Copy ``tables`` as of a fresh consistent LSN X into the verify area of ``slot_name``.
 
@@ -109,6 +111,8 @@ def stage_verify_snapshot(
     :param plugin: the output plugin of the temporary slot (the pipeline's: it is installed).
     :param table_options: the pipeline's per-table options (an ``append_only`` table needs no key;
         ``arrays``, ``type_map`` and ``max_value_bytes`` stage values as the pipeline does).
+    :param primary: when ``dsn`` is a standby's, its primary (asked to log the running
+        transactions the temporary slot's creation waits for).
     """
     if plugin not in SUPPORTED_PLUGINS:
         raise SlotError(plugin_unknown(plugin))
@@ -120,7 +124,9 @@ def stage_verify_snapshot(
     area = verify_area(staging_root, slot_name)
     try:
         with replication_connection(dsn, temporary) as repl:
-            exported = repl.create_slot_exporting_snapshot(temporary, plugin, two_phase=False, temporary=True)
+            exported = repl.create_slot_exporting_snapshot(
+                temporary, plugin, two_phase=False, temporary=True, primary=primary
+            )
             log.info(
                 "Verify of slot %s: temporary slot %s exported snapshot %s at LSN %s; copying %d table(s)",
                 slot_name,

@@ -15,6 +15,7 @@ from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, ReplicaIdentity
 from airflow_provider_pgdecode.postgres.readiness import check_readiness, describe_readiness, read_server_facts
 from airflow_provider_pgdecode.postgres.slot import PeekRows, SlotClient, SlotInfo
+from airflow_provider_pgdecode.postgres.standby import PrimaryLink
 
 if TYPE_CHECKING:
     from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
@@ -38,6 +39,11 @@ class PgDecodeHook(PostgresHook):
     works too, but Airflow tests it with the Postgres provider's ``select 1``, which says nothing
     about ``wal_level`` or replication.
 
+    Decoding on a physical standby (PostgreSQL 16+): point the connection at the standby and name
+    the primary's Airflow connection in the extra as ``primary_conn_id``; pgdecode writes its own
+    WAL records (heartbeats, table snapshot watermarks) there and asks the primary to log the
+    running transactions a slot's creation on the standby waits for (docs/standby.md).
+
     :param postgres_conn_id: the Airflow connection id of the source database
         (default ``pgdecode_default``).
     :param plugin: the output plugin :meth:`test_connection` checks for; default the extra's
@@ -52,11 +58,12 @@ class PgDecodeHook(PostgresHook):
     conn_type = "pgdecode"
     hook_name = "PostgreSQL logical decoding (pgdecode)"
     #: Extras read by pgdecode itself, not libpq connection parameters.
-    ignored_extra_options = PostgresHook.ignored_extra_options | {"plugin", "two_phase"}
+    ignored_extra_options = PostgresHook.ignored_extra_options | {"plugin", "two_phase", "primary_conn_id"}
 
     def __init__(self, *args: Any, plugin: str | None = None, two_phase: bool | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._slot_client: SlotClient | None = None
+        self._primary: PrimaryLink | None = None
         self.plugin = plugin
         self.two_phase = two_phase
 
@@ -78,8 +85,17 @@ class PgDecodeHook(PostgresHook):
                 )
             # PostgresHook.get_conn() leaves autocommit off; slot creation needs it on.
             conn.autocommit = True
-            client = self._slot_client = SlotClient(conn)
+            client = self._slot_client = SlotClient(conn, primary=self.primary_link())
         return client
+
+    def primary_link(self) -> PrimaryLink | None:
+        """The way to the primary named by the connection's ``primary_conn_id`` extra (for a source
+        connection that points at a standby), or ``None``; its connection is opened on first use."""
+        if self._primary is None:
+            conn_id = self.get_connection(self.get_conn_id()).extra_dejson.get("primary_conn_id")
+            if conn_id:
+                self._primary = PrimaryLink(lambda: _autocommit(PostgresHook(postgres_conn_id=conn_id)), conn_id)
+        return self._primary
 
     def dsn(self) -> str:
         """The libpq connection string of this hook's connection, password included (for
@@ -130,6 +146,8 @@ class PgDecodeHook(PostgresHook):
         if self._slot_client is not None:
             self._slot_client.conn.close()
             self._slot_client = None
+        if self._primary is not None:
+            self._primary.close()
 
     def cancel(self, timeout: float = 10.0) -> None:
         """Cancel the statement running on this hook's connection (e.g. a long peek), if any.
@@ -261,6 +279,7 @@ class PgDecodeHook(PostgresHook):
             checkpoint=checkpoint,
             upto_lsn=upto_lsn,
             tables=tables,
+            primary=self.primary_link(),
             **options,
         )
 
@@ -287,6 +306,14 @@ class PgDecodeHook(PostgresHook):
         :param table: the table name as stored (unquoted).
         """
         return self.get_catalog().replica_identity(schema, table)
+
+
+def _autocommit(hook: PostgresHook) -> psycopg.Connection[Any]:
+    conn = hook.get_conn()
+    if not isinstance(conn, psycopg.Connection):
+        raise TypeError(f"the primary's connection {hook.get_conn_id()!r} did not give a psycopg 3 connection")
+    conn.autocommit = True
+    return conn
 
 
 PgDecodeConnectionHook = PgDecodeHook

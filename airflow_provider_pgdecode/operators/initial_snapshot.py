@@ -195,6 +195,7 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
                     hook.get_catalog, named, publication=publication, exclude_tables=excluded, table_options=options
                 )
             dsn = hook.dsn()
+            primary = hook.primary_link()
         root = storage_for(staging, self.storage_conn_id)
         if exists:
             staged = find_initial_load(root, slot)
@@ -215,7 +216,9 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
                 "the publication for pgoutput). Create the tables first, or name the tables to copy"
             )
         self.log.info("initial load: creating slot %s and copying %d table(s)", slot, len(tables))
-        with create_slot_with_snapshot(dsn, slot, str(self.plugin), two_phase=bool(self.two_phase)) as snapshot:
+        with create_slot_with_snapshot(
+            dsn, slot, str(self.plugin), two_phase=bool(self.two_phase), primary=primary
+        ) as snapshot:
             manifest = stage_snapshot(
                 dsn,
                 snapshot.snapshot_name,

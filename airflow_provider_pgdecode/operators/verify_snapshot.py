@@ -156,6 +156,7 @@ class PgDecodeVerifySnapshotOperator(BaseOperator):
                 )
             )
             dsn = hook.dsn()
+            primary = hook.primary_link()
         if not tables:
             raise CatalogError("no table to verify: the database has no table the pipeline loads; name the tables")
         snapshot = stage_verify_snapshot(
@@ -167,6 +168,7 @@ class PgDecodeVerifySnapshotOperator(BaseOperator):
             chunk_rows=chunk_rows,
             workers=workers,
             table_options=options,
+            primary=primary,
         )
         self.log.info(
             "Verify of slot %s: %d table(s) copied as of LSN %s into %s; Delta must now be brought to that LSN",

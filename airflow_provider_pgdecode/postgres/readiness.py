@@ -36,6 +36,12 @@ from psycopg.rows import tuple_row
 from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS, plugin_unknown
 from airflow_provider_pgdecode.decoding.pgoutput import max_proto_version
 from airflow_provider_pgdecode.errors import ServerNotReadyError
+from airflow_provider_pgdecode.postgres.standby import (
+    STANDBY_DECODING_SERVER_VERSION,
+    primary_wal_level_not_logical,
+    standby_decoding_needs_newer_server,
+    standby_feedback_off,
+)
 
 PLUGINS = SUPPORTED_PLUGINS
 """The output plugins pgdecode reads."""
@@ -52,6 +58,10 @@ PGOUTPUT_TWO_PHASE_SERVER_VERSION = 150000
 FAILOVER_SERVER_VERSION = 170000
 """Failover slots (``failover => true``, synchronised to standbys) came with PostgreSQL 17, with
 ``pg_replication_slots.invalidation_reason`` and ``inactive_since``."""
+
+TWO_PHASE_FAILOVER_SERVER_VERSION = 180000
+"""PostgreSQL 18 synchronises a slot's ``two_phase_at`` to standbys; before, a slot that is both
+two-phase and failover could skip prepared transactions after a promotion."""
 
 _RESTART = "in postgresql.conf (or ALTER SYSTEM SET ...) and restart PostgreSQL"
 
@@ -71,6 +81,8 @@ class ServerFacts:
     :param max_wal_senders: the server's limit of replication connections.
     :param wal_senders_used: replication connections open now.
     :param max_prepared_transactions: 0 turns prepared transactions off.
+    :param in_recovery: the server is a standby.
+    :param hot_standby_feedback: the standby reports its oldest snapshot to the primary.
     """
 
     server_version_num: int
@@ -83,6 +95,8 @@ class ServerFacts:
     max_wal_senders: int
     wal_senders_used: int
     max_prepared_transactions: int
+    in_recovery: bool = False
+    hot_standby_feedback: bool = False
 
     @property
     def server_version(self) -> str:
@@ -185,6 +199,16 @@ def failover_needs_newer_server(version: str) -> str:
     )
 
 
+def two_phase_failover_unsafe(version: str) -> str:
+    """A slot both two-phase and failover asked for on PostgreSQL 17."""
+    return (
+        f"on PostgreSQL {version} a slot that is both two-phase and failover may skip prepared transactions "
+        "after a promotion (the standby's copy lacks two_phase_at; PostgreSQL 18 carries it): create the "
+        "failover slot without two-phase decoding (two_phase=False; a prepared transaction then arrives whole "
+        "at its COMMIT PREPARED and Delta gets the same rows), or upgrade to PostgreSQL 18"
+    )
+
+
 def two_phase_needs_newer_server(version: str, plugin: str) -> str:
     """Two-phase decoding asked for on a server (or with a plugin) that cannot do it."""
     if plugin == "pgoutput":
@@ -226,7 +250,9 @@ SELECT current_setting('server_version_num')::int,
        (SELECT count(*) FROM pg_replication_slots)::int,
        current_setting('max_wal_senders')::int,
        (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender')::int,
-       current_setting('max_prepared_transactions')::int
+       current_setting('max_prepared_transactions')::int,
+       pg_is_in_recovery(),
+       current_setting('hot_standby_feedback')::bool
   FROM pg_roles r
  WHERE r.rolname = current_user
 """
@@ -250,6 +276,8 @@ def read_server_facts(conn: psycopg.Connection[Any]) -> ServerFacts:
         max_wal_senders=int(row[7]),
         wal_senders_used=int(row[8]),
         max_prepared_transactions=int(row[9]),
+        in_recovery=bool(row[10]),
+        hot_standby_feedback=bool(row[11]),
     )
 
 
@@ -288,6 +316,10 @@ def check_readiness(facts: ServerFacts, *, plugin: str = "test_decoding", two_ph
             )
     if not (facts.replication or facts.superuser):
         problems.append(Problem("REPLICATION", role_lacks_replication(facts.role)))
+    if facts.in_recovery and facts.server_version_num < STANDBY_DECODING_SERVER_VERSION:
+        problems.append(Problem("server_version", standby_decoding_needs_newer_server(version)))
+    elif facts.in_recovery and not facts.hot_standby_feedback:
+        problems.append(Problem("hot_standby_feedback", standby_feedback_off()))
     return problems
 
 
@@ -312,6 +344,8 @@ def describe_readiness(facts: ServerFacts, *, plugin: str = "test_decoding", two
         slots,
         f"{facts.max_wal_senders - facts.wal_senders_used} of {facts.max_wal_senders} WAL senders free",
     ]
+    if facts.in_recovery:
+        parts.append("a standby with hot_standby_feedback (pgdecode's own WAL records go to primary_conn_id)")
     if two_phase:
         parts.append(f"two-phase: max_prepared_transactions={facts.max_prepared_transactions}")
     else:
@@ -348,7 +382,11 @@ def slot_creation_error(
     """
     text = message or ""
     reason: str | None = None
-    if "wal_level" in text:
+    if "on the primary" in text and "wal_level" in text:
+        reason = primary_wal_level_not_logical()
+    elif "while in recovery" in text:
+        reason = standby_decoding_needs_newer_server("older than 16")
+    elif "wal_level" in text:
         reason = wal_level_not_logical(None)
     elif sqlstate == "42501" or "replication role" in text or "REPLICATION attribute" in text:
         reason = role_lacks_replication(role)
@@ -377,6 +415,7 @@ __all__ = [
     "ServerFacts",
     "FAILOVER_SERVER_VERSION",
     "PGOUTPUT_TWO_PHASE_SERVER_VERSION",
+    "TWO_PHASE_FAILOVER_SERVER_VERSION",
     "TWO_PHASE_SERVER_VERSION",
     "check_readiness",
     "describe_readiness",
@@ -390,6 +429,7 @@ __all__ = [
     "role_lacks_replication",
     "server_too_old",
     "slot_creation_error",
+    "two_phase_failover_unsafe",
     "two_phase_needs_newer_server",
     "wal_level_not_logical",
     "wal_senders_exhausted",

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, NamedTuple
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import SlotError
 from airflow_provider_pgdecode.postgres.readiness import slot_creation_error
+from airflow_provider_pgdecode.postgres.standby import PrimaryLink, primary_logs_snapshots
 
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 
@@ -55,8 +56,20 @@ class ReplicationConnection:
     def server_version(self) -> int:
         return int(self.conn.server_version)
 
+    def in_recovery(self) -> bool:
+        """Whether the server is a standby (a replication connection runs SQL too)."""
+        cur = self.conn.cursor()
+        cur.execute("SELECT pg_is_in_recovery()")
+        return bool(cur.fetchone()[0])
+
     def create_slot_exporting_snapshot(
-        self, slot_name: str, plugin: str, two_phase: bool, *, temporary: bool = False
+        self,
+        slot_name: str,
+        plugin: str,
+        two_phase: bool,
+        *,
+        temporary: bool = False,
+        primary: PrimaryLink | None = None,
     ) -> ExportedSnapshot:
         """``CREATE_REPLICATION_SLOT`` with an exported snapshot; its consistent point and snapshot name.
 
@@ -64,7 +77,8 @@ class ReplicationConnection:
         PostgreSQL needs that to reach a consistent point. A two-phase slot with an exported
         snapshot needs PostgreSQL 15 (the option syntax); older servers get the old syntax.
         ``temporary``: the slot vanishes with this connection (a verify run only needs the
-        snapshot and its LSN, never the slot's changes).
+        snapshot and its LSN, never the slot's changes). ``primary``: on a standby, its primary, asked
+        to log the running transactions the creation waits for.
         """
         import psycopg2
 
@@ -82,18 +96,19 @@ class ReplicationConnection:
         else:
             command = f"CREATE_REPLICATION_SLOT {slot_name} {kind} {plugin} EXPORT_SNAPSHOT"
         try:
-            cur.execute(command)
+            with primary_logs_snapshots(primary, slot_name) if self.in_recovery() else nullcontext():
+                cur.execute(command)
         except psycopg2.errors.DuplicateObject:
             raise SlotError(
                 f"slot {slot_name!r} already exists: an initial load needs a new slot (its snapshot is exported only "
                 "when it is created). Drop the slot first, or choose another name."
             ) from None
         except psycopg2.Error as exc:
-            primary = getattr(exc.diag, "message_primary", None) or str(exc).strip()
+            said = getattr(exc.diag, "message_primary", None) or str(exc).strip()
             info = self.conn.info
             where = f"database {info.dbname!r} on {info.host}:{info.port}"
             translated = slot_creation_error(
-                slot_name, where, exc.pgcode, primary, plugin=plugin, two_phase=two_phase, role=info.user
+                slot_name, where, exc.pgcode, said, plugin=plugin, two_phase=two_phase, role=info.user
             )
             raise (translated or SlotError(f"cannot create slot {slot_name!r}: {str(exc).strip()}")) from None
         self.created = None if temporary else slot_name

@@ -16,7 +16,7 @@ import itertools
 import logging
 import re
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -26,7 +26,7 @@ from psycopg import errors as pg_errors
 from psycopg.rows import tuple_row
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import PgDecodeError, ServerNotReadyError, SlotError
+from airflow_provider_pgdecode.errors import PgDecodeError, ServerNotReadyError, SlotError, StandbyWriteError
 from airflow_provider_pgdecode.postgres.health import (
     check_readable,
     connection_lost,
@@ -40,11 +40,13 @@ from airflow_provider_pgdecode.postgres.health import (
 from airflow_provider_pgdecode.postgres.readiness import (
     FAILOVER_SERVER_VERSION,
     PGOUTPUT_TWO_PHASE_SERVER_VERSION,
+    TWO_PHASE_FAILOVER_SERVER_VERSION,
     TWO_PHASE_SERVER_VERSION,
     failover_needs_newer_server,
     format_server_version,
     prepared_transactions_off,
     slot_creation_error,
+    two_phase_failover_unsafe,
     two_phase_needs_newer_server,
 )
 from airflow_provider_pgdecode.postgres.session import (  # noqa: F401  (PINNED_GUCS: re-exported)
@@ -52,6 +54,15 @@ from airflow_provider_pgdecode.postgres.session import (  # noqa: F401  (PINNED_
     pin_settings,
     pin_timeouts,
     widen_input_buffer,
+)
+from airflow_provider_pgdecode.postgres.standby import (
+    STANDBY_DECODING_SERVER_VERSION,
+    PrimaryLink,
+    in_recovery,
+    primary_logs_snapshots,
+    standby_decoding_needs_newer_server,
+    standby_write_needs_primary,
+    wait_for_replay,
 )
 
 log = logging.getLogger(__name__)
@@ -216,9 +227,11 @@ class SlotClient:
     doing other work on the connection.
 
     :param conn: a psycopg 3 connection with ``autocommit=True``.
+    :param primary: when ``conn``'s server is a standby, the way to its primary, where the WAL
+        records pgdecode writes itself go (:mod:`~airflow_provider_pgdecode.postgres.standby`).
     """
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], primary: PrimaryLink | None = None) -> None:
         if not isinstance(conn, psycopg.Connection):
             raise TypeError(f"SlotClient needs a psycopg 3 connection, got {type(conn).__name__}")
         if not conn.autocommit:
@@ -227,6 +240,7 @@ class SlotClient:
                 "(slot creation fails in a transaction that has already written)"
             )
         self.conn = conn
+        self.primary = primary
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -295,10 +309,30 @@ class SlotClient:
             ) from None
 
     def current_flush_lsn(self) -> Lsn:
-        """``pg_current_wal_flush_lsn()``: decoding never goes beyond it, so it is the ceiling to peek to."""
-        row = self._one("SELECT pg_current_wal_flush_lsn()::text")
+        """``pg_current_wal_flush_lsn()`` (on a standby ``pg_last_wal_replay_lsn()``): decoding never
+        goes beyond it, so it is the ceiling to peek to."""
+        row = self._one(
+            "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()"
+            " ELSE pg_current_wal_flush_lsn() END)::text"
+        )
         assert row is not None
         return Lsn.parse(row[0])
+
+    def in_recovery(self) -> bool:
+        """Whether the server is a standby."""
+        return in_recovery(self.conn)
+
+    def written_where_wal_is(self, write: Callable[[psycopg.Connection[Any]], Lsn], what: str) -> Lsn:
+        """Run ``write`` (which writes a WAL record and returns its LSN) on this connection or, when
+        the server is a standby, on its primary; the standby then waits until it has replayed the
+        record, so that a peek here sees it. :class:`StandbyWriteError` on a standby without a primary."""
+        if not self.in_recovery():
+            return write(self.conn)
+        if self.primary is None:
+            raise StandbyWriteError(standby_write_needs_primary(what, self._where()))
+        lsn = write(self.primary.connection())
+        wait_for_replay(self.conn, lsn, self._where())
+        return lsn
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -400,6 +434,13 @@ class SlotClient:
         if failover and version < FAILOVER_SERVER_VERSION:
             reason = failover_needs_newer_server(format_server_version(version))
             raise ServerNotReadyError(f"cannot create failover slot {name!r} in {self._where()}: {reason}")
+        if failover and two_phase and version < TWO_PHASE_FAILOVER_SERVER_VERSION:
+            reason = two_phase_failover_unsafe(format_server_version(version))
+            raise ServerNotReadyError(f"cannot create failover slot {name!r} in {self._where()}: {reason}")
+        standby = self.in_recovery()
+        if standby and version < STANDBY_DECODING_SERVER_VERSION:
+            reason = standby_decoding_needs_newer_server(format_server_version(version))
+            raise ServerNotReadyError(f"cannot create {kind} {name!r} in {self._where()}: {reason}")
         if two_phase:
             # pgoutput decodes two-phase from protocol 3 (15): on 14 such a slot could not be read.
             needed = PGOUTPUT_TWO_PHASE_SERVER_VERSION if plugin == "pgoutput" else TWO_PHASE_SERVER_VERSION
@@ -431,7 +472,8 @@ class SlotClient:
                 (name, plugin, bool(temporary)),
             )
         try:
-            row = self._one(query, params)
+            with primary_logs_snapshots(self.primary, name) if standby else contextlib.nullcontext():
+                row = self._one(query, params)
         except pg_errors.DuplicateObject as exc:
             raise SlotError(f"cannot create replication slot {name!r}: it already exists") from exc
         except psycopg.Error as exc:
@@ -717,6 +759,10 @@ class SlotClient:
         the message is flushed by the WAL writer (within a few ``wal_writer_delay``), which this
         call waits for, up to ``flush_timeout`` seconds.
         """
+        if self.in_recovery():
+            return self.written_where_wal_is(
+                lambda primary: SlotClient(primary).heartbeat(prefix, content, flush_timeout), "a heartbeat"
+            )
         if self.server_version_num() >= 170000:
             row = self._one("SELECT pg_logical_emit_message(false, %s, %s::text, true)::text", (prefix, content))
             assert row is not None

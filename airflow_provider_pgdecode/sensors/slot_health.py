@@ -10,7 +10,7 @@ from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_pgdecode.batch.parking import read_parked
-from airflow_provider_pgdecode.errors import SlotError, SlotInUseError
+from airflow_provider_pgdecode.errors import SlotError, SlotInUseError, StandbyWriteError
 from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.hooks.slot_probe import DEFAULT_HEARTBEAT_PREFIX, ChangesProbe, probe_changes
@@ -295,7 +295,11 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
                 probe.heartbeats,
             )
             return None
-        lsn = hook.emit_heartbeat(prefix=self.heartbeat_prefix)
+        try:
+            lsn = hook.emit_heartbeat(prefix=self.heartbeat_prefix)
+        except StandbyWriteError as exc:
+            self.log.warning("Slot %s lags with nothing pending, but no heartbeat is written: %s", info.slot_name, exc)
+            return None
         self.log.info(
             "Slot %s has nothing pending while lagging %s: wrote a heartbeat at %s so the next extract can advance it",
             info.slot_name,

@@ -87,6 +87,16 @@ def test_too_few_free_slots_are_said_to_leave_large_batches_in_one_session() -> 
         ),
         ({"server_version_num": 130012}, "server_version", ["PostgreSQL 14 or later", "PostgreSQL 13.12"]),
         ({"server_version_num": 100023}, "server_version", ["PostgreSQL 11 or later"]),
+        (
+            {"in_recovery": True, "server_version_num": 150010, "hot_standby_feedback": True},
+            "server_version",
+            ["standby", "PostgreSQL 15.10", "needs PostgreSQL 16 or later", "point the connection at the primary"],
+        ),
+        (
+            {"in_recovery": True, "server_version_num": 160004},
+            "hot_standby_feedback",
+            ["rows_removed", "hot_standby_feedback = on", "primary_slot_name"],
+        ),
     ],
 )
 def test_each_problem_names_its_setting_and_fix(change: dict[str, Any], setting: str, words: list[str]) -> None:
@@ -144,6 +154,11 @@ def test_slot_creation_error_translation_of_known_messages() -> None:
     )
     missing = 'could not access file "wal2json": No such file or directory'
     assert plugin_missing("wal2json", missing) in translate("58P01", missing, plugin="wal2json")
+    # A standby: the primary's wal_level, and a server too old to decode in recovery.
+    assert "on the primary" in translate(
+        "55000", "logical decoding on standby requires wal_level >= logical on the primary"
+    )
+    assert "needs PostgreSQL 16" in translate("55000", "logical decoding cannot be used while in recovery")
     assert slot_creation_error("s1", where, "42P01", "relation does not exist", plugin="pgoutput") is None
 
 

@@ -1,0 +1,172 @@
+"""pgdecode_incremental decoding on a physical standby (PostgreSQL 16+), with changes written on
+the primary: a primary and a streaming standby started by the test from the same binaries.
+
+The source connection points at the standby and names the primary as ``primary_conn_id``: the
+slot is created on the standby (the primary asked to log its running transactions), peeked and
+confirmed there, the heartbeat is written on the primary, a table snapshot's watermarks too, and
+Delta equals the primary's tables at the end. On 15 the same connection is refused with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from airflow_provider_pgdecode.errors import ServerNotReadyError, StandbyWriteError
+from airflow_provider_pgdecode.postgres.slot import SlotClient
+from pgdecode_testing.compare import compare_table
+from pgdecode_testing.postgres_cluster import ThrowawayCluster
+from pgdecode_testing.postgres_standby import StandbyCluster
+from tests.conftest import on_major
+
+pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
+
+TABLES = ("sb_orders", "sb_notes")
+SLOT = "pgdecode_on_standby"
+
+
+@pytest.fixture(scope="module")
+def airflow_db():
+    from airflow.utils import db
+
+    db.resetdb()
+
+
+@pytest.fixture
+def topology(request):
+    """A primary of the parametrized major and its hot standby, with a ``shop`` database."""
+    with ThrowawayCluster(pg_version=request.param) as primary:
+        primary.create_database("shop")
+        with StandbyCluster(primary) as standby:
+            yield primary, standby
+
+
+def connections(monkeypatch, primary: ThrowawayCluster, standby: ThrowawayCluster, *, with_primary: bool) -> None:
+    source = json.loads(standby.airflow_conn_json("shop"))
+    if with_primary:
+        source["extra"] = json.dumps({"primary_conn_id": "shop_primary"})
+    monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_DEFAULT", json.dumps(source))
+    monkeypatch.setenv("AIRFLOW_CONN_SHOP_PRIMARY", primary.airflow_conn_json("shop"))
+
+
+def run(dag, conf) -> dict[str, str]:
+    from airflow.utils.state import DagRunState
+
+    dag_run = dag.test(run_conf=conf)
+    states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+    assert dag_run.state == DagRunState.SUCCESS, states
+    return states
+
+
+def write_changes(conn: psycopg.Connection, base: int) -> None:
+    conn.execute(
+        f"insert into sb_orders select g, 'new', g * 1.5 from generate_series({base}, {base + 199}) g;"
+        f" update sb_orders set status = 'paid' where id % 3 = 0 and id >= {base};"
+        f" delete from sb_orders where id % 7 = 0 and id >= {base};"
+        f" insert into sb_notes values ('n{base}'), ('n{base}')"  # keyless: the duplicates stay two rows
+    )
+    conn.execute("begin")
+    conn.execute(f"insert into sb_orders values ({base + 1000}, 'prepared', 1)")
+    conn.execute(f"prepare transaction 'sb_{base}'")
+    conn.execute(f"commit prepared 'sb_{base}'")
+
+
+@pytest.mark.parametrize("topology", [on_major(16), on_major(17)], indirect=True)
+def test_incremental_dag_on_a_standby(topology, tmp_path, monkeypatch, airflow_db, merge_through_connect, spark):
+    from airflow.dag_processing.dagbag import DagBag
+
+    primary, standby = topology
+    with primary.connect("shop") as conn:
+        conn.execute(
+            "create table sb_orders (id int primary key, status text, amount numeric(10,2));"
+            " create table sb_notes (note text) ; alter table sb_notes replica identity full"
+        )
+    connections(monkeypatch, primary, standby, with_primary=True)
+    monkeypatch.setenv("PGDECODE_WAIT_SECONDS", "3")
+    bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags"))
+    dag = bag.dags["pgdecode_incremental"]
+    conf = {
+        "slot_name": SLOT,
+        "staging_uri": str(tmp_path / "staging"),
+        "delta_root": str(tmp_path / "delta"),
+        "tables": [f"public.{t}" for t in TABLES],
+        "table_options": {"public.sb_notes": {"mode": "append_only"}},
+    }
+    # First run: the slot is created on the standby (nothing to merge yet).
+    run(dag, conf)
+    with standby.connect("shop") as sconn:
+        assert sconn.execute("select pg_is_in_recovery()").fetchone()[0]
+        assert sconn.execute("select two_phase from pg_replication_slots where slot_name = %s", (SLOT,)).fetchone() == (
+            True,
+        )
+        created_at = sconn.execute(
+            "select confirmed_flush_lsn::text from pg_replication_slots where slot_name = %s", (SLOT,)
+        ).fetchone()[0]
+    with primary.connect("shop") as conn:
+        assert conn.execute("select count(*) from pg_replication_slots where slot_name = %s", (SLOT,)).fetchone() == (
+            0,
+        )
+        write_changes(conn, 1)
+    standby.catch_up()
+    states = run(dag, conf)
+    assert states["merge"] == "success", states
+    with primary.connect("shop") as conn, standby.connect("shop") as sconn:
+        for table in TABLES:
+            result = compare_table(conn, spark, str(tmp_path / "delta"), "public", table)
+            assert result.equal, result.describe()
+        # Confirmed on the standby: the slot there moved past the changes.
+        moved = sconn.execute(
+            "select confirmed_flush_lsn > %s::pg_lsn from pg_replication_slots where slot_name = %s",
+            (created_at, SLOT),
+        ).fetchone()
+        assert moved == (True,)
+        # A heartbeat asked on the standby is written on the primary and replayed before it returns.
+        client = SlotClient(sconn)
+        assert client.in_recovery()
+        with pytest.raises(StandbyWriteError, match="primary_conn_id"):
+            client.heartbeat()
+    # A second round of changes, through the same standby slot.
+    with primary.connect("shop") as conn:
+        write_changes(conn, 5000)
+    standby.catch_up()
+    run(dag, conf)
+    with primary.connect("shop") as conn:
+        for table in TABLES:
+            result = compare_table(conn, spark, str(tmp_path / "delta"), "public", table)
+            assert result.equal, result.describe()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("topology", [on_major(16)], indirect=True)
+def test_heartbeat_goes_to_the_primary(topology, monkeypatch) -> None:
+    from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+
+    primary, standby = topology
+    connections(monkeypatch, primary, standby, with_primary=True)
+    with PgDecodeHook() as hook:
+        hook.ensure_slot("hb_slot", plugin="test_decoding", two_phase=True)
+        lsn = hook.emit_heartbeat(prefix="pgdecode.heartbeat")
+        with standby.connect("shop") as sconn:
+            replayed = sconn.execute("select pg_last_wal_replay_lsn() >= %s::pg_lsn", (str(lsn),)).fetchone()[0]
+            rows = sconn.execute("select data from pg_logical_slot_peek_changes('hb_slot', null, null)").fetchall()
+        assert replayed
+        assert any("pgdecode.heartbeat" in row[0] for row in rows), rows
+        assert hook.current_flush_lsn() >= lsn  # the standby's replay position is the ceiling
+        hook.drop_slot("hb_slot")
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("topology", [on_major(15)], indirect=True)
+def test_a_standby_before_16_is_refused_with_the_reason(topology, monkeypatch) -> None:
+    from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+
+    primary, standby = topology
+    connections(monkeypatch, primary, standby, with_primary=True)
+    with PgDecodeHook() as hook:
+        ok, message = hook.test_connection()
+        assert not ok and "needs PostgreSQL 16" in message, message
+        with pytest.raises(ServerNotReadyError, match="logical decoding on a standby needs PostgreSQL 16"):
+            hook.ensure_slot("too_old", plugin="test_decoding", two_phase=True)
