@@ -141,6 +141,12 @@ def cycle_params(data_dir: str, *, source: bool = True, defaults: Mapping[str, A
             minimum=1,
             description="the most WAL (bytes) one batch spans (null: no bound)",
         ),
+        "failover": Param(
+            False,
+            type="boolean",
+            description="create the slot as a failover slot (PostgreSQL 17+), kept by standbys that sync slots, "
+            "so the pipeline carries on after a promotion (docs/standby.md)",
+        ),
         "drain": Param(
             True,
             type="boolean",
@@ -195,7 +201,8 @@ def build_cycle(
         task_id="ensure_slot",
         slot_name=src.slot_name,
         plugin=src.plugin,
-        two_phase=True,
+        two_phase=True,  # where it is safe: a failover slot on PostgreSQL 17 decodes prepared transactions at commit
+        failover="{{ params.failover }}",
         postgres_conn_id=src.postgres_conn_id,
     )
     # [END howto_operator_pgdecode_ensure_slot]

@@ -40,6 +40,8 @@ Parameters (DAG params, all overridable per run):
 - ``max_batch_changes``, ``max_batch_wal_bytes``: the most changes and WAL bytes one batch takes
   (default 1,000,000 and 1 GiB; ``null``: no bound), ending at a transaction boundary; a larger
   transaction is a batch of its own.
+- ``failover``: create the slot as a failover slot (PostgreSQL 17+), which a standby that syncs
+  slots keeps, so the pipeline carries on after a promotion (docs/standby.md); default false.
 - ``drain``: when a batch ends at a bound, the ``drain`` task extracts, merges and confirms more
   batches in this run until the slot is caught up (docs/bounded-batches.md); ``false``: one
   batch per run.

@@ -107,6 +107,7 @@ def _incremental(source: SourceConfig, path: Path) -> DAG:
         "max_batch_changes": source.max_batch_changes,
         "max_batch_wal_bytes": source.max_batch_wal_bytes,
         "drain": source.drain,
+        "failover": source.failover,
     }
     tags = ("pgdecode", "cdc", f"source:{source.name}")
     if source.is_event_driven:

@@ -7,6 +7,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_provider_pgdecode.batch.options import yes_or_no
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 
@@ -48,11 +49,13 @@ class PgDecodeEnsureSlotOperator(BaseOperator):
         ``sync_replication_slots = on`` keeps it in sync, so after promoting that standby the
         pipeline carries on from the slot there instead of re-snapshotting. The primary also needs
         ``synchronized_standby_slots`` naming the standby's physical slot, so that no change is
-        confirmed here before the standby has it. Applies when the slot is created.
+        confirmed here before the standby has it. Applies when the slot is created; on
+        PostgreSQL 17 such a slot is created without two-phase decoding, which is not safe there
+        with failover (docs/standby.md). (templated)
     :param postgres_conn_id: the Airflow connection of the source database. (templated)
     """
 
-    template_fields: Sequence[str] = ("slot_name", "plugin", "postgres_conn_id")
+    template_fields: Sequence[str] = ("slot_name", "plugin", "failover", "postgres_conn_id")
     ui_color = "#e8f0d9"
 
     def __init__(
@@ -61,7 +64,7 @@ class PgDecodeEnsureSlotOperator(BaseOperator):
         slot_name: str,
         plugin: str = "test_decoding",
         two_phase: bool = False,
-        failover: bool = False,
+        failover: bool | str = False,
         postgres_conn_id: str = PgDecodeHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
@@ -76,7 +79,10 @@ class PgDecodeEnsureSlotOperator(BaseOperator):
         with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
             with fail_fast():
                 info = hook.ensure_slot(
-                    self.slot_name, plugin=self.plugin, two_phase=bool(self.two_phase), failover=bool(self.failover)
+                    self.slot_name,
+                    plugin=self.plugin,
+                    two_phase=bool(self.two_phase),
+                    failover=yes_or_no(self.failover) is True,
                 )
         self.log.info(
             "Slot %s ready: plugin %s, two_phase %s, database %s, confirmed at %s, wal_status %s, lag %s bytes",

@@ -496,12 +496,22 @@ class SlotClient:
     ) -> SlotInfo:
         """The slot as it is, created when missing; :class:`SlotError` when it cannot serve as asked.
 
-        ``failover`` applies when the slot is created; an existing slot keeps its setting."""
+        ``failover`` applies when the slot is created; an existing slot keeps its setting. Two-phase
+        decoding is asked where it is safe: a failover slot before PostgreSQL 18 is created without
+        it (:func:`~airflow_provider_pgdecode.postgres.readiness.two_phase_failover_unsafe`; its
+        prepared transactions then arrive whole at COMMIT PREPARED, and Delta gets the same rows)."""
         validate_slot_name(name)
         info = self._describe(name)
         if info is None:
+            safe = self._two_phase_where_safe(two_phase, failover)
+            if safe != bool(two_phase):
+                log.warning(
+                    "Creating failover slot %s without two-phase decoding: %s",
+                    name,
+                    two_phase_failover_unsafe(format_server_version(self.server_version_num())),
+                )
             try:
-                return self.create(name, plugin=plugin, two_phase=two_phase, failover=failover)
+                return self.create(name, plugin=plugin, two_phase=safe, failover=failover)
             except SlotError:
                 # Someone else may have created it meanwhile: check that one instead.
                 info = self._describe(name)
@@ -516,7 +526,7 @@ class SlotClient:
                 "connect to that database or use another slot name"
             )
         check_readable(info, plugin)
-        if info.two_phase != bool(two_phase):
+        if info.two_phase != self._two_phase_where_safe(two_phase, info.failover):
             raise SlotError(
                 f"replication slot {name!r} was created with two_phase={info.two_phase}, but "
                 f"two_phase={bool(two_phase)} was asked for; the setting is fixed at creation. "
@@ -525,6 +535,9 @@ class SlotClient:
                 "(then reload the tables from a new snapshot)"
             )
         return info
+
+    def _two_phase_where_safe(self, two_phase: bool, failover: bool) -> bool:
+        return bool(two_phase) and not (failover and self.server_version_num() < TWO_PHASE_FAILOVER_SERVER_VERSION)
 
     def find(self, name: str) -> SlotInfo | None:
         """The slot's state, or None when there is no slot of that name."""

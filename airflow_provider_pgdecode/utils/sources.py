@@ -146,6 +146,7 @@ class SourceDefaults(BaseModel):
     max_batch_changes: Count | None = DEFAULT_MAX_BATCH_CHANGES
     max_batch_wal_bytes: Count | None = DEFAULT_MAX_BATCH_WAL_BYTES
     drain: StrictBool = True
+    failover: StrictBool = False
     wait_seconds: Annotated[StrictInt, Field(ge=0)] | None = None
     max_lag_bytes: Count | None = None
     retention_days: Count | None = None
@@ -189,6 +190,7 @@ class SourceConfig(SourceDefaults):
     :param max_batch_changes: the DAG's default of the param of that name (null: no bound).
     :param max_batch_wal_bytes: the same.
     :param drain: the same.
+    :param failover: the same: the slot created as a failover slot (PostgreSQL 17+, docs/standby.md).
     :param wait_seconds: how long a run waits for changes; default ``[pgdecode] wait_seconds``
         (30 with ``schedule: event``).
     :param max_lag_bytes: the slot health check's limit; default ``[pgdecode] max_lag_bytes``;
@@ -336,6 +338,7 @@ FIELDS = (
     "max_batch_changes",
     "max_batch_wal_bytes",
     "drain",
+    "failover",
     "wait_seconds",
     "max_lag_bytes",
     "retention_days",
