@@ -201,7 +201,8 @@ def sync_slot(standby: StandbyCluster, confirmed: str, timeout: float = 60.0) ->
                 return
             if time.monotonic() > deadline:
                 logs = sorted(standby.socket_dir.glob("server-*.log"))
-                said = [line for line in logs[-1].read_text().splitlines() if "synchroniz" in line or "DETAIL" in line][-2:]
+                lines = logs[-1].read_text().splitlines()
+                said = [line for line in lines if "synchroniz" in line or "DETAIL" in line][-2:]
                 raise AssertionError(f"the standby's copy of {SLOT} is {row}: {said}")
             time.sleep(0.2)
 
