@@ -3,7 +3,7 @@ the primary: a primary and a streaming standby started by the test from the same
 
 The source connection points at the standby and names the primary as ``primary_conn_id``: the
 slot is created on the standby (the primary asked to log its running transactions), peeked and
-confirmed there, the heartbeat is written on the primary, a table snapshot's watermarks too, and
+confirmed there, the heartbeat is written on the primary, an added table's watermarks too, and
 Delta equals the primary's tables at the end. On 15 the same connection is refused with the reason.
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from airflow_provider_pgdecode.capture.table_snapshot import request_table_snapshot
 from airflow_provider_pgdecode.errors import ServerNotReadyError, StandbyWriteError
 from airflow_provider_pgdecode.postgres.slot import SlotClient
 from pgdecode_testing.compare import compare_table
@@ -128,13 +129,19 @@ def test_incremental_dag_on_a_standby(topology, tmp_path, monkeypatch, airflow_d
         assert client.in_recovery()
         with pytest.raises(StandbyWriteError, match="primary_conn_id"):
             client.heartbeat()
-    # A second round of changes, through the same standby slot.
+    # A second round of changes through the same standby slot, and a table added to the pipeline:
+    # its chunks are read on the standby, between watermarks written on the primary.
     with primary.connect("shop") as conn:
+        conn.execute(
+            "create table sb_late (id int primary key, v text);"
+            " insert into sb_late select g, 'v' || g from generate_series(1, 250) g"
+        )
         write_changes(conn, 5000)
+    request_table_snapshot(conf["staging_uri"], SLOT, ["public.sb_late"], "add-table", chunk_rows=100)
     standby.catch_up()
     run(dag, conf)
     with primary.connect("shop") as conn:
-        for table in TABLES:
+        for table in (*TABLES, "sb_late"):
             result = compare_table(conn, spark, str(tmp_path / "delta"), "public", table)
             assert result.equal, result.describe()
 
