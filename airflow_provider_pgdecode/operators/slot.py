@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_pgdecode.batch.options import yes_or_no
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.postgres.health import idle_timeout_between_runs
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
+from airflow_provider_pgdecode.utils.schedule import longest_gap
 
 
 class PgDecodeEnsureSlotOperator(BaseOperator):
@@ -84,6 +87,8 @@ class PgDecodeEnsureSlotOperator(BaseOperator):
                     two_phase=bool(self.two_phase),
                     failover=yes_or_no(self.failover) is True,
                 )
+                timeout = hook.get_slot_client().idle_timeout()
+        self._warn_if_idle_too_long(info.slot_name, timeout, context)
         self.log.info(
             "Slot %s ready: plugin %s, two_phase %s, database %s, confirmed at %s, wal_status %s, lag %s bytes",
             info.slot_name,
@@ -95,3 +100,11 @@ class PgDecodeEnsureSlotOperator(BaseOperator):
             info.lag_bytes,
         )
         return info.to_dict()
+
+    def _warn_if_idle_too_long(self, slot_name: str, timeout: timedelta | None, context: Context) -> None:
+        dag = context.get("dag")
+        if timeout is None or dag is None:
+            return
+        gap = longest_gap(dag.timetable, datetime.now(UTC))
+        if gap is not None and gap >= timeout:
+            self.log.warning("%s", idle_timeout_between_runs(slot_name, timeout, gap))

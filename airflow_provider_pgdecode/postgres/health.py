@@ -13,7 +13,7 @@ Example::
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from airflow_provider_pgdecode.errors import SlotConnectionLostError, SlotError, SlotInUseError
@@ -64,6 +64,16 @@ _INVALIDATIONS: dict[str, tuple[str, str]] = {
         "keep wal_level = logical on the primary",
     ),
 }
+
+
+def idle_timeout_between_runs(name: str, timeout: timedelta, gap: timedelta) -> str:
+    """One wording: the DAG leaves its slot unused longer than 18's ``idle_replication_slot_timeout``."""
+    return (
+        f"replication slot {name!r} is unused between two runs for up to {gap}, longer than the server's "
+        f"idle_replication_slot_timeout ({timeout}): PostgreSQL will invalidate it (idle_timeout) and its changes "
+        "since the last run will be lost. Schedule the DAG more often than that, or raise idle_replication_slot_timeout "
+        "on the server (0 disables it)"
+    )
 
 
 def slot_invalidated(name: str, reason: str, inactive_since: datetime | None = None) -> SlotError:

@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -317,6 +317,16 @@ class SlotClient:
         )
         assert row is not None
         return Lsn.parse(row[0])
+
+    def idle_timeout(self) -> timedelta | None:
+        """PostgreSQL 18's ``idle_replication_slot_timeout``: how long a slot may stay unused before
+        the server invalidates it; ``None`` when off (0) or before 18."""
+        if self.server_version_num() < 180000:
+            return None
+        row = self._one("SELECT setting::bigint, unit FROM pg_settings WHERE name = 'idle_replication_slot_timeout'")
+        if row is None or not row[0]:
+            return None
+        return timedelta(seconds=int(row[0]) * {"min": 60, "h": 3600}.get(row[1], 1))
 
     def in_recovery(self) -> bool:
         """Whether the server is a standby."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -424,10 +424,28 @@ def test_a_slot_invalidated_for_removed_wal_says_so_in_the_health_message(pg_ver
 
 
 @pytest.mark.pg_matrix(since=18)
-def test_an_idle_slot_invalidated_by_18s_timeout_is_named_so(pg_version: int) -> None:
+def test_an_idle_slot_invalidated_by_18s_timeout_is_named_so(
+    pg_version: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from airflow.sdk import DAG
+
+    from airflow_provider_pgdecode.operators.slot import PgDecodeEnsureSlotOperator
+
     with ThrowawayCluster({"idle_replication_slot_timeout": "1s"}, pg_version=pg_version) as cluster:
+        # A DAG that leaves its slot unused longer than the timeout between runs is warned of it.
+        monkeypatch.setenv("AIRFLOW_CONN_PGDECODE_DEFAULT", cluster.airflow_conn_json("postgres"))
+        for schedule, warned in (("*/15 * * * *", True), (None, False)):
+            with DAG(f"idle_{warned}", schedule=schedule, start_date=datetime(2026, 1, 1, tzinfo=UTC)) as dag:
+                ensure = PgDecodeEnsureSlotOperator(task_id="ensure_slot", slot_name=f"idle_{warned}".lower())
+            capsys.readouterr()
+            ensure.execute({"dag": dag})  # type: ignore[arg-type]
+            logged = capsys.readouterr().out  # Airflow's task logger writes there
+            assert ("idle_replication_slot_timeout (0:00:01)" in logged) == warned, logged
+            if warned:
+                assert "unused between two runs for up to 0:15:00" in logged
         with cluster.connect() as conn:
             client = SlotClient(conn)
+            assert client.idle_timeout() == timedelta(seconds=1)
             client.create("idle")
             # The timeout is checked at checkpoints: wait until one finds the slot idle for longer.
             deadline = time.monotonic() + 30
