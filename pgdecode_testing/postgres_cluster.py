@@ -356,6 +356,18 @@ class ThrowawayCluster:
         )
 
 
+def remove_slot_wal(conn: psycopg.Connection[Any], table: str) -> None:
+    """Write three WAL segments' worth of switches and checkpoint: on a cluster with
+    ``max_slot_wal_keep_size = 1MB``, a slot that has not moved loses the WAL it needed
+    (``wal_status = lost``, 17+ ``invalidation_reason = wal_removed``); an idle one past 18's
+    ``idle_replication_slot_timeout`` goes too. ``table`` is created for the writes."""
+    conn.execute(sql.SQL("create table {} (id int)").format(sql.Identifier(table)))
+    for _ in range(3):
+        conn.execute(sql.SQL("insert into {} select generate_series(1, 100)").format(sql.Identifier(table)))
+        conn.execute("select pg_switch_wal()")
+    conn.execute("checkpoint")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Start a cluster, print its DSN, and keep it running until Ctrl-C."""
     del argv

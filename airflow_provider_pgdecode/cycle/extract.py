@@ -13,14 +13,25 @@ from airflow.sdk import Context
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.batch.options import as_table_options
+from airflow_provider_pgdecode.batch.storage import Storage
 from airflow_provider_pgdecode.capture.bounds import BatchBounds
-from airflow_provider_pgdecode.capture.reconcile import reconcile
+from airflow_provider_pgdecode.capture.reconcile import coerce_checkpoint, reconcile
+from airflow_provider_pgdecode.capture.recovery import (
+    DEFAULT_MAX_PER_DAY,
+    FAIL,
+    RESNAPSHOT,
+    check_policy,
+    lost_reason,
+    recover_lost_slot,
+)
+from airflow_provider_pgdecode.capture.table_snapshot import added_tables
 from airflow_provider_pgdecode.capture.tables import as_table_names, later_tables, resolve_tables
 from airflow_provider_pgdecode.cycle import KillSwitch
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.postgres.health import check_readable
+from airflow_provider_pgdecode.postgres.slot import SlotInfo
 from airflow_provider_pgdecode.utils import metrics
 from airflow_provider_pgdecode.utils.config import pgdecode_bool, pgdecode_environment
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
@@ -48,6 +59,8 @@ class ExtractArguments:
     storage_conn_id: str | None
     max_batch_changes: int | str | None
     max_batch_wal_bytes: int | str | None
+    on_slot_lost: str = FAIL
+    max_slot_recoveries_per_day: int | str = DEFAULT_MAX_PER_DAY
 
     def bounds(self) -> BatchBounds:
         """The batch bounds; ``None`` or an empty value lifts one."""
@@ -207,6 +220,10 @@ def extract_once(
     ):
         staging = storage_for(arguments.staging_root, arguments.storage_conn_id)
         info = hook.describe_slot(arguments.slot_name)
+        policy, max_per_day = arguments.on_slot_lost, int(arguments.max_slot_recoveries_per_day)
+        check_policy(policy, max_per_day)
+        if policy == RESNAPSHOT and lost_reason(info) is not None:
+            return _recover(arguments, hook, info, staging, previous, max_per_day, log)
         check_readable(info, arguments.plugin)
         decision = reconcile(previous, info, staging)
         log.info("%s", decision.message)
@@ -271,6 +288,62 @@ def extract_once(
         "ceiling_lsn": manifest.ceiling_lsn,
         "has_changes": any(table.rows for table in manifest.tables) or bool(manifest.quarantine),
         "checkpoint": decision.action,
+    }
+
+
+def _recover(
+    arguments: ExtractArguments,
+    hook: PgDecodeHook,
+    info: SlotInfo,
+    staging: Storage,
+    previous: Mapping[str, Any] | None,
+    max_per_day: int,
+    log: Any,
+) -> dict[str, Any]:
+    """``on_slot_lost = resnapshot``: the lost slot recreated and every table of the pipeline (and
+    those table snapshot requests brought in) staged from its snapshot as one replacing batch."""
+    options = as_table_options(arguments.table_options) if arguments.table_options else None
+    publication = arguments.publication if arguments.plugin == "pgoutput" else None
+    tables = set(
+        resolve_tables(
+            hook.get_catalog,
+            as_table_names(arguments.tables),
+            publication=publication,
+            exclude_tables=as_table_names(arguments.exclude_tables),
+            table_options=options,
+        )
+    )
+    checkpoint = coerce_checkpoint(previous)
+    if checkpoint is not None:
+        tables |= added_tables(checkpoint.snapshots)
+    started = time.monotonic()
+    manifest = recover_lost_slot(
+        hook.dsn(),
+        info,
+        staging,
+        sorted(tables),
+        max_per_day=max_per_day,
+        table_options=options,
+        publication=publication,
+        primary=hook.primary_link(),
+        drop_slot=hook.drop_slot,
+    )
+    log.warning(
+        "Slot %s recreated at %s; %d table(s) staged from its snapshot in %.1f s, to replace their Delta tables "
+        "in the merge (batch %s)",
+        arguments.slot_name,
+        manifest.end_lsn,
+        len(manifest.tables),
+        time.monotonic() - started,
+        manifest.path,
+    )
+    return {
+        **manifest.summary(),
+        "plugin": manifest.plugin,
+        "database": manifest.database,
+        "ceiling_lsn": manifest.end_lsn,
+        "has_changes": True,
+        "checkpoint": "recovered",
     }
 
 

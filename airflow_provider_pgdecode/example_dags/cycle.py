@@ -147,6 +147,15 @@ def cycle_params(data_dir: str, *, source: bool = True, defaults: Mapping[str, A
             description="create the slot as a failover slot (PostgreSQL 17+), kept by standbys that sync slots, "
             "so the pipeline carries on after a promotion (docs/standby.md)",
         ),
+        "on_slot_lost": Param(
+            "fail",
+            enum=["fail", "resnapshot"],
+            description="a lost slot (wal_removed, idle_timeout ...): fail, or resnapshot (recreate it and reload "
+            "every table from a new snapshot, replacing each Delta table in one commit; docs/lost-slots.md)",
+        ),
+        "max_slot_recoveries_per_day": Param(
+            1, type="integer", minimum=1, description="how often resnapshot may recover in 24 hours before it fails"
+        ),
         "drain": Param(
             True,
             type="boolean",
@@ -204,6 +213,7 @@ def build_cycle(
         two_phase=True,  # where it is safe: a failover slot on PostgreSQL 17 decodes prepared transactions at commit
         failover="{{ params.failover }}",
         postgres_conn_id=src.postgres_conn_id,
+        on_slot_lost="{{ params.on_slot_lost }}",
     )
     # [END howto_operator_pgdecode_ensure_slot]
     # [START howto_operator_pgdecode_slot_health_sensor]
@@ -215,6 +225,7 @@ def build_cycle(
         max_lag_bytes=max_lag_bytes,
         heartbeat=True,  # an idle database's slot keeps advancing
         publication=src.publication,  # pgoutput: what the probe for pending changes reads with
+        on_slot_lost="{{ params.on_slot_lost }}",  # resnapshot: a lost slot is left to the extract
         max_stalled_runs=3,  # changes pending, nothing extracted through 3 runs: fail, whatever the cause
         staging_root="{{ params.staging_uri }}",  # a parked table fails the check (docs/merge.md)
         storage_conn_id="{{ params.storage_conn_id }}",
@@ -228,6 +239,7 @@ def build_cycle(
         slot_name=src.slot_name,
         postgres_conn_id=src.postgres_conn_id,
         publication=src.publication,
+        on_slot_lost="{{ params.on_slot_lost }}",
         staging_root="{{ params.staging_uri }}",  # table snapshot requests count as work
         storage_conn_id="{{ params.storage_conn_id }}",
         poke_interval=min(15, max(wait_seconds, 1)),
@@ -252,6 +264,8 @@ def build_cycle(
         storage_conn_id="{{ params.storage_conn_id }}",
         max_batch_changes="{{ params.max_batch_changes }}",
         max_batch_wal_bytes="{{ params.max_batch_wal_bytes }}",
+        on_slot_lost="{{ params.on_slot_lost }}",
+        max_slot_recoveries_per_day="{{ params.max_slot_recoveries_per_day }}",
         multiple_outputs=True,  # its summary's keys as XComs too: extract.output["path"]
     )
     # [END howto_operator_pgdecode_extract]

@@ -42,6 +42,10 @@ Parameters (DAG params, all overridable per run):
   transaction is a batch of its own.
 - ``failover``: create the slot as a failover slot (PostgreSQL 17+), which a standby that syncs
   slots keeps, so the pipeline carries on after a promotion (docs/standby.md); default false.
+- ``on_slot_lost``: ``fail`` (default) or ``resnapshot``: a lost slot (``wal_removed``,
+  ``idle_timeout`` ...) is recreated and every table reloaded from a new snapshot, each Delta
+  table replaced in one commit, at most ``max_slot_recoveries_per_day`` times (default 1) in 24
+  hours (docs/lost-slots.md).
 - ``drain``: when a batch ends at a bound, the ``drain`` task extracts, merges and confirms more
   batches in this run until the slot is caught up (docs/bounded-batches.md); ``false``: one
   batch per run.

@@ -108,6 +108,8 @@ def _incremental(source: SourceConfig, path: Path) -> DAG:
         "max_batch_wal_bytes": source.max_batch_wal_bytes,
         "drain": source.drain,
         "failover": source.failover,
+        "on_slot_lost": source.on_slot_lost,
+        "max_slot_recoveries_per_day": source.max_slot_recoveries_per_day,
     }
     tags = ("pgdecode", "cdc", f"source:{source.name}")
     if source.is_event_driven:

@@ -13,6 +13,7 @@ from psycopg.conninfo import make_conninfo
 from airflow_provider_pgdecode.batch.options import yes_or_no
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, ReplicaIdentity
+from airflow_provider_pgdecode.postgres.health import describe_loss, lost_reason
 from airflow_provider_pgdecode.postgres.readiness import check_readiness, describe_readiness, read_server_facts
 from airflow_provider_pgdecode.postgres.slot import PeekRows, SlotClient, SlotInfo
 from airflow_provider_pgdecode.postgres.standby import PrimaryLink
@@ -205,6 +206,26 @@ class PgDecodeHook(PostgresHook):
         :param slot_name: the slot's name.
         """
         return self.get_slot_client().describe(slot_name)
+
+    def recoverable_loss(self, slot_name: str, on_slot_lost: str | None) -> str | None:
+        """With ``on_slot_lost = resnapshot``: why the slot is lost, as the tasks before the extract
+        (which recovers it) log it; ``None`` when the slot is not lost, missing, or the policy is ``fail``.
+
+        :param slot_name: the slot's name.
+        :param on_slot_lost: the cycle's policy (:mod:`~airflow_provider_pgdecode.capture.recovery`).
+        """
+        from airflow_provider_pgdecode.capture.recovery import RESNAPSHOT
+
+        if on_slot_lost != RESNAPSHOT:
+            return None
+        info = self.get_slot_client().find(slot_name)
+        reason = lost_reason(info) if info is not None else None
+        if reason is None:
+            return None
+        return (
+            f"replication slot {slot_name!r} was lost ({describe_loss(reason)}); on_slot_lost = resnapshot: the "
+            "extract recreates it and reloads the pipeline's tables from a new snapshot"
+        )
 
     def idle_slots(self, min_lag_bytes: int, besides: str) -> list[SlotInfo]:
         """The cluster's other logical slots that no process uses and that hold back more than

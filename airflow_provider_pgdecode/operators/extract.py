@@ -8,6 +8,7 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_pgdecode.capture.bounds import DEFAULT_MAX_BATCH_CHANGES, DEFAULT_MAX_BATCH_WAL_BYTES
+from airflow_provider_pgdecode.capture.recovery import DEFAULT_MAX_PER_DAY, FAIL
 from airflow_provider_pgdecode.cycle import CycleTask, KillSwitch
 from airflow_provider_pgdecode.cycle.extract import ExtractArguments, extract_once, previous_checkpoint
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
@@ -82,6 +83,12 @@ class PgDecodeExtractOperator(CycleTask[ExtractArguments], BaseOperator):
         of its own (:mod:`~airflow_provider_pgdecode.capture.bounds`). The summary's ``bounded_by``
         says whether a bound ended the batch before the server's WAL position. (templated)
     :param max_batch_wal_bytes: the most WAL one batch spans, likewise. (templated)
+    :param on_slot_lost: what a lost slot does (``wal_removed``, 18's ``idle_timeout`` ...):
+        ``fail`` (the default) stops with the slot's error; ``resnapshot`` recreates the slot with
+        a snapshot and stages every table in it as one batch that replaces each Delta table in one
+        commit (:mod:`~airflow_provider_pgdecode.capture.recovery`). (templated)
+    :param max_slot_recoveries_per_day: how often ``resnapshot`` may recover in 24 hours before
+        the slot's error stands (default 1). (templated)
     :param extract_options: more keyword arguments of
         :func:`~airflow_provider_pgdecode.capture.extract.extract_batch` (``chunk_rows``,
         ``part_rows``, ``memory_items``, ``progress_every``, ...).
@@ -102,6 +109,8 @@ class PgDecodeExtractOperator(CycleTask[ExtractArguments], BaseOperator):
         "storage_conn_id",
         "max_batch_changes",
         "max_batch_wal_bytes",
+        "on_slot_lost",
+        "max_slot_recoveries_per_day",
     )
     arguments_kind = ExtractArguments
     ui_color = "#d9f0ea"
@@ -124,9 +133,13 @@ class PgDecodeExtractOperator(CycleTask[ExtractArguments], BaseOperator):
         storage_conn_id: str | None = None,
         max_batch_changes: int | str | None = DEFAULT_MAX_BATCH_CHANGES,
         max_batch_wal_bytes: int | str | None = DEFAULT_MAX_BATCH_WAL_BYTES,
+        on_slot_lost: str = FAIL,
+        max_slot_recoveries_per_day: int | str = DEFAULT_MAX_PER_DAY,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.on_slot_lost = on_slot_lost
+        self.max_slot_recoveries_per_day = max_slot_recoveries_per_day
         self.max_batch_changes = max_batch_changes
         self.max_batch_wal_bytes = max_batch_wal_bytes
         self.slot_name = slot_name

@@ -56,9 +56,12 @@ class PgDecodeEnsureSlotOperator(BaseOperator):
         PostgreSQL 17 such a slot is created without two-phase decoding, which is not safe there
         with failover (docs/standby.md). (templated)
     :param postgres_conn_id: the Airflow connection of the source database. (templated)
+    :param on_slot_lost: ``resnapshot``: a lost slot is logged and left to the extract, which
+        recovers it (:class:`~airflow_provider_pgdecode.operators.extract.PgDecodeExtractOperator`);
+        ``fail`` (the default): the task fails with the slot's error. (templated)
     """
 
-    template_fields: Sequence[str] = ("slot_name", "plugin", "failover", "postgres_conn_id")
+    template_fields: Sequence[str] = ("slot_name", "plugin", "failover", "postgres_conn_id", "on_slot_lost")
     ui_color = "#e8f0d9"
 
     def __init__(
@@ -69,9 +72,11 @@ class PgDecodeEnsureSlotOperator(BaseOperator):
         two_phase: bool = False,
         failover: bool | str = False,
         postgres_conn_id: str = PgDecodeHook.default_conn_name,
+        on_slot_lost: str = "fail",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.on_slot_lost = on_slot_lost
         self.slot_name = slot_name
         self.plugin = plugin
         self.two_phase = two_phase
@@ -80,6 +85,10 @@ class PgDecodeEnsureSlotOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
+            lost = hook.recoverable_loss(self.slot_name, self.on_slot_lost)
+            if lost is not None:
+                self.log.error("%s", lost)
+                return hook.describe_slot(self.slot_name).to_dict()
             with fail_fast():
                 info = hook.ensure_slot(
                     self.slot_name,

@@ -40,8 +40,9 @@ def slot_lost(name: str, detail: str | None = None) -> SlotError:
     return SlotError(
         f"replication slot {name!r} is lost (wal_status = lost){cause}: the server removed WAL it still needed, "
         f"so changes since its confirmed position are gone and it cannot be read any more. Drop it ({_drop(name)}), "
-        "recreate it, and re-snapshot the tables with the pgdecode_backfill DAG; to keep this from recurring, run "
-        "the pipeline more often or raise max_slot_wal_keep_size"
+        "recreate it, and re-snapshot the tables with the pgdecode_backfill DAG (or set the DAG's on_slot_lost to "
+        "resnapshot, and the next run does this itself); to keep this from recurring, run the pipeline more often "
+        "or raise max_slot_wal_keep_size"
     )
 
 
@@ -83,7 +84,8 @@ def slot_invalidated(name: str, reason: str, inactive_since: datetime | None = N
     return SlotError(
         f"replication slot {name!r} was invalidated (invalidation_reason = {reason}{idle}): {what}, so changes "
         f"since its confirmed position cannot be read any more. Drop it ({_drop(name)}), recreate it, and "
-        f"re-snapshot the tables with the pgdecode_backfill DAG; to keep this from recurring, {prevent}"
+        "re-snapshot the tables with the pgdecode_backfill DAG (or set the DAG's on_slot_lost to resnapshot, and the "
+        f"next run does this itself); to keep this from recurring, {prevent}"
     )
 
 
@@ -138,6 +140,19 @@ def not_logical(name: str, slot_type: str) -> SlotError:
     )
 
 
+def lost_reason(info: SlotInfo) -> str | None:
+    """Why the slot can no longer be read (17+'s ``invalidation_reason``, else ``wal_removed`` for
+    ``wal_status = lost``), or ``None`` while it can."""
+    if info.invalidation_reason is not None:
+        return str(info.invalidation_reason)
+    return "wal_removed" if info.wal_status == "lost" else None
+
+
+def describe_loss(reason: str) -> str:
+    """The cause of a loss in words (``idle_timeout`` told apart from ``wal_removed``)."""
+    return _INVALIDATIONS.get(reason, (f"invalidation_reason = {reason}", ""))[0]
+
+
 def check_readable(info: SlotInfo, plugin: str | None = None) -> None:
     """Raise the slot's error when it cannot be read (as ``plugin``, when given): a physical slot,
     a lost slot, or a slot of another output plugin."""
@@ -154,6 +169,8 @@ def check_readable(info: SlotInfo, plugin: str | None = None) -> None:
 
 __all__ = [
     "check_readable",
+    "describe_loss",
+    "lost_reason",
     "connection_lost",
     "not_logical",
     "publication_missing",

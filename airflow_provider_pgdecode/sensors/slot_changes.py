@@ -73,6 +73,8 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
         trigger's arguments or XCom. (templated)
     :param deferrable: wait in the triggerer instead of a worker.
     :param skip_on_timeout: skip the task (not fail it) when ``timeout`` passes without changes.
+    :param on_slot_lost: ``resnapshot``: a lost slot is work (the extract recovers it), logged at
+        error level; ``fail`` (the default): a lost slot fails the task. (templated)
     :param kwargs: :class:`~airflow.sdk.BaseSensorOperator` arguments (``poke_interval``,
         ``timeout``, ``mode`` ...; not ``soft_fail``). ``poke_interval`` is also the trigger's
         poll interval.
@@ -85,6 +87,7 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
         "publication",
         "staging_root",
         "storage_conn_id",
+        "on_slot_lost",
     )
     ui_color = "#d9eaf7"
 
@@ -102,6 +105,7 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
         storage_conn_id: str | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         skip_on_timeout: bool = False,
+        on_slot_lost: str = "fail",
         **kwargs: Any,
     ) -> None:
         if kwargs.get("soft_fail") or kwargs.get("never_fail"):
@@ -122,6 +126,7 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
         self.staging_root = staging_root
         self.storage_conn_id = storage_conn_id
         self.deferrable = deferrable
+        self.on_slot_lost = on_slot_lost
 
     def _trigger(self) -> SlotChangesTrigger:
         """The trigger this sensor defers to; a poke runs the same check in the task."""
@@ -143,6 +148,11 @@ class PgDecodeSlotChangesSensor(BaseSensorOperator):
             return self._trigger().check()
 
     def poke(self, context: Context) -> PokeReturnValue:
+        with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
+            lost = hook.recoverable_loss(self.slot_name, self.on_slot_lost)
+        if lost is not None:  # the extract's recovery is this cycle's work
+            self.log.error("%s", lost)
+            return PokeReturnValue(is_done=True, xcom_value={"slot": self.slot_name, "reason": lost, "lost": True})
         done, report = self._check()
         self.log.info("Slot %s: %s", self.slot_name, report["reason"])
         return PokeReturnValue(is_done=done, xcom_value=report if done else None)

@@ -98,6 +98,8 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
     :param storage_conn_id: the Airflow ``aws`` connection of an ``s3://`` staging root. (templated)
     :param max_parked_runs: the merge runs a table may stay parked before the check fails (``0``:
         fail while any table is parked).
+    :param on_slot_lost: ``resnapshot``: a lost slot is logged at error level and left to the
+        extract, which recovers it; ``fail`` (the default): it fails the check. (templated)
     """
 
     template_fields: Sequence[str] = (
@@ -108,6 +110,7 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
         "publication",
         "staging_root",
         "storage_conn_id",
+        "on_slot_lost",
     )
     ui_color = "#f7e3d9"
 
@@ -125,6 +128,7 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
         staging_root: str | None = None,
         storage_conn_id: str | None = None,
         max_parked_runs: int = 0,
+        on_slot_lost: str = "fail",
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("poke_interval", 0)
@@ -141,10 +145,15 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
         self.staging_root = staging_root
         self.storage_conn_id = storage_conn_id
         self.max_parked_runs = max_parked_runs
+        self.on_slot_lost = on_slot_lost
 
     def poke(self, context: Context) -> PokeReturnValue:
         name = self.slot_name
         with PgDecodeHook(postgres_conn_id=self.postgres_conn_id) as hook:
+            lost = hook.recoverable_loss(name, self.on_slot_lost)
+            if lost is not None:
+                self.log.error("%s", lost)
+                return PokeReturnValue(is_done=True, xcom_value={"slot": name, "lost": lost})
             with fail_fast():
                 info = hook.describe_slot(name)
                 check_readable(info, self.plugin)

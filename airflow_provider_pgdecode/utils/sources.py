@@ -147,6 +147,8 @@ class SourceDefaults(BaseModel):
     max_batch_wal_bytes: Count | None = DEFAULT_MAX_BATCH_WAL_BYTES
     drain: StrictBool = True
     failover: StrictBool = False
+    on_slot_lost: Literal["fail", "resnapshot"] = "fail"
+    max_slot_recoveries_per_day: Count = 1
     wait_seconds: Annotated[StrictInt, Field(ge=0)] | None = None
     max_lag_bytes: Count | None = None
     retention_days: Count | None = None
@@ -191,6 +193,8 @@ class SourceConfig(SourceDefaults):
     :param max_batch_wal_bytes: the same.
     :param drain: the same.
     :param failover: the same: the slot created as a failover slot (PostgreSQL 17+, docs/standby.md).
+    :param on_slot_lost: the same: ``fail`` or ``resnapshot`` (docs/lost-slots.md).
+    :param max_slot_recoveries_per_day: the same.
     :param wait_seconds: how long a run waits for changes; default ``[pgdecode] wait_seconds``
         (30 with ``schedule: event``).
     :param max_lag_bytes: the slot health check's limit; default ``[pgdecode] max_lag_bytes``;
@@ -339,6 +343,8 @@ FIELDS = (
     "max_batch_wal_bytes",
     "drain",
     "failover",
+    "on_slot_lost",
+    "max_slot_recoveries_per_day",
     "wait_seconds",
     "max_lag_bytes",
     "retention_days",

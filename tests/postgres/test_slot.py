@@ -12,9 +12,9 @@ import pytest
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import CatalogError, ServerNotReadyError, SlotError
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, ReplicaIdentity
-from airflow_provider_pgdecode.postgres.health import check_readable, slot_invalidated
+from airflow_provider_pgdecode.postgres.health import check_readable, describe_loss, slot_invalidated
 from airflow_provider_pgdecode.postgres.slot import SlotClient
-from pgdecode_testing.postgres_cluster import ThrowawayCluster
+from pgdecode_testing.postgres_cluster import ThrowawayCluster, remove_slot_wal
 
 pytestmark = pytest.mark.postgres
 
@@ -396,23 +396,13 @@ def test_a_failover_slot_before_17_is_refused_saying_why(client: SlotClient, slo
     assert client.create(slot_name).failover is False
 
 
-def _invalidate(conn: psycopg.Connection[Any], table: str) -> None:
-    """Write three WAL segments' worth of switches and checkpoint: a slot that may keep only
-    1MB of WAL loses what it needed (wal_removed); an idle one past its timeout goes too."""
-    conn.execute(f"create table {table} (id int)")
-    for _ in range(3):
-        conn.execute(f"insert into {table} select generate_series(1, 100)")
-        conn.execute("select pg_switch_wal()")
-    conn.execute("checkpoint")
-
-
 @pytest.mark.pg_matrix(since=17)
 def test_a_slot_invalidated_for_removed_wal_says_so_in_the_health_message(pg_version: int) -> None:
     with ThrowawayCluster({"max_slot_wal_keep_size": "1MB"}, pg_version=pg_version) as cluster:
         with cluster.connect() as conn:
             client = SlotClient(conn)
             client.create("behind")
-            _invalidate(conn, "w")
+            remove_slot_wal(conn, "w")
             info = client.describe("behind")
             assert (info.wal_status, info.invalidation_reason) == ("lost", "wal_removed")
             assert info.inactive_since is not None
@@ -467,6 +457,9 @@ def test_health_wording_of_each_invalidation_reason() -> None:
     assert "wal_level = logical" in str(slot_invalidated("s", "wal_level_insufficient"))
     assert "inactive since 2026-01-02T03:04:00+00:00" in str(slot_invalidated("s", "idle_timeout", since))
     assert "invalidation_reason = some_new_reason" in str(slot_invalidated("s", "some_new_reason"))
+    # What a recovery says of the loss tells the causes apart.
+    assert "idle_replication_slot_timeout" in describe_loss("idle_timeout")
+    assert "max_slot_wal_keep_size" in describe_loss("wal_removed")
 
 
 @pytest.mark.pg_matrix(before=15)
