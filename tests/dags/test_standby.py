@@ -10,6 +10,7 @@ Delta equals the primary's tables at the end. On 15 the same connection is refus
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import psycopg
@@ -27,6 +28,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
 
 TABLES = ("sb_orders", "sb_notes")
 SLOT = "pgdecode_on_standby"
+"""The slot's name prefix: each test's is its own, so no test resumes from another's checkpoint in XCom."""
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +79,7 @@ def write_changes(conn: psycopg.Connection, base: int) -> None:
 
 @pytest.mark.parametrize("topology", [on_major(16), on_major(17)], indirect=True)
 def test_incremental_dag_on_a_standby(topology, tmp_path, monkeypatch, airflow_db, merge_through_connect, spark):
+    slot = f"{SLOT}_{uuid.uuid4().hex[:8]}"
     from airflow.dag_processing.dagbag import DagBag
 
     primary, standby = topology
@@ -90,7 +93,7 @@ def test_incremental_dag_on_a_standby(topology, tmp_path, monkeypatch, airflow_d
     bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags"))
     dag = bag.dags["pgdecode_incremental"]
     conf = {
-        "slot_name": SLOT,
+        "slot_name": slot,
         "staging_uri": str(tmp_path / "staging"),
         "delta_root": str(tmp_path / "delta"),
         "tables": [f"public.{t}" for t in TABLES],
@@ -100,14 +103,14 @@ def test_incremental_dag_on_a_standby(topology, tmp_path, monkeypatch, airflow_d
     run(dag, conf)
     with standby.connect("shop") as sconn:
         assert sconn.execute("select pg_is_in_recovery()").fetchone()[0]
-        assert sconn.execute("select two_phase from pg_replication_slots where slot_name = %s", (SLOT,)).fetchone() == (
+        assert sconn.execute("select two_phase from pg_replication_slots where slot_name = %s", (slot,)).fetchone() == (
             True,
         )
         created_at = sconn.execute(
-            "select confirmed_flush_lsn::text from pg_replication_slots where slot_name = %s", (SLOT,)
+            "select confirmed_flush_lsn::text from pg_replication_slots where slot_name = %s", (slot,)
         ).fetchone()[0]
     with primary.connect("shop") as conn:
-        assert conn.execute("select count(*) from pg_replication_slots where slot_name = %s", (SLOT,)).fetchone() == (
+        assert conn.execute("select count(*) from pg_replication_slots where slot_name = %s", (slot,)).fetchone() == (
             0,
         )
         write_changes(conn, 1)
@@ -121,7 +124,7 @@ def test_incremental_dag_on_a_standby(topology, tmp_path, monkeypatch, airflow_d
         # Confirmed on the standby: the slot there moved past the changes.
         moved = sconn.execute(
             "select confirmed_flush_lsn > %s::pg_lsn from pg_replication_slots where slot_name = %s",
-            (created_at, SLOT),
+            (created_at, slot),
         ).fetchone()
         assert moved == (True,)
         # A heartbeat asked on the standby is written on the primary and replayed before it returns.
@@ -137,7 +140,7 @@ def test_incremental_dag_on_a_standby(topology, tmp_path, monkeypatch, airflow_d
             " insert into sb_late select g, 'v' || g from generate_series(1, 250) g"
         )
         write_changes(conn, 5000)
-    request_table_snapshot(conf["staging_uri"], SLOT, ["public.sb_late"], "add-table", chunk_rows=100)
+    request_table_snapshot(conf["staging_uri"], slot, ["public.sb_late"], "add-table", chunk_rows=100)
     standby.catch_up()
     run(dag, conf)
     with primary.connect("shop") as conn:
@@ -192,8 +195,8 @@ def failover_topology(request):
             yield primary, standby
 
 
-def sync_slot(standby: StandbyCluster, confirmed: str, timeout: float = 60.0) -> None:
-    """Wait until the standby's slot sync worker has a copy of ``SLOT`` that reached ``confirmed``."""
+def sync_slot(standby: StandbyCluster, slot: str, confirmed: str, timeout: float = 60.0) -> None:
+    """Wait until the standby's slot sync worker has a copy of ``slot`` that reached ``confirmed``."""
     import time
 
     deadline = time.monotonic() + timeout
@@ -202,7 +205,7 @@ def sync_slot(standby: StandbyCluster, confirmed: str, timeout: float = 60.0) ->
             standby.catch_up()
             row = sconn.execute(
                 "select synced, confirmed_flush_lsn >= %s::pg_lsn from pg_replication_slots where slot_name = %s",
-                (confirmed, SLOT),
+                (confirmed, slot),
             ).fetchone()
             if row == (True, True):
                 return
@@ -210,7 +213,7 @@ def sync_slot(standby: StandbyCluster, confirmed: str, timeout: float = 60.0) ->
                 logs = sorted(standby.socket_dir.glob("server-*.log"))
                 lines = logs[-1].read_text().splitlines()
                 said = [line for line in lines if "synchroniz" in line or "DETAIL" in line][-2:]
-                raise AssertionError(f"the standby's copy of {SLOT} is {row}: {said}")
+                raise AssertionError(f"the standby's copy of {slot} is {row}: {said}")
             time.sleep(0.2)
 
 
@@ -218,6 +221,7 @@ def sync_slot(standby: StandbyCluster, confirmed: str, timeout: float = 60.0) ->
 def test_a_failover_slot_carries_the_pipeline_over_a_promotion(
     failover_topology, tmp_path, monkeypatch, airflow_db, merge_through_connect, spark
 ):
+    slot = f"{SLOT}_failover"
     from airflow.dag_processing.dagbag import DagBag
 
     primary, standby = failover_topology
@@ -230,7 +234,7 @@ def test_a_failover_slot_carries_the_pipeline_over_a_promotion(
     monkeypatch.setenv("PGDECODE_WAIT_SECONDS", "3")
     dag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags")).dags["pgdecode_incremental"]
     conf = {
-        "slot_name": SLOT,
+        "slot_name": slot,
         "staging_uri": str(tmp_path / "staging"),
         "delta_root": str(tmp_path / "delta"),
         "tables": [f"public.{t}" for t in TABLES],
@@ -241,7 +245,7 @@ def test_a_failover_slot_carries_the_pipeline_over_a_promotion(
     with primary.connect("shop") as conn:
         # Failover, and on 17 not two-phase (unsafe together there): prepared transactions arrive at COMMIT PREPARED.
         assert conn.execute(
-            "select failover, two_phase from pg_replication_slots where slot_name = %s", (SLOT,)
+            "select failover, two_phase from pg_replication_slots where slot_name = %s", (slot,)
         ).fetchone() == (True, False)
         write_changes(conn, 1)
         # The standby copies the slot once the slot's catalog_xmin is one the standby holds: after it is
@@ -253,9 +257,9 @@ def test_a_failover_slot_carries_the_pipeline_over_a_promotion(
         for table in TABLES:
             assert compare_table(conn, spark, str(tmp_path / "delta"), "public", table).equal
         confirmed = conn.execute(
-            "select confirmed_flush_lsn::text from pg_replication_slots where slot_name = %s", (SLOT,)
+            "select confirmed_flush_lsn::text from pg_replication_slots where slot_name = %s", (slot,)
         ).fetchone()[0]
-    sync_slot(standby, confirmed)
+    sync_slot(standby, slot, confirmed)
     # Changes the pipeline has not read yet when the primary goes away.
     with primary.connect("shop") as conn:
         write_changes(conn, 5000)
