@@ -72,6 +72,7 @@ def get_provider_info() -> dict[str, Any]:
         ],
         # The type whose Test button checks what a slot needs (PgDecodeHook.test_connection); a
         # `postgres` connection works with every pgdecode task too, but Airflow tests it with `select 1`.
+        "notifications": ["airflow_provider_pgdecode.notifications.alerts.PgDecodeAlertNotifier"],
         "connection-types": [
             {
                 "connection-type": "pgdecode",

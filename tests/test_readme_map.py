@@ -22,6 +22,7 @@ FOLDERS = (
     "operators",
     "sensors",
     "triggers",
+    "notifications",
     "utils",
 )
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import os
 import posixpath
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from airflow.sdk import Context
 
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+from airflow_provider_pgdecode.batch.freshness import newest_commit_times
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.batch.retention import prune_batches
 from airflow_provider_pgdecode.batch.storage import Storage, is_object_store, spark_uri
@@ -53,9 +56,11 @@ def _staging_root_of(batch: Storage) -> Storage:
     return batch.at(posixpath.dirname(posixpath.dirname(batch.root)))
 
 
-def _check_merged(arguments: ConfirmArguments, context: Context, path: str) -> None:
+def _check_merged(arguments: ConfirmArguments, context: Context, path: str) -> list[str]:
+    """The tables the merge parked (their changes are not in Delta yet); fails when the merge did
+    not handle the batch."""
     if not arguments.merge_task_id:
-        return
+        return []
     merged = context["ti"].xcom_pull(task_ids=arguments.merge_task_id)
     if not isinstance(merged, Mapping):
         raise ConfigurationError(
@@ -70,6 +75,20 @@ def _check_merged(arguments: ConfirmArguments, context: Context, path: str) -> N
             f"({', '.join(map(str, handled)) or 'none'}); the slot was not advanced. Pass the same batch path "
             "to the merge and confirm tasks"
         )
+    return [str(name) for name in merged.get("parked") or []]
+
+
+def _freshness_metrics(
+    slot: str, batch: Storage, manifest: BatchManifest, parked: list[str], oldest_prepared: Any, log: Any
+) -> None:
+    """The confirmed batch's freshness metrics; reading its parts' footers never fails the confirm."""
+    try:
+        newest = newest_commit_times(batch, manifest)
+    except Exception as exc:  # a metric never fails the step it measures
+        log.warning("Could not read the commit times of batch %s for the freshness metrics: %s", batch.root, exc)
+        newest = {}
+    last = {t.target: int(t.max_commit) for t in manifest.tables if t.max_commit is not None}
+    metrics.confirmed(slot, newest, last, parked, oldest_prepared, datetime.now(UTC))
 
 
 def confirm_once(arguments: ConfirmArguments, context: Context, log: Any) -> dict[str, Any]:
@@ -88,14 +107,17 @@ def _confirm(arguments: ConfirmArguments, context: Context, log: Any) -> dict[st
         raise ConfigurationError(
             f"batch {path} belongs to replication slot {manifest.slot!r}, not {arguments.slot_name!r}"
         )
-    _check_merged(arguments, context, path)
+    parked = _check_merged(arguments, context, path)
     end = Lsn.parse(manifest.end_lsn)
+    started = time.monotonic()
     with PgDecodeHook(postgres_conn_id=arguments.postgres_conn_id) as hook:
         with fail_fast(f"batch {path} is merged, but the slot could not be advanced to {end}"):
             before = hook.describe_slot(arguments.slot_name).confirmed_flush_lsn
             position = hook.advance_slot(arguments.slot_name, end)
         after = hook.describe_slot(arguments.slot_name)
+        oldest_prepared = hook.oldest_prepared()
     metrics.slot_state(arguments.slot_name, after.lag_bytes, after.wal_status, after.safe_wal_size)
+    _freshness_metrics(arguments.slot_name, batch, manifest, parked, oldest_prepared, log)
     if position > end:
         log.warning(
             "Slot %s was already at %s, beyond this batch's end %s: something else advanced it. The next "
@@ -123,6 +145,7 @@ def _confirm(arguments: ConfirmArguments, context: Context, log: Any) -> dict[st
             if manifest.snapshot_chunks or not state.get("done"):
                 log.info("Snapshot request %s: %s", request_id, describe_progress(state))
     context["ti"].xcom_push(key=checkpoint_xcom_key(arguments.slot_name), value=checkpoint.to_dict())
+    metrics.emit("confirm.duration", (time.monotonic() - started) * 1000, arguments.slot_name)
     if arguments.retention_days not in (None, ""):
         removed = prune_batches(
             _staging_root_of(batch),

@@ -12,7 +12,7 @@ the rest to the next runs).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from airflow.sdk import Param
 
 from airflow_provider_pgdecode.capture.bounds import DEFAULT_MAX_BATCH_CHANGES, DEFAULT_MAX_BATCH_WAL_BYTES
 from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
+from airflow_provider_pgdecode.notifications.alerts import PgDecodeAlertNotifier
 from airflow_provider_pgdecode.operators.confirm import PgDecodeConfirmOperator
 from airflow_provider_pgdecode.operators.drain import PgDecodeDrainOperator
 from airflow_provider_pgdecode.operators.extract import PgDecodeExtractOperator
@@ -189,6 +190,7 @@ def build_cycle(
     retention_days: int | None,
     source: Source = PARAM_SOURCE,
     pool: str | None = None,
+    alert_notifiers: Sequence[Callable[[Any], Any]] = (),
 ) -> Cycle:
     """Create and wire a cycle's tasks in the DAG being defined (``with DAG(...)``).
 
@@ -202,6 +204,9 @@ def build_cycle(
         batches are merged too), so that the merges of many DAGs share a bounded number of
         slots; ``None``: Airflow's ``default_pool``. The pool must exist: the scheduler does not
         run a task of a missing pool (it only logs a warning).
+    :param alert_notifiers: Airflow notifiers (Slack, email, ...) that get pgdecode's alerts
+        (:class:`~airflow_provider_pgdecode.notifications.alerts.PgDecodeAlertNotifier`): the
+        health check failing, quarantined changes, a parked table, a failed task.
     """
     spark_pool: dict[str, Any] = {"pool": pool} if pool else {}
     src = source
@@ -303,6 +308,13 @@ def build_cycle(
         **spark_pool,
     )
     # [END howto_operator_pgdecode_drain]
+
+    if alert_notifiers:
+        alert = PgDecodeAlertNotifier(alert_notifiers)
+        for task in (ensure_slot, slot_health, extract, merge, confirm, drain):
+            task.on_failure_callback = [alert]
+        for task in (extract, merge, drain):  # quarantined changes, parked tables
+            task.on_success_callback = [alert]
 
     ensure_slot >> [slot_health, wait_for_changes]
     wait_for_changes >> extract >> merge >> confirm >> drain  # extract.output also orders merge and confirm

@@ -27,7 +27,7 @@ two DAGs per slot, not both. Settings: the ``[pgdecode]`` section (``data_dir``,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -57,6 +57,7 @@ def event_driven_dag(
     param_defaults: Mapping[str, Any] | None = None,
     pool: str | None = None,
     settings: CycleSettings | None = None,
+    alert_notifiers: Sequence[Callable[[Any], Any]] = (),
     description: str | None = None,
     tags: Sequence[str] = ("pgdecode", "cdc", "event-driven"),
     doc_md: str | None = None,
@@ -82,6 +83,8 @@ def event_driven_dag(
         Airflow's ``default_pool``.
     :param settings: wait, health and retention settings; default a wait of
         :data:`WAIT_SECONDS` and the ``[pgdecode]`` settings ``max_lag_bytes`` and ``retention_days``.
+    :param alert_notifiers: Airflow notifiers that get pgdecode's alerts (``{{ pgdecode_alert }}``
+        in their templates; docs/alerts.md).
     :param auto_register: Airflow's: register the DAG with the DAG file being parsed (``False``
         for a DAG found through a module attribute only).
     """
@@ -118,6 +121,7 @@ def event_driven_dag(
             retention_days=settings.retention_days,
             source=Source(slot_name, postgres_conn_id, plugin, pub),
             pool=pool,
+            alert_notifiers=alert_notifiers,
         )
     return dag
 

@@ -77,7 +77,7 @@ parsed, and the merge in a pool of its own.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import EllipsisType
 from typing import Any
@@ -97,6 +97,7 @@ def incremental_dag(
     param_defaults: Mapping[str, Any] | None = None,
     pool: str | None = None,
     settings: CycleSettings | None = None,
+    alert_notifiers: Sequence[Callable[[Any], Any]] = (),
     description: str | None = None,
     tags: Sequence[str] = ("pgdecode", "cdc"),
     doc_md: str | None = None,
@@ -114,6 +115,8 @@ def incremental_dag(
     :param pool: the Airflow pool of the tasks that run Spark (``merge``, ``drain``); default
         Airflow's ``default_pool``.
     :param settings: wait, health and retention settings; default the ``[pgdecode]`` settings.
+    :param alert_notifiers: Airflow notifiers that get pgdecode's alerts (``{{ pgdecode_alert }}``
+        in their templates; docs/alerts.md).
     :param auto_register: Airflow's: register the DAG with the DAG file being parsed (``False``
         for a DAG found through a module attribute only).
     """
@@ -140,6 +143,7 @@ def incremental_dag(
             # Staged batches are the replay log of pgdecode_backfill; None keeps them all.
             retention_days=settings.retention_days,
             pool=pool,
+            alert_notifiers=alert_notifiers,
             **({"source": source} if source is not None else {}),
         )
     return dag

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -268,6 +269,10 @@ class PgDecodeHook(PostgresHook):
         :param content: the message content.
         """
         return self.get_slot_client().heartbeat(prefix=prefix, content=content)
+
+    def oldest_prepared(self) -> datetime | None:
+        """When the oldest transaction still prepared in the database was prepared, or ``None``."""
+        return self.get_slot_client().oldest_prepared()
 
     def current_flush_lsn(self) -> Lsn:
         """The server's WAL flush position: the ceiling a peek can reach."""

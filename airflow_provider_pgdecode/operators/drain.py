@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -17,26 +18,36 @@ from airflow_provider_pgdecode.cycle.merge import MergeArguments, merge_once
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.utils import metrics
 from airflow_provider_pgdecode.utils.xcom import checkpoint_xcom_key
 
 Arguments = TypeVar("Arguments", ExtractArguments, MergeArguments, ConfirmArguments)
 
 
-def eta_text(lag_bytes: int, drained_bytes: int, written_bytes: int, seconds: float) -> str:
-    """How long the WAL left takes to drain at the rates so far.
+def eta_seconds(lag_bytes: int, drained_bytes: int, written_bytes: int, seconds: float) -> float | None:
+    """How long the WAL left takes to drain at the rates so far: 0 with nothing left, ``None``
+    when unknown (nothing drained yet), ``inf`` when the source writes as fast as the drain reads.
 
     The source keeps writing while the drain reads, so the lag shrinks at the drain's rate minus
-    the source's (``written_bytes``: how far the server's WAL position moved meanwhile); when the
-    source is as fast, the time is not a number but a warning.
+    the source's (``written_bytes``: how far the server's WAL position moved meanwhile).
     """
     if lag_bytes <= 0:
-        return "nothing"
+        return 0.0
     if drained_bytes <= 0 or seconds <= 0:
-        return "an unknown time"
+        return None
     gain = (drained_bytes - written_bytes) / seconds
-    if gain <= 0:
+    return lag_bytes / gain if gain > 0 else math.inf
+
+
+def eta_text(lag_bytes: int, drained_bytes: int, written_bytes: int, seconds: float) -> str:
+    """:func:`eta_seconds` in words; when the source is as fast, not a number but a warning."""
+    left = eta_seconds(lag_bytes, drained_bytes, written_bytes, seconds)
+    if left == 0:
+        return "nothing"
+    if left is None:
+        return "an unknown time"
+    if math.isinf(left):
         return "no end at these rates (the source writes WAL as fast as the drain reads it)"
-    left = lag_bytes / gain
     return f"{left / 60:.1f} min" if left >= 90 else f"{left:.0f} s"
 
 
@@ -186,6 +197,10 @@ class PgDecodeDrainOperator(BaseOperator):
         elapsed = max(time.monotonic() - started, 1e-9)
         wal = self._server_wal()
         lag = max(wal - int(end), 0)
+        metrics.emit("drain.backlog_bytes", lag, str(self.slot_name))
+        left = eta_seconds(lag, int(end) - int(start), wal - start_wal, elapsed)
+        if left is not None and math.isfinite(left):
+            metrics.emit("drain.eta_seconds", left, str(self.slot_name))
         self.log.info(
             "Drain: %d batch(es) done, %d changes (%.0f changes/s), at %s, %d bytes of WAL left, %s to catch up",
             result["batches"],

@@ -328,6 +328,11 @@ class SlotClient:
             return None
         return timedelta(seconds=int(row[0]) * {"min": 60, "h": 3600}.get(row[1], 1))
 
+    def oldest_prepared(self) -> datetime | None:
+        """When the oldest transaction still prepared in this database was prepared, or ``None``."""
+        row = self._one("SELECT min(prepared) FROM pg_prepared_xacts WHERE database = current_database()")
+        return row[0] if row is not None else None
+
     def in_recovery(self) -> bool:
         """Whether the server is a standby."""
         return in_recovery(self.conn)

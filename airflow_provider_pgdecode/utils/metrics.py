@@ -10,7 +10,8 @@ drops them (as Airflow's own ``dagrun.duration.success.<dag_id>``). docs/metrics
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from datetime import datetime
 from typing import Any
 
 from airflow.sdk.observability import stats
@@ -38,9 +39,27 @@ METRICS: dict[str, tuple[str, str]] = {
     "merge.duration": ("timing", "the merge's time"),
     "merge.tables": ("gauge", "tables merged by the run"),
     "merge.parked": ("gauge", "tables parked after the run (docs/merge.md, 'Parked tables')"),
+    "slot.lag_seconds": (
+        "gauge",
+        "at the confirm, seconds since the newest commit the confirmed batch carried: how far Delta trails the "
+        "source (a batch without changes sends none)",
+    ),
+    "slot.oldest_prepared_age_seconds": (
+        "gauge",
+        "at the confirm, the age of the oldest transaction prepared and not yet committed or rolled back in the "
+        "slot's database (0: none); its changes wait in the checkpoint until it is resolved",
+    ),
     "confirm.released_bytes": ("gauge", "WAL released by advancing the slot"),
+    "confirm.duration": ("timing", "the confirm's time (advance and checkpoint)"),
+    "drain.backlog_bytes": ("gauge", "WAL left to drain after each batch of a drain"),
+    "drain.eta_seconds": ("gauge", "the drain's time left at the rates so far (sent while it has an end)"),
     "table.changes": ("gauge", "a table's changes in the batch (tag table)"),
     "table.rows_written": ("gauge", "a table's rows inserted, updated and deleted in Delta by the merge (tag table)"),
+    "table.last_commit_lsn": ("gauge", "at the confirm, the newest commit LSN merged into the table, as a number"),
+    "table.freshness_seconds": (
+        "gauge",
+        "at the confirm, seconds since the newest commit merged into the table (parked tables are not sent)",
+    ),
 }
 WAL_STATUS = {"reserved": 0, "extended": 1, "unreserved": 2, "lost": 3}
 
@@ -91,3 +110,25 @@ def merge_done(slot: str, summary: Mapping[str, Any], seconds: float) -> None:
     for table, result in tables.items():
         written = sum(int(result.get(k) or 0) for k in ("inserted", "updated", "deleted"))
         emit("table.rows_written", written, slot, table)
+
+
+def confirmed(
+    slot: str,
+    newest: Mapping[tuple[str, str], datetime],
+    last_lsns: Mapping[tuple[str, str], int],
+    parked: Collection[str],
+    oldest_prepared: datetime | None,
+    now: datetime,
+) -> None:
+    """What the confirm knows: per merged table its newest commit LSN and time, the slot's lag in
+    seconds (the batch's newest commit), the oldest prepared transaction's age."""
+    for target, lsn in last_lsns.items():
+        name = ".".join(target)
+        if name in parked:
+            continue
+        emit("table.last_commit_lsn", lsn, slot, name)
+        if target in newest:
+            emit("table.freshness_seconds", (now - newest[target]).total_seconds(), slot, name)
+    if newest:
+        emit("slot.lag_seconds", (now - max(newest.values())).total_seconds(), slot)
+    emit("slot.oldest_prepared_age_seconds", (now - oldest_prepared).total_seconds() if oldest_prepared else 0.0, slot)

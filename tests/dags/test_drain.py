@@ -83,8 +83,19 @@ def test_a_backlog_drains_in_one_run_and_resumes_after_a_kill(pg_conn, drain_dag
     run(dag, conf)  # creates the slot; nothing to load yet
     backlog(c, 0)
 
+    sent: list[tuple[str, float]] = []  # the metrics the steps send, through Airflow's facade as always
+    send = drain_module.metrics.emit
+    monkeypatch.setattr(
+        drain_module.metrics,
+        "emit",
+        lambda metric, value, *a, **k: (sent.append((metric, value)), send(metric, value, *a, **k)),
+    )
     states = run(dag, conf)
     assert states["drain"] == "success"
+    backlogs = [v for m, v in sent if m == "drain.backlog_bytes"]
+    assert len(backlogs) >= 3 and backlogs[-1] < backlogs[0], backlogs  # the backlog shrinks batch by batch
+    assert any(m == "drain.eta_seconds" and v > 0 for m, v in sent), sent
+    monkeypatch.setattr(drain_module.metrics, "emit", send)
     batches = staged(conf)
     assert len(batches) >= 5
     for manifest in batches:

@@ -16,6 +16,7 @@ import pytest
 from airflow.sdk.observability import stats
 from airflow.sdk.observability.metrics import stats_utils
 
+from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.operators import (
     PgDecodeConfirmOperator,
@@ -99,6 +100,9 @@ def test_a_cycle_sends_the_documented_metrics(
         task_id="merge", batch_paths=batch["path"], delta_root=str(tmp_path / "delta")
     ).execute(make_context())
     pg_conn.execute("insert into metric_items values (1000, 'after')")  # the slot lags behind it once confirmed
+    pg_conn.execute("begin")  # a transaction left prepared: its age is reported at the confirm
+    pg_conn.execute("insert into metric_items values (1001, 'prepared')")
+    pg_conn.execute("prepare transaction 'metric_pending'")
     PgDecodeConfirmOperator(task_id="confirm", slot_name=slot_name, batch_path=batch["path"]).execute(
         make_context(merge=merged)
     )
@@ -112,6 +116,8 @@ def test_a_cycle_sends_the_documented_metrics(
     for metric in metrics.METRICS:
         if metric == "slot.safe_wal_size_bytes" and not limited:  # sent only when the server limits it
             continue
+        if metric.startswith("drain."):  # sent by a drain, between its batches: tests/dags/test_drain.py
+            continue
         assert statsd.values(f"airflow.pgdecode.{metric}"), f"{metric} never arrived: {statsd.lines}"
     assert statsd.values(f"airflow.pgdecode.extract.changes.{slot}") == [45.0]
     assert statsd.values(f"airflow.pgdecode.table.changes.{slot}.public.metric_items") == [45.0]
@@ -122,6 +128,17 @@ def test_a_cycle_sends_the_documented_metrics(
     assert statsd.values(f"airflow.pgdecode.slot.lag_bytes.{slot}")[0] > 0  # the insert after the batch
     assert statsd.values(f"airflow.pgdecode.confirm.released_bytes.{slot}")[0] > 0
     assert statsd.values(f"airflow.pgdecode.extract.duration.{slot}")[0] > 0
+    # Freshness: the batch's newest commit was seconds ago; the table's newest merged commit is the batch's last.
+    (lag_seconds,) = statsd.values(f"airflow.pgdecode.slot.lag_seconds.{slot}")
+    assert 0 <= lag_seconds < 600
+    (fresh,) = statsd.values(f"airflow.pgdecode.table.freshness_seconds.{slot}.public.metric_items")
+    assert fresh == pytest.approx(lag_seconds, abs=1)
+    (last_lsn,) = statsd.values(f"airflow.pgdecode.table.last_commit_lsn.{slot}.public.metric_items")
+    assert int(Lsn.parse(batch["start_lsn"])) < last_lsn <= int(Lsn.parse(batch["end_lsn"]))
+    (prepared_age,) = statsd.values(f"airflow.pgdecode.slot.oldest_prepared_age_seconds.{slot}")
+    assert prepared_age > 0
+    pg_conn.execute("rollback prepared 'metric_pending'")
+    assert statsd.values(f"airflow.pgdecode.confirm.duration.{slot}")[0] > 0
 
 
 def test_the_documented_table_is_the_metrics_sent() -> None:

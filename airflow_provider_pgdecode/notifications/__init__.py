@@ -1,0 +1,1 @@
+"""Notifiers: pgdecode's alerts handed to Airflow's own notifiers (Slack, email, ...)."""
