@@ -57,7 +57,7 @@ from airflow_provider_pgdecode.capture.tables import parse_table_names
 from airflow_provider_pgdecode.decoding.assembler import Transaction
 from airflow_provider_pgdecode.decoding.events import UNCHANGED_TOAST, Change, RowImage, Truncate
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, StagingError
+from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, StagingError, StandbyWriteError
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, TableKey
 from airflow_provider_pgdecode.postgres.session import Connection, pin_settings, rollback, rollback_if_open
 from airflow_provider_pgdecode.postgres.session import commit as commit_transaction
@@ -437,8 +437,9 @@ class TableSnapshotter:
             except _NotNow as exc:
                 log.warning("Snapshot request %s waits: %s", request.id, exc)
                 break
-            except (CatalogError, StagingError) as exc:
-                # One bad request must not stop the pipeline's other tables.
+            except (CatalogError, StagingError, StandbyWriteError) as exc:
+                # One bad request must not stop the pipeline's other tables. On a standby without
+                # primary_conn_id the watermarks cannot be written: the error says how to name one.
                 log.error("Snapshot request %s failed and is given up: %s", request.id, exc)
                 state["error"] = str(exc)
                 state["done"] = True

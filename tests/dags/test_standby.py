@@ -184,6 +184,49 @@ def test_heartbeat_goes_to_the_primary(topology, monkeypatch) -> None:
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("topology", [on_major(16)], indirect=True)
+def test_a_table_snapshot_on_a_standby_without_its_primary_is_given_up_alone(topology, tmp_path, monkeypatch) -> None:
+    """Without ``primary_conn_id`` a table snapshot's watermarks cannot be written: that request is
+    given up with the way forward, and the batch's changes are staged as usual."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_provider_pgdecode.capture.extract import extract_batch
+    from airflow_provider_pgdecode.capture.table_snapshot import read_snapshot_state, write_snapshot_states
+    from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+    from airflow_provider_pgdecode.sensors.table_snapshot import PgDecodeTableSnapshotSensor
+
+    primary, standby = topology
+    with primary.connect("shop") as conn:
+        conn.execute(
+            "create table sb_orders (id int primary key, status text, amount numeric(10,2));"
+            " create table sb_late (id int primary key, v text);"
+            " insert into sb_late select g, 'v' || g from generate_series(1, 50) g"
+        )
+    connections(monkeypatch, primary, standby, with_primary=True)
+    with PgDecodeHook() as hook:  # the slot is created with the primary's help
+        hook.ensure_slot("sb_alone", plugin="test_decoding", two_phase=True)
+    with primary.connect("shop") as conn:
+        conn.execute("insert into sb_orders select g, 'new', g from generate_series(1, 30) g")
+    standby.catch_up()
+    staging = tmp_path / "staging"
+    request = request_table_snapshot(str(staging), "sb_alone", ["public.sb_late"], "add-table")
+    with standby.connect("shop") as sconn:  # and now read without it
+        manifest = extract_batch(sconn, "sb_alone", staging, tables=["public.sb_orders"])
+    error = manifest.snapshots[request.id]["error"]
+    assert manifest.snapshots[request.id]["done"] and "primary_conn_id" in error, manifest.snapshots
+    assert {t.table: t.inserts for t in manifest.tables} == {"sb_orders": 30}
+    assert manifest.snapshot_chunks == []
+    # Once confirmed, the request's sensor says so, with both ways forward.
+    write_snapshot_states(str(staging), "sb_alone", manifest.snapshots)
+    assert read_snapshot_state(str(staging), "sb_alone", request.id)["error"] == error
+    sensor = PgDecodeTableSnapshotSensor(
+        task_id="wait", slot_name="sb_alone", staging_root=str(staging), request_id=request.id
+    )
+    with pytest.raises(AirflowFailException, match="primary_conn_id.*file a new request"):
+        sensor.poke({})
+
+
+@pytest.mark.postgres
 @pytest.mark.parametrize("topology", [on_major(15)], indirect=True)
 def test_a_standby_before_16_is_refused_with_the_reason(topology, monkeypatch) -> None:
     from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
