@@ -70,6 +70,9 @@ def get_provider_info() -> dict[str, Any]:
                 ],
             }
         ],
+        # The pgdecode view in Airflow's UI (docs/ui.md); loaded through the airflow.plugins entry
+        # point (setup.cfg), listed here for `airflow providers` and lazy_discover_providers = False.
+        "plugins": [{"name": "pgdecode", "plugin-class": "airflow_provider_pgdecode.ui.plugin.PgDecodeViewPlugin"}],
         # The type whose Test button checks what a slot needs (PgDecodeHook.test_connection); a
         # `postgres` connection works with every pgdecode task too, but Airflow tests it with `select 1`.
         "notifications": ["airflow_provider_pgdecode.notifications.alerts.PgDecodeAlertNotifier"],

@@ -115,6 +115,8 @@ class AirflowDeployment:
     :param api_port: the API server's port; default a free one.
     :param parallelism: tasks the LocalExecutor runs at once.
     :param airflow: the ``airflow`` command; default the one next to this interpreter.
+    :param components: which of :data:`COMPONENTS` to start (default all; ``("api-server",)``
+        serves the UI and the API over a metadata database that something else fills).
     """
 
     def __init__(
@@ -127,7 +129,12 @@ class AirflowDeployment:
         api_port: int | None = None,
         parallelism: int = 4,
         airflow: str | None = None,
+        components: Sequence[str] = tuple(COMPONENTS),
     ) -> None:
+        unknown = [c for c in components if c not in COMPONENTS]
+        if unknown:
+            raise ValueError(f"unknown Airflow components {unknown}; the components are {', '.join(COMPONENTS)}")
+        self.components = tuple(components)
         self.home = Path(home)
         self.metadata_dsn = metadata_dsn
         self.dags_folder = Path(dags_folder)
@@ -204,6 +211,8 @@ class AirflowDeployment:
         self._finalizer = weakref.finalize(self, _stop_all, self.procs, 5.0)
         try:
             for name, args in COMPONENTS.items():
+                if name not in self.components:
+                    continue
                 extra = ("--port", str(self.api_port)) if name == "api-server" else ()
                 log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
                 self._logs[name] = log

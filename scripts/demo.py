@@ -8,7 +8,8 @@
    then brings a table whose rows predate the slot into the pipeline: ``pgdecode_backfill`` in
    ``add-table`` mode files the request, and the next incremental run copies it chunk by chunk;
 4. prints, per table, the source row count, the Delta row count and whether they are equal,
-   and where the Delta tables are.
+   where the Delta tables are, and how to open the pgdecode view of the runs in Airflow's UI
+   (an ``airflow api-server`` on the demo's Airflow home; docs/ui.md).
 
 Everything lives under ``.demo/`` (removed and made anew on each run).
 
@@ -372,7 +373,23 @@ def run_demo(
             print(f"    Delta tables: {delta_root}/public/<table>")
             print(f"    staged batches: {staging}/{SLOT}/")
             print(f"    Airflow home (SQLite DB, task logs): {DEMO / 'airflow'}")
+            print_view_hint()
     return 0 if all_equal else 1
+
+
+def print_view_hint(port: int = 8080) -> None:
+    """Where to open the pgdecode view (docs/ui.md) of the runs above: an API server on the
+    demo's Airflow home. Every visitor is an admin there (a local look, not a deployment)."""
+    airflow = Path(sys.executable).parent / "airflow"
+    print(
+        "\n    The pgdecode view of these runs (sources, slot lag, tables, batches; docs/ui.md):\n"
+        f"      AIRFLOW_HOME={DEMO / 'airflow'} AIRFLOW__CORE__DAGS_FOLDER={REPO / 'dags'} "
+        f"AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS=True \\\n"
+        f"        {airflow} api-server --port {port}\n"
+        f"      then open http://localhost:{port}/plugin/pgdecode (in Airflow's UI; the page alone: "
+        f"http://localhost:{port}/pgdecode/).\n"
+        "      The demo's PostgreSQL is gone by then: the page says its slot is unreachable."
+    )
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 # binaries (for the throwaway clusters of tests, benchmarks and the demo), a Java 17+
 # runtime (for Spark), gcc with the Python headers (for the native extract), and docker-compose
 # (the test suite validates docker/docker-compose.yml with 'docker-compose config', which needs
-# no Docker engine). Debian/Ubuntu only; as root, or through sudo when it is available.
+# no Docker engine), and Chromium (the UI test opens the pgdecode view in a headless browser).
+# Debian/Ubuntu only; as root, or through sudo when it is available.
 set -euo pipefail
 
 need=()
@@ -21,6 +22,10 @@ fi
 # Debian's docker-compose (1.x): enough for 'config'; tests/docker skips without it.
 if ! command -v docker-compose >/dev/null 2>&1; then
     need+=(docker-compose)
+fi
+# Debian's chromium: tests/ui opens the pgdecode view in it, headless (tests skip without it).
+if ! command -v chromium >/dev/null 2>&1; then
+    need+=(chromium)
 fi
 PY_FOR_HEADERS="${PYTHON:-python3.11}"
 if command -v "$PY_FOR_HEADERS" >/dev/null 2>&1; then

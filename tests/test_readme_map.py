@@ -23,6 +23,7 @@ FOLDERS = (
     "sensors",
     "triggers",
     "notifications",
+    "ui",
     "utils",
 )
 

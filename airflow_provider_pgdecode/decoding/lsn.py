@@ -75,3 +75,15 @@ class Lsn(int):
 
 
 ZERO = Lsn(0)
+
+
+def describe_bytes(n: int | None) -> str:
+    """A byte count (a WAL distance, a slot's lag) in words: ``512 bytes``, ``1.5 MiB``."""
+    if n is None:
+        return "unknown"
+    value = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{n} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} bytes"  # pragma: no cover

@@ -10,6 +10,7 @@ from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_pgdecode.batch.parking import read_parked
+from airflow_provider_pgdecode.decoding.lsn import describe_bytes
 from airflow_provider_pgdecode.errors import SlotError, SlotInUseError, StandbyWriteError
 from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
@@ -18,17 +19,6 @@ from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.postgres.slot import SlotInfo
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
 from airflow_provider_pgdecode.utils.xcom import latest_xcom
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "unknown"
-    value = float(n)
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{n} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} bytes"  # pragma: no cover
 
 
 class PgDecodeSlotHealthSensor(BaseSensorOperator):
@@ -171,17 +161,17 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
                 other.slot_name,
                 other.database,
                 other.plugin,
-                _size(other.lag_bytes),
-                _size(self.max_lag_bytes),
+                describe_bytes(other.lag_bytes),
+                describe_bytes(self.max_lag_bytes),
                 other.slot_name,
             )
         parked = self._check_parked()
         lag = info.lag_bytes or 0
         if self.max_lag_bytes is not None and lag > self.max_lag_bytes:
             raise AirflowException(
-                f"replication slot {name!r} lags the server's WAL by {_size(lag)} (confirmed at "
+                f"replication slot {name!r} lags the server's WAL by {describe_bytes(lag)} (confirmed at "
                 f"{info.confirmed_flush_lsn}, server at {info.current_lsn}), more than max_lag_bytes "
-                f"{_size(self.max_lag_bytes)}; the server retains that WAL for it. Run the pipeline (extract, "
+                f"{describe_bytes(self.max_lag_bytes)}; the server retains that WAL for it. Run the pipeline (extract, "
                 "merge, confirm) to advance the slot, check that its DAG is not paused or failing, or drop the "
                 "slot if nothing reads it any more"
             )
@@ -191,8 +181,8 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
             info.plugin,
             info.wal_status,
             info.confirmed_flush_lsn,
-            _size(lag),
-            _size(info.safe_wal_size) if info.safe_wal_size is not None else "unlimited",
+            describe_bytes(lag),
+            describe_bytes(info.safe_wal_size) if info.safe_wal_size is not None else "unlimited",
             f", heartbeat at {heartbeat_lsn}" if heartbeat_lsn is not None else "",
         )
         return PokeReturnValue(
@@ -237,8 +227,8 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
         name = info.slot_name
         if info.wal_status == "unreserved":
             raise AirflowException(
-                f"replication slot {name!r} has wal_status = unreserved: it retains {_size(info.lag_bytes)} of "
-                f"WAL, beyond max_slot_wal_keep_size (safe_wal_size {_size(info.safe_wal_size)}), and the server "
+                f"replication slot {name!r} has wal_status = unreserved: it retains {describe_bytes(info.lag_bytes)} of "
+                f"WAL, beyond max_slot_wal_keep_size (safe_wal_size {describe_bytes(info.safe_wal_size)}), and the server "
                 "will remove that WAL at its next checkpoint, losing the slot. Advance it now: run the pipeline "
                 "(extract, merge, confirm), or raise max_slot_wal_keep_size"
             )
@@ -277,7 +267,7 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
             raise AirflowException(
                 f"replication slot {info.slot_name!r}: changes pending, nothing extracted for {stalled - 1} runs "
                 f"(its confirmed position {info.confirmed_flush_lsn} has not moved while {probe.changes} or more "
-                f"change(s) waited, from {probe.first_change_lsn} on; lag {_size(info.lag_bytes)}). Look at those "
+                f"change(s) waited, from {probe.first_change_lsn} on; lag {describe_bytes(info.lag_bytes)}). Look at those "
                 "runs' wait_for_changes, extract, merge and confirm tasks: a failed or skipped task, a paused task, "
                 "or a pgoutput publication that leaves the table out; the slot's lag grows until they run"
             )
@@ -312,7 +302,7 @@ class PgDecodeSlotHealthSensor(BaseSensorOperator):
         self.log.info(
             "Slot %s has nothing pending while lagging %s: wrote a heartbeat at %s so the next extract can advance it",
             info.slot_name,
-            _size(info.lag_bytes),
+            describe_bytes(info.lag_bytes),
             lsn,
         )
         return lsn
