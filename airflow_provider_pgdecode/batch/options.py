@@ -30,6 +30,7 @@ BadValuePolicy = Literal["fail", "quarantine"]
 ArrayStaging = Literal["list", "json"]
 KeptAs = Literal["string"]
 RewritePolicy = Literal["resnapshot", "stop"]
+PartitionLanding = Literal["root", "leaves"]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -90,6 +91,13 @@ class TableOptions(BaseModel):
         dropped and created again under its name): ``resnapshot`` (default) files a resnapshot
         request for it, which the next runs copy; ``stop`` stops the run naming the table until a
         snapshot request for it is filed. See docs/merge.md, "DDL on a source table".
+    :param partitions: for a partitioned table (the one at the top of its tree): ``root``
+        (default) lands every partition's rows in this table's one Delta table; ``leaves`` gives
+        each leaf partition its own Delta table, named after it, as if the leaves had been named
+        in ``tables`` (the initial load and table snapshots copy the leaves; a partition attached
+        with rows of its own is resnapshotted by its ``on_rewrite``). Not with a pgoutput
+        publication that sets ``publish_via_partition_root``, which sends the leaves' changes
+        under the root's name. See docs/merge.md, "Partitioned tables".
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -100,6 +108,7 @@ class TableOptions(BaseModel):
     arrays: ArrayStaging = "list"
     type_map: dict[str, KeptAs] = Field(default_factory=dict)
     on_rewrite: RewritePolicy = "resnapshot"
+    partitions: PartitionLanding = "root"
 
     @field_validator("type_map")
     @classmethod
@@ -144,7 +153,8 @@ def parse_table_options(value: Mapping[str, Any] | None) -> dict[tuple[str, str]
             raise ConfigurationError(
                 f"table_options[{name!r}] is invalid ({problems}); allowed: mode in {LOAD_MODES}, "
                 "on_bad_value in ('fail', 'quarantine'), max_value_bytes > 0, arrays in ('list', 'json'), "
-                "type_map of PostgreSQL type names to 'string'"
+                "type_map of PostgreSQL type names to 'string', on_rewrite in ('resnapshot', 'stop'), partitions in "
+                "('root', 'leaves')"
             ) from None
     return out
 

@@ -39,7 +39,14 @@ from airflow_provider_pgdecode.batch.storage import Storage, as_storage
 from airflow_provider_pgdecode.batch.writer import DEFAULT_PART_ROWS, BatchWriter, check_append_only
 from airflow_provider_pgdecode.capture.bounds import CHANGES, WAL_BYTES, BatchBounds, BatchCut
 from airflow_provider_pgdecode.capture.native import extract_native, load_native, native_wanted
-from airflow_provider_pgdecode.capture.partitions import Roots, partition_changes, with_partitions, with_root_options
+from airflow_provider_pgdecode.capture.partitions import (
+    Roots,
+    landing_roots,
+    partition_changes,
+    selected_kept_roots,
+    with_partitions,
+    with_root_options,
+)
 from airflow_provider_pgdecode.capture.reconcile import Reconciliation, reconcile
 from airflow_provider_pgdecode.capture.renames import KnownTables, follow_selection, follow_staged
 from airflow_provider_pgdecode.capture.rewrites import find_rewrites, handle_rewrites
@@ -58,7 +65,7 @@ from airflow_provider_pgdecode.capture.table_snapshot import (
     added_tables,
     list_snapshot_requests,
 )
-from airflow_provider_pgdecode.capture.tables import parse_table_names
+from airflow_provider_pgdecode.capture.tables import check_leaves_publishable, parse_table_names
 from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS, plugin_unknown
 from airflow_provider_pgdecode.decoding.assembler import PreparedTransaction, Transaction, TransactionAssembler
 from airflow_provider_pgdecode.decoding.events import Message
@@ -280,7 +287,10 @@ class ExtractPlan:
     known: KnownTables
     snapshots: dict[str, Any]
     partition_roots: Roots = field(default_factory=dict)
-    """Each partition's partitioned table at the top of its tree (:mod:`.partitions`)."""
+    """Each partition's partitioned table at the top of its tree, whose Delta table its changes
+    land in (:mod:`.partitions`); not the partitions of roots kept as leaves."""
+    kept_roots: set[tuple[str, str]] = field(default_factory=set)
+    """Partitioned tables whose partitions are kept as leaves (their ``partitions`` option)."""
 
     @property
     def confirmed(self) -> Lsn:
@@ -338,6 +348,14 @@ def plan_extract(
     known = KnownTables.from_checkpoint(checkpoint)
     catalog = Catalog(conn)
     roots = catalog.partition_roots()
+    options = parse_table_options(request.table_options)
+    selection = follow_selection(catalog, include_pairs, known)
+    # Roots kept as leaves: their leaves land in Delta tables of their own, and only an
+    # attached partition is looked for in the catalog (tracked as the roots' partitions are).
+    kept = selected_kept_roots(selection, roots, options)
+    check_leaves_publishable(catalog, request.publication if request.plugin == "pgoutput" else None, kept)
+    for name, oid in kept.items():
+        known.add_root(oid, name)
     return ExtractPlan(
         conn=conn,
         slot_name=slot_name,
@@ -348,11 +366,12 @@ def plan_extract(
         checkpoint=checkpoint,
         start_lsn=start_lsn,
         pending=pending,
-        include_pairs=with_partitions(follow_selection(catalog, include_pairs, known), roots),
-        options_by_table=with_root_options(parse_table_options(request.table_options), roots),
+        include_pairs=with_partitions(selection, roots),
+        options_by_table=with_root_options(options, roots),
         known=known,
         snapshots=dict(checkpoint.snapshots) if checkpoint is not None else {},
-        partition_roots=roots,
+        partition_roots=landing_roots(roots, options),
+        kept_roots=set(kept),
     )
 
 
@@ -640,7 +659,7 @@ def staged_manifest(
     check_clamped_keys(tables_staged, writer.clamped_values())
     # Rows changed without row changes in the WAL (a rewrite, a re-created table, a partition
     # attached, detached or truncated): resnapshot or stop.
-    rewrites = find_rewrites(catalog, followed.known) + partition_changes(catalog, followed.known)
+    rewrites = find_rewrites(catalog, followed.known) + partition_changes(catalog, followed.known, plan.kept_roots)
     handle_rewrites(rewrites, plan.options_by_table, plan.staging, plan.slot_name)
     check_append_only(tmp, tables_staged)
     prepared_entries = writer.save_prepared(assembler.pending())

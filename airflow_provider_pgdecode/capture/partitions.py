@@ -13,15 +13,22 @@ attached with rows of its own, one detached or dropped (its rows leave the root)
 root). Each is handled as a rewrite (:mod:`.rewrites`, the root's ``on_rewrite`` option): the
 root is resnapshotted, replacing its Delta rows. So a partition's TRUNCATE is never staged as one:
 it would empty the whole root's Delta table.
+
+A partitioned table whose ``partitions`` option is ``leaves`` keeps its leaves apart instead: each
+leaf partition lands in a Delta table of its own name (:func:`landing_roots` leaves them out of the
+root mapping, :func:`.tables.expand_kept_leaves` lists them where the root was selected), its TRUNCATE is
+decoded as any table's, and only a partition attached with rows of its own is found in the catalog
+(resnapshotted by the leaf's ``on_rewrite``); one detached keeps its Delta table as last merged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from airflow_provider_pgdecode.batch.options import TableOptions
 from airflow_provider_pgdecode.capture.renames import KnownTables
 from airflow_provider_pgdecode.capture.rewrites import Rewrite
+from airflow_provider_pgdecode.capture.tables import kept_as_leaves
 from airflow_provider_pgdecode.postgres.catalog import Catalog
 
 Name = tuple[str, str]
@@ -47,10 +54,31 @@ def with_root_options(options: Mapping[Name, TableOptions], roots: Roots) -> dic
     return out
 
 
-def partition_changes(catalog: Catalog, known: KnownTables) -> list[Rewrite]:
+def landing_roots(roots: Roots, options: Mapping[Name, TableOptions]) -> Roots:
+    """``roots`` without the partitions of roots kept as leaves: the partitions whose changes land
+    in their root's Delta table."""
+    kept = kept_as_leaves(options)
+    return {leaf: root for leaf, root in roots.items() if root[1] not in kept} if kept else roots
+
+
+def selected_kept_roots(
+    selected: set[Name] | None, roots: Roots, options: Mapping[Name, TableOptions]
+) -> dict[Name, int]:
+    """The roots kept as leaves that ``selected`` takes (the root or any of its partitions; every
+    one when ``None``), with their OIDs."""
+    kept = kept_as_leaves(options)
+    return {
+        root: oid
+        for leaf, (oid, root) in roots.items()
+        if root in kept and (selected is None or root in selected or leaf in selected)
+    }
+
+
+def partition_changes(catalog: Catalog, known: KnownTables, kept: Collection[Name] = ()) -> list[Rewrite]:
     """The partitioned tables of ``known`` whose rows changed without row changes in the WAL since
     the last extract (a partition attached with rows, detached or dropped, truncated); records
-    each one's partitions in ``known`` for the next run (the first record compares with nothing)."""
+    each one's partitions in ``known`` for the next run (the first record compares with nothing).
+    For a root of ``kept`` (kept as leaves) only the partitions attached with rows: each of them."""
     candidates = sorted(set(known.names) | set(known.partitions))
     now = catalog.relation_names(candidates)
     leaves_now = catalog.partition_leaves([oid for oid in candidates if oid in now])
@@ -60,8 +88,9 @@ def partition_changes(catalog: Catalog, known: KnownTables) -> list[Rewrite]:
     for oid in tracked:
         leaves = leaves_now.get(oid, {})
         before = known.partitions.get(oid)
-        why = _partition_change(before, leaves) if before is not None else None
-        if why:
+        if now[oid] in kept:
+            out.extend(_attached_leaves(catalog, now[oid], before, leaves))
+        elif before is not None and (why := _partition_change(before, leaves)):
             out.append(Rewrite(now[oid], oid, why))
         known.partitions[oid] = {leaf: filenode for leaf, (filenode, _) in leaves.items()}
     return out
@@ -80,6 +109,18 @@ def _partition_change(before: Mapping[int, int], now: Mapping[int, tuple[int, bo
     if truncated:
         reasons.append(f"partition(s) with OID {_oids(truncated)} truncated or rewritten")
     return "; ".join(reasons) or None
+
+
+def _attached_leaves(
+    catalog: Catalog, root: Name, before: Mapping[int, int] | None, now: Mapping[int, tuple[int, bool]]
+) -> list[Rewrite]:
+    """The partitions of a root kept as leaves attached since ``before`` with rows of their own."""
+    if before is None:
+        return []
+    attached = sorted(leaf for leaf, (_, was_attached) in now.items() if leaf not in before and was_attached)
+    names = catalog.relation_names(attached)
+    why = f"attached to {root[0]}.{root[1]} with rows of its own, which no change carries (partitions = 'leaves')"
+    return [Rewrite(names[leaf], leaf, why) for leaf in attached if leaf in names]
 
 
 def _oids(oids: list[int]) -> str:

@@ -262,7 +262,9 @@ def resolve_tables(
       same key rule as :func:`select_tables`; a pattern that matches none is a
       :class:`CatalogError` naming it and the tables there are.
 
-    ``exclude_tables`` (names and patterns) is taken out of all three.
+    ``exclude_tables`` (names and patterns) is taken out of all three. A partitioned table whose
+    ``table_options`` keep its partitions as leaves is replaced by its leaf partitions
+    (:func:`~airflow_provider_pgdecode.capture.partitions.expand_kept_leaves`).
 
     :param catalog: called for a :class:`Catalog` only when the catalog is needed (no pattern
         and names only: never).
@@ -271,10 +273,11 @@ def resolve_tables(
     """
     selection = TableSelection.parse(tables)
     excluded = TableSelection.parse(exclude_tables)
+    options = parse_table_options(table_options)
     if not selection:
-        return sorted(
-            select_tables(catalog(), publication=publication, exclude_tables=excluded, table_options=table_options)
-        )
+        found = catalog()
+        listed = select_tables(found, publication=publication, exclude_tables=excluded, table_options=table_options)
+        return sorted(_with_kept_leaves(lambda: found, set(listed), options, publication, excluded))
     chosen = {pair for pair in selection.names if not excluded.matches(*pair)}
     if selection.patterns:
         found = catalog()
@@ -295,7 +298,59 @@ def resolve_tables(
         if unmatched:
             raise unmatched_patterns_error(unmatched, candidates, publication, found)
         chosen.update(_loadable(found, list(matched.values()), table_options))
-    return sorted(chosen)
+    return sorted(_with_kept_leaves(catalog, chosen, options, publication, excluded))
+
+
+def _with_kept_leaves(
+    catalog: Callable[[], Catalog],
+    chosen: set[tuple[str, str]],
+    options: Mapping[tuple[str, str], TableOptions],
+    publication: str | None,
+    excluded: TableSelection,
+) -> set[tuple[str, str]]:
+    """``chosen`` with its roots kept as leaves replaced by their leaves, minus excluded leaves."""
+    if not kept_as_leaves(options) & chosen:
+        return chosen
+    return {pair for pair in expand_kept_leaves(catalog(), chosen, options, publication) if not excluded.matches(*pair)}
+
+
+def kept_as_leaves(options: Mapping[tuple[str, str], TableOptions]) -> set[tuple[str, str]]:
+    """The tables whose options keep their partitions as leaves (``partitions = 'leaves'``)."""
+    return {name for name, option in options.items() if option.partitions == "leaves"}
+
+
+def expand_kept_leaves(
+    catalog: Catalog,
+    chosen: Collection[tuple[str, str]],
+    options: Mapping[tuple[str, str], TableOptions],
+    publication: str | None,
+) -> set[tuple[str, str]]:
+    """``chosen`` with every root kept as leaves replaced by its leaf partitions (what the initial
+    load, table snapshots and the extract then load one by one); :class:`ConfigurationError` when
+    ``publication`` sends them under the root's name."""
+    wanted = kept_as_leaves(options) & set(chosen)
+    if not wanted:
+        return set(chosen)
+    kept = {root: oid for _, (oid, root) in catalog.partition_roots().items() if root in wanted}
+    if not kept:
+        return set(chosen)
+    check_leaves_publishable(catalog, publication, kept)
+    leaves = catalog.partition_leaves(sorted(kept.values()))
+    names = catalog.relation_names(sorted(leaf for tree in leaves.values() for leaf in tree))
+    return (set(chosen) - set(kept)) | set(names.values())
+
+
+def check_leaves_publishable(catalog: Catalog, publication: str | None, kept: Mapping[tuple[str, str], int]) -> None:
+    """Refuse roots kept as leaves under a publication that sends their changes as the root's."""
+    if not kept or publication is None or not catalog.publishes_via_root(publication):
+        return
+    names = ", ".join(f"{schema}.{table}" for schema, table in sorted(kept))
+    raise ConfigurationError(
+        f"table_options keep the partitions of {names} as leaves (partitions = 'leaves'), but publication "
+        f"{publication!r} sets publish_via_partition_root = true: pgoutput then sends every partition's changes "
+        "under the root's name, and they cannot be told apart. Run ALTER PUBLICATION "
+        f"{publication} SET (publish_via_partition_root = false), or drop the option to load each as one Delta table"
+    )
 
 
 def unmatched_patterns_error(

@@ -115,7 +115,8 @@ def cycle_params(data_dir: str, *, source: bool = True, defaults: Mapping[str, A
             type="object",
             description='per table: {"schema.table": {"mode": "history", "on_bad_value": "quarantine", '
             '"max_value_bytes": 67108864, "arrays": "json", "type_map": {"numeric": "string"}}}; mode: merge '
-            "(default), append_only, history (SCD type 2) or soft_delete; type_map keeps types as text (docs/merge.md)",
+            "(default), append_only, history (SCD type 2) or soft_delete; type_map keeps types as text; partitions: "
+            "root (default) or leaves, a Delta table per partition (docs/merge.md)",
         ),
         "staging_uri": Param(
             f"{data_dir}/staging", type="string", description="a local directory or s3://bucket/prefix"

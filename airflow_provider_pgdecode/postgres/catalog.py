@@ -423,6 +423,12 @@ class Catalog:
             out.setdefault(int(root), {})[int(leaf)] = (int(filenode), bool(attached))
         return out
 
+    def publishes_via_root(self, publication: str) -> bool:
+        """Whether ``publication`` sets ``publish_via_partition_root`` (its partitions' changes
+        are sent under the root's name); ``False`` when there is no such publication."""
+        rows = self._all("SELECT pubviaroot FROM pg_publication WHERE pubname = %s", (publication,))
+        return bool(rows and rows[0][0])
+
     def relation_names(self, oids: Sequence[int]) -> dict[int, tuple[str, str]]:
         """``(schema, table)`` of each of ``oids`` that is a table now (a renamed table's new
         name); dropped ones are left out."""

@@ -28,7 +28,7 @@ create table pt_orders_eu partition of pt_orders for values in ('eu');
 create table pt_orders_us partition of pt_orders for values in ('us');
 create table pt_orders_asia partition of pt_orders for values in ('asia');
 """
-TABLES = "pt_orders_later, pt_orders_asia, pt_orders_us, pt_orders_eu, pt_orders"
+TABLES = "pt_orders_old, pt_orders_later, pt_orders_asia, pt_orders_us, pt_orders_eu, pt_orders"
 
 
 @pytest.fixture()
@@ -141,3 +141,108 @@ def test_the_initial_load_copies_a_partitioned_root(partitioned, pg_dsn, spark, 
     merge_batches(spark, [str(batch.path)], root)
     result = compare_table(c, spark, root, "public", "pt_orders")
     assert result.equal and result.source_rows == 3000, result.describe()
+
+
+LEAVES = ("pt_orders_asia", "pt_orders_eu", "pt_orders_us")
+KEEP_LEAVES = {"public.pt_orders": {"partitions": "leaves"}}
+
+
+@pytest.mark.parametrize(("plugin", "via_root"), SOURCES[:2])
+def test_a_partitioned_table_kept_as_leaves(partitioned, pg_dsn, spark, tmp_path: Path, plugin, via_root) -> None:
+    """``partitions = 'leaves'``: the initial load copies each leaf, and each leaf partition lands
+    in a Delta table of its own, equal to it, through rows moving across partitions, a partition's
+    TRUNCATE (decoded as any table's), one created, and one attached with rows (resnapshotted)."""
+    from airflow_provider_pgdecode.capture.tables import resolve_tables
+    from airflow_provider_pgdecode.postgres.catalog import Catalog
+
+    c = partitioned
+    extra: dict[str, str] = {}
+    if plugin == "pgoutput":
+        c.execute(f"create publication {PUBLICATION} for table pt_orders with (publish_via_partition_root = false)")
+        extra = {"publication": PUBLICATION}
+    c.execute(
+        "insert into pt_orders select g, (array['eu', 'us', 'asia'])[g % 3 + 1], g * 10 from generate_series(1, 90) g"
+    )
+    tables = resolve_tables(lambda: Catalog(c), ["public.pt_orders"], table_options=KEEP_LEAVES, **extra)
+    assert tables == [("public", leaf) for leaf in LEAVES]
+    root = str(tmp_path / "delta")
+    staging = tmp_path / "staging"
+    slot = f"pt_leaves_{plugin}"
+    two_phase = plugin == "test_decoding" or c.info.server_version >= 150000
+    with create_slot_with_snapshot(pg_dsn, slot, plugin=plugin, two_phase=two_phase) as (lsn, name):
+        batch = stage_snapshot(pg_dsn, name, lsn, slot, staging, tables, chunk_rows=10)
+    try:
+        merge_batches(spark, [str(batch.path)], root)
+        checkpoint = Checkpoint.from_manifest(batch)
+
+        def cycle() -> None:
+            nonlocal checkpoint
+            batch = extract_batch(
+                c,
+                slot,
+                staging,
+                plugin=plugin,
+                checkpoint=checkpoint,
+                tables=["public.pt_orders"],
+                table_options=KEEP_LEAVES,
+                **extra,
+            )
+            merge_batches(spark, [str(batch.path)], root)
+            c.execute("select pg_replication_slot_advance(%s, %s)", (slot, str(batch.end_lsn)))
+            checkpoint = Checkpoint.from_manifest(batch)
+            write_snapshot_states(staging, slot, checkpoint.snapshots)
+
+        def equal(*leaves: str) -> None:
+            for leaf in leaves:
+                result = compare_table(c, spark, root, "public", leaf)
+                assert result.equal, result.describe()
+            assert not (Path(root) / "public" / "pt_orders").exists()  # no Delta table of the root
+
+        equal(*LEAVES)
+        c.execute("update pt_orders set region = 'us' where region = 'eu' and id < 30")
+        c.execute("delete from pt_orders where id in (88, 89)")
+        c.execute("truncate pt_orders_asia")
+        c.execute("insert into pt_orders values (100, 'asia', 1)")
+        c.execute("create table pt_orders_later partition of pt_orders for values in ('later')")
+        c.execute("insert into pt_orders values (101, 'later', 2)")
+        cycle()
+        assert snapshot_pending(staging, slot) == set()
+        equal(*LEAVES, "pt_orders_later")
+        # Attached with rows of its own: that leaf alone is resnapshotted.
+        c.execute("create table pt_orders_old (like pt_orders including all)")
+        c.execute("insert into pt_orders_old select g, 'old', g from generate_series(200, 240) g")
+        c.execute("alter table pt_orders attach partition pt_orders_old for values in ('old')")
+        cycle()
+        assert snapshot_pending(staging, slot) == {("public", "pt_orders_old")}
+        cycle()
+        assert snapshot_pending(staging, slot) == set()
+        equal(*LEAVES, "pt_orders_later", "pt_orders_old")
+    finally:
+        c.execute("select pg_drop_replication_slot(slot_name) from pg_replication_slots where slot_name = %s", (slot,))
+
+
+def test_leaves_are_refused_under_publish_via_partition_root(partitioned, slot_name, tmp_path: Path) -> None:
+    from airflow_provider_pgdecode.capture.tables import resolve_tables
+    from airflow_provider_pgdecode.errors import ConfigurationError
+    from airflow_provider_pgdecode.postgres.catalog import Catalog
+
+    c = partitioned
+    c.execute(f"create publication {PUBLICATION} for table pt_orders with (publish_via_partition_root = true)")
+    c.execute("select pg_create_logical_replication_slot(%s, 'pgoutput')", (slot_name,))
+    refusal = f"publication '{PUBLICATION}' sets publish_via_partition_root = true.*ALTER PUBLICATION {PUBLICATION}"
+    with pytest.raises(ConfigurationError, match=refusal):
+        resolve_tables(lambda: Catalog(c), [], publication=PUBLICATION, table_options=KEEP_LEAVES)
+    with pytest.raises(ConfigurationError, match=refusal):
+        extract_batch(
+            c,
+            slot_name,
+            tmp_path,
+            plugin="pgoutput",
+            publication=PUBLICATION,
+            tables=["public.pt_orders"],
+            table_options=KEEP_LEAVES,
+        )
+    # Following the way forward, the leaves are listed.
+    c.execute(f"alter publication {PUBLICATION} set (publish_via_partition_root = false)")
+    tables = resolve_tables(lambda: Catalog(c), [], publication=PUBLICATION, table_options=KEEP_LEAVES)
+    assert [t for t in tables if t[1].startswith("pt_")] == [("public", leaf) for leaf in LEAVES]
