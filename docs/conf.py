@@ -40,7 +40,7 @@ extensions = [
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "_ext"]
+exclude_patterns = ["_build", "_ext", "_extra"]
 
 # -- myst: the markdown guides as they are ------------------------------------------------------
 # GitHub-style anchors for headings, so that links such as merge.md#performance resolve as they
@@ -72,6 +72,9 @@ suppress_warnings: list[str] = []
 
 # -- HTML ---------------------------------------------------------------------------------------
 html_theme = "furo"
+# Files served as they are, at the site's root: the JSON Schema of the pgdecode run facet
+# (spec/facets/<version>/PgDecodeRunFacet.json, docs/lineage.md).
+html_extra_path = ["_extra"]
 html_title = f"pgdecode {release}"
 html_theme_options = {
     "source_repository": "https://github.com/pgdecode/airflow-provider-pgdecode/",

@@ -77,12 +77,13 @@ def read_manifest(path: str, settings: ObjectStoreSettings | None) -> BatchManif
     return BatchManifest.read(location)
 
 
-def merge_once(arguments: MergeArguments, context: Context, log: Any, kill: KillSwitch | None = None) -> dict[str, Any]:
-    """Merge ``arguments.batch_paths``; returns what the merge task returns. ``kill``, while the job
-    runs, stops it."""
+def merge_once(arguments: MergeArguments, context: Context, log: Any, kill: KillSwitch | None = None) -> MergeJob:
+    """Merge ``arguments.batch_paths``; returns the job, done (its :attr:`~MergeJob.lineage`: what it
+    merged). ``kill``, while the job runs, stops it."""
     job = MergeJob(arguments, log)
     with (kill or KillSwitch()).armed(job.on_kill):
-        return job.merge(context)
+        job.merge(context)
+    return job
 
 
 class MergeJob(SparkJobTask):
@@ -119,9 +120,12 @@ class MergeJob(SparkJobTask):
         batches: Sequence[str],
         summary_path: str | None = None,
         settings: ObjectStoreSettings | None = None,
+        context: Context | None = None,
     ) -> SparkSubmitHook:
         """The SparkSubmitHook that runs the merge job over ``batches``; ``settings`` (the storage
-        connection's) reach it as ``AWS_*`` environment of the spark-submit process only."""
+        connection's) reach it as ``AWS_*`` environment of the spark-submit process only; with the
+        task's ``context``, its conf carries the OpenLineage parent job (and transport) the
+        ``[openlineage]`` configuration asks for (:func:`~airflow_provider_pgdecode.hooks.spark_job.openlineage_spark_conf`)."""
         args = ["--delta-root", str(self.arguments.delta_root)]
         for batch in batches:
             args += ["--batch", str(batch)]
@@ -136,6 +140,7 @@ class MergeJob(SparkJobTask):
             args=args,
             object_store=uses_object_store(str(self.arguments.delta_root), *map(str, batches)),
             settings=settings,
+            context=context,
             executor_cores=self.arguments.executor_cores,
             total_executor_cores=self.arguments.total_executor_cores,
             num_executors=self.arguments.num_executors,
@@ -191,7 +196,7 @@ class MergeJob(SparkJobTask):
         started = time.monotonic()
         summary = self.run_job(
             "merge",
-            submit=lambda path: self.get_hook(paths, path, settings),
+            submit=lambda path: self.get_hook(paths, path, settings, context),
             in_session=lambda spark: self._merge_in_session(spark, paths),
             settings=settings,
         )

@@ -7,11 +7,16 @@ that Spark Connect server (the job's core runs in the task, its Spark work on th
 module decides which (:func:`spark_connection_type`), builds either, reads the JSON object a
 submitted job writes (its summary or its refusal), and stops the job on ``on_kill``
 (:class:`SparkJobTask`). The operators parse their arguments, call it, and push XCom.
+
+A spark-submit carries the OpenLineage parent job of the task that submits it (and the transport),
+as the Spark provider's ``SparkSubmitOperator`` does, when the OpenLineage provider's configuration
+asks for it (:func:`openlineage_spark_conf`); a Spark Connect session does not (:func:`connect_session`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -22,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-from airflow.sdk import BaseHook
+from airflow.sdk import BaseHook, Context
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, is_object_store
@@ -37,6 +42,8 @@ from airflow_provider_pgdecode.errors import (
 )
 from airflow_provider_pgdecode.spark.session import SPARK_JOB_ENTRY, spark_job_arguments
 from airflow_provider_pgdecode.utils.config import exported, pgdecode_env, pgdecode_environment
+
+log = logging.getLogger(__name__)
 
 SPARK_CONNECT_CONN_TYPE = "spark_connect"
 """The Spark provider's connection type of a Spark Connect server (host + port): a merge whose
@@ -77,7 +84,13 @@ def connect_session(
     reads Parquet and Delta with its own S3A settings: docs/spark-connect.md); the [pgdecode]
     settings too. A server that goes away meanwhile fails the job with
     :class:`~airflow_provider_pgdecode.errors.SparkConnectUnreachableError` within a minute (the
-    session's client retries under bounds: spark/connect_client.py)."""
+    session's client retries under bounds: spark/connect_client.py).
+
+    No OpenLineage parent job or transport is set here (:func:`openlineage_spark_conf` is for
+    spark-submit): OpenLineage's Spark listener on the server reads them from the configuration its
+    SparkContext started with, one for every session of the server, so a session's settings would
+    not reach it (and a transport's key would be readable by the server's other users). The task's
+    own OpenLineage events carry what the job read and wrote (docs/lineage.md)."""
     from airflow_provider_pgdecode.spark.session import build_connect_session, connect_server_named
 
     url = connect_url(conn_id)
@@ -183,6 +196,51 @@ def spark_submit_settings(
     return merged, packages or jars
 
 
+#: Keys of the OpenLineage transport that hold or may hold a secret (an API key, a header's token):
+#: never put on a spark-submit command line (:func:`openlineage_spark_conf`).
+OPENLINEAGE_SECRET_KEYS = (".auth.", ".headers.")
+
+
+def openlineage_spark_conf(conf: Mapping[str, str], context: Context | None) -> dict[str, str]:
+    """``conf`` with the OpenLineage properties the Spark provider's ``SparkSubmitOperator`` adds for
+    ``context``'s task, under the same switches: the OpenLineage provider's ``[openlineage]
+    spark_inject_parent_job_info`` (``spark.openlineage.parentJobNamespace``, ``parentJobName``,
+    ``parentRunId`` and the root job's: the Spark job's lineage becomes a child of the task's run)
+    and ``spark_inject_transport_info`` (the provider's HTTP transport, so that the job sends its
+    events where Airflow sends the task's). Properties ``conf`` sets already win, as there. Without
+    the provider, or without ``context``, ``conf`` as it is.
+
+    One departure: a transport's authentication and headers are left out, with a warning. The
+    provider would put them on the spark-submit command line, where every user of the machine
+    reads them (pgdecode keeps secrets off command lines); give the Spark side its key in its own
+    configuration (``spark.openlineage.transport.auth.*`` in the spark-defaults.conf of the Spark
+    that runs the job)."""
+    properties = {str(k): str(v) for k, v in conf.items()}
+    if context is None:
+        return properties
+    try:
+        from airflow.providers.openlineage import conf as openlineage_conf
+        from airflow.providers.openlineage.utils.spark import (
+            inject_parent_job_information_into_spark_properties,
+            inject_transport_information_into_spark_properties,
+        )
+    except ImportError:  # the openlineage extra is not installed
+        return properties
+    injected: dict[str, Any] = dict(properties)
+    if openlineage_conf.spark_inject_parent_job_info():
+        injected = inject_parent_job_information_into_spark_properties(injected, context)
+    if openlineage_conf.spark_inject_transport_info():
+        injected = inject_transport_information_into_spark_properties(injected, context)
+    secret = sorted(k for k in injected if k not in properties and any(s in k for s in OPENLINEAGE_SECRET_KEYS))
+    if secret:
+        log.warning(
+            "OpenLineage transport settings %s are not passed to spark-submit: its command line is readable by "
+            "every user of the machine. Set them in the spark-defaults.conf of the Spark that runs the job instead",
+            ", ".join(secret),
+        )
+    return {k: str(v) for k, v in injected.items() if k not in secret}
+
+
 def submit_hook(
     operator: Any,
     *,
@@ -191,6 +249,7 @@ def submit_hook(
     args: Sequence[str],
     object_store: bool,
     settings: ObjectStoreSettings | None,
+    context: Context | None = None,
     **spark: Any,
 ) -> SparkSubmitHook:
     """The SparkSubmitHook that runs the pgdecode Spark job ``job`` (its module) for ``operator`` (its ``conn_id``,
@@ -198,10 +257,12 @@ def submit_hook(
     and ``storage_conn_id``); ``spark``: more SparkSubmitHook arguments. ``settings`` (the storage
     connection's) reach the spark-submit process as ``AWS_*`` environment only, once the Spark
     connection says they stay off the command line (never ``env_vars``: a template field, which
-    Airflow stores rendered)."""
+    Airflow stores rendered). With the running task's ``context``, the conf carries the OpenLineage
+    properties the ``[openlineage]`` configuration asks for (:func:`openlineage_spark_conf`)."""
     conf, packages = spark_submit_settings(
         operator.conn_id, operator.conf, operator.packages, object_store=object_store
     )
+    conf = openlineage_spark_conf(conf, context)
 
     def build(env_vars: dict[str, str]) -> SparkSubmitHook:
         return SparkSubmitHook(

@@ -6,10 +6,11 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_provider_pgdecode.batch.manifest import BatchManifest
 from airflow_provider_pgdecode.batch.options import yes_or_no
 from airflow_provider_pgdecode.cycle import CycleTask, KillSwitch
 from airflow_provider_pgdecode.cycle.confirm import ConfirmArguments, confirm_once
@@ -20,6 +21,9 @@ from airflow_provider_pgdecode.errors import ConfigurationError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.utils import metrics
 from airflow_provider_pgdecode.utils.xcom import checkpoint_xcom_key
+
+if TYPE_CHECKING:
+    from airflow.providers.openlineage.extractors import OperatorLineage
 
 Arguments = TypeVar("Arguments", ExtractArguments, MergeArguments, ConfirmArguments)
 
@@ -64,7 +68,10 @@ class PgDecodeDrainOperator(BaseOperator):
     checkpoint is pushed to XCom at once (the extract task reads the latest of the confirm's and
     this task's), so a run killed between two batches resumes after the last confirmed one.
     Each batch logs its progress: batches done, changes per second, WAL lag left and the time
-    left at the rate so far.
+    left at the rate so far. With Airflow's OpenLineage provider configured, each merged batch is
+    an OpenLineage run of its own (job ``<dag_id>.<task_id>.batch``, a child of this task's run:
+    its PostgreSQL tables in, its Delta tables out, the ``pgdecode`` facet of its LSN range), and
+    this task's own COMPLETE event sums up all its batches (docs/lineage.md).
 
     A loop in one task rather than dynamic task mapping: a batch's end is only known once it is
     extracted, so the batches cannot be planned as mapped task instances up front, and mapped
@@ -123,6 +130,7 @@ class PgDecodeDrainOperator(BaseOperator):
         self.max_batches = max_batches
         self.enabled = enabled
         self._kill = KillSwitch()
+        self._merged: list[tuple[list[BatchManifest], dict[str, Any] | None]] = []
 
     def _cycle_arguments(self, context: Context, task_id: str, kind: type[Arguments]) -> Arguments:
         """The rendered arguments of one of the cycle's tasks (the DAG's task stays as it is)."""
@@ -140,6 +148,7 @@ class PgDecodeDrainOperator(BaseOperator):
         ti = context["ti"]
         first = ti.xcom_pull(task_ids=self.extract_task_id)
         result: dict[str, Any] = {"batches": 0, "changes": 0, "caught_up": True, "end_lsn": None}
+        self._merged = []
         if not isinstance(first, dict) or not first.get("bounded_by"):
             self.log.info("The cycle's batch reached the server's WAL position: nothing to drain")
             self._carry_checkpoint(ti)
@@ -166,7 +175,8 @@ class PgDecodeDrainOperator(BaseOperator):
         )
         while summary.get("bounded_by") and (limit is None or result["batches"] < limit):
             summary = extract_once(replace(extract, checkpoint=checkpoint), context, self.log, self._kill)
-            merge_once(replace(merge, batch_paths=[summary["path"]]), context, self.log, self._kill)
+            merged = merge_once(replace(merge, batch_paths=[summary["path"]]), context, self.log, self._kill)
+            self._batch_lineage(context, *merged.lineage)
             # Also pushes the checkpoint to XCom under the slot's key.
             checkpoint = confirm_once(replace(confirm, batch_path=summary["path"]), context, self.log)
             result["batches"] += 1
@@ -179,6 +189,29 @@ class PgDecodeDrainOperator(BaseOperator):
                 "Stopped after max_batches=%s batches; the next run goes on from %s", limit, summary["end_lsn"]
             )
         return result
+
+    def _batch_lineage(self, context: Context, batches: list[BatchManifest], summary: dict[str, Any] | None) -> None:
+        """The OpenLineage event of a batch the merge ran for (none for a batch without rows: nothing
+        was submitted); a lineage failure is logged, never the drain's."""
+        if not batches and summary is None:
+            return
+        self._merged.append((batches, summary))
+        try:
+            from airflow_provider_pgdecode.utils.openlineage import emit_batch_lineage
+        except ImportError:  # the openlineage extra is not installed
+            return
+        try:
+            emit_batch_lineage(self, context["ti"], batches, summary)
+        except Exception as exc:
+            self.log.warning("Could not emit the OpenLineage event of the batch: %s", exc, exc_info=True)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> OperatorLineage:
+        """OpenLineage of the run (Airflow's OpenLineage provider calls it after success): every
+        batch this task merged, as one merge (inputs, outputs, the ``pgdecode`` facet of their LSN
+        range); each batch has its own event too. See docs/lineage.md."""
+        from airflow_provider_pgdecode.utils.openlineage import drain_lineage
+
+        return drain_lineage(self._merged)
 
     def _carry_checkpoint(self, ti: Any) -> None:
         """This run's checkpoint (the confirm's), pushed under this task's key too, as a drain that

@@ -204,8 +204,11 @@ class PgDecodeDeltaMaintenanceOperator(SparkJobTask, BaseOperator):
             args += ["--summary-json", summary_path]
         return args + [str(a) for a in self.maintenance_args]
 
-    def get_hook(self, summary_path: str, settings: ObjectStoreSettings | None = None) -> SparkSubmitHook:
-        """The SparkSubmitHook that runs the maintenance job (settings as the merge operator's)."""
+    def get_hook(
+        self, summary_path: str, settings: ObjectStoreSettings | None = None, context: Context | None = None
+    ) -> SparkSubmitHook:
+        """The SparkSubmitHook that runs the maintenance job (settings and ``context`` as the merge
+        operator's)."""
         return submit_hook(
             self,
             job=MAINTENANCE_JOB_MODULE,
@@ -213,18 +216,19 @@ class PgDecodeDeltaMaintenanceOperator(SparkJobTask, BaseOperator):
             args=self.job_args(summary_path),
             object_store=uses_object_store(str(self.delta_root)),
             settings=settings,
+            context=context,
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():
-            return self._maintain()
+            return self._maintain(context)
 
-    def _maintain(self) -> dict[str, Any]:
+    def _maintain(self, context: Context) -> dict[str, Any]:
         settings = object_store_settings(self.storage_conn_id)
         self.log.info("Maintaining the pgdecode Delta tables under %s: %s", self.delta_root, self.job_args())
         summary = self.run_job(
             "maintenance",
-            submit=lambda path: self.get_hook(path, settings),
+            submit=lambda path: self.get_hook(path, settings, context),
             in_session=self._maintain_in_session,
             settings=settings,
         )

@@ -156,10 +156,11 @@ class PgDecodeMergeOperator(CycleTask[MergeArguments], BaseOperator):
         batches: Sequence[str],
         summary_path: str | None = None,
         settings: ObjectStoreSettings | None = None,
+        context: Context | None = None,
     ) -> SparkSubmitHook:
         """What :meth:`MergeJob.get_hook <airflow_provider_pgdecode.cycle.merge.MergeJob.get_hook>`
         gives with this task's fields: the spark-submit of the merge job over ``batches``."""
-        return MergeJob(self.cycle_arguments(), self.log).get_hook(batches, summary_path, settings)
+        return MergeJob(self.cycle_arguments(), self.log).get_hook(batches, summary_path, settings, context)
 
     def execute(self, context: Context) -> dict[str, Any]:
         self._job = MergeJob(self.cycle_arguments(), self.log)

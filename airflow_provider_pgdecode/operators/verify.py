@@ -250,10 +250,15 @@ class PgDecodeVerifyOperator(SparkJobTask, BaseOperator):
         return args + [str(a) for a in self.verify_args]
 
     def get_hook(
-        self, snapshot: VerifySnapshot, report_path: str, settings: ObjectStoreSettings | None = None
+        self,
+        snapshot: VerifySnapshot,
+        report_path: str,
+        settings: ObjectStoreSettings | None = None,
+        context: Context | None = None,
     ) -> SparkSubmitHook:
         """The SparkSubmitHook that runs the verify job (settings as the merge operator's; the
-        storage connection's reach it as ``AWS_*`` environment only)."""
+        storage connection's reach it as ``AWS_*`` environment only; the task's ``context``, its
+        OpenLineage parent job)."""
         return submit_hook(
             self,
             job=VERIFY_JOB_MODULE,
@@ -261,6 +266,7 @@ class PgDecodeVerifyOperator(SparkJobTask, BaseOperator):
             args=self._job_args(snapshot, report_path),
             object_store=uses_object_store(snapshot.path, str(self.delta_root)),
             settings=settings,
+            context=context,
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -279,7 +285,7 @@ class PgDecodeVerifyOperator(SparkJobTask, BaseOperator):
         )
         report = self.run_job(
             "verify",
-            submit=lambda path: self.get_hook(snapshot, path, settings),
+            submit=lambda path: self.get_hook(snapshot, path, settings, context),
             in_session=lambda spark: self._verify_in_session(spark, snapshot),
             settings=settings,
         )

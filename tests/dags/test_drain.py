@@ -1,6 +1,7 @@
 """pgdecode_incremental drains a backlog in one run: bounded batches, each confirmed before the
 next, a prepared transaction across a batch boundary, a transaction larger than the bound; killed
-between two batches, the next run goes on after the last confirmed one. PostgreSQL is the oracle."""
+between two batches, the next run goes on after the last confirmed one. PostgreSQL is the oracle.
+Each drained batch is an OpenLineage run of its own, a child of the drain task's."""
 
 from __future__ import annotations
 
@@ -74,7 +75,9 @@ def backlog(c, first_id: int) -> None:
     c.execute(f"commit prepared 'drain_{first_id}'")
 
 
-def test_a_backlog_drains_in_one_run_and_resumes_after_a_kill(pg_conn, drain_dag, spark, monkeypatch) -> None:
+def test_a_backlog_drains_in_one_run_and_resumes_after_a_kill(
+    pg_conn, drain_dag, spark, monkeypatch, openlineage_events
+) -> None:
     from airflow.sdk.exceptions import AirflowFailException
     from airflow.utils.state import DagRunState
 
@@ -107,6 +110,7 @@ def test_a_backlog_drains_in_one_run_and_resumes_after_a_kill(pg_conn, drain_dag
     assert slot_position(c, conf["slot_name"]) == batches[-1].end_lsn
     result = compare_table(c, spark, conf["delta_root"], "public", TABLE)
     assert result.equal, result.describe()
+    assert_lineage_per_batch(openlineage_events(), batches[1:], conf)
 
     # A second backlog; the drain is killed between its second and third batch (after a confirm,
     # before the next extract).
@@ -139,3 +143,35 @@ def test_a_backlog_drains_in_one_run_and_resumes_after_a_kill(pg_conn, drain_dag
     assert slot_position(c, conf["slot_name"]) == after[-1].end_lsn
     result = compare_table(c, spark, conf["delta_root"], "public", TABLE)
     assert result.equal, result.describe()
+
+
+def assert_lineage_per_batch(events: list[dict], drained: list[BatchManifest], conf: dict) -> None:
+    """One OpenLineage COMPLETE event per batch the drain merged, in order: job ``<dag>.drain.batch``,
+    a child of the drain task's run (the DAG run its root), the batch's table in with its changes,
+    the Delta table out, the batch's LSN range; and the drain's own event sums them up."""
+    merged = [b for b in drained if any(t.rows for t in b.tables)]
+    assert len(merged) >= 3
+    task = [e for e in events if e["eventType"] == "COMPLETE" and e["job"]["name"] == "pgdecode_incremental.drain"]
+    per_batch = [e for e in events if e["job"]["name"] == "pgdecode_incremental.drain.batch"]
+    ranges = [(e["run"]["facets"]["pgdecode"]["startLsn"], e["run"]["facets"]["pgdecode"]["endLsn"]) for e in per_batch]
+    assert ranges == [(b.start_lsn, b.end_lsn) for b in merged]
+    assert len({e["run"]["runId"] for e in per_batch}) == len(per_batch)
+    delta = str(Path(conf["delta_root"]).resolve() / "public" / TABLE)
+    for event, manifest in zip(per_batch, merged, strict=True):
+        assert event["eventType"] == "COMPLETE"
+        parent = event["run"]["facets"]["parent"]
+        assert (parent["job"]["name"], parent["run"]["runId"]) == (
+            "pgdecode_incremental.drain",
+            task[-1]["run"]["runId"],
+        )
+        assert parent["root"]["job"]["name"] == "pgdecode_incremental"
+        assert parent["root"]["run"]["runId"] == task[-1]["run"]["facets"]["parent"]["run"]["runId"]
+        (source,) = event["inputs"]
+        assert source["name"] == f"pgdecode_test.public.{TABLE}"
+        assert source["inputFacets"]["inputStatistics"]["rowCount"] == manifest.tables[0].rows
+        assert [(o["namespace"], o["name"]) for o in event["outputs"]] == [("file", delta)]
+        assert event["run"]["facets"]["pgdecode"]["changes"] == manifest.changes
+    summary = task[-1]["run"]["facets"]["pgdecode"]
+    assert (summary["startLsn"], summary["endLsn"]) == (merged[0].start_lsn, merged[-1].end_lsn)
+    assert (summary["batches"], summary["changes"]) == (len(merged), sum(b.changes for b in merged))
+    assert [o["name"] for o in task[-1]["outputs"]] == [delta]

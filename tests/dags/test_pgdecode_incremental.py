@@ -79,42 +79,6 @@ def delta_assets(delta_root: str) -> set[str]:
     return {uri[len(prefix) :].replace("/", ".") for uri in uris if uri.startswith(prefix)}
 
 
-@pytest.fixture
-def openlineage_events(tmp_path, monkeypatch):
-    """OpenLineage's own listener, on a file transport: the events a run's tasks emit, as JSON.
-
-    The provider reads its configuration once (cached) and registers its listener when Airflow
-    loads plugins, before this test sets a transport; so the caches are cleared and the listener
-    added here, and both undone afterwards."""
-    pytest.importorskip("airflow.providers.openlineage")
-    from airflow.providers.openlineage import conf as ol_conf
-    from airflow.providers.openlineage.plugins import listener as ol_listener
-    from airflow.sdk.listener import get_listener_manager
-
-    def clear_caches() -> None:
-        for value in vars(ol_conf).values():
-            if callable(getattr(value, "cache_clear", None)):
-                value.cache_clear()
-        ol_listener.get_openlineage_listener.cache_clear()  # its client is built from the transport
-
-    path = tmp_path / "openlineage.jsonl"
-    transport = {"type": "file", "log_file_path": str(path), "append": True}
-    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT", json.dumps(transport))
-    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__NAMESPACE", "pgdecode_tests")
-    clear_caches()
-    listener = ol_listener.get_openlineage_listener()
-    manager = get_listener_manager()
-    manager.add_listener(listener)
-
-    def events() -> list[dict]:
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-    yield events
-    manager.pm.unregister(listener)
-    monkeypatch.undo()
-    clear_caches()
-
-
 def assert_delta_equals_source(pg_conn, spark, delta_root: str) -> None:
     for table in TABLES:
         result = compare_table(pg_conn, spark, delta_root, "public", table)

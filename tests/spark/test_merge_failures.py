@@ -101,7 +101,9 @@ def test_the_merge_operator_reports_out_of_memory_without_retry(tmp_path: Path, 
             Path(self.summary_path).write_text(json.dumps(refusal), encoding="utf-8")
             raise AirflowException("Cannot execute: spark-submit ... Error code is: 3.")
 
-    monkeypatch.setattr(MergeJob, "get_hook", lambda self, batches, path=None, settings=None: OutOfMemoryHook(path))
+    monkeypatch.setattr(
+        MergeJob, "get_hook", lambda self, batches, path=None, settings=None, context=None: OutOfMemoryHook(path)
+    )
     operator = PgDecodeMergeOperator(
         task_id="merge", batch_paths=batch, delta_root=str(tmp_path / "delta"), driver_memory="2g", asset_alias=None
     )
