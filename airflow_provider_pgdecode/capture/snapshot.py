@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -55,6 +54,7 @@ from airflow_provider_pgdecode.batch.options import DEFAULT_OPTIONS, TableOption
 from airflow_provider_pgdecode.batch.publish import TMP_PREFIX, publish_batch, workdir_base
 from airflow_provider_pgdecode.batch.storage import Storage, as_storage
 from airflow_provider_pgdecode.capture.renames import KnownTables, record_tables
+from airflow_provider_pgdecode.capture.snapshot_chunks import ChunkRead, chunk_reads, describe_plan, plan_chunks
 from airflow_provider_pgdecode.capture.snapshot_parts import (
     part_table,
     read_csv_columns,
@@ -82,10 +82,7 @@ from airflow_provider_pgdecode.postgres.session import connect as _connect
 from airflow_provider_pgdecode.postgres.slot import SlotClient
 from airflow_provider_pgdecode.postgres.snapshot_queries import (
     copy_pages_csv,
-    count_rows_in_first_pages,
-    has_tid_range_scans,
     import_snapshot,
-    lock_and_measure,
 )
 from airflow_provider_pgdecode.postgres.standby import PrimaryLink
 
@@ -99,8 +96,6 @@ SNAPSHOT_FORMAT = "pgdecode.snapshot/3"
 TRUNCATE_PART = "part-truncate.parquet"
 SNAPSHOT_INFO_NAME = "snapshot.json"
 PROGRESS_NAME = "progress.json"
-#: Pages at the start of a table whose visible rows are counted to size its chunks.
-SAMPLE_PAGES = 32
 
 _SNAPSHOT_NAME = re.compile(r"^[0-9A-Fa-f-]{1,64}$")
 
@@ -195,14 +190,12 @@ class _TablePlan:
     def chunks(self) -> int:
         return int(self.state["chunks"])
 
-    def bounds(self, index: int) -> tuple[int, int | None]:
-        """Pages ``[first, stop)`` of chunk ``index``; ``stop`` is None for the last (open-ended) chunk."""
-        per = int(self.state["pages_per_chunk"])
-        return index * per, (None if index == self.chunks - 1 else (index + 1) * per)
+    def reads(self, index: int) -> ChunkRead:
+        """The relation (this table, or one of its leaf partitions) and pages chunk ``index`` reads."""
+        return chunk_reads(self.schema, self.table, self.state, index)
 
     def chunk_pages(self, index: int) -> int:
-        first, stop = self.bounds(index)
-        return max(1, (stop if stop is not None else int(self.state["pages"])) - first)
+        return self.reads(index).pages
 
     def done_rows(self) -> int:
         return sum(int(d["rows"]) for d in self.state["done"].values())
@@ -416,6 +409,7 @@ def _snapshot_info(settings: Mapping[str, Any], plans: Sequence[_TablePlan]) -> 
                 "files": p.files(),
                 "rows": p.done_rows(),
                 **{k: p.state[k] for k in ("chunks", "pages", "pages_per_chunk", "relfilenode", "seq_stride")},
+                **({"leaves": p.state["leaves"]} if "leaves" in p.state else {}),
             }
             for p in plans
         ],
@@ -463,13 +457,10 @@ def _plan_table(
         )
 
     check_column_names(schema, table, [c.name for c in columns])
-    # Held by the planning transaction until the copy ends: no rewrite (VACUUM FULL, CLUSTER,
-    # ALTER TABLE) can move the snapshot's tuples meanwhile.
-    size = lock_and_measure(conn, schema, table)
-    block_size, relfilenode = size.block_size, size.relfilenode
     name = f"{schema}.{table}"
+    chunking = plan_chunks(conn, schema, table, chunk_rows, chunk_pages)
     state = progress["tables"].get(name)
-    if state is not None and state.get("relfilenode") == relfilenode:
+    if state is not None and state.get("relfilenode") == chunking["relfilenode"]:
         log.info(
             "Snapshot copy of %s: resuming, %d of %d chunk(s) already staged", name, len(state["done"]), state["chunks"]
         )
@@ -478,32 +469,9 @@ def _plan_table(
         log.warning(
             "Snapshot copy of %s: the table was rewritten since its chunks were planned; copying it again", name
         )
-    pages = size.pages
-    if not has_tid_range_scans(conn):
-        # Before PostgreSQL 14 a ctid range is a filter on a full scan, not a TID range scan.
-        per, chunks = max(pages, 1), 1
-    else:
-        if chunk_pages is None:
-            sample = count_rows_in_first_pages(conn, schema, table, SAMPLE_PAGES)
-            per = max(1, math.ceil(chunk_rows / max(1.0, sample / SAMPLE_PAGES)))
-        else:
-            per = chunk_pages
-        chunks = max(1, math.ceil(pages / per))
-    # Heap tuples per page at most (MaxHeapTuplesPerPage): a chunk's rows get _pg_seq values
-    # from index * seq_stride on, so seqs grow in physical order whatever the worker count.
-    max_tuples = (block_size - 24) // 28
-    state = {
-        "schema": schema,
-        "table": table,
-        "relfilenode": relfilenode,
-        "pages": pages,
-        "pages_per_chunk": per,
-        "chunks": chunks,
-        "seq_stride": per * max_tuples,
-        "done": {},
-    }
+    state = {"schema": schema, "table": table, **chunking, "done": {}}
     progress["tables"][name] = state
-    log.info("Snapshot copy of %s: %d page(s) in %d chunk(s) of %d page(s)", name, pages, chunks, per)
+    log.info("Snapshot copy of %s: %s", name, describe_plan(state))
     return table_plan(state)
 
 
@@ -789,7 +757,7 @@ def _copy_chunk(
     """Copy one chunk into its part (written under ``.part``, fsynced, renamed); its rows, file
     name, the TRUNCATE part's name (chunk 0 of a ``replace`` copy) and the numeric NaN/Infinity
     values staged as null, per column."""
-    first, stop = plan.bounds(index)
+    reads = plan.reads(index)
     names = [c.name for c in plan.columns]
     name = f"part-{index:05d}.parquet"
     path = tmp / plan.relpath / name
@@ -808,9 +776,7 @@ def _copy_chunk(
     writer: pq.ParquetWriter | None = None
     rows = 0
     try:
-        # A single chunk reads the whole table: no ctid condition at all.
-        pages = (first, stop) if plan.chunks > 1 else (None, None)
-        with copy_pages_csv(conn, plan.schema, plan.table, names, *pages) as copy:
+        with copy_pages_csv(conn, reads.schema, reads.table, names, reads.first, reads.stop) as copy:
             char_columns = {c.name: c.catalog_type for c in plan.columns if c.catalog_type in CHAR_TYPES}
             for texts, count in read_csv_columns(copy, names, chunk_rows, char_columns):
                 table = part_table(

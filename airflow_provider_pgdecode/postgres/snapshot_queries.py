@@ -109,6 +109,19 @@ def lock_and_measure(conn: Connection, schema: str, table: str) -> RelationSize:
     return RelationSize(int(block_size), int(size), relfilenode)
 
 
+def partition_leaf_tables(conn: Connection, schema: str, table: str) -> list[tuple[str, str, str]]:
+    """The leaf partitions of ``schema.table`` (empty for a table that is not partitioned), as
+    ``(schema, table, relkind)`` in the order of the partition tree: ``r`` a heap, ``f`` a foreign table."""
+    query = (
+        "SELECT n.nspname::text, c.relname::text, c.relkind::text"
+        " FROM pg_partition_tree(%s::regclass) t JOIN pg_class c ON c.oid = t.relid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE t.isleaf AND t.level > 0 ORDER BY t.level, c.oid"
+    )
+    with conn.cursor(row_factory=tuple_row) as cur:
+        rows = cur.execute(query, (sql.Identifier(schema, table).as_string(conn),)).fetchall()
+    return [(str(s), str(t), str(k)) for s, t, k in rows]
+
+
 def has_tid_range_scans(conn: Connection) -> bool:
     """Whether ``ctid`` ranges are read by TID range scans (PostgreSQL 14+), not filtered from a full scan."""
     return server_version(conn) >= 140000

@@ -4,6 +4,7 @@ partitions, a partition truncated, detached or attached; the initial load of the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -133,10 +134,17 @@ def test_the_initial_load_copies_a_partitioned_root(partitioned, pg_dsn, spark, 
     slot = "pt_snapshot"
     try:
         with create_slot_with_snapshot(pg_dsn, slot, two_phase=False) as (lsn, name):
-            batch = stage_snapshot(pg_dsn, name, lsn, slot, tmp_path / "staging", ["public.pt_orders"], chunk_rows=500)
+            batch = stage_snapshot(
+                pg_dsn, name, lsn, slot, tmp_path / "staging", ["public.pt_orders"], chunk_pages=2, workers=2
+            )
     finally:
         c.execute("select pg_drop_replication_slot(slot_name) from pg_replication_slots where slot_name = %s", (slot,))
     assert [(t.schema, t.table) for t in batch.tables] == [("public", "pt_orders")]
+    # Copied leaf by leaf, each in ctid chunks, by two workers: as many parts as chunks.
+    info = json.loads((Path(batch.path) / "snapshot.json").read_text())["tables"][0]
+    leaves = {leaf["table"]: leaf["chunks"] for leaf in info["leaves"]}
+    assert set(leaves) == {"pt_orders_eu", "pt_orders_us", "pt_orders_asia"} and min(leaves.values()) >= 2, info
+    assert info["chunks"] == sum(leaves.values()) == len([f for f in info["files"] if "truncate" not in f]), info
     root = str(tmp_path / "delta")
     merge_batches(spark, [str(batch.path)], root)
     result = compare_table(c, spark, root, "public", "pt_orders")
@@ -246,3 +254,36 @@ def test_leaves_are_refused_under_publish_via_partition_root(partitioned, slot_n
     c.execute(f"alter publication {PUBLICATION} set (publish_via_partition_root = false)")
     tables = resolve_tables(lambda: Catalog(c), [], publication=PUBLICATION, table_options=KEEP_LEAVES)
     assert [t for t in tables if t[1].startswith("pt_")] == [("public", leaf) for leaf in LEAVES]
+
+
+def test_a_root_with_a_foreign_partition_is_copied_whole(pg_conn) -> None:
+    """A root's chunks are its heap leaves' ctid ranges; a foreign partition has no pages to range
+    over, so a root with one is read by one COPY."""
+    from airflow_provider_pgdecode.capture.snapshot_chunks import ChunkRead, chunk_reads, plan_chunks
+
+    c = pg_conn
+    c.execute(
+        "drop table if exists pt_logs cascade; drop server if exists pt_nowhere cascade;"
+        " create table pt_logs (id int, region text) partition by list (region);"
+        " create table pt_logs_eu partition of pt_logs for values in ('eu');"
+        " create table pt_logs_us partition of pt_logs for values in ('us');"
+        " insert into pt_logs select g, 'eu' from generate_series(1, 2000) g"
+    )
+    try:
+        with c.transaction():
+            heap = plan_chunks(c, "public", "pt_logs", 100, 1)
+        assert [leaf["table"] for leaf in heap["leaves"]] == ["pt_logs_eu", "pt_logs_us"]
+        eu = heap["leaves"][0]
+        assert eu["chunks"] == eu["pages"] > 1 and heap["chunks"] == eu["chunks"]  # the empty leaf has none
+        assert chunk_reads("public", "pt_logs", heap, 1) == ChunkRead("public", "pt_logs_eu", 1, 2, 1)
+        c.execute(
+            "create extension if not exists postgres_fdw;"
+            " create server pt_nowhere foreign data wrapper postgres_fdw options (dbname 'nowhere');"
+            " create foreign table pt_logs_far partition of pt_logs for values in ('far') server pt_nowhere"
+        )
+        with c.transaction():
+            whole = plan_chunks(c, "public", "pt_logs", 100, 1)
+        assert "leaves" not in whole and whole["chunks"] == 1
+        assert chunk_reads("public", "pt_logs", whole, 0) == ChunkRead("public", "pt_logs", None, None, 1)
+    finally:
+        c.execute("drop table if exists pt_logs cascade; drop server if exists pt_nowhere cascade")
