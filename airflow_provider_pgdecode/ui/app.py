@@ -39,18 +39,26 @@ def airflow_base_path() -> str:
     return get_cookie_path()
 
 
-def source_statuses(user: Any) -> list[SourceStatus]:
-    """The statuses of the sources of the DAGs ``user`` may read."""
+def source_statuses(user: Any) -> tuple[list[SourceStatus], list[str]]:
+    """The statuses of the sources of the DAGs ``user`` may read, and what kept a part of the
+    page from being read (the sources file's problems)."""
     from airflow.api_fastapi.app import get_auth_manager
+    from airflow.configuration import conf
     from airflow.utils.session import create_session
 
-    from airflow_provider_pgdecode.ui.readers import gather, pgdecode_dag_ids, recent_runs
+    from airflow_provider_pgdecode.ui.readers import configured_sources, gather, pgdecode_dag_ids, recent_runs
     from airflow_provider_pgdecode.utils.config import pgdecode_int
 
+    problems: list[str] = []
     with create_session() as session:
         allowed = get_auth_manager().get_authorized_dag_ids(user=user, method="GET", session=session)
         runs = recent_runs(session, pgdecode_dag_ids(session, allowed))
-    return gather(runs, max_lag_bytes=pgdecode_int("max_lag_bytes"))
+    try:
+        configured = [ref for ref in configured_sources(conf.get("core", "dags_folder")) if ref.dag_id in allowed]
+    except Exception as exc:  # the page still shows what ran
+        configured = []
+        problems.append(f"the sources file: {exc}")
+    return gather(runs, configured=configured, max_lag_bytes=pgdecode_int("max_lag_bytes")), problems
 
 
 def create_app() -> FastAPI:
@@ -69,14 +77,16 @@ def create_app() -> FastAPI:
     @app.get("/", response_class=HTMLResponse)
     def page(user: GetUserDep) -> HTMLResponse:
         now = datetime.now(UTC)
-        html = render_page(source_statuses(user), base=airflow_base_path(), now=now)
+        sources, problems = source_statuses(user)
+        html = render_page(sources, base=airflow_base_path(), now=now, problems=problems)
         return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
     @app.get("/api/status")
     def status(user: GetUserDep) -> JSONResponse:
         now = datetime.now(UTC)
-        sources = [s.to_dict() for s in source_statuses(user)]
-        return JSONResponse({"generated": now.isoformat(), "sources": sources}, headers={"Cache-Control": "no-store"})
+        sources, problems = source_statuses(user)
+        body = {"generated": now.isoformat(), "sources": [s.to_dict() for s in sources], "problems": problems}
+        return JSONResponse(body, headers={"Cache-Control": "no-store"})
 
     @app.get("/icon.svg")
     def icon() -> Response:

@@ -138,6 +138,8 @@ def source_section(source: SourceStatus, base: str) -> str:
     runs = (
         "<table class=runs><tr><th>run</th><th>state</th><th>started</th><th>lag at start</th><th>batches</th>"
         f"<th>tables merged</th></tr>{''.join(run_rows)}</table>"
+        if run_rows
+        else '<p class="muted">No run yet.</p>'
     )
 
     requests = "".join(
@@ -160,19 +162,29 @@ def source_section(source: SourceStatus, base: str) -> str:
     )
 
 
-def render_page(sources: Sequence[SourceStatus], *, base: str, now: datetime, refresh_seconds: int = 30) -> str:
-    """The whole page. ``base``: Airflow's URL path (links to DAG runs go there)."""
+def render_page(
+    sources: Sequence[SourceStatus],
+    *,
+    base: str,
+    now: datetime,
+    problems: Sequence[str] = (),
+    refresh_seconds: int = 30,
+) -> str:
+    """The whole page. ``base``: Airflow's URL path (links to DAG runs go there); ``problems``:
+    what kept a part of the page from being read."""
     body = (
         "".join(source_section(s, base) for s in sources)
         if sources
-        else '<p class="muted" data-empty>No pgdecode DAG has run yet (or none you may read).</p>'
+        else '<p class="muted" data-empty>No pgdecode DAG has run yet, and no sources file names one (or none you may read).</p>'
     )
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="refresh" content="{refresh_seconds}"><title>pgdecode</title><style>{STYLE}</style></head>'
         f'<body><h1>pgdecode</h1><p class="muted" data-generated="{now.isoformat()}">{len(sources)} source(s) · '
         f"as of {escape(when(now))} · refreshes every {refresh_seconds} s · "
-        f'<a href="api/status">JSON</a></p>{body}</body></html>'
+        f'<a href="api/status">JSON</a></p>'
+        + "".join(f'<p class="problem" data-problem>{escape(p)}</p>' for p in problems)
+        + f"{body}</body></html>"
     )
 
 

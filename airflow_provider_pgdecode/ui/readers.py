@@ -175,6 +175,36 @@ def recent_runs(session: Any, dag_ids: Iterable[str], per_dag: int = RUNS_PER_DA
     return records
 
 
+def configured_sources(dags_folder: str | None) -> list[SourceRef]:
+    """The sources of the sources file (``[pgdecode] sources``, else ``pgdecode_sources.yaml`` in
+    the DAGs folder, as ``dags/pgdecode_sources.py`` reads it), also those that never ran: each
+    as the ``pgdecode_<name>_incremental`` DAG that reads its slot. None without a file.
+
+    :raises ConfigurationError: the file is configured but missing, or has problems.
+    """
+    from pathlib import Path
+
+    from airflow_provider_pgdecode.utils.config import pgdecode_setting
+    from airflow_provider_pgdecode.utils.sources import DEFAULT_FILE_NAME, load_sources, sources_file
+
+    default = Path(dags_folder or ".") / DEFAULT_FILE_NAME
+    path = sources_file(pgdecode_setting("sources"), default)
+    if path is None:
+        return []
+    return [
+        SourceRef(
+            dag_id=f"pgdecode_{source.name}_incremental",  # example_dags/sources.py's incremental_dag_id
+            slot=source.slot,
+            postgres_conn_id=source.postgres_conn_id,
+            plugin=source.plugin,
+            staging_root=source.staging_uri,
+            storage_conn_id=source.storage_conn_id,
+            delta_root=source.delta_root,
+        )
+        for source in load_sources(path, data_dir=pgdecode_setting("data_dir"))
+    ]
+
+
 # --- the slot ----------------------------------------------------------------------------------
 
 
@@ -297,19 +327,25 @@ def _batches_to_time(runs: Sequence[RunRecord]) -> list[str]:
 def gather(
     runs: Sequence[RunRecord],
     *,
+    configured: Sequence[SourceRef] = (),
     now: datetime | None = None,
     timeout: float = GATHER_TIMEOUT_SECONDS,
     max_lag_bytes: int | None = None,
     slot_reader: Callable[[str | None, str], SlotReading] = read_slot,
 ) -> list[SourceStatus]:
-    """The status of every source of ``runs``: the slot, parked tables, snapshot requests,
-    commit times read concurrently, each source's looks bounded together by ``timeout`` seconds
-    (a look still running then is named in the source's problems and left out)."""
+    """The status of every source of ``runs`` and of every ``configured`` one (which may not have
+    run yet): the slot, parked tables, snapshot requests, commit times read concurrently, each
+    source's looks bounded together by ``timeout`` seconds (a look still running then is named in
+    the source's problems and left out)."""
     from airflow_provider_pgdecode.ui.status import last_merges
 
     now = now or datetime.now(UTC)
     grouped = group_sources(runs)
     refs = {key: source_ref(key[0], key[1], source_runs) for key, source_runs in grouped.items()}
+    for ref in configured:
+        if (ref.dag_id, ref.slot) not in refs:
+            grouped[(ref.dag_id, ref.slot)] = []
+            refs[(ref.dag_id, ref.slot)] = ref
     futures: dict[tuple[tuple[str, str], str, Any], Future[Any]] = {}
     for key, ref in refs.items():
         conn = ref.storage_conn_id
@@ -363,6 +399,7 @@ __all__ = [
     "GATHER_TIMEOUT_SECONDS",
     "SLOT_TIMEOUT_SECONDS",
     "batch_commit_times",
+    "configured_sources",
     "delta_commit_time",
     "gather",
     "pgdecode_dag_ids",

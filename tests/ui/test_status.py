@@ -17,6 +17,7 @@ from airflow_provider_pgdecode.ui.status import (
     TASK_KINDS,
     RunRecord,
     SlotReading,
+    SourceRef,
     TaskRecord,
     group_sources,
     health_of,
@@ -198,6 +199,9 @@ def test_the_page_shows_every_value_and_escapes_names() -> None:
     assert 'href="/airflow/dags/pgdecode_shop_incremental/runs/run_1"' in html
     assert 'data-snapshot-request="r1"' in html
     assert "No pgdecode DAG has run yet" in render_page([], base="/", now=T0)
+    assert '<p class="problem" data-problem>the sources file: &lt;x&gt;</p>' in render_page(
+        [], base="/", now=T0, problems=["the sources file: <x>"]
+    )
     assert 'data-lag-points="0"' in lag_chart([])
 
 
@@ -214,10 +218,14 @@ def test_a_look_that_does_not_answer_is_named_and_left_out() -> None:
         return SlotReading(info={"slot_name": slot, "wal_status": "reserved", "lag_bytes": 1})
 
     runs = [run(1, slot="stuck", dag_id="a"), run(1, slot="fine", dag_id="b")]
+    never_ran = SourceRef("c", "new", "new_db", "pgoutput", None, None, None)
     try:
-        statuses = {s.slot: s for s in gather(runs, now=T0, timeout=1.0, slot_reader=slot_reader)}
+        statuses = {
+            s.slot: s for s in gather(runs, configured=[never_ran], now=T0, timeout=1.0, slot_reader=slot_reader)
+        }
     finally:
         release.set()
+    assert statuses["new"].runs == () and statuses["new"].slot_state.info is not None
     assert statuses["fine"].slot_state.info is not None and statuses["fine"].problems == ()
     assert statuses["stuck"].slot_state.info is None and statuses["stuck"].health == "unreachable"
     assert any(p.startswith("slot") and "no answer within 1 s" in p for p in statuses["stuck"].problems)
@@ -244,11 +252,31 @@ def test_a_user_sees_the_sources_of_the_dags_the_auth_manager_lets_them_read(mon
         ],
     )
     monkeypatch.setattr(readers, "recent_runs", lambda session, dag_ids: [run(1, dag_id=d) for d in dag_ids])
-    gathered: list[RunRecord] = []
-    monkeypatch.setattr(readers, "gather", lambda runs, **kwargs: gathered.extend(runs) or [])
-    assert app.source_statuses("alice") == []
+    configured = [
+        SourceRef(f"pgdecode_{name}_incremental", name, f"{name}_db", "pgoutput", None, None, None)
+        for name in ("billing", "shop")
+    ]
+    monkeypatch.setattr(readers, "configured_sources", lambda dags_folder: configured)
+    gathered: dict[str, Any] = {}
+
+    def gather(runs: list[RunRecord], **kwargs: Any) -> list[Any]:
+        gathered.update(runs=runs, **kwargs)
+        return []
+
+    monkeypatch.setattr(readers, "gather", gather)
+    assert app.source_statuses("alice") == ([], [])
     assert asked == {"user": "alice", "method": "GET"}
-    assert [r.dag_id for r in gathered] == ["pgdecode_shop_incremental"]
+    assert [r.dag_id for r in gathered["runs"]] == ["pgdecode_shop_incremental"]
+    assert gathered["configured"] == [configured[1]]
+
+    def broken(dags_folder: str) -> list[SourceRef]:
+        raise ValueError("sources.yaml:3: source 'x': field 'slot': required")
+
+    monkeypatch.setattr(readers, "configured_sources", broken)
+    assert app.source_statuses("alice") == (
+        [],
+        ["the sources file: sources.yaml:3: source 'x': field 'slot': required"],
+    )
 
 
 def test_the_provider_registers_the_plugin() -> None:

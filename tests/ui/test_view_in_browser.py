@@ -93,6 +93,10 @@ def pipeline(
                 slot: {slot}
                 plugin: test_decoding
                 wait_seconds: 5
+              later:
+                postgres_conn_id: {conn_id}
+                slot: {slot}_later
+                plugin: test_decoding
             """
         )
     )
@@ -269,7 +273,7 @@ def test_the_view_asks_airflows_auth_manager(strict_api_server: AirflowDeploymen
     token = json.loads(body)["access_token"]
     status, _, body = _get(f"{base}/pgdecode/api/status", {"Authorization": f"Bearer {token}"})
     assert status == 200, body
-    assert [s["dag_id"] for s in json.loads(body)["sources"]] == [pipeline.dag_id]
+    assert [s["dag_id"] for s in json.loads(body)["sources"]] == [pipeline.dag_id, "pgdecode_later_incremental"]
 
 
 def test_the_json_shows_the_pipeline_as_it_is(
@@ -279,8 +283,17 @@ def test_the_json_shows_the_pipeline_as_it_is(
         f"{api_server.api_url}/pgdecode/api/status", {"Authorization": f"Bearer {_token(api_server)}"}
     )
     assert status == 200, body
-    sources = json.loads(body)["sources"]
-    assert [(s["dag_id"], s["slot"]) for s in sources] == [(pipeline.dag_id, pipeline.slot)]
+    answer = json.loads(body)
+    sources = answer["sources"]
+    assert answer["problems"] == []
+    # the source that ran, and the one of the sources file that never did (its slot not created yet)
+    assert [(s["dag_id"], s["slot"]) for s in sources] == [
+        (pipeline.dag_id, pipeline.slot),
+        ("pgdecode_later_incremental", f"{pipeline.slot}_later"),
+    ]
+    later = sources[1]
+    assert later["health"] == "missing" and later["runs"] == [] and later["tables"] == []
+    assert "does not exist" in later["slot_state"]["error"]
     source = sources[0]
     assert source["problems"] == [] and source["slot_state"]["error"] is None
 
@@ -349,9 +362,10 @@ def test_a_headless_browser_shows_the_view(
     page = f"{api_server.api_url}/pgdecode/"
     # No cookie yet: the page sends the browser through Airflow's login, which brings it back.
     dom = _chromium(profile, "--dump-dom", page)
-    section = re.search(r'<section class="source"[^>]*>', dom)
-    assert section is not None, dom[:3000]
-    attrs = dict(re.findall(r'data-([\w-]+)="([^"]*)"', section.group(0)))
+    sections = re.findall(r'<section class="source"[^>]*>', dom)
+    assert len(sections) == 2, dom[:3000]
+    attrs = dict(re.findall(r'data-([\w-]+)="([^"]*)"', sections[0]))
+    assert 'data-dag-id="pgdecode_later_incremental"' in sections[1] and 'data-health="missing"' in sections[1]
     slot = _slot_row(pg_cluster, pipeline)
     assert attrs["dag-id"] == pipeline.dag_id and attrs["slot"] == pipeline.slot
     assert attrs["confirmed-lsn"] == slot["confirmed_flush_lsn"] and attrs["health"] == "healthy"
