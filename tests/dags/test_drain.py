@@ -64,12 +64,17 @@ def slot_position(c, slot: str) -> str:
 
 def backlog(c, first_id: int) -> None:
     """About five bounds' worth: small transactions, one of 150 changes, a prepared transaction
-    prepared early and committed late (after at least one boundary)."""
+    prepared early and committed late (after at least one boundary). The inserted rows carry
+    1.6 kB of hex each (about 0.5 MB of WAL in all), so that the shrinking backlog the drain reports
+    stands well above the WAL the server writes meanwhile by itself (checkpoints, autovacuum)."""
     c.execute(f"begin; insert into {TABLE} select g, 'p' from generate_series({first_id + 9000}, {first_id + 9019}) g")
     c.execute(f"prepare transaction 'drain_{first_id}'")
     for t in range(8):
         lo = first_id + t * 40
-        c.execute(f"insert into {TABLE} select g, 'a' from generate_series({lo}, {lo + 39}) g")
+        c.execute(
+            f"insert into {TABLE} select g, (select string_agg(md5(g::text || '.' || i), '') from"
+            f" generate_series(1, 50) i) from generate_series({lo}, {lo + 39}) g"
+        )
     c.execute(f"update {TABLE} set v = 'big' where id between {first_id} and {first_id + 149}")  # 150 changes
     c.execute(f"delete from {TABLE} where id between {first_id + 300} and {first_id + 309}")
     c.execute(f"commit prepared 'drain_{first_id}'")
