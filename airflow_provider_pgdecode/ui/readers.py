@@ -113,14 +113,8 @@ def recent_runs(session: Any, dag_ids: Iterable[str], per_dag: int = RUNS_PER_DA
         if not runs:
             continue
         run_ids = [run.run_id for run in runs]
-        tis = session.execute(
-            select(
-                TaskInstance.run_id,
-                TaskInstance.task_id,
-                TaskInstance.operator,
-                TaskInstance.state,
-                TaskInstance.end_date,
-            ).where(
+        tis = session.scalars(
+            select(TaskInstance).where(
                 TaskInstance.dag_id == dag_id,
                 TaskInstance.run_id.in_(run_ids),
                 TaskInstance.operator.in_(list(TASK_KINDS)),
