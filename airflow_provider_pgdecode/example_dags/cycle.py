@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airflow.sdk import Param
+from airflow.sdk import BaseOperator, Param
 
 from airflow_provider_pgdecode.capture.bounds import DEFAULT_MAX_BATCH_CHANGES, DEFAULT_MAX_BATCH_WAL_BYTES
 from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS
@@ -209,8 +209,33 @@ def build_cycle(
         (:class:`~airflow_provider_pgdecode.notifications.alerts.PgDecodeAlertNotifier`): the
         health check failing, quarantined changes, a parked table, a failed task.
     """
-    spark_pool: dict[str, Any] = {"pool": pool} if pool else {}
-    src = source
+    ensure_slot, slot_health, wait_for_changes = _slot_tasks(source, max_lag_bytes, wait_seconds)
+    extract, merge, confirm, drain = _batch_tasks(source, retention_days, {"pool": pool} if pool else {})
+    if alert_notifiers:
+        attach_alerts(
+            alert_notifiers, (ensure_slot, slot_health, extract, merge, confirm, drain), (extract, merge, drain)
+        )
+    ensure_slot >> [slot_health, wait_for_changes]
+    wait_for_changes >> extract >> merge >> confirm >> drain  # extract.output also orders merge and confirm
+    return Cycle(ensure_slot, slot_health, wait_for_changes, extract, merge, confirm, drain)
+
+
+def attach_alerts(
+    notifiers: Sequence[Callable[[Any], Any]], failing: Sequence[BaseOperator], succeeding: Sequence[BaseOperator]
+) -> None:
+    """pgdecode's alerts to ``notifiers``: a failure of any task of ``failing``, and what the tasks
+    of ``succeeding`` report when they succeed (quarantined changes, parked tables)."""
+    alert = PgDecodeAlertNotifier(notifiers)
+    for task in failing:
+        task.on_failure_callback = [alert]
+    for task in succeeding:
+        task.on_success_callback = [alert]
+
+
+def _slot_tasks(
+    src: Source, max_lag_bytes: int | None, wait_seconds: int
+) -> tuple[PgDecodeEnsureSlotOperator, PgDecodeSlotHealthSensor, PgDecodeSlotChangesSensor]:
+    """The cycle's tasks that look after the slot: ensure it, check its health, wait for changes."""
     # [START howto_operator_pgdecode_ensure_slot]
     ensure_slot = PgDecodeEnsureSlotOperator(
         task_id="ensure_slot",
@@ -255,6 +280,13 @@ def build_cycle(
         # wherever a triggerer runs.
     )
     # [END howto_operator_pgdecode_slot_changes_sensor]
+    return ensure_slot, slot_health, wait_for_changes
+
+
+def _batch_tasks(
+    src: Source, retention_days: int | None, spark_pool: dict[str, Any]
+) -> tuple[PgDecodeExtractOperator, PgDecodeMergeOperator, PgDecodeConfirmOperator, PgDecodeDrainOperator]:
+    """The cycle's tasks that move a batch: extract, merge, confirm, and drain the backlog."""
     # [START howto_operator_pgdecode_extract]
     extract = PgDecodeExtractOperator(
         task_id="extract",
@@ -309,14 +341,4 @@ def build_cycle(
         **spark_pool,
     )
     # [END howto_operator_pgdecode_drain]
-
-    if alert_notifiers:
-        alert = PgDecodeAlertNotifier(alert_notifiers)
-        for task in (ensure_slot, slot_health, extract, merge, confirm, drain):
-            task.on_failure_callback = [alert]
-        for task in (extract, merge, drain):  # quarantined changes, parked tables
-            task.on_success_callback = [alert]
-
-    ensure_slot >> [slot_health, wait_for_changes]
-    wait_for_changes >> extract >> merge >> confirm >> drain  # extract.output also orders merge and confirm
-    return Cycle(ensure_slot, slot_health, wait_for_changes, extract, merge, confirm, drain)
+    return extract, merge, confirm, drain
