@@ -422,7 +422,7 @@ def decode_changes(plan: ExtractPlan, spill_dir: Any, snapshotter: TableSnapshot
         if plan.include_pairs is None
         else _recording_include(plan.include_pairs, excluded_names, request.later_tables)
     )
-    identities, keys, whole_row_old = _identities_and_keys(conn)
+    staged_as = _identities_and_keys(conn)
     # Chunk placement needs to see each transaction: the Python path while chunks are staged.
     fast = _native_module(request.native, parser) if snapshotter is None or not snapshotter.chunks else None
     floor = snapshotter.high_watermark() if snapshotter is not None else None
@@ -433,24 +433,7 @@ def decode_changes(plan: ExtractPlan, spill_dir: Any, snapshotter: TableSnapshot
     started = time.monotonic()
     decode_split: Lsn | None = None
     for attempt in itertools.count():
-        assembler = TransactionAssembler(
-            plan.pending,
-            request.memory_items,
-            spill_dir,
-            resume_after=plan.resume_after,
-            drop_origins=origin_dropped_by_client(request.plugin, request.origin, slots.server_version_num()),
-        )
-        choose_memory_pool()
-        writer = BatchWriter(
-            spill_dir.parent,
-            include,
-            request.part_rows,
-            table_options=plan.options_by_table,
-            identities=identities,
-            keys=keys,
-            whole_row_old=whole_row_old,
-            partitions=plan.partition_roots.keys(),
-        )
+        assembler, writer = _assembler_and_writer(plan, spill_dir, include, staged_as)
         cut = BatchCut(bounds, plan.start_lsn, assembler, floor) if bounds.bounded else None
         log.info(
             "Extracting slot %s from %s up to %s%s",
@@ -462,19 +445,7 @@ def decode_changes(plan: ExtractPlan, spill_dir: Any, snapshotter: TableSnapshot
         row_limited = False
         repeated_rows = 0
         if upto > plan.confirmed and fast is not None:
-            split = None
-            if attempt == 0 and upto == ceiling:
-                split = _split(
-                    plan.start_lsn,
-                    expected_end(
-                        plan.start_lsn,
-                        upto,
-                        bounds.max_changes,
-                        checkpoint.wal_bytes_per_change if checkpoint is not None else None,
-                    ),
-                    request.two_sessions,
-                    request.split_at,
-                )
+            split = _first_split(plan, upto) if attempt == 0 and upto == ceiling else None
             peeked = _peek_native(plan, fast, parser, options, assembler, writer, include, cut, split, upto, peek_rows)
             writer, rows, repeated_rows, row_limited = (
                 peeked.writer,
@@ -527,6 +498,47 @@ def decode_changes(plan: ExtractPlan, spill_dir: Any, snapshotter: TableSnapshot
         excluded_names=excluded_names,
         started=started,
     )
+
+
+def _assembler_and_writer(
+    plan: ExtractPlan, spill_dir: Any, include: Callable[[str, str], bool] | None, staged_as: tuple[Any, Any, Any]
+) -> tuple[TransactionAssembler, BatchWriter]:
+    """A fresh assembler and batch writer for one reading of the slot (``staged_as``: the
+    replica identities, keys and whole-row old images of :func:`_identities_and_keys`)."""
+    request = plan.request
+    identities, keys, whole_row_old = staged_as
+    assembler = TransactionAssembler(
+        plan.pending,
+        request.memory_items,
+        spill_dir,
+        resume_after=plan.resume_after,
+        drop_origins=origin_dropped_by_client(request.plugin, request.origin, plan.slots.server_version_num()),
+    )
+    choose_memory_pool()
+    writer = BatchWriter(
+        spill_dir.parent,
+        include,
+        request.part_rows,
+        table_options=plan.options_by_table,
+        identities=identities,
+        keys=keys,
+        whole_row_old=whole_row_old,
+        partitions=plan.partition_roots.keys(),
+    )
+    return assembler, writer
+
+
+def _first_split(plan: ExtractPlan, upto: Lsn) -> Lsn | None:
+    """Where the first reading up to the ceiling ``upto`` splits between two decoding sessions
+    (:mod:`.sessions`), expected from the checkpoint's WAL bytes per change; ``None``: one session."""
+    checkpoint, request = plan.checkpoint, plan.request
+    expected = expected_end(
+        plan.start_lsn,
+        upto,
+        request.bounds.max_changes,
+        checkpoint.wal_bytes_per_change if checkpoint is not None else None,
+    )
+    return _split(plan.start_lsn, expected, request.two_sessions, request.split_at)
 
 
 def _identities_and_keys(
