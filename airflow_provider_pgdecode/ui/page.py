@@ -4,9 +4,10 @@ and for scraping. A pure function of the sources' statuses (``status.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from html import escape
+from typing import Any
 from urllib.parse import quote
 
 from airflow_provider_pgdecode.decoding.lsn import describe_bytes
@@ -20,7 +21,7 @@ h1{font-size:20px;margin:0 0 4px}h2{font-size:17px;margin:0}h3{font-size:14px;ma
 .healthy{background:#c6f6d5;color:#22543d}.parked,.lagging,.unreserved{background:#feebc8;color:#7b341e}
 .lost,.missing,.unreachable{background:#fed7d7;color:#822727}
 table{border-collapse:collapse;font-size:13px;margin-top:4px}th,td{border-bottom:1px solid #edf2f7;padding:4px 10px;text-align:left}
-th{color:#4a5568;font-weight:600}td.num{text-align:right;font-variant-numeric:tabular-nums}.facts{display:flex;gap:22px;flex-wrap:wrap;font-size:13px}
+th{color:#4a5568;font-weight:600;white-space:nowrap}td{white-space:nowrap}td.wrap{white-space:normal;max-width:300px}td.num{text-align:right;font-variant-numeric:tabular-nums}.facts{display:flex;gap:22px;flex-wrap:wrap;font-size:13px}
 .facts b{display:block;font-size:15px}.problem{color:#9b2c2c;font-size:12px}a{color:#2b6cb0}
 """
 
@@ -78,6 +79,15 @@ def _runs_url(base: str, dag_id: str, run_id: str | None = None) -> str:
     return f"{url}/{quote(run_id, safe='')}" if run_id else url
 
 
+def _parked_cell(parked: Mapping[str, Any] | None, limit: int = 70) -> str:
+    """Since which LSN the table waits and the start of why (all of it on hover)."""
+    if not parked:
+        return ""
+    reason = str(parked.get("reason") or "")
+    short = reason if len(reason) <= limit else reason[: limit - 1] + "…"
+    return f'<span title="{escape(reason)}">since {escape(str(parked.get("since_lsn")))}: {escape(short)}</span>'
+
+
 def source_section(source: SourceStatus, base: str) -> str:
     info = source.slot_state.info or {}
     lag = info.get("lag_bytes")
@@ -109,7 +119,7 @@ def source_section(source: SourceStatus, base: str) -> str:
         f"<td>{e(t.name)}</td><td>{e(age(t.freshness_seconds))}</td><td>{e(when(t.newest_commit))}</td>"
         f"<td>{e(when(t.merged_at))}</td><td class=num>{'' if t.delta_version is None else t.delta_version}</td>"
         f"<td class=num>{t.last_rows}</td><td class=num>{t.quarantined}</td>"
-        f"<td>{e('since ' + str(t.parked.get('since_lsn')) + ': ' + str(t.parked.get('reason'))) if t.parked else ''}</td></tr>"
+        f"<td class=wrap>{_parked_cell(t.parked)}</td></tr>"
         for t in source.tables
     )
     tables = (
@@ -133,7 +143,7 @@ def source_section(source: SourceStatus, base: str) -> str:
             f'<td><a target="_top" href="{e(_runs_url(base, source.dag_id, run.run_id))}">{e(run.run_id)}</a></td>'
             f"<td>{e(run.state or '–')}</td><td>{e(when(run.start_date))}</td>"
             f"<td class=num>{'' if run.lag_bytes is None else e(describe_bytes(run.lag_bytes))}</td>"
-            f"<td>{e(batches or 'no batch')}</td><td>{e(', '.join(run.merged_tables))}</td></tr>"
+            f"<td class=wrap>{e(batches or 'no batch')}</td><td class=wrap>{e(', '.join(run.merged_tables))}</td></tr>"
         )
     runs = (
         "<table class=runs><tr><th>run</th><th>state</th><th>started</th><th>lag at start</th><th>batches</th>"

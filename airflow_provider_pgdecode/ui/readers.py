@@ -296,8 +296,11 @@ def delta_commit_time(delta_path: str, version: int, storage_conn_id: str | None
     ``commitInfo.timestamp``); ``None`` when the commit file has none."""
     text = _storage(delta_path, storage_conn_id).read_text(posixpath.join("_delta_log", f"{version:020d}.json"))
     for line in text.splitlines():
-        action = json.loads(line) if line.strip() else {}
-        info = action.get("commitInfo")
+        try:
+            action = json.loads(line) if line.strip() else {}
+        except ValueError:  # a torn commit (its table is parked): no time from it
+            continue
+        info = action.get("commitInfo") if isinstance(action, Mapping) else None
         if isinstance(info, Mapping) and info.get("timestamp") is not None:
             return datetime.fromtimestamp(int(info["timestamp"]) / 1000, UTC)
     return None

@@ -160,6 +160,9 @@ def test_a_source_status_from_its_runs() -> None:
     assert status.quarantined == 1 and status.health == "parked"
     assert status.runs[0].parked_tables == ("public.c",) and status.runs[0].merged_tables == ("public.a",)
     assert status.to_dict()["tables"][0]["newest_commit"] == (T0 + timedelta(minutes=4)).isoformat()
+    html = render_page([status], base="/", now=now)
+    assert '<span title="damaged Delta log">since 0/400: damaged Delta log</span>' in html
+    assert 'data-health="parked"' in html and re.search(r'<tr data-table="public.c"[^>]*data-parked="yes"', html)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,9 @@ provider installed (its plugin registered by the entry point), and:
   browser to the auth manager's login page;
 - with a token, it shows the source, its slot as PostgreSQL has it now, the lag each run's health
   check recorded, each table's Delta version and newest merged commit (between the PostgreSQL
-  clock readings around that commit), the runs' batches, and the pending request;
+  clock readings around that commit), a change quarantined (a value past ``max_value_bytes``), a
+  table parked by its torn Delta log, the runs' batches, the pending request, and a source of the
+  sources file that never ran;
 - headless Chromium logs in through Airflow's login redirect, opens the page and shows the same,
   and Airflow's own UI embeds it under ``/plugin/pgdecode``. The screenshots are kept in
   ``build/test-artifacts/ui`` (``PGDECODE_TEST_ARTIFACTS`` elsewhere); docs/images/ui.png is one.
@@ -27,14 +29,16 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from deltalake import DeltaTable
 
+from airflow_provider_pgdecode.batch.parking import read_parked
 from pgdecode_testing.airflow_deployment import AirflowDeployment
 from pgdecode_testing.connect_server import LocalConnectServer
 from pgdecode_testing.postgres_cluster import ThrowawayCluster
@@ -93,6 +97,8 @@ def pipeline(
                 slot: {slot}
                 plugin: test_decoding
                 wait_seconds: 5
+                table_options:
+                  public.notes: {{on_bad_value: quarantine, max_value_bytes: 64}}
               later:
                 postgres_conn_id: {conn_id}
                 slot: {slot}_later
@@ -112,7 +118,8 @@ def pipeline(
         for key, value in env.items():
             mp.setenv(key, value)
         conn.execute(
-            "CREATE TABLE orders (id int PRIMARY KEY, status text); CREATE TABLE customers (id int PRIMARY KEY)"
+            "CREATE TABLE orders (id int PRIMARY KEY, status text); CREATE TABLE customers (id int PRIMARY KEY);"
+            " CREATE TABLE notes (id int PRIMARY KEY, body text)"
         )
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (slot,))
 
@@ -128,9 +135,16 @@ def pipeline(
         conn.execute("INSERT INTO customers SELECT g FROM generate_series(1, 7) g")
         committed["public.customers"] = (before, _clock(conn))
         conn.execute("INSERT INTO orders SELECT g, 'new' FROM generate_series(1, 20) g")
+        # one body longer than max_value_bytes: quarantined, the other notes merged
+        conn.execute("INSERT INTO notes VALUES (1, 'short'), (2, repeat('x', 200)), (3, 'short too')")
         first = dag.test()
         assert first.state == DagRunState.SUCCESS, {ti.task_id: ti.state for ti in first.get_task_instances()}
 
+        # customers' newest Delta commit torn as by a crash: its next changes park it, the others flow
+        log = data_dir / "shop" / "delta" / "public" / "customers" / "_delta_log"
+        newest = max(log.glob("*.json"))
+        newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+        conn.execute("INSERT INTO customers VALUES (8)")
         before = _clock(conn)
         conn.execute("UPDATE orders SET status = 'paid' WHERE id <= 5; DELETE FROM orders WHERE id = 20")
         committed["public.orders"] = (before, _clock(conn))
@@ -302,7 +316,7 @@ def test_the_json_shows_the_pipeline_as_it_is(
     info = source["slot_state"]["info"]
     assert info["confirmed_flush_lsn"] == slot["confirmed_flush_lsn"]
     assert info["wal_status"] == slot["wal_status"] and info["active"] is False
-    assert source["health"] == "healthy"
+    assert source["health"] == "parked"  # the slot is fine; a table waits
     extracts = _recorded(pipeline, "extract")
     assert len(extracts) == 2 and extracts[-1]["end_lsn"] == slot["confirmed_flush_lsn"]  # confirmed to the batch's end
 
@@ -314,17 +328,39 @@ def test_the_json_shows_the_pipeline_as_it_is(
     # the runs and their batches, newest first
     batches = [(r["batches"][0]["start_lsn"], r["batches"][0]["end_lsn"]) for r in source["runs"]]
     assert batches == [(e["start_lsn"], e["end_lsn"]) for e in reversed(extracts)]
-    assert [r["merged_tables"] for r in source["runs"]] == [["public.orders"], ["public.customers", "public.orders"]]
+    assert [r["merged_tables"] for r in source["runs"]] == [
+        ["public.orders"],
+        ["public.customers", "public.notes", "public.orders"],
+    ]
+    assert [r["parked_tables"] for r in source["runs"]] == [["public.customers"], []]
 
     # each table: its Delta version, and the newest commit merged, between the clock readings around it
     tables = {t["name"]: t for t in source["tables"]}
-    assert set(tables) == {"public.orders", "public.customers"}
+    assert set(tables) == {"public.orders", "public.customers", "public.notes"}
     for name, (before, after) in pipeline.committed.items():
         table = tables[name]
         assert table["delta_version"] == _delta_version(pipeline, name), name
         newest = datetime.fromisoformat(table["newest_commit"])
         assert before <= newest <= after, (name, before, newest, after)
-        assert table["quarantined"] == 0 and table["parked"] is None
+    assert tables["public.notes"]["delta_version"] == _delta_version(pipeline, "public.notes")
+
+    # parked: customers, since the batch its torn Delta log refused (the merge's parked-tables file)
+    parked = read_parked(str(pipeline.data_dir / "shop" / "staging"), pipeline.slot)
+    assert list(parked) == ["public.customers"] and parked["public.customers"].since_lsn == extracts[-1]["start_lsn"]
+    assert source["parked"] == {"public.customers": asdict(parked["public.customers"])}
+    assert tables["public.customers"]["parked"] == source["parked"]["public.customers"]
+    assert tables["public.orders"]["parked"] is None and tables["public.notes"]["parked"] is None
+
+    # quarantined: the one note too long to carry, in the extract's record and the quarantine Delta table
+    assert extracts[0]["quarantined"] == {"public.notes": 1} and extracts[1]["quarantined"] == {}
+    assert [(t["name"], t["quarantined"]) for t in source["tables"]] == [
+        ("public.customers", 0),
+        ("public.notes", 1),
+        ("public.orders", 0),
+    ]
+    assert source["quarantined"] == 1
+    quarantine = DeltaTable(str(pipeline.data_dir / "shop" / "delta" / "_pgdecode_quarantine"))
+    assert quarantine.to_pyarrow_table().num_rows == 1
     assert tables["public.orders"]["last_merged_run"] == source["runs"][0]["run_id"]
     assert tables["public.customers"]["last_merged_run"] == source["runs"][1]["run_id"]
 
@@ -368,10 +404,13 @@ def test_a_headless_browser_shows_the_view(
     assert 'data-dag-id="pgdecode_later_incremental"' in sections[1] and 'data-health="missing"' in sections[1]
     slot = _slot_row(pg_cluster, pipeline)
     assert attrs["dag-id"] == pipeline.dag_id and attrs["slot"] == pipeline.slot
-    assert attrs["confirmed-lsn"] == slot["confirmed_flush_lsn"] and attrs["health"] == "healthy"
+    assert attrs["confirmed-lsn"] == slot["confirmed_flush_lsn"] and attrs["health"] == "parked"
     assert int(attrs["lag-bytes"]) >= 0
     shown = set(re.findall(r'<tr data-table="([^"]+)"', dom))
-    assert shown == {"public.orders", "public.customers"}
+    assert shown == {"public.orders", "public.customers", "public.notes"}
+    assert re.search(r'<tr data-table="public.customers"[^>]*data-parked="yes"', dom)
+    assert re.search(r'<tr data-table="public.notes"[^>]*data-quarantined="1"', dom)
+    assert '<div data-fact="parked"><b>1</b>' in dom and '<div data-fact="quarantined"><b>1</b>' in dom
     health = _recorded(pipeline, "slot_health")
     chart = re.findall(r'<circle [^>]*data-lag-bytes="(\d+)"', dom)
     assert [int(v) for v in chart] == [h["lag_bytes"] for h in health]
