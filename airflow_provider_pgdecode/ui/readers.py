@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, TypeVar
 
+from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
 from airflow_provider_pgdecode.ui.status import (
     TASK_KINDS,
     RunRecord,
@@ -210,22 +211,24 @@ def read_slot(postgres_conn_id: str | None, slot: str) -> SlotReading:
     return _slot_cache.get((postgres_conn_id, slot), lambda: _read_slot(postgres_conn_id, slot))
 
 
+class BoundedSlotHook(PgDecodeHook):
+    """A :class:`PgDecodeHook` whose session cannot write nor wait long: read-only, with connect,
+    statement and lock timeouts of :data:`SLOT_TIMEOUT_SECONDS` (shorter ones of the connection's
+    extra kept), named ``pgdecode-view`` in ``pg_stat_activity``."""
+
+    def _create_connection(self, conn_args: dict[str, Any]) -> Any:
+        ms = SLOT_TIMEOUT_SECONDS * 1000
+        bounds = f"-c statement_timeout={ms} -c lock_timeout={ms} -c default_transaction_read_only=on"
+        conn_args["options"] = f"{conn_args.get('options') or ''} {bounds}".strip()
+        given = int(conn_args.get("connect_timeout") or SLOT_TIMEOUT_SECONDS)
+        conn_args["connect_timeout"] = max(1, min(given, SLOT_TIMEOUT_SECONDS))
+        conn_args["application_name"] = "pgdecode-view"
+        return super()._create_connection(conn_args)
+
+
 def _read_slot(postgres_conn_id: str, slot: str) -> SlotReading:
-    from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
-
-    class BoundedHook(PgDecodeHook):
-        """A session that cannot wait long nor write."""
-
-        def _create_connection(self, conn_args: dict[str, Any]) -> Any:
-            ms = SLOT_TIMEOUT_SECONDS * 1000
-            bounds = f"-c statement_timeout={ms} -c lock_timeout={ms} -c default_transaction_read_only=on"
-            conn_args["options"] = f"{conn_args.get('options') or ''} {bounds}".strip()
-            conn_args["connect_timeout"] = min(int(conn_args.get("connect_timeout") or SLOT_TIMEOUT_SECONDS), 10)
-            conn_args["application_name"] = "pgdecode-view"
-            return super()._create_connection(conn_args)
-
     try:
-        with BoundedHook(postgres_conn_id=postgres_conn_id) as hook:
+        with BoundedSlotHook(postgres_conn_id=postgres_conn_id) as hook:
             return SlotReading(info=hook.describe_slot(slot).to_dict())
     except Exception as exc:  # the page says what went wrong, per source
         return SlotReading(error=f"{type(exc).__name__}: {exc}".strip())
@@ -394,6 +397,7 @@ def gather(
 
 __all__ = [
     "GATHER_TIMEOUT_SECONDS",
+    "BoundedSlotHook",
     "SLOT_TIMEOUT_SECONDS",
     "batch_commit_times",
     "configured_sources",
