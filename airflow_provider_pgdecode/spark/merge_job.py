@@ -45,7 +45,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 if __package__ in (None, ""):  # run as a file by spark-submit: make the package importable
@@ -106,6 +106,7 @@ from airflow_provider_pgdecode.spark.staged_events import (
     staged_part_error,
     uses_object_store,
 )
+from airflow_provider_pgdecode.spark.table_workers import run_sharded, table_sessions
 from airflow_provider_pgdecode.spark.write_strategies import (
     append_inserts,
     append_only_write,
@@ -215,65 +216,45 @@ def _merge_batches(
             results[plan.name] = parked_result(plan.path, plan.schema, plan.table, plan.error)
     largest_reads = check_staged_parts(plans)
     server = server_memory(spark) if options.memory_check and is_connect_session(spark) else None
+    with table_sessions(spark, options.table_workers, len(plans)) as sessions:
+        session_of = {plan.name: sessions[i % len(sessions)] for i, plan in enumerate(plans)}
+        # Tables whose snapshot parts are committed as staged: no read, no profile, no rewrite.
+        templates: dict[int, dict[Any, tuple[dict[str, Any], dict[str, Any]] | None]] = {}
 
-    prepared: list[tuple[TablePlan, DataFrame | None, Profile | None, float]] = []
-    # Tables whose snapshot parts are committed as staged: no read, no profile, no rewrite.
-    direct: dict[str, tuple[TableSummary, tuple[dict[str, Any], dict[str, Any]]]] = {}
-    templates: dict[Any, tuple[dict[str, Any], dict[str, Any]] | None] = {}
-    for plan in plans:
-        if not plan.segments:
-            prepared.append((plan, None, None, 0.0))
-            continue
-        table_started = time.monotonic()
-        entry = committable_snapshot(plan, options) if not chunked else None
-        template = snapshot_template(spark, plan, options, delta_root, templates) if entry is not None else None
-        if entry is not None and template is not None:
-            direct[plan.name] = (entry, template)
-            prepared.append((plan, None, None, time.monotonic() - table_started))
-            continue
-        try:
-            read = largest_reads.get(plan.name)
-            if server is not None and read is not None:  # Spark reads its parts: they must fit the shared server
-                check_fits(plan.name, read, server)
-            table_events, table_profile = _profiled(spark, plan, options)
-        except MergeInputError as error:  # a refusal of this table's changes: it waits, the others flow
-            if not parks(error, options):
-                raise
-            results[plan.name] = parked_result(plan.path, plan.schema, plan.table, error)
-            continue
-        prepared.append((plan, table_events, table_profile, time.monotonic() - table_started))
+        def prepare(session: SparkSession, plan: TablePlan) -> _Prepared:
+            started_at = time.monotonic()
+            if not plan.segments:
+                return _Prepared(plan)
+            entry = committable_snapshot(plan, options) if not chunked else None
+            cache = templates.setdefault(id(session), {})
+            template = snapshot_template(session, plan, options, delta_root, cache) if entry is not None else None
+            if entry is not None and template is not None:
+                return _Prepared(plan, direct=(entry, template), seconds=time.monotonic() - started_at)
+            try:
+                read = largest_reads.get(plan.name)
+                if server is not None and read is not None:  # Spark reads its parts: they must fit the shared server
+                    check_fits(plan.name, read, server)
+                table_events, table_profile = _profiled(session, plan, options)
+            except MergeInputError as error:  # a refusal of this table's changes: it waits, the others flow
+                if not parks(error, options):
+                    raise
+                return _Prepared(plan, parked=parked_result(plan.path, plan.schema, plan.table, error))
+            return _Prepared(plan, table_events, table_profile, time.monotonic() - started_at)
 
-    for plan, events, profile, profile_seconds in prepared:
-        table_started = time.monotonic() - profile_seconds
-        result = TableResult(
-            delta_path=plan.path,
-            schema=plan.schema,
-            table=plan.table,
-            status="skipped",
-            batches_skipped=list(plan.skipped),
-            delta_version=plan.state.version,
-            watermark_lsn=str(Lsn(plan.state.watermark)) if plan.state.watermark is not None else None,
-            columns_not_written=list(plan.not_written),
-            columns={c: plan.types[c].delta_type.simpleString() for c in plan.columns},
-        )
-        results[plan.name] = result
-        skipped_rows = sum(
-            entry.rows
-            for batch in every_batch
-            for entry in batch.tables
-            if entry.target == (plan.schema, plan.table) and batch.label in plan.skipped
-        )
-        try:
-            if plan.name in direct:
-                write_snapshot(spark, plan, result, direct[plan.name], slot)
+        prepared: list[_Prepared] = []
+        for outcome in run_sharded(plans, lambda plan: session_of[plan.name], prepare):
+            if outcome.parked is not None:
+                results[outcome.plan.name] = outcome.parked
             else:
-                write_table(spark, plan, events, profile, result, skipped_rows, slot, chunked, options)
-        except Exception as error:
-            if not options.park or not table_parking.table_problem(spark, error, options.park_refused):
-                raise
-            results[plan.name] = parked_result(plan.path, plan.schema, plan.table, error)
-            continue
-        result.seconds = round(time.monotonic() - table_started, 3)
+                prepared.append(outcome)
+
+        def write(session: SparkSession, item: _Prepared) -> TableResult:
+            return _write_prepared(session, item, every_batch, slot, chunked, options)
+
+        for item, result in zip(
+            prepared, run_sharded(prepared, lambda item: session_of[item.plan.name], write), strict=True
+        ):
+            results[item.plan.name] = result
 
     quarantine = append_quarantine(spark, batches, delta_root)
     if quarantine is not None:
@@ -292,6 +273,62 @@ def _merge_batches(
         "messages": messages,
         "seconds": round(time.monotonic() - started, 3),
     }
+
+
+@dataclass
+class _Prepared:
+    """A table ready to be written: its changes and their profile, or its snapshot parts to commit
+    as staged (``direct``), and the seconds spent on it so far."""
+
+    plan: TablePlan
+    events: DataFrame | None = None
+    profile: Profile | None = None
+    seconds: float = 0.0
+    direct: tuple[TableSummary, tuple[dict[str, Any], dict[str, Any]]] | None = None
+    parked: TableResult | None = None
+    """Its changes refused and the table parked: nothing to write."""
+
+
+def _write_prepared(
+    spark: SparkSession,
+    item: _Prepared,
+    every_batch: Sequence[BatchManifest],
+    slot: str,
+    chunked: bool,
+    options: MergeOptions,
+) -> TableResult:
+    """Write one prepared table in ``spark`` (the session that prepared it); its result, parked
+    when its Delta table cannot be read or written."""
+    plan = item.plan
+    table_started = time.monotonic() - item.seconds
+    result = TableResult(
+        delta_path=plan.path,
+        schema=plan.schema,
+        table=plan.table,
+        status="skipped",
+        batches_skipped=list(plan.skipped),
+        delta_version=plan.state.version,
+        watermark_lsn=str(Lsn(plan.state.watermark)) if plan.state.watermark is not None else None,
+        columns_not_written=list(plan.not_written),
+        columns={c: plan.types[c].delta_type.simpleString() for c in plan.columns},
+    )
+    skipped_rows = sum(
+        entry.rows
+        for batch in every_batch
+        for entry in batch.tables
+        if entry.target == (plan.schema, plan.table) and batch.label in plan.skipped
+    )
+    try:
+        if item.direct is not None:
+            write_snapshot(spark, plan, result, item.direct, slot)
+        else:
+            write_table(spark, plan, item.events, item.profile, result, skipped_rows, slot, chunked, options)
+    except Exception as error:
+        if not options.park or not table_parking.table_problem(spark, error, options.park_refused):
+            raise
+        return parked_result(plan.path, plan.schema, plan.table, error)
+    result.seconds = round(time.monotonic() - table_started, 3)
+    return result
 
 
 def _profiled(spark: SparkSession, plan: TablePlan, options: MergeOptions) -> tuple[DataFrame, Profile]:
@@ -691,6 +728,14 @@ def build_argument_parser() -> argparse.ArgumentParser:
         default=[],
         help="an earlier batch the parked tables still need, merged for them only (repeatable)",
     )
+    parser.add_argument(
+        "--table-workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="merge up to N tables side by side, each in a session of its own of this Spark application "
+        "(default 1: one after another)",
+    )
     parser.add_argument("--summary-json", default=None, help="also write the summary to this file")
     parser.add_argument("--log-level", default="INFO")
     return parser
@@ -746,6 +791,7 @@ def options_from_args(args: argparse.Namespace) -> MergeOptions:
         parked=tuple(args.parked_table),
         catch_up=tuple(args.catch_up),
         memory_check=not args.no_memory_check,
+        table_workers=args.table_workers,
     )
 
 

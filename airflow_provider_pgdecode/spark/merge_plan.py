@@ -148,11 +148,16 @@ class MergeOptions:
     memory_check: bool = True
     """Through Spark Connect, refuse a table whose staged changes would not fit the server's memory
     before sending them (:mod:`.memory_budget`); ``False``: send them anyway."""
+    table_workers: int = 1
+    """Tables merged side by side, each in a session of its own of the same Spark application
+    (:mod:`.table_workers`); 1: one after another in the caller's session."""
 
     def __post_init__(self) -> None:
         if self.numeric_special not in ("null", "error"):
             raise ConfigurationError(f"numeric_special must be 'null' or 'error', not {self.numeric_special!r}")
         parse_unbounded_numeric_rule(self.unbounded_numeric)
+        if self.table_workers < 1:
+            raise ConfigurationError(f"table_workers must be at least 1, not {self.table_workers}")
 
 
 @dataclass

@@ -1,0 +1,102 @@
+"""Tables merged side by side in one Spark application (``MergeOptions.table_workers``).
+
+A table's changes are read, profiled and written in one session: a DataFrame belongs to the
+session that made it, and Delta's transaction id is a setting of the session, so two tables
+written at once in one session would see each other's. With ``table_workers`` = K > 1 the merge
+uses K sessions of the same Spark application - clones of the caller's Spark Connect session
+(``cloneSession``: its settings come along), or new sessions of a classic application
+(``newSession``, the caller's runtime settings copied) - and gives each a share of the tables, in
+a thread of its own; Spark runs their jobs at once. The work still comes in two rounds (every
+table profiled before any is written), so a refused table stops the run before anything is
+written, as with one session. With K = 1 everything runs in the caller's session and thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from airflow_provider_pgdecode.spark.session import active_connect_session, is_connect_session
+
+log = logging.getLogger(__name__)
+
+Item = TypeVar("Item")
+Outcome = TypeVar("Outcome")
+
+
+@contextlib.contextmanager
+def table_sessions(spark: Any, workers: int, tables: int) -> Iterator[list[Any]]:
+    """``min(workers, tables)`` sessions of ``spark``'s application, ``spark`` first; the others
+    are released on exit (a classic application's sessions share its context: never stopped)."""
+    count = max(1, min(int(workers), tables))
+    sessions = [spark]
+    connect = is_connect_session(spark)
+    try:
+        for _ in range(count - 1):
+            sessions.append(spark.cloneSession() if connect else _classic_sibling(spark))
+        if count > 1:
+            log.info("Merging %d table(s) with %d sessions side by side", tables, count)
+        yield sessions
+    finally:
+        if connect:
+            for session in sessions[1:]:
+                with contextlib.suppress(Exception):
+                    session.stop()
+
+
+def run_sharded(
+    items: Sequence[Item], session_of: Callable[[Item], Any], work: Callable[[Any, Item], Outcome]
+) -> list[Outcome]:
+    """``work(session, item)`` for every item, each item in its session's thread, the items of one
+    session in order; the outcomes in the items' order. A session's thread stops at its first
+    error; once every thread has stopped, the error of the earliest item is raised."""
+    groups: dict[int, tuple[Any, list[int]]] = {}
+    for index, item in enumerate(items):
+        session = session_of(item)
+        groups.setdefault(id(session), (session, []))[1].append(index)
+    outcomes: dict[int, Outcome] = {}
+    if len(groups) <= 1:
+        for index, item in enumerate(items):
+            session = session_of(item)
+            with active_connect_session(session):
+                outcomes[index] = work(session, item)
+        return [outcomes[i] for i in range(len(items))]
+    errors: list[tuple[int, BaseException]] = []
+    lock = threading.Lock()
+
+    def shard(session: Any, indexes: list[int]) -> None:
+        with active_connect_session(session):
+            for index in indexes:
+                try:
+                    outcome = work(session, items[index])
+                except BaseException as error:  # raised in the caller's thread below
+                    with lock:
+                        errors.append((index, error))
+                    return
+                with lock:
+                    outcomes[index] = outcome
+
+    threads = [
+        threading.Thread(target=shard, args=group, name=f"pgdecode-merge-{n}", daemon=True)
+        for n, group in enumerate(groups.values())
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise min(errors, key=lambda pair: pair[0])[1]
+    return [outcomes[i] for i in range(len(items))]
+
+
+def _classic_sibling(spark: Any) -> Any:
+    """A new session of a classic application with the caller's runtime settings (static ones,
+    shared by the application anyway, cannot be set and are left)."""
+    sibling = spark.newSession()
+    for key, value in spark.conf.getAll.items():
+        with contextlib.suppress(Exception):
+            sibling.conf.set(key, value)
+    return sibling
