@@ -155,7 +155,18 @@ LEAVES = ("pt_orders_asia", "pt_orders_eu", "pt_orders_us")
 KEEP_LEAVES = {"public.pt_orders": {"partitions": "leaves"}}
 
 
-@pytest.mark.parametrize(("plugin", "via_root"), SOURCES[:2])
+LEAF_SOURCES = [
+    SOURCES[0],
+    pytest.param(
+        "pgoutput",
+        False,
+        id="pgoutput",
+        marks=full_only_test("test_decoding runs the same leaves; the publication's refusal is tested below"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("plugin", "via_root"), LEAF_SOURCES)
 def test_a_partitioned_table_kept_as_leaves(partitioned, pg_dsn, spark, tmp_path: Path, plugin, via_root) -> None:
     """``partitions = 'leaves'``: the initial load copies each leaf, and each leaf partition lands
     in a Delta table of its own, equal to it, through rows moving across partitions, a partition's
