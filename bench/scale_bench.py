@@ -1,0 +1,169 @@
+"""Scale benchmark: how a cycle's cost grows with the number of tables its changes touch (issue 39).
+
+    .venv/bin/python -m bench.scale_bench [--tables 1,10,50,200] [--changes 1000] [--kind updates]
+        [--table-workers 1,4]
+    .venv/bin/python -m bench.scale_bench --smoke      # 1 and 5 tables, 100 changes
+
+One run, one throwaway PostgreSQL cluster, one warm Spark Connect server (``local[*]``, started by
+the bench, as a deployment that merges through Connect has one):
+
+1. A warm-up round (one table, 100 changes: the server's first MERGE compiles), not reported.
+   Then for each table count N (its own database): N tables ``(id int primary key, v text, n int)`` of
+   100 rows each, loaded by the initial load (a slot with an exported snapshot, ``stage_snapshot``,
+   the merge committing the parts as staged): not timed.
+2. The timed cycle: ``--changes`` changes spread round-robin over the N tables, in transactions
+   of ten (``updates`` of existing rows, the default, or ``inserts`` of new keys), then
+   ``extract_batch`` and ``merge_batches`` (one session of the server; ``--table-workers`` K: the
+   tables merged K at a time, each in a session of its own) timed apart. Several K are measured
+   one after the other for each N (each on fresh tables), so their ratios come from one run.
+3. Every table compared with PostgreSQL (``pgdecode_testing.compare``), not timed.
+
+Prints per N (and K) the extract and merge seconds and the ratio of the cycle to the first N and
+K (the issue's aim: at most 3x at 50 tables, 200 tables merged in under 2 minutes), with the load
+average, and writes them to bench/results/scale_bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint  # noqa: E402
+from airflow_provider_pgdecode.capture.extract import extract_batch  # noqa: E402
+from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot, stage_snapshot  # noqa: E402
+from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches  # noqa: E402
+from airflow_provider_pgdecode.spark.session import build_connect_session  # noqa: E402
+from pgdecode_testing.compare import compare_table  # noqa: E402
+from pgdecode_testing.connect_server import LocalConnectServer  # noqa: E402
+from pgdecode_testing.postgres_cluster import ThrowawayCluster  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SEED_ROWS = 100
+SLOT = "scale"
+
+
+def table_names(count: int) -> list[str]:
+    return [f"t{i:03d}" for i in range(count)]
+
+
+def create_tables(conn: Any, count: int) -> None:
+    for name in table_names(count):
+        conn.execute(
+            f"create table {name} (id int primary key, v text, n int);"
+            f" insert into {name} select g, 'seed ' || g, g from generate_series(1, {SEED_ROWS}) g"
+        )
+
+
+def write_changes(conn: Any, count: int, changes: int, kind: str) -> None:
+    """``changes`` changes round-robin over the tables, ten per transaction."""
+    names = table_names(count)
+    for first in range(0, changes, 10):
+        with conn.transaction():
+            for i in range(first, min(first + 10, changes)):
+                table, serial = names[i % count], i // count
+                if kind == "inserts":
+                    conn.execute(f"insert into {table} values (%s, 'new', %s)", (SEED_ROWS + 1 + serial, i))
+                else:
+                    conn.execute(
+                        f"update {table} set v = 'changed', n = n + 1 where id = %s", (1 + serial % SEED_ROWS,)
+                    )
+
+
+def one_count(
+    cluster: ThrowawayCluster,
+    spark: Any,
+    work: Path,
+    count: int,
+    changes: int,
+    kind: str,
+    label: str = "",
+    options: MergeOptions | None = None,
+) -> dict[str, Any]:
+    database = f"scale_{label}{count}"
+    cluster.create_database(database)
+    dsn = cluster.dsn(database)
+    staging, delta = work / f"staging-{label}{count}", str(work / f"delta-{label}{count}")
+    tables = [("public", name) for name in table_names(count)]
+    with cluster.connect(database) as conn:
+        create_tables(conn, count)
+        with create_slot_with_snapshot(dsn, SLOT) as (lsn, name):
+            loaded = stage_snapshot(dsn, name, lsn, SLOT, staging, tables)
+        merge_batches(spark, [str(loaded.path)], delta)
+        write_changes(conn, count, changes, kind)
+        started = time.monotonic()
+        batch = extract_batch(conn, SLOT, staging, checkpoint=Checkpoint.from_manifest(loaded), tables=tables)
+        extracted = time.monotonic()
+        merge_batches(spark, [str(batch.path)], delta, options)
+        merged = time.monotonic()
+        conn.execute("select pg_replication_slot_advance(%s, %s)", (SLOT, str(batch.end_lsn)))
+        unequal = [t for _, t in tables if not compare_table(conn, spark, delta, "public", t).equal]
+        conn.execute("select pg_drop_replication_slot(%s)", (SLOT,))
+    return {
+        "tables": count,
+        "changes": batch.changes,
+        "extract_seconds": round(extracted - started, 2),
+        "merge_seconds": round(merged - extracted, 2),
+        "cycle_seconds": round(merged - started, 2),
+        "unequal_tables": unequal,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tables", default="1,10,50,200", help="table counts, comma-separated")
+    parser.add_argument("--changes", type=int, default=1000)
+    parser.add_argument("--kind", choices=("updates", "inserts"), default="updates")
+    parser.add_argument(
+        "--table-workers",
+        default="1",
+        help="tables merged side by side (MergeOptions.table_workers); several, comma-separated, are measured "
+        "one after the other for each table count, in one run",
+    )
+    parser.add_argument("--smoke", action="store_true", help="1 and 5 tables, 100 changes")
+    args = parser.parse_args(argv)
+    counts = [1, 5] if args.smoke else [int(n) for n in args.tables.split(",")]
+    workers = [int(n) for n in str(args.table_workers).split(",")]
+    changes = 100 if args.smoke else args.changes
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="pgdecode-scale-") as tmp, ThrowawayCluster() as cluster:
+        work = Path(tmp)
+        with LocalConnectServer(master="local[*]", log_path=work / "connect-server.log") as server:
+            spark = build_connect_session(server.url)
+            one_count(cluster, spark, work, 1, 100, args.kind, label="warm_up_")  # the server's first MERGE: JIT
+            for count in counts:
+                for k in workers:
+                    options = MergeOptions(table_workers=k)
+                    row = one_count(cluster, spark, work, count, changes, args.kind, label=f"w{k}_", options=options)
+                    row["table_workers"] = k
+                    first = next(
+                        r for r in [*rows, row] if r["table_workers"] == workers[0] and r["tables"] == counts[0]
+                    )
+                    row["ratio_to_first"] = round(row["cycle_seconds"] / max(first["cycle_seconds"], 1e-9), 2)
+                    rows.append(row)
+                    print(
+                        f"{count:4d} tables, {k} worker(s): {row['changes']} changes, extract "
+                        f"{row['extract_seconds']:6.2f} s, merge {row['merge_seconds']:7.2f} s, cycle "
+                        f"{row['cycle_seconds']:7.2f} s = {row['ratio_to_first']:.2f}x {counts[0]} table(s), "
+                        f"{workers[0]} worker(s)"
+                        f"{'; UNEQUAL: ' + ', '.join(row['unequal_tables']) if row['unequal_tables'] else ''}",
+                        flush=True,
+                    )
+            spark.stop()
+    report = {"kind": args.kind, "changes": changes, "load_average": os.getloadavg(), "rows": rows}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    written = RESULTS / "scale_bench.json"
+    written.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(f"load average {report['load_average']}; written to {written}")
+    return 1 if any(row["unequal_tables"] for row in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
