@@ -54,8 +54,7 @@ from airflow_provider_pgdecode.capture.sessions import (
     SecondHalf,
     expected_end,
     second_session,
-    split_point,
-    two_sessions_wanted,
+    session_split,
     upper_slot_needed,
 )
 from airflow_provider_pgdecode.capture.staged_tables import check_clamped_keys, describe_tables
@@ -538,7 +537,7 @@ def _first_split(plan: ExtractPlan, upto: Lsn) -> Lsn | None:
         request.bounds.max_changes,
         checkpoint.wal_bytes_per_change if checkpoint is not None else None,
     )
-    return _split(plan.start_lsn, expected, request.two_sessions, request.split_at)
+    return session_split(plan.start_lsn, expected, request.two_sessions, request.split_at)
 
 
 def _identities_and_keys(
@@ -747,21 +746,6 @@ def _upper_half(
         return copy
 
     return following
-
-
-def _split(
-    start: Lsn,
-    end: Lsn,
-    two_sessions: bool | None,
-    split_at: Lsn | None,
-) -> Lsn | None:
-    """Where a second decoding session begins (:func:`split_point` on the way to the batch's
-    expected ``end``), or None for one session."""
-    if not two_sessions_wanted(two_sessions):
-        return None
-    if split_at is not None:
-        return split_at if start < split_at < end else None
-    return split_point(start, end)
 
 
 def _backlog_beyond(bounds: BatchBounds, slots: SlotClient, start: Lsn) -> str | None:

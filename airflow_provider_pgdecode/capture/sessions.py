@@ -75,6 +75,16 @@ def expected_end(start: Lsn, upto: Lsn, max_changes: int | None, wal_bytes_per_c
     return min(upto, Lsn(int(start) + int(max_changes * wal_bytes_per_change)))
 
 
+def session_split(start: Lsn, end: Lsn, two_sessions: bool | None, split_at: Lsn | None) -> Lsn | None:
+    """Where a second decoding session begins (:func:`split_point` on the way to the batch's
+    expected ``end``, or ``split_at`` when it lies between), or None for one session."""
+    if not two_sessions_wanted(two_sessions):
+        return None
+    if split_at is not None:
+        return split_at if start < split_at < end else None
+    return split_point(start, end)
+
+
 def upper_slot_needed(plugin: str, two_phase_slot: bool, options: Sequence[tuple[str, str]]) -> bool:
     """Whether the upper half is decoded over the slot's upper-half slot rather than a temporary
     copy: a copy is not a two-phase slot, and only pgoutput's ``two_phase`` option makes it decode
@@ -340,6 +350,7 @@ __all__ = [
     "expected_end",
     "SecondHalf",
     "second_session",
+    "session_split",
     "split_point",
     "upper_slot_needed",
     "two_sessions_wanted",
