@@ -37,15 +37,13 @@ from airflow_provider_pgdecode.example_dags.pgdecode_event_driven import WAIT_SE
 from airflow_provider_pgdecode.example_dags.pgdecode_event_driven import event_driven_dag
 from airflow_provider_pgdecode.example_dags.pgdecode_incremental import incremental_dag
 from airflow_provider_pgdecode.utils.config import pgdecode_setting
-from airflow_provider_pgdecode.utils.sources import SourceConfig, load_sources, sources_file
-
-
-def incremental_dag_id(name: str) -> str:
-    return f"pgdecode_{name}_incremental"
-
-
-def backfill_dag_id(name: str) -> str:
-    return f"pgdecode_{name}_backfill"
+from airflow_provider_pgdecode.utils.sources import (
+    SourceConfig,
+    backfill_dag_id,
+    incremental_dag_id,
+    load_sources,
+    sources_file,
+)
 
 
 def sources_dags(default_file: str | os.PathLike[str]) -> dict[str, DAG]:

@@ -180,7 +180,12 @@ def configured_sources(dags_folder: str | None) -> list[SourceRef]:
     from pathlib import Path
 
     from airflow_provider_pgdecode.utils.config import pgdecode_setting
-    from airflow_provider_pgdecode.utils.sources import DEFAULT_FILE_NAME, load_sources, sources_file
+    from airflow_provider_pgdecode.utils.sources import (
+        DEFAULT_FILE_NAME,
+        incremental_dag_id,
+        load_sources,
+        sources_file,
+    )
 
     default = Path(dags_folder or ".") / DEFAULT_FILE_NAME
     path = sources_file(pgdecode_setting("sources"), default)
@@ -188,7 +193,7 @@ def configured_sources(dags_folder: str | None) -> list[SourceRef]:
         return []
     return [
         SourceRef(
-            dag_id=f"pgdecode_{source.name}_incremental",  # example_dags/sources.py's incremental_dag_id
+            dag_id=incremental_dag_id(source.name),
             slot=source.slot,
             postgres_conn_id=source.postgres_conn_id,
             plugin=source.plugin,

@@ -613,6 +613,17 @@ def sources_file(configured: str, default: str | os.PathLike[str]) -> Path | Non
     return default if default.is_file() else None
 
 
+def incremental_dag_id(name: str) -> str:
+    """The id of the incremental DAG of source ``name`` (example_dags/sources.py builds it; the
+    pgdecode view finds its runs by it)."""
+    return f"pgdecode_{name}_incremental"
+
+
+def backfill_dag_id(name: str) -> str:
+    """The id of the backfill DAG of source ``name``."""
+    return f"pgdecode_{name}_backfill"
+
+
 __all__ = [
     "DEFAULT_FILE_NAME",
     "DEFAULT_POOL",
@@ -620,6 +631,8 @@ __all__ = [
     "SourceConfig",
     "SourceDefaults",
     "SourcesFile",
+    "backfill_dag_id",
+    "incremental_dag_id",
     "load_sources",
     "parse_sources",
     "sources_file",
