@@ -346,35 +346,43 @@ def run_demo(
             c.execute("update suppliers set name = name || ' (renamed)' where id between 5 and 15")
             run_dag(env, conf, "run 5 - suppliers copied in chunks")
 
-            banner("Result: PostgreSQL (the oracle) against Delta")
-            from airflow_provider_pgdecode.spark.session import build_connect_session
-            from pgdecode_testing.compare import compare_table
-
-            if connect_port is not None:  # the warm server reads Delta too (with its own S3A settings)
-                spark = build_connect_session(f"sc://127.0.0.1:{connect_port}")
-            else:
-                spark = _local_check_session(on_s3, store_env)
-            all_equal = True
-            print(f"    {'table':<22} {'PostgreSQL rows':>16} {'Delta rows':>11}  equal")
-            for table in TABLES:
-                result = compare_table(c, spark, delta_root, "public", table)
-                all_equal &= result.equal
-                print(
-                    f"    {'public.' + table:<22} {result.source_rows:>16} {result.delta_rows:>11}  {'yes' if result.equal else 'NO'}"
-                )
-                if not result.equal:
-                    print("     ", result.describe())
-            spark.stop()
-            slot = c.execute(
-                "select confirmed_flush_lsn, pg_current_wal_lsn() from pg_replication_slots where slot_name = %s",
-                (SLOT,),
-            ).fetchone()
-            print(f"\n    slot {SLOT}: confirmed up to {slot[0]} (server WAL at {slot[1]})")
-            print(f"    Delta tables: {delta_root}/public/<table>")
-            print(f"    staged batches: {staging}/{SLOT}/")
-            print(f"    Airflow home (SQLite DB, task logs): {DEMO / 'airflow'}")
-            print_view_hint()
+            all_equal = report_result(c, staging, delta_root, store_env, on_s3, connect_port)
     return 0 if all_equal else 1
+
+
+def report_result(
+    c: Any, staging: str, delta_root: str, store_env: dict[str, str], on_s3: bool, connect_port: int | None
+) -> bool:
+    """PostgreSQL against Delta for every table (printed), where things are, and where to see the view."""
+    banner("Result: PostgreSQL (the oracle) against Delta")
+    from airflow_provider_pgdecode.spark.session import build_connect_session
+    from pgdecode_testing.compare import compare_table
+
+    if connect_port is not None:  # the warm server reads Delta too (with its own S3A settings)
+        spark = build_connect_session(f"sc://127.0.0.1:{connect_port}")
+    else:
+        spark = _local_check_session(on_s3, store_env)
+    all_equal = True
+    print(f"    {'table':<22} {'PostgreSQL rows':>16} {'Delta rows':>11}  equal")
+    for table in TABLES:
+        result = compare_table(c, spark, delta_root, "public", table)
+        all_equal &= result.equal
+        print(
+            f"    {'public.' + table:<22} {result.source_rows:>16} {result.delta_rows:>11}  {'yes' if result.equal else 'NO'}"
+        )
+        if not result.equal:
+            print("     ", result.describe())
+    spark.stop()
+    slot = c.execute(
+        "select confirmed_flush_lsn, pg_current_wal_lsn() from pg_replication_slots where slot_name = %s",
+        (SLOT,),
+    ).fetchone()
+    print(f"\n    slot {SLOT}: confirmed up to {slot[0]} (server WAL at {slot[1]})")
+    print(f"    Delta tables: {delta_root}/public/<table>")
+    print(f"    staged batches: {staging}/{SLOT}/")
+    print(f"    Airflow home (SQLite DB, task logs): {DEMO / 'airflow'}")
+    print_view_hint()
+    return all_equal
 
 
 def print_view_hint(port: int = 8080) -> None:
