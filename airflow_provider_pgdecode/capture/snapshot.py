@@ -33,13 +33,9 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_pgdecode.batch.format import (
-    PARQUET_OPTIONS,
     SNAPSHOT_START_LSN,
     check_column_names,
 )
@@ -55,18 +51,12 @@ from airflow_provider_pgdecode.batch.publish import TMP_PREFIX, publish_batch, w
 from airflow_provider_pgdecode.batch.storage import Storage, as_storage
 from airflow_provider_pgdecode.capture.renames import KnownTables, record_tables
 from airflow_provider_pgdecode.capture.snapshot_chunks import ChunkRead, chunk_reads, describe_plan, plan_chunks
-from airflow_provider_pgdecode.capture.snapshot_parts import (
-    part_table,
-    read_csv_columns,
-    snapshot_part_schema,
-    staged_type,
-    write_part_file,
-)
+from airflow_provider_pgdecode.capture.snapshot_parts import TRUNCATE_PART, ChunkCopy, copy_chunk, staged_type
+from airflow_provider_pgdecode.capture.snapshot_spark import CopyJob, copy_on_spark
 from airflow_provider_pgdecode.capture.staged_tables import carried_columns
 from airflow_provider_pgdecode.capture.tables import parse_table_names
 from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS, plugin_unknown
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.decoding.raw_char import CHAR_TYPES
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError, StagingError
 from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, TableKey
 from airflow_provider_pgdecode.postgres.replication import ExportedSnapshot, replication_connection
@@ -80,11 +70,11 @@ from airflow_provider_pgdecode.postgres.session import (
 )
 from airflow_provider_pgdecode.postgres.session import connect as _connect
 from airflow_provider_pgdecode.postgres.slot import SlotClient
-from airflow_provider_pgdecode.postgres.snapshot_queries import (
-    copy_pages_csv,
-    import_snapshot,
-)
+from airflow_provider_pgdecode.postgres.snapshot_queries import import_snapshot
 from airflow_provider_pgdecode.postgres.standby import PrimaryLink
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +82,6 @@ DEFAULT_SNAPSHOT_CHUNK_ROWS = 100_000
 #: Copying connections (threads) by default: a few, never more than the cores.
 DEFAULT_SNAPSHOT_WORKERS = max(1, min(4, os.cpu_count() or 1))
 SNAPSHOT_FORMAT = "pgdecode.snapshot/3"
-#: The part holding a table's TRUNCATE row (``replace``), apart from the rows.
-TRUNCATE_PART = "part-truncate.parquet"
 SNAPSHOT_INFO_NAME = "snapshot.json"
 PROGRESS_NAME = "progress.json"
 
@@ -236,6 +224,7 @@ def stage_snapshot(
     log_interval: float = 10.0,
     table_options: Mapping[str, TableOptions | Mapping[str, Any]] | None = None,
     publication: str | None = None,
+    spark: SparkSession | None = None,
 ) -> BatchManifest:
     """Copy ``tables`` inside an exported snapshot and stage them as one snapshot batch.
 
@@ -276,6 +265,12 @@ def stage_snapshot(
         only when it publishes them (``publish_generated_columns = stored``), as its changes
         carry them (``staged_tables.carried_columns``; virtual ones never, test_decoding's stored
         ones always).
+    :param spark: copy the chunks as the tasks of one job of this (classic) SparkSession instead of
+        on ``workers`` threads here: one task per chunk, each importing the snapshot over its own
+        connection (``connect`` must then be a DSN) and writing its part straight into the copy's
+        work directory, so ``staging_root`` must be a local path every executor shares
+        (:mod:`.snapshot_spark`). The chunks are planned, recorded and published here, as
+        without it; the staged batch is the same.
     :returns: the manifest of the published batch ``<staging_root>/<slot>/<0>-<consistent_lsn>``.
     """
     lsn = Lsn.coerce(consistent_lsn)
@@ -285,6 +280,8 @@ def stage_snapshot(
     if not names:
         raise ConfigurationError("no table to snapshot")
     store = as_storage(staging_root)
+    if spark is not None:
+        _check_spark_copy(connect, store)
     tmp = snapshot_workdir(store, slot_name, snapshot_name)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     settings = {
@@ -331,7 +328,10 @@ def stage_snapshot(
         copier = _Copier(
             opener, snapshot_name, slot_name, tmp, progress, plans, lsn, chunk_rows, replace, on_chunk, log_interval
         )
-        copier.run(workers)
+        if spark is None:
+            copier.run(workers)
+        else:
+            copier.run_on_spark(spark, str(connect))
         try:
             commit(planner)  # read-only: its end matters only for the locks it releases
         except DatabaseError as exc:
@@ -349,6 +349,21 @@ def stage_snapshot(
         shutil.rmtree(tmp, ignore_errors=True)  # the local copy of an uploaded batch
     log.info("Staged the snapshot of %d table(s), %d rows, at %s: %s", len(names), info["rows"], lsn, manifest.path)
     return manifest
+
+
+def _check_spark_copy(connect: str | Callable[[], Connection], store: Storage) -> None:
+    """Refuse a copy on Spark that its executors could not do."""
+    if callable(connect):
+        raise ConfigurationError(
+            "the snapshot copy on Spark needs the source's DSN, not a connection factory: each task opens its own "
+            "connection on an executor"
+        )
+    if not store.is_local:
+        raise ConfigurationError(
+            f"the snapshot copy on Spark writes its parts into the copy's work directory on the staging root, which "
+            f"must be a path shared by the driver and every executor; {store.root} is on object storage, which it "
+            "does not support yet: copy without Spark (threads on this worker) or stage on a shared filesystem"
+        )
 
 
 def _checked_arguments(snapshot_name: str, chunk_rows: int, chunk_pages: int | None, workers: int | None) -> int:
@@ -586,6 +601,36 @@ class _Copier:
             raise error
         self.report.finish()
 
+    def run_on_spark(self, spark: SparkSession, dsn: str) -> None:
+        """Copy the chunks as the tasks of one Spark job (:mod:`.snapshot_spark`), then record them
+        as the threads do; the snapshot's exporting connection stays open meanwhile (the caller's)."""
+        job = CopyJob(
+            dsn, self.snapshot_name, self.slot_name, str(self.tmp), int(self.lsn), self.chunk_rows, self.replace
+        )
+        chunks = list(reversed(self.queue))  # table order, then chunk order
+        self.queue.clear()
+        for plan, _ in chunks:
+            self.report.chunk_started(plan)
+        for plan, index, copied in copy_on_spark(spark, job, chunks):
+            self.record(plan, index, copied)
+        # Attempts that died mid-chunk left their temporary files: only recorded parts are published.
+        _discard_unrecorded(self.tmp, self.plans)
+        self.report.finish()
+
+    def record(self, plan: _TablePlan, index: int, copied: ChunkCopy) -> None:
+        """Record a chunk durably staged: the progress record, the report, ``on_chunk``."""
+        with self.lock:
+            record: dict[str, Any] = {"rows": copied.rows, "file": copied.file}
+            if copied.truncate:
+                record["truncate"] = copied.truncate
+            if copied.specials:
+                record["specials"] = copied.specials
+            plan.state["done"][str(index)] = record
+            _save_progress(self.tmp, self.progress)
+            self.report.chunk_done(plan, index, copied.rows)
+            if self.on_chunk is not None:
+                self.on_chunk(plan.schema, plan.table, index, copied.rows)
+
     def _next(self) -> tuple[_TablePlan, int] | None:
         with self.lock:
             if self.stop.is_set() or not self.queue:
@@ -601,20 +646,8 @@ class _Copier:
             import_snapshot(conn, self.snapshot_name, self.slot_name, extra_settings=SCAN_GUCS)
             while (item := self._next()) is not None:
                 plan, index = item
-                rows, file, truncate, specials = _copy_chunk(
-                    conn, plan, index, self.tmp, self.lsn, self.chunk_rows, self.replace
-                )
-                with self.lock:
-                    record: dict[str, Any] = {"rows": rows, "file": file}
-                    if truncate:
-                        record["truncate"] = truncate
-                    if specials:
-                        record["specials"] = specials
-                    plan.state["done"][str(index)] = record
-                    _save_progress(self.tmp, self.progress)
-                    self.report.chunk_done(plan, index, rows)
-                    if self.on_chunk is not None:
-                        self.on_chunk(plan.schema, plan.table, index, rows)
+                copied = copy_chunk(conn, plan, index, self.tmp, self.lsn, self.chunk_rows, self.replace)
+                self.record(plan, index, copied)
             commit(conn)
         except BaseException as exc:
             with self.lock:
@@ -745,75 +778,12 @@ def _save_progress(tmp: Path, progress: dict[str, Any]) -> None:
     os.replace(part, tmp / PROGRESS_NAME)
 
 
-def _copy_chunk(
-    conn: Connection,
-    plan: _TablePlan,
-    index: int,
-    tmp: Path,
-    lsn: Lsn,
-    chunk_rows: int,
-    replace: bool,
-) -> tuple[int, str | None, str | None, dict[str, int]]:
-    """Copy one chunk into its part (written under ``.part``, fsynced, renamed); its rows, file
-    name, the TRUNCATE part's name (chunk 0 of a ``replace`` copy) and the numeric NaN/Infinity
-    values staged as null, per column."""
-    reads = plan.reads(index)
-    names = [c.name for c in plan.columns]
-    name = f"part-{index:05d}.parquet"
-    path = tmp / plan.relpath / name
-    part = path.with_name(name + ".part")
-    truncate = None
-    seq_start = (1 if replace else 0) + index * int(plan.state["seq_stride"])
-    schema = snapshot_part_schema(plan.columns, plan.options.staging)
-    specials: dict[str, int] = {}
-    if replace and index == 0:
-        # The TRUNCATE row in a part of its own: the chunks' parts hold rows only, so that a
-        # merge creating the Delta table can commit them as they are.
-        empty = [pa.array([], pa.string())] * len(plan.columns)
-        table = part_table(plan.columns, empty, 0, lsn, 0, True, plan.name, schema, plan.options)
-        write_part_file(tmp / plan.relpath / TRUNCATE_PART, table)
-        truncate = TRUNCATE_PART
-    writer: pq.ParquetWriter | None = None
-    rows = 0
-    try:
-        with copy_pages_csv(conn, reads.schema, reads.table, names, reads.first, reads.stop) as copy:
-            char_columns = {c.name: c.catalog_type for c in plan.columns if c.catalog_type in CHAR_TYPES}
-            for texts, count in read_csv_columns(copy, names, chunk_rows, char_columns):
-                table = part_table(
-                    plan.columns,
-                    texts,
-                    count,
-                    lsn,
-                    seq_start + rows,
-                    False,
-                    plan.name,
-                    schema,
-                    plan.options,
-                    specials,
-                    plan.matched_by,
-                )
-                if writer is None:
-                    writer = pq.ParquetWriter(part, schema, **PARQUET_OPTIONS)
-                writer.write_table(table)
-                rows += count
-        if writer is None:
-            return 0, None, truncate, {}
-        writer.close()
-        writer = None
-        with open(part, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(part, path)
-    finally:
-        if writer is not None:
-            writer.close()
-    return rows, name, truncate, {column: count for column, count in specials.items() if count}
-
-
 __all__ = [
     "DEFAULT_SNAPSHOT_CHUNK_ROWS",
     "DEFAULT_SNAPSHOT_WORKERS",
     "ExportedSnapshot",
     "SNAPSHOT_START_LSN",
+    "TRUNCATE_PART",
     "create_slot_with_snapshot",
     "snapshot_workdir",
     "stage_snapshot",

@@ -11,22 +11,26 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
+from psycopg import Connection
 
 from airflow_provider_pgdecode.batch.badvalues import convert_snapshot_column
 from airflow_provider_pgdecode.batch.format import OLD, PARQUET_OPTIONS, metadata_columns, part_schema
 from airflow_provider_pgdecode.batch.options import DEFAULT_OPTIONS, TableOptions
 from airflow_provider_pgdecode.batch.values import arrow_type
+from airflow_provider_pgdecode.capture.snapshot_chunks import ChunkRead
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.decoding.raw_char import char_text
+from airflow_provider_pgdecode.decoding.raw_char import CHAR_TYPES, char_text
 from airflow_provider_pgdecode.postgres.catalog import ColumnInfo
+from airflow_provider_pgdecode.postgres.snapshot_queries import copy_pages_csv
 from airflow_provider_pgdecode.typemap import (
     DEFAULT_STAGING,
     NUMERIC_SPECIAL_VALUES,
@@ -35,6 +39,9 @@ from airflow_provider_pgdecode.typemap import (
     numeric_delta_type,
     numeric_typmod,
 )
+
+#: The part holding a table's TRUNCATE row (``replace``), apart from the rows.
+TRUNCATE_PART = "part-truncate.parquet"
 
 SEQ_MAX = 2**31 - 1
 """``_pg_seq`` is an int32: a snapshot's rows are numbered up to it (each key occurs once)."""
@@ -196,11 +203,124 @@ def part_table(
     return pa.Table.from_arrays(data, schema=schema)
 
 
-def write_part_file(path: Path, table: pa.Table) -> None:
-    """One Parquet part, written under ``.part``, fsynced, renamed: a reader, or a resumed copy,
-    finds a whole part or none."""
-    part = path.with_name(path.name + ".part")
+def write_part_file(path: Path, table: pa.Table, *, tag: str = "") -> None:
+    """One Parquet part, written under ``.part`` (``.<tag>.part``), fsynced, renamed: a reader, or
+    a resumed copy, finds a whole part or none."""
+    part = path.with_name(f"{path.name}.{tag}.part" if tag else path.name + ".part")
     pq.write_table(table, part, **PARQUET_OPTIONS)
     with open(part, "rb") as f:
         os.fsync(f.fileno())
     os.replace(part, path)
+
+
+class ChunkSource(Protocol):
+    """What :func:`copy_chunk` reads of a table's plan (the initial load's ``_TablePlan``)."""
+
+    columns: list[ColumnInfo]
+    state: dict[str, Any]
+    options: TableOptions
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def relpath(self) -> str: ...
+
+    @property
+    def matched_by(self) -> list[str]: ...
+
+    def reads(self, index: int) -> ChunkRead: ...
+
+
+class ChunkCopy(NamedTuple):
+    """One copied chunk: its rows, part, TRUNCATE part (chunk 0 of a ``replace`` copy) and the
+    numeric NaN/Infinity values staged as null, per column."""
+
+    rows: int
+    file: str | None
+    truncate: str | None
+    specials: dict[str, int]
+
+
+def part_name(index: int) -> str:
+    """Chunk ``index``'s part: the same name whichever worker or task attempt copies it."""
+    return f"part-{index:05d}.parquet"
+
+
+def attempt_tag() -> str:
+    """A name for one attempt's temporary files, unique across processes and hosts."""
+    return f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def copy_chunk(
+    conn: Connection[Any],
+    plan: ChunkSource,
+    index: int,
+    tmp: Path,
+    lsn: Lsn,
+    chunk_rows: int,
+    replace: bool,
+    *,
+    after_write: Callable[[int], None] | None = None,
+) -> ChunkCopy:
+    """Copy chunk ``index`` of ``plan`` into its part ``<tmp>/<table path>/part-<index>.parquet``.
+
+    The part's name depends on the chunk only, and it is written under a temporary name of this
+    attempt (``<name>.<tag>.part``), fsynced and renamed: a copy of the chunk done again (a retried
+    Spark task, a resumed copy) replaces it whole, and two attempts at once never write one file.
+    Returns its rows, file name, the TRUNCATE part's name (chunk 0 of a ``replace`` copy) and the
+    numeric NaN/Infinity values staged as null, per column. ``after_write(rows)`` is called after
+    each row group is written (the tests' fault injection)."""
+    reads = plan.reads(index)
+    names = [c.name for c in plan.columns]
+    name = part_name(index)
+    path = tmp / plan.relpath / name
+    tag = attempt_tag()
+    part = path.with_name(f"{name}.{tag}.part")
+    truncate = None
+    seq_start = (1 if replace else 0) + index * int(plan.state["seq_stride"])
+    schema = snapshot_part_schema(plan.columns, plan.options.staging)
+    specials: dict[str, int] = {}
+    if replace and index == 0:
+        # The TRUNCATE row in a part of its own: the chunks' parts hold rows only, so that a
+        # merge creating the Delta table can commit them as they are.
+        empty = [pa.array([], pa.string())] * len(plan.columns)
+        table = part_table(plan.columns, empty, 0, lsn, 0, True, plan.name, schema, plan.options)
+        write_part_file(tmp / plan.relpath / TRUNCATE_PART, table, tag=tag)
+        truncate = TRUNCATE_PART
+    writer: pq.ParquetWriter | None = None
+    rows = 0
+    try:
+        with copy_pages_csv(conn, reads.schema, reads.table, names, reads.first, reads.stop) as copy:
+            char_columns = {c.name: c.catalog_type for c in plan.columns if c.catalog_type in CHAR_TYPES}
+            for texts, count in read_csv_columns(copy, names, chunk_rows, char_columns):
+                table = part_table(
+                    plan.columns,
+                    texts,
+                    count,
+                    lsn,
+                    seq_start + rows,
+                    False,
+                    plan.name,
+                    schema,
+                    plan.options,
+                    specials,
+                    plan.matched_by,
+                )
+                if writer is None:
+                    writer = pq.ParquetWriter(part, schema, **PARQUET_OPTIONS)
+                writer.write_table(table)
+                rows += count
+                if after_write is not None:
+                    after_write(rows)
+        if writer is None:
+            return ChunkCopy(0, None, truncate, {})
+        writer.close()
+        writer = None
+        with open(part, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(part, path)
+    finally:
+        if writer is not None:
+            writer.close()
+    return ChunkCopy(rows, name, truncate, {column: count for column, count in specials.items() if count})
