@@ -43,8 +43,8 @@ Plan = TypeVar("Plan", bound=ChunkSource)
 FAULT_ENV = "PGDECODE_SNAPSHOT_TASK_FAULT"
 """For tests: ``<schema.table>:<chunk>:<marker file>`` makes the first attempt of that chunk's task
 (the one that finds no marker file) create the marker and exit its Python worker abruptly after
-writing the part's first row group, as an executor dying mid-copy would (set it in the session's
-``sparkContext.environment``)."""
+writing the part's first row group, as an executor dying mid-copy would; with no marker file
+(``<schema.table>:<chunk>:``) every attempt dies. Set it in the session's ``sparkContext.environment``."""
 
 
 @dataclass(frozen=True)
@@ -135,11 +135,12 @@ def injected_fault(table: str, index: int) -> Callable[[int], None] | None:
     if not spec:
         return None
     name, chunk, marker = spec.split(":", 2)
-    if name != table or int(chunk) != index or os.path.exists(marker):
+    if name != table or int(chunk) != index or (marker and os.path.exists(marker)):
         return None
 
     def die(rows: int) -> None:
-        Path(marker).write_text(f"{os.getpid()} {rows}\n", encoding="utf-8")
+        if marker:
+            Path(marker).write_text(f"{os.getpid()} {rows}\n", encoding="utf-8")
         os._exit(13)  # no cleanup, no exception back to Spark: the worker just vanishes
 
     return die

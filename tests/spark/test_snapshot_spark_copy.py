@@ -57,10 +57,10 @@ def assert_parts_once_and_whole(batch: BatchManifest) -> None:
 def test_spark_copy_equals_the_thread_copy_under_concurrent_writes(
     pg_conn,
     pg_dsn,
-    source,
+    source,  # noqa: F811
     slot_name,
     spark,
-    tmp_path: Path,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     staging, delta_root = tmp_path / "staging", str(tmp_path / "delta")
     writer = Writer(pg_dsn)
@@ -98,7 +98,10 @@ def test_spark_copy_equals_the_thread_copy_under_concurrent_writes(
 
 CHILD = """
 import json, logging, os, sys
-from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot, stage_snapshot
+import pyarrow.parquet as pq
+from airflow_provider_pgdecode.batch.storage import as_storage
+from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot, snapshot_workdir, stage_snapshot
+from airflow_provider_pgdecode.errors import StagingError
 from airflow_provider_pgdecode.spark.session import build_spark_session
 logging.basicConfig(level=logging.INFO)
 a = json.loads(sys.argv[1])
@@ -107,9 +110,28 @@ spark = build_spark_session(a["master"], app_name="pgdecode-copy-retry",
 spark.sparkContext.setLogLevel("ERROR")
 if a["fault"]:
     spark.sparkContext.environment[a["fault_env"]] = a["fault"]
+def stage(name, lsn):
+    return stage_snapshot(a["dsn"], name, lsn, a["slot"], a["staging"], [tuple(t) for t in a["tables"]],
+                          chunk_rows=a["chunk_rows"], chunk_pages=a["pages"], spark=spark)
 with create_slot_with_snapshot(a["dsn"], a["slot"]) as (lsn, name):
-    batch = stage_snapshot(a["dsn"], name, lsn, a["slot"], a["staging"], [tuple(t) for t in a["tables"]],
-                           chunk_rows=a["chunk_rows"], chunk_pages=a["pages"], spark=spark)
+    if a["always"]:  # every attempt of one chunk dies: the job fails; what does it leave?
+        spark.sparkContext.environment[a["fault_env"]] = a["always"]
+        try:
+            stage(name, lsn)
+            error = None
+        except StagingError as exc:
+            error = str(exc)
+        workdir = snapshot_workdir(as_storage(a["staging"]), a["slot"], name)
+        files = sorted(str(p.relative_to(workdir)) for p in workdir.rglob("*") if p.is_file())
+        torn = []
+        for p in workdir.rglob("part-*.parquet"):
+            try:
+                pq.read_metadata(p)
+            except Exception:
+                torn.append(p.name)
+        print("FAILED " + json.dumps({"error": error, "files": files, "torn": torn}), flush=True)
+    spark.sparkContext.environment[a["fault_env"]] = a["fault"]
+    batch = stage(name, lsn)
 print("BATCH " + json.dumps({"path": str(batch.path)}), flush=True)
 spark.stop()
 """
@@ -130,10 +152,10 @@ def run_child(arguments: dict[str, object]) -> subprocess.CompletedProcess[str]:
 def test_an_executor_killed_mid_chunk_has_its_chunk_redone_nothing_twice(
     pg_conn,
     pg_dsn,
-    source,
+    source,  # noqa: F811
     slot_name,
     spark,
-    tmp_path: Path,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     staging, delta_root, marker = tmp_path / "staging", str(tmp_path / "delta"), tmp_path / "killed"
     # Chunks of 15 pages (hundreds of rows), written in row groups of 100 rows: chunk 1 of
@@ -148,10 +170,18 @@ def test_an_executor_killed_mid_chunk_has_its_chunk_redone_nothing_twice(
         "pages": 15,
         "fault_env": FAULT_ENV,
         "fault": f"public.snap_items:1:{marker}",
+        "always": "public.snap_items:2:",  # first a job whose chunk 2 dies at every attempt
     }
     child = run_child(arguments)
     assert child.returncode == 0, child.stderr[-4000:]
     batch = BatchManifest.read(json.loads(child.stdout.split("BATCH ", 1)[1])["path"])
+
+    # The job that failed (chunk 2 died three times) said so, and left no torn part under a
+    # part's name: only its attempts' temporary files, which the next call discarded.
+    failed = json.loads(child.stdout.split("FAILED ", 1)[1].splitlines()[0])
+    assert failed["error"] and "on Spark failed" in failed["error"], failed
+    assert failed["torn"] == [], failed
+    assert any("part-00002.parquet." in f and f.endswith(".part") for f in failed["files"]), failed
 
     killed_after = int(marker.read_text().split()[1])  # the first attempt died, with rows written
     info = json.loads((Path(batch.path) / "snapshot.json").read_text())
