@@ -32,8 +32,9 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, Context
 
@@ -48,8 +49,15 @@ from airflow_provider_pgdecode.capture.tables import TableSelection, as_table_na
 from airflow_provider_pgdecode.errors import CatalogError, ConfigurationError, SlotError
 from airflow_provider_pgdecode.hooks.object_store import storage_for
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
+from airflow_provider_pgdecode.spark.session import build_spark_session
 from airflow_provider_pgdecode.utils.config import pgdecode_environment
 from airflow_provider_pgdecode.utils.fail_fast import fail_fast
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+COPY_ON = ("workers", "spark")
+"""Where the initial load's chunks are copied: threads of the task, or Spark tasks."""
 
 
 class PgDecodeInitialSnapshotOperator(BaseOperator):
@@ -111,6 +119,19 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         (``s3://bucket/prefix``; ``endpoint_url`` in its extra for an S3-compatible store); empty:
         a local staging root, or the ``AWS_*`` environment for ``s3://``. Resolved when the task
         runs; no secret enters the task's fields, its log or XCom. (templated)
+    :param copy_on: where the chunks are copied: ``workers`` (default: ``workers`` threads in this
+        task) or ``spark``: one Spark task per chunk, on the executors of a Spark application this
+        task drives (``spark_master``), each importing the snapshot over its own connection and
+        writing its part straight into the copy's work directory, so the copy scales with
+        executors. ``spark`` needs a local ``staging_root`` that every executor mounts at the same
+        path (not object storage yet), and executors whose Python has this package and psycopg
+        (``PYSPARK_PYTHON``, set to this worker's Python; for a cluster, install the package there).
+        The staged batch is the same either way (docs/backfill.md, "How the initial copy works").
+        (templated)
+    :param spark_master: with ``copy_on="spark"``, the Spark master (``spark://host:7077``,
+        ``local[4]``); default ``local[*]``. (templated)
+    :param spark_conf: with ``copy_on="spark"``, extra Spark settings (``spark.executor.cores``,
+        ``spark.task.maxFailures``, ``spark.driver.host`` for a remote master, ...).
     """
 
     template_fields: Sequence[str] = (
@@ -125,6 +146,8 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         "chunk_rows",
         "workers",
         "storage_conn_id",
+        "copy_on",
+        "spark_master",
     )
     ui_color = "#e8f0d9"
 
@@ -143,6 +166,9 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         table_options: Mapping[str, Mapping[str, Any]] | str | None = None,
         publication: str | None = None,
         storage_conn_id: str | None = None,
+        copy_on: str = "workers",
+        spark_master: str | None = None,
+        spark_conf: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -158,6 +184,9 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
         self.chunk_rows = chunk_rows
         self.workers = workers
         self.storage_conn_id = storage_conn_id
+        self.copy_on = copy_on
+        self.spark_master = spark_master
+        self.spark_conf = spark_conf
 
     def execute(self, context: Context) -> list[str]:
         with fail_fast(), pgdecode_environment():  # [pgdecode] spool_dir
@@ -171,6 +200,8 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
             raise ConfigurationError(
                 f"chunk_rows and workers must be whole numbers, not {self.chunk_rows!r} and {self.workers!r}"
             ) from None
+        if self.copy_on not in COPY_ON:
+            raise ConfigurationError(f"copy_on must be one of {', '.join(COPY_ON)}, not {self.copy_on!r}")
         if chunk_rows < 1 or (workers is not None and workers < 1):
             raise ConfigurationError(
                 f"chunk_rows must be at least 1 and workers at least 0 (0: the default), not {chunk_rows} and "
@@ -216,9 +247,12 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
                 "the publication for pgoutput). Create the tables first, or name the tables to copy"
             )
         self.log.info("initial load: creating slot %s and copying %d table(s)", slot, len(tables))
-        with create_slot_with_snapshot(
-            dsn, slot, str(self.plugin), two_phase=bool(self.two_phase), primary=primary
-        ) as snapshot:
+        with (
+            self._copy_session(slot) as spark,
+            create_slot_with_snapshot(
+                dsn, slot, str(self.plugin), two_phase=bool(self.two_phase), primary=primary
+            ) as snapshot,
+        ):
             manifest = stage_snapshot(
                 dsn,
                 snapshot.snapshot_name,
@@ -231,5 +265,28 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
                 workers=workers,
                 table_options=options,
                 publication=self.publication if self.plugin == "pgoutput" else None,
+                spark=spark,
             )
         return [str(manifest.path)]
+
+    @contextmanager
+    def _copy_session(self, slot: str) -> Iterator[SparkSession | None]:
+        """The Spark session the chunks are copied by (``copy_on="spark"``), else ``None``; one
+        started here is stopped after the copy (an active one, e.g. a test's, is left running)."""
+        if self.copy_on != "spark":
+            yield None
+            return
+        from pyspark import SparkContext
+
+        master = str(self.spark_master) if self.spark_master else None
+        # A JVM already running in this process (getOrCreate returns its session) is not ours to stop.
+        running = getattr(SparkContext, "_active_spark_context", None) is not None
+        self.log.info("initial load: copying the chunks as Spark tasks (master %s)", master or "local[*]")
+        spark = build_spark_session(
+            master, app_name=f"pgdecode-initial-load-{slot}", extra_conf=dict(self.spark_conf or {})
+        )
+        try:
+            yield spark
+        finally:
+            if not running:
+                spark.stop()

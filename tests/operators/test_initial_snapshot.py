@@ -189,3 +189,30 @@ def test_a_database_without_a_keyed_table_fails_before_the_slot_is_created(
         op.execute(make_context())
     with pg_cluster.connect(own_database) as conn:
         assert slot_row(conn, slot_name) is None
+
+
+@pytest.mark.spark
+def test_copy_on_spark_stages_what_the_threads_stage(
+    source_conn: str, pg_conn: psycopg.Connection[Any], slot_name: str, tmp_path: Path, make_context: Any, spark: Any
+) -> None:
+    table = new_table(pg_conn, 3000)
+    op = PgDecodeInitialSnapshotOperator(
+        task_id="initial_load",
+        slot_name=slot_name,
+        staging_root=str(tmp_path),
+        tables=[table],
+        chunk_rows=500,
+        copy_on="spark",
+        spark_master="local[2]",
+    )
+    with structlog.testing.capture_logs() as logs:
+        paths = op.execute(make_context())
+    manifest = BatchManifest.read(paths[0])
+    (summary,) = manifest.tables
+    assert staged_ids(manifest, table) == list(range(1, 3001)) and len(summary.snapshot_files) > 2
+    assert any(e["event"].startswith("initial load: copying the chunks as Spark tasks") for e in logs), logs
+    assert not spark.sparkContext._jsc.sc().isStopped()  # the test's session, already running, is left running
+    with pytest.raises(AirflowFailException, match="copy_on"):
+        PgDecodeInitialSnapshotOperator(
+            task_id="bad", slot_name=slot_name, staging_root=str(tmp_path), copy_on="executors"
+        ).execute(make_context())
