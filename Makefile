@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: fetch-postgres lint docs test test-fast demo demo-s3 bench bench-extract bench-merge bench-snapshot bench-s3 bench-cycle bench-backlog bench-scale delta-jars system-deps venv native dist dist-check clean
+.PHONY: fetch-postgres lint docs test test-fast demo demo-s3 bench bench-extract bench-merge bench-snapshot bench-snapshot-spark bench-s3 bench-cycle bench-backlog bench-scale delta-jars system-deps venv native dist dist-check clean
 
 # The dev venv: Python 3.11 (the first declared Python), the runtime pins of that Python and the
 # development tools' pins (scripts/lock_constraints.py writes both files).
@@ -112,6 +112,10 @@ bench-backlog: $(STAMP) system-deps native $(PG_BINARIES)
 # Initial load: COPY floor, stage_snapshot (1 and default workers), stage + merge into Delta.
 bench-snapshot: $(STAMP) system-deps delta-jars $(PG_BINARIES)
 	$(PY) -m bench.snapshot_bench
+
+# The initial load's chunk copy on a local standalone Spark cluster: rows/s with 1, 2 and 4 executors.
+bench-snapshot-spark: $(STAMP) system-deps delta-jars $(PG_BINARIES)
+	$(PY) -m bench.snapshot_spark_bench
 
 # Object storage: extract to a local S3 server against local disk, and the merge S3->S3 against local.
 bench-s3: $(STAMP) system-deps native delta-jars $(PG_BINARIES)
