@@ -16,6 +16,7 @@ from airflow_provider_pgdecode.cycle import CycleTask, KillSwitch
 from airflow_provider_pgdecode.cycle.confirm import ConfirmArguments, confirm_once
 from airflow_provider_pgdecode.cycle.extract import ExtractArguments, extract_once
 from airflow_provider_pgdecode.cycle.merge import MergeArguments, merge_once
+from airflow_provider_pgdecode.cycle.overlap import ExtractAhead, staged_checkpoint
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
@@ -64,9 +65,18 @@ class PgDecodeDrainOperator(BaseOperator):
     :mod:`airflow_provider_pgdecode.cycle` that those tasks make, with the arguments the tasks of the
     DAG render for this run) in a loop: extract a batch from the last checkpoint, merge it,
     confirm it, until a batch reaches the server's WAL position or ``max_batches`` batches ran.
-    Each batch is confirmed before the next one is extracted, and its
+    Each batch is confirmed only after its own Delta commit, in order, and its
     checkpoint is pushed to XCom at once (the extract task reads the latest of the confirm's and
     this task's), so a run killed between two batches resumes after the last confirmed one.
+
+    With ``overlap`` (the default), the extract of batch N+1 runs in a thread while batch N
+    merges, at most one batch ahead (:mod:`airflow_provider_pgdecode.cycle.overlap`): N+1 starts at
+    N's end LSN (from N's staged manifest, N not being confirmed yet), the thread has ended (its
+    use of the slot over) before N is confirmed, and N+1 is confirmed after its own merge. A merge
+    that fails cancels the extract running beside it and confirms nothing; an extract that fails
+    lets the merge beside it finish and its batch be confirmed, then fails the task. A batch
+    staged ahead and never merged is staged again (the same range, kept as it is) by the next run.
+    ``overlap=False`` runs the steps one after another: extract, merge, confirm, then the next.
     Each batch logs its progress: batches done, changes per second, WAL lag left and the time
     left at the rate so far. With Airflow's OpenLineage provider configured, each merged batch is
     an OpenLineage run of its own (job ``<dag_id>.<task_id>.batch``, a child of this task's run:
@@ -96,6 +106,8 @@ class PgDecodeDrainOperator(BaseOperator):
     :param max_batches: at most this many batches in this task (``None``: until caught up); the
         next run goes on from there. (templated)
     :param enabled: ``False`` skips the loop (one batch per run). (templated)
+    :param overlap: ``True`` (default): extract the next batch while the current one merges;
+        ``False``: one step after another. (templated)
     """
 
     template_fields: Sequence[str] = (
@@ -106,6 +118,7 @@ class PgDecodeDrainOperator(BaseOperator):
         "confirm_task_id",
         "max_batches",
         "enabled",
+        "overlap",
     )
     ui_color = "#d9e6f0"
 
@@ -119,6 +132,7 @@ class PgDecodeDrainOperator(BaseOperator):
         confirm_task_id: str = "confirm",
         max_batches: int | str | None = None,
         enabled: bool | str = True,
+        overlap: bool | str = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -129,7 +143,9 @@ class PgDecodeDrainOperator(BaseOperator):
         self.confirm_task_id = confirm_task_id
         self.max_batches = max_batches
         self.enabled = enabled
+        self.overlap = overlap
         self._kill = KillSwitch()
+        self._ahead: ExtractAhead | None = None
         self._merged: list[tuple[list[BatchManifest], dict[str, Any] | None]] = []
 
     def _cycle_arguments(self, context: Context, task_id: str, kind: type[Arguments]) -> Arguments:
@@ -173,22 +189,46 @@ class PgDecodeDrainOperator(BaseOperator):
             first["bounded_by"],
             start_lsn,
         )
-        while summary.get("bounded_by") and (limit is None or result["batches"] < limit):
-            summary = extract_once(replace(extract, checkpoint=checkpoint), context, self.log, self._kill)
-            merged = merge_once(replace(merge, batch_paths=[summary["path"]]), context, self.log, self._kill)
-            self._batch_lineage(context, *merged.lineage)
-            # Also pushes the checkpoint to XCom under the slot's key.
-            checkpoint = confirm_once(replace(confirm, batch_path=summary["path"]), context, self.log)
-            result["batches"] += 1
-            result["changes"] += int(summary.get("changes") or 0)
-            result["end_lsn"] = summary["end_lsn"]
-            self._log_progress(result, start_lsn, start_wal, Lsn.parse(str(summary["end_lsn"])), started)
+        overlap = yes_or_no(self.overlap) is not False
+        try:
+            while summary.get("bounded_by") and (limit is None or result["batches"] < limit):
+                if self._ahead is not None:  # extracted while the batch before merged
+                    summary, self._ahead = self._ahead.join(), None
+                else:
+                    summary = extract_once(replace(extract, checkpoint=checkpoint), context, self.log, self._kill)
+                if overlap and summary.get("bounded_by") and (limit is None or result["batches"] + 1 < limit):
+                    self._ahead = self._extract_ahead(extract, summary, context)
+                self._merge(merge, summary, context)
+                if self._ahead is not None:
+                    self._ahead.wait()  # the slot serves one backend at a time: the peek is over
+                # Also pushes the checkpoint to XCom under the slot's key.
+                checkpoint = confirm_once(replace(confirm, batch_path=summary["path"]), context, self.log)
+                result["batches"] += 1
+                result["changes"] += int(summary.get("changes") or 0)
+                result["end_lsn"] = summary["end_lsn"]
+                self._log_progress(result, start_lsn, start_wal, Lsn.parse(str(summary["end_lsn"])), started)
+        finally:
+            if self._ahead is not None:  # a step failed: the extract beside it is cancelled
+                self._ahead.abandon()
+                self._ahead = None
         result["caught_up"] = not summary.get("bounded_by")
         if not result["caught_up"]:
             self.log.info(
                 "Stopped after max_batches=%s batches; the next run goes on from %s", limit, summary["end_lsn"]
             )
         return result
+
+    def _extract_ahead(self, extract: ExtractArguments, batch: dict[str, Any], context: Context) -> ExtractAhead:
+        """The extract of the batch after ``batch``, started in a thread: from ``batch``'s own
+        checkpoint (its end LSN; the slot is still before it), not from the slot's position."""
+        ahead = replace(extract, checkpoint=staged_checkpoint(str(batch["path"]), extract.storage_conn_id))
+        self.log.info("Extracting the next batch from %s while batch %s merges", batch["end_lsn"], batch["path"])
+        # extract_once looked up at call time (a test replaces it here)
+        return ExtractAhead(lambda kill: extract_once(ahead, context, self.log, kill))
+
+    def _merge(self, merge: MergeArguments, batch: dict[str, Any], context: Context) -> None:
+        merged = merge_once(replace(merge, batch_paths=[batch["path"]]), context, self.log, self._kill)
+        self._batch_lineage(context, *merged.lineage)
 
     def _batch_lineage(self, context: Context, batches: list[BatchManifest], summary: dict[str, Any] | None) -> None:
         """The OpenLineage event of a batch the merge ran for (none for a batch without rows: nothing
@@ -248,3 +288,6 @@ class PgDecodeDrainOperator(BaseOperator):
         """Stop the batch in progress (the extract's peek, the merge's Spark work); confirmed
         batches stay confirmed and the next run starts after the last of them."""
         self._kill.pull()
+        ahead = self._ahead
+        if ahead is not None:  # the next batch's extract, beside the merge
+            ahead.kill.pull()
