@@ -85,8 +85,8 @@ class PgDecodeDrainOperator(BaseOperator):
 
     A loop in one task rather than dynamic task mapping: a batch's end is only known once it is
     extracted, so the batches cannot be planned as mapped task instances up front, and mapped
-    instances do not run one after another, while each batch must be confirmed before the next
-    starts.
+    instances do not run one after another, while each batch must be confirmed in order, before the
+    next one is.
 
     The incremental DAG's wiring (:func:`~airflow_provider_pgdecode.example_dags.cycle.build_cycle`).
     Example::
