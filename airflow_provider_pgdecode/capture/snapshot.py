@@ -270,7 +270,8 @@ def stage_snapshot(
         connection (``connect`` must then be a DSN) and writing its part straight into the copy's
         work directory, so ``staging_root`` must be a local path every executor shares
         (:mod:`.snapshot_spark`). The chunks are planned, recorded and published here, as
-        without it; the staged batch is the same.
+        without it, and the staged batch is the same; ``workers`` does not apply (the executors'
+        cores do), and chunks are recorded (and ``on_chunk`` called) once the job has finished.
     :returns: the manifest of the published batch ``<staging_root>/<slot>/<0>-<consistent_lsn>``.
     """
     lsn = Lsn.coerce(consistent_lsn)

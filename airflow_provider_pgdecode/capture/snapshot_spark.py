@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,8 +148,13 @@ def injected_fault(table: str, index: int) -> Callable[[int], None] | None:
 
 
 def _last_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if "Error" in line or "error" in line]
-    return lines[-1] if lines else str(exc).strip().splitlines()[0]
+    """Spark's reason (``Job aborted due to stage failure: ...``) and the task's own error, from
+    py4j's long text."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reason = next((line for line in lines if "Job aborted" in line), lines[0] if lines else type(exc).__name__)
+    cause = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line) and "Job aborted" not in line]
+    text = reason if not cause or cause[-1] in reason else f"{reason} ({cause[-1]})"
+    return text[:800]
 
 
 __all__ = ["FAULT_ENV", "CopyJob", "copy_on_spark", "copy_task", "spark_context"]

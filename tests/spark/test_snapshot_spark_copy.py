@@ -69,7 +69,10 @@ def test_spark_copy_equals_the_thread_copy_under_concurrent_writes(
         wait_for_ops(writer, 20)
         with create_slot_with_snapshot(pg_dsn, slot_name) as (lsn, name):
             wait_for_ops(writer, 20)  # committed after the consistent point: not in the copy
+            spark.sparkContext.setJobGroup("pgdecode-copy-test", "the copy on Spark")
             on_spark = stage_snapshot(pg_dsn, name, lsn, slot_name, staging, TABLES, chunk_pages=4, spark=spark)
+            jobs = spark.sparkContext.statusTracker().getJobIdsForGroup("pgdecode-copy-test")
+            spark.sparkContext.setJobGroup("", "")
             wait_for_ops(writer, 20)
             threads = stage_snapshot(pg_dsn, name, lsn, slot_name, tmp_path / "threads", TABLES, chunk_pages=4)
             with psycopg.connect(pg_dsn) as reader:  # what the exported snapshot shows, read independently
@@ -83,6 +86,11 @@ def test_spark_copy_equals_the_thread_copy_under_concurrent_writes(
         writer.join(10)
     assert writer.error is None, writer.error
 
+    assert len(jobs) == 1  # one Spark job copied the chunks
+    stage = spark.sparkContext.statusTracker().getJobInfo(jobs[0]).stageIds[0]
+    info = json.loads((Path(on_spark.path) / "snapshot.json").read_text())
+    tasks = spark.sparkContext.statusTracker().getStageInfo(stage).numTasks
+    assert tasks == sum(t["chunks"] for t in info["tables"]) > 4  # one task per chunk
     assert on_spark.contents() == threads.contents()
     items = next(t for t in on_spark.tables if t.table == "snap_items")
     assert len(items.snapshot_files) > 4
