@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import uuid
+from collections.abc import Collection
 from pathlib import Path
 
 from airflow_provider_pgdecode.batch.format import MANIFEST_NAME
@@ -59,9 +60,15 @@ def batch_workdir(staging: Storage, slot: str, start_lsn: Lsn) -> Path:
     return path
 
 
-def publish_batch(workdir: Path, staging: Storage, relative: str, manifest: BatchManifest) -> str:
+def publish_batch(
+    workdir: Path, staging: Storage, relative: str, manifest: BatchManifest, *, placed: Collection[str] = ()
+) -> str:
     """Put the finished batch at ``relative`` (``<slot>/<start>-<end>``) under ``staging``; an
     existing identical batch is kept as it is. Returns the batch's location.
+
+    ``placed``: on object storage, files (relative to the batch) already uploaded to their final
+    place by others (the initial load's Spark tasks): kept, while every other object under the
+    batch goes before the work directory is uploaded, its manifest last.
 
     An I/O error (a full disk, lost permissions, an unreachable store) is a :class:`StagingError`
     naming the path; the work directory is left to the caller, which removes it."""
@@ -91,7 +98,11 @@ def publish_batch(workdir: Path, staging: Storage, relative: str, manifest: Batc
         else:
             # Objects left by an upload cut short (no manifest: invisible to readers) go first,
             # so the batch holds exactly this extract's parts.
-            final.delete_tree()
+            if placed:
+                for name in set(final.walk_files()) - set(placed):
+                    final.delete_file(name)
+            else:
+                final.delete_tree()
             final.upload_tree(workdir, "", last=MANIFEST_NAME)
             shutil.rmtree(workdir)
     return final.root

@@ -194,6 +194,11 @@ class _TablePlan:
         truncate = [done[i]["truncate"] for i in sorted(done, key=int) if done[i].get("truncate")]
         return truncate + self.row_files()
 
+    def placed_files(self) -> list[str]:
+        """The parts Spark tasks uploaded to the batch's final place on object storage."""
+        done = [record for record in self.state["done"].values() if record.get("placed")]
+        return [name for record in done for name in (record.get("truncate"), record["file"]) if name]
+
     def row_files(self) -> list[str]:
         """The chunks' parts (op I rows only), in chunk order."""
         done = self.state["done"]
@@ -267,9 +272,10 @@ def stage_snapshot(
         ones always).
     :param spark: copy the chunks as the tasks of one job of this (classic) SparkSession instead of
         on ``workers`` threads here: one task per chunk, each importing the snapshot over its own
-        connection (``connect`` must then be a DSN) and writing its part straight into the copy's
-        work directory, so ``staging_root`` must be a local path every executor shares
-        (:mod:`.snapshot_spark`). The chunks are planned, recorded and published here, as
+        connection (``connect`` must then be a DSN) and writing its part straight to the staging
+        root: into the copy's work directory on a local staging root (a path every executor
+        shares), or uploaded to the batch's final place on object storage (the manifest, uploaded
+        last here, makes it visible) (:mod:`.snapshot_spark`). The chunks are planned, recorded and published here, as
         without it, and the staged batch is the same; ``workers`` does not apply (the executors'
         cores do), and chunks are recorded (and ``on_chunk`` called) once the job has finished.
     :returns: the manifest of the published batch ``<staging_root>/<slot>/<0>-<consistent_lsn>``.
@@ -332,7 +338,8 @@ def stage_snapshot(
         if spark is None:
             copier.run(workers)
         else:
-            copier.run_on_spark(spark, str(connect))
+            remote = None if store.is_local else store.child(slot_name, batch_dir_name(SNAPSHOT_START_LSN, lsn))
+            copier.run_on_spark(spark, str(connect), remote)
         try:
             commit(planner)  # read-only: its end matters only for the locks it releases
         except DatabaseError as exc:
@@ -345,7 +352,10 @@ def stage_snapshot(
     (tmp / SNAPSHOT_INFO_NAME).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (tmp / PROGRESS_NAME).unlink()
     manifest.write(tmp)
-    manifest.path = publish_batch(tmp, store, f"{slot_name}/{batch_dir_name(SNAPSHOT_START_LSN, lsn)}", manifest)
+    placed = [f"{plan.relpath}/{name}" for plan in plans for name in plan.placed_files()]
+    manifest.path = publish_batch(
+        tmp, store, f"{slot_name}/{batch_dir_name(SNAPSHOT_START_LSN, lsn)}", manifest, placed=placed
+    )
     if not store.is_local:
         shutil.rmtree(tmp, ignore_errors=True)  # the local copy of an uploaded batch
     log.info("Staged the snapshot of %d table(s), %d rows, at %s: %s", len(names), info["rows"], lsn, manifest.path)
@@ -358,12 +368,6 @@ def _check_spark_copy(connect: str | Callable[[], Connection], store: Storage) -
         raise ConfigurationError(
             "the snapshot copy on Spark needs the source's DSN, not a connection factory: each task opens its own "
             "connection on an executor"
-        )
-    if not store.is_local:
-        raise ConfigurationError(
-            f"the snapshot copy on Spark writes its parts into the copy's work directory on the staging root, which "
-            f"must be a path shared by the driver and every executor; {store.root} is on object storage, which it "
-            "does not support yet: copy without Spark (threads on this worker) or stage on a shared filesystem"
         )
 
 
@@ -602,26 +606,38 @@ class _Copier:
             raise error
         self.report.finish()
 
-    def run_on_spark(self, spark: SparkSession, dsn: str) -> None:
+    def run_on_spark(self, spark: SparkSession, dsn: str, remote: Storage | None = None) -> None:
         """Copy the chunks as the tasks of one Spark job (:mod:`.snapshot_spark`), then record them
-        as the threads do; the snapshot's exporting connection stays open meanwhile (the caller's)."""
+        as the threads do; the snapshot's exporting connection stays open meanwhile (the caller's).
+        ``remote``: on object storage, the batch's final place, where the tasks upload the parts."""
         job = CopyJob(
-            dsn, self.snapshot_name, self.slot_name, str(self.tmp), int(self.lsn), self.chunk_rows, self.replace
+            dsn,
+            self.snapshot_name,
+            self.slot_name,
+            str(self.tmp),
+            int(self.lsn),
+            self.chunk_rows,
+            self.replace,
+            remote=None if remote is None else remote.root,
+            settings=None if remote is None else remote.settings,
         )
         chunks = list(reversed(self.queue))  # table order, then chunk order
         self.queue.clear()
         for plan, _ in chunks:
             self.report.chunk_started(plan)
         for plan, index, copied in copy_on_spark(spark, job, chunks):
-            self.record(plan, index, copied)
+            self.record(plan, index, copied, placed=remote is not None)
         # Attempts that died mid-chunk left their temporary files: only recorded parts are published.
         _discard_unrecorded(self.tmp, self.plans)
         self.report.finish()
 
-    def record(self, plan: _TablePlan, index: int, copied: ChunkCopy) -> None:
-        """Record a chunk durably staged: the progress record, the report, ``on_chunk``."""
+    def record(self, plan: _TablePlan, index: int, copied: ChunkCopy, *, placed: bool = False) -> None:
+        """Record a chunk durably staged (``placed``: uploaded to the batch's final place): the
+        progress record, the report, ``on_chunk``."""
         with self.lock:
             record: dict[str, Any] = {"rows": copied.rows, "file": copied.file}
+            if placed:
+                record["placed"] = True
             if copied.truncate:
                 record["truncate"] = copied.truncate
             if copied.specials:

@@ -5,11 +5,13 @@ the chunks on the driver (the Airflow worker, which holds the slot's exported sn
 them to :func:`copy_on_spark`: one task per chunk, each opening its own connection, importing the
 snapshot (``REPEATABLE READ``, ``SET TRANSACTION SNAPSHOT``) and copying its chunk with the
 thread path's code (:func:`~airflow_provider_pgdecode.capture.snapshot_parts.copy_chunk`) straight
-into the copy's work directory on the staging root, which the executors must share with the
-driver (a local staging root mounted on every host). A part's name depends on its chunk only and
-it is written under a name of its own attempt, then renamed: a task retried after its executor
-died writes its chunk again whole, and the driver records each chunk once, from the result of the
-attempt Spark kept. How and why: docs/backfill.md, "How the initial copy works".
+to the staging root: into the copy's work directory on a local staging root (which every executor
+must mount at the same path), or, on object storage, into a local temporary directory and then
+uploaded, one PUT per part, to the batch's final place (invisible until the driver uploads the
+manifest last). A part's name depends on its chunk only and it is written under a name of its own
+attempt, then renamed (or uploaded whole): a task retried after its executor died writes its chunk
+again whole, and the driver records each chunk once, from the result of the attempt Spark kept.
+How and why: docs/backfill.md, "How the initial copy works".
 
 No PySpark import: the session is used as given (a classic one: Spark Connect has no RDDs), and
 the tasks run this module's functions on executors whose Python has this package and psycopg
@@ -23,11 +25,14 @@ import functools
 import logging
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage
 from airflow_provider_pgdecode.capture.snapshot_parts import ChunkCopy, ChunkSource, copy_chunk
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError, StagingError
@@ -59,6 +64,10 @@ class CopyJob:
     lsn: int
     chunk_rows: int
     replace: bool
+    remote: str | None = None
+    """On object storage: the batch's final location, where each task uploads its chunk's parts
+    (one PUT each: whole or absent; invisible until the driver uploads the manifest last)."""
+    settings: ObjectStoreSettings | None = field(default=None, repr=False)
 
 
 def copy_on_spark(
@@ -109,25 +118,42 @@ def copy_task(job: CopyJob, items: Iterable[tuple[int, tuple[ChunkSource, int]]]
     if not todo:
         return []
     done = []
+    local = None if job.remote is None else Path(tempfile.mkdtemp(prefix="pgdecode-chunk-"))
     conn = connect(job.dsn)
     try:
         import_snapshot(conn, job.snapshot_name, job.slot_name, extra_settings=SCAN_GUCS)
         for position, (plan, index) in todo:
+            if local is not None:
+                (local / plan.relpath).mkdir(parents=True, exist_ok=True)
             copied = copy_chunk(
                 conn,
                 plan,
                 index,
-                Path(job.workdir),
+                local or Path(job.workdir),
                 Lsn(job.lsn),
                 job.chunk_rows,
                 job.replace,
                 after_write=injected_fault(plan.name, index),
             )
+            if local is not None and job.remote is not None:
+                upload_parts(Storage(job.remote, job.settings), local, plan.relpath, copied)
             done.append((position, copied))
         commit(conn)
     finally:
         conn.close()
+        if local is not None:
+            shutil.rmtree(local, ignore_errors=True)
     return done
+
+
+def upload_parts(batch: Storage, local: Path, relpath: str, copied: ChunkCopy) -> None:
+    """Upload a chunk's parts, written whole in ``local``, to ``<batch>/<relpath>/`` (same names)."""
+    for name in (copied.truncate, copied.file):
+        if name is None:
+            continue
+        with open(local / relpath / name, "rb") as src, batch.open_output(f"{relpath}/{name}") as dst:
+            shutil.copyfileobj(src, dst, 8 << 20)
+        (local / relpath / name).unlink()
 
 
 def injected_fault(table: str, index: int) -> Callable[[int], None] | None:

@@ -122,9 +122,10 @@ class PgDecodeInitialSnapshotOperator(BaseOperator):
     :param copy_on: where the chunks are copied: ``workers`` (default: ``workers`` threads in this
         task) or ``spark``: one Spark task per chunk, on the executors of a Spark application this
         task drives (``spark_master``), each importing the snapshot over its own connection and
-        writing its part straight into the copy's work directory, so the copy scales with
-        executors. ``spark`` needs a local ``staging_root`` that every executor mounts at the same
-        path (not object storage yet), and executors whose Python has this package and psycopg
+        writing its part straight to the staging root, so the copy scales with executors.
+        ``spark`` needs a ``staging_root`` on object storage (the executors upload their parts;
+        the store's settings travel with the tasks) or a local one that every executor mounts at
+        the same path, and executors whose Python has this package and psycopg
         (``PYSPARK_PYTHON``, set to this worker's Python; for a cluster, install the package there).
         The staged batch is the same either way (docs/backfill.md, "How the initial copy works").
         (templated)

@@ -18,14 +18,17 @@ from collections import Counter
 from pathlib import Path
 
 import psycopg
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
-from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot, stage_snapshot
+from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage
+from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot, snapshot_workdir, stage_snapshot
 from airflow_provider_pgdecode.capture.snapshot_spark import FAULT_ENV
 from airflow_provider_pgdecode.errors import ConfigurationError
 from airflow_provider_pgdecode.spark.merge_job import merge_batches
+from pgdecode_testing.s3_server import LocalS3Server
 from tests.capture.test_snapshot import (
     TABLES,
     Writer,
@@ -207,5 +210,43 @@ def test_an_executor_killed_mid_chunk_has_its_chunk_redone_nothing_twice(
 def test_a_copy_on_spark_refuses_what_its_executors_cannot_do(pg_dsn, spark, tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="DSN"):
         stage_snapshot(lambda: psycopg.connect(pg_dsn), "00000003-1", "0/1", "s", tmp_path, TABLES, spark=spark)
-    with pytest.raises(ConfigurationError, match="object storage"):
-        stage_snapshot(pg_dsn, "00000003-1", "0/1", "s", "s3://bucket/x", TABLES, spark=spark)
+
+
+@pytest.fixture
+def s3_env(s3_server: LocalS3Server, monkeypatch: pytest.MonkeyPatch) -> ObjectStoreSettings:
+    """The server's settings, also as the ``AWS_*`` environment (how the merge job gets them)."""
+    for name, value in s3_server.settings.to_env().items():
+        monkeypatch.setenv(name, value)
+    return s3_server.settings
+
+
+@pytest.mark.s3
+def test_spark_copy_uploads_its_parts_to_object_storage(
+    pg_conn,
+    pg_dsn,
+    source,  # noqa: F811
+    slot_name,
+    spark,
+    s3_bucket: str,
+    s3_env: ObjectStoreSettings,
+    tmp_path: Path,
+) -> None:
+    store = Storage(f"{s3_bucket}/staging", s3_env)
+    with create_slot_with_snapshot(pg_dsn, slot_name) as (lsn, name):
+        on_s3 = stage_snapshot(pg_dsn, name, lsn, slot_name, store, TABLES, chunk_pages=4, spark=spark)
+        local = stage_snapshot(pg_dsn, name, lsn, slot_name, tmp_path / "threads", TABLES, chunk_pages=4)
+
+    assert str(on_s3.path).startswith(f"{s3_bucket}/staging/") and on_s3.contents() == local.contents()
+    batch = store.at(str(on_s3.path))
+    # Exactly the manifest's parts, beside the manifest and snapshot.json: nothing twice, no temporary file.
+    expected = {f"{t.path}/{f}" for t in on_s3.tables for f in t.files} | {"manifest.json", "snapshot.json"}
+    assert set(batch.walk_files()) == expected
+    for table in on_s3.tables:
+        for file in table.files:
+            remote = pq.read_table(pa.BufferReader(batch.read_bytes(f"{table.path}/{file}")))
+            assert remote.equals(pq.read_table(Path(local.path) / table.path / file)), (table.table, file)
+    assert not list(snapshot_workdir(store, slot_name, name).parent.glob("*snapshot*"))  # the local copy is gone
+
+    summary = merge_batches(spark, [str(on_s3.path)], str(tmp_path / "delta"))
+    assert all(t["status"] == "merged" for t in summary["tables"].values()), summary
+    assert_delta_equals_postgres(pg_conn, spark, str(tmp_path / "delta"))
