@@ -104,16 +104,24 @@ class BatchBounds:
         """The last LSN a batch starting at ``start`` may end at."""
         return None if self.max_wal_bytes is None else Lsn(int(start) + self.max_wal_bytes)
 
-    def peek_rows(self, rows_per_change: float | None = None) -> int | None:
+    def peek_rows(
+        self,
+        rows_per_change: float | None = None,
+        skipped_wal_bytes: int = 0,
+        wal_bytes_per_change: float | None = None,
+    ) -> int | None:
         """The row limit handed to the server (``upto_nchanges``): ``rows_per_change``, the
         previous batch's rows per change (:attr:`Checkpoint.rows_per_change`), sizes it to the
-        slot's transactions."""
+        slot's transactions. ``skipped_wal_bytes``: WAL the peek reads again before the batch's
+        start (a slot behind the checkpoint, as when the drain extracts a batch while the one
+        before it merges), whose rows the limit leaves room for, at ``wal_bytes_per_change``."""
         if self.max_changes is None:
             return None
         factor = _ROWS_PER_CHANGE
         if rows_per_change is not None and rows_per_change > 0:
             factor = min(max(rows_per_change * _MARGIN, _MARGIN), _MAX_ROWS_PER_CHANGE)
-        return min(int(self.max_changes * factor) + 2, _INT4_MAX)
+        skipped = skipped_wal_bytes / wal_bytes_per_change if skipped_wal_bytes > 0 and wal_bytes_per_change else 0
+        return min(int((self.max_changes + skipped) * factor) + 2, _INT4_MAX)
 
 
 class BatchCut:

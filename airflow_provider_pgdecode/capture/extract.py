@@ -428,7 +428,10 @@ def decode_changes(plan: ExtractPlan, spill_dir: Any, snapshotter: TableSnapshot
     limit = bounds.commit_limit(plan.start_lsn)
     upto = ceiling if limit is None else min(ceiling, max(limit, floor or limit))
     checkpoint = plan.checkpoint
-    peek_rows = bounds.peek_rows(checkpoint.rows_per_change if checkpoint is not None else None)
+    skipped = int(plan.start_lsn) - int(plan.confirmed)  # read again and skipped: the slot is behind the checkpoint
+    peek_rows = bounds.peek_rows(
+        *(checkpoint.rows_per_change, skipped, checkpoint.wal_bytes_per_change) if checkpoint is not None else ()
+    )
     started = time.monotonic()
     decode_split: Lsn | None = None
     for attempt in itertools.count():

@@ -174,6 +174,10 @@ def test_bounds_refuse_what_is_not_a_positive_count() -> None:
     assert BatchBounds(100, None).peek_rows(1.002) == 107
     assert BatchBounds(100, None).peek_rows(0.5) == 107
     assert BatchBounds(100, None).peek_rows(10.0) == 302
+    # a slot behind the checkpoint (the drain's extract ahead): room for the rows read again first
+    assert BatchBounds(100, None).peek_rows(1.0, 20_000, 200.0) == 212
+    assert BatchBounds(100, None).peek_rows(1.0, 0, 200.0) == 107
+    assert BatchBounds(100, None).peek_rows(1.0, 20_000, None) == 107
 
 
 def test_the_first_transaction_is_taken_however_large() -> None:
