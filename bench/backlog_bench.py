@@ -10,11 +10,21 @@ In one run, on one throwaway PostgreSQL cluster and one ``--changes`` workload (
           after each batch, until a batch reaches the ceiling: the extract and confirm half of
           the DAG's drain loop (the merge is measured by bench-merge).
 
+3. with ``--with-merges`` (one plugin, ``--merge-plugin``): the drain loop with its merges, in a
+          child process, twice over the same backlog (two more slots, made before it was
+          written): the batches extracted (``--merge-bound`` changes each), merged into Delta through
+          a warm Spark Connect server (started by the bench, ``local[*]``) and confirmed after their
+          Delta commit, one step after another (``overlap=False``) and with the extract of batch N+1
+          in a thread while batch N merges (``overlap=True``: the drain's
+          :class:`~airflow_provider_pgdecode.cycle.overlap.ExtractAhead`, joined before N is
+          confirmed). The Delta table is compared with PostgreSQL after each (not timed).
+
 Prints the batches, the largest batch, the drain's rate against the raw decode (the ratio), and
 the drain's peak memory (max RSS of the child, and before its first batch); writes them to
 bench/results/backlog_bench.json. Usage::
 
     make bench-backlog            # or: .venv/bin/python -m bench.backlog_bench --changes 5000000
+    .venv/bin/python -m bench.backlog_bench --changes 300000 --plugins test_decoding --with-merges
 """
 
 from __future__ import annotations
@@ -32,7 +42,16 @@ from pathlib import Path
 import psycopg
 
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from bench.extract_bench import PUBLICATION, SERVER_SETTINGS, SLOTS, make_workload, raw_decode
+from airflow_provider_pgdecode.postgres.slot import SlotClient, upper_slot_name
+from bench.extract_bench import (
+    PUBLICATION,
+    SERVER_SETTINGS,
+    SLOTS,
+    TWO_PHASE,
+    make_workload,
+    plugin_options,
+    raw_decode,
+)
 from pgdecode_testing.postgres_cluster import ThrowawayCluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,16 +118,157 @@ def child(dsn: str, plugin: str, staging: str, bound: str) -> None:
     )
 
 
+MERGE_SLOTS = {False: "bench_serial", True: "bench_overlap"}
+"""The slots of the drain with merges, one step after another and overlapped."""
+
+
+def create_merge_slots(conn: psycopg.Connection, plugin: str) -> None:
+    """Before the backlog is written: one slot per mode, as the workload's own slots are made."""
+    for slot in MERGE_SLOTS.values():
+        conn.execute("select pg_create_logical_replication_slot(%s, %s, false, %s)", (slot, plugin, TWO_PHASE))
+        if TWO_PHASE and plugin == "test_decoding":
+            SlotClient(conn).create(str(upper_slot_name(slot)), plugin, two_phase=True)
+
+
+def merge_drain_in_child(dsn: str, plugin: str, work: Path, bound: int, overlap: bool, url: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.backlog_bench", "--merge-child", dsn, plugin, str(work), str(bound)]
+        + [str(overlap), url],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def merge_child(dsn: str, plugin: str, work: str, bound: str, overlap_text: str, url: str) -> None:
+    """The drain loop with merges: extract, merge through Connect, confirm after the Delta commit;
+    with overlap, the next batch's extract runs in a thread while a batch merges."""
+    from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
+    from airflow_provider_pgdecode.batch.manifest import BatchManifest
+    from airflow_provider_pgdecode.capture.bounds import BatchBounds
+    from airflow_provider_pgdecode.capture.extract import extract_batch
+    from airflow_provider_pgdecode.cycle.overlap import ExtractAhead
+    from airflow_provider_pgdecode.spark.merge_job import merge_batches
+    from airflow_provider_pgdecode.spark.session import build_connect_session
+    from pgdecode_testing.compare import compare_table
+
+    overlap = overlap_text == "True"
+    slot, staging, delta = MERGE_SLOTS[overlap], Path(work) / "staging", str(Path(work) / "delta")
+    bounds = BatchBounds(max_changes=int(bound), max_wal_bytes=None)
+    publication = PUBLICATION if plugin == "pgoutput" else None
+    spark = build_connect_session(url)
+
+    def extract(checkpoint: Checkpoint | None) -> BatchManifest:
+        with psycopg.connect(dsn, autocommit=True) as own:  # a connection per extract: one may run in a thread
+            return extract_batch(
+                own, slot, staging, plugin=plugin, publication=publication, checkpoint=checkpoint, bounds=bounds
+            )
+
+    batches: list[dict] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        checkpoint, ahead = None, None
+        extract_seconds = merge_seconds = 0.0
+        started = time.perf_counter()
+        while True:
+            began = time.perf_counter()
+            manifest = ahead.join()["manifest"] if ahead is not None else extract(checkpoint)
+            extract_seconds += time.perf_counter() - began  # with overlap: only the wait for it
+            ahead = None
+            if overlap and manifest.bounded_by is not None:
+                following = Checkpoint.from_manifest(manifest)  # N+1 starts at N's end
+                ahead = ExtractAhead(lambda _kill, cp=following: {"manifest": extract(cp)})
+            began = time.perf_counter()
+            merge_batches(spark, [str(manifest.path)], delta)
+            merge_seconds += time.perf_counter() - began
+            if ahead is not None:
+                ahead.wait()  # the slot is free again
+            conn.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, manifest.end_lsn))
+            checkpoint = Checkpoint.from_manifest(manifest)
+            batches.append({"changes": manifest.changes, "peak_rss_mib": resource.getrusage(0).ru_maxrss / 1024})
+            shutil.rmtree(str(manifest.path), ignore_errors=True)  # merged and confirmed
+            if manifest.bounded_by is None:
+                break
+        elapsed = time.perf_counter() - started
+        equal = compare_table(conn, spark, delta, "public", "orders").equal
+    spark.stop()
+    print(
+        json.dumps(
+            {
+                "seconds": elapsed,
+                "extract_wait_seconds": extract_seconds,
+                "merge_seconds": merge_seconds,
+                "batches": batches,
+                "changes": sum(b["changes"] for b in batches),
+                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "equal": equal,
+            }
+        )
+    )
+
+
+def drain_with_merges(conn: psycopg.Connection, dsn: str, args: argparse.Namespace, ceiling: Lsn, work: Path) -> dict:
+    """The drain with merges, overlapped first (the server warms up on it), then one step after
+    another; each rate as a ratio of the raw decode of the same slot."""
+    from pgdecode_testing.connect_server import LocalConnectServer
+
+    plugin = args.merge_plugin
+    function = "pg_logical_slot_peek_changes" if plugin == "test_decoding" else "pg_logical_slot_peek_binary_changes"
+    started = time.perf_counter()
+    rows = conn.execute(
+        f"select count(*) from {function}(%s, %s::pg_lsn, NULL, variadic %s::text[])",
+        (MERGE_SLOTS[False], str(ceiling), plugin_options(conn, plugin)),
+    ).fetchone()[0]
+    raw_seconds = time.perf_counter() - started
+    raw_rate = args.changes / raw_seconds
+    report: dict = {"plugin": plugin, "bound": args.merge_bound, "raw_rows": rows, "raw_seconds": round(raw_seconds, 2)}
+    print(f"{plugin}: raw decode {rows:,} rows in {raw_seconds:.1f} s ({raw_rate:,.0f} changes/s)", flush=True)
+    with LocalConnectServer(master="local[*]", log_path=work / "connect-server.log") as server:
+        for overlap in (True, False):
+            mode = "overlap" if overlap else "serial"
+            result = merge_drain_in_child(dsn, plugin, work / mode, args.merge_bound, overlap, server.url)
+            rate = result["changes"] / result["seconds"]
+            report[mode] = {
+                "seconds": round(result["seconds"], 2),
+                "changes_per_s": round(rate),
+                "ratio_to_raw": round(rate / raw_rate, 2),
+                "merge_seconds": round(result["merge_seconds"], 2),
+                "extract_wait_seconds": round(result["extract_wait_seconds"], 2),
+                "batches": len(result["batches"]),
+                "peak_rss_mib": round(result["peak_rss_mib"]),
+                "peak_rss_mib_by_batch": [round(b["peak_rss_mib"]) for b in result["batches"]],
+                "delta_equals_postgres": result["equal"],
+            }
+            print(
+                f"{plugin} drain with merges, overlap {'on' if overlap else 'off'}: {result['changes']:,} changes in "
+                f"{len(result['batches'])} batches (bound {args.merge_bound:,}) in {result['seconds']:.1f} s "
+                f"({rate:,.0f} changes/s) = {rate / raw_rate:.2f} of raw; merges {result['merge_seconds']:.1f} s, "
+                f"waiting for extracts {result['extract_wait_seconds']:.1f} s; peak RSS {result['peak_rss_mib']:.0f} "
+                f"MiB; Delta {'equals' if result['equal'] else 'DIFFERS FROM'} PostgreSQL",
+                flush=True,
+            )
+            assert result["changes"] == args.changes and result["equal"], result
+    return report
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--changes", type=int, default=5_000_000)
     parser.add_argument("--txn-size", type=int, default=1_000)
     parser.add_argument("--bound", type=int, default=1_000_000, help="max_batch_changes of the drain")
     parser.add_argument("--plugins", nargs="+", default=list(SLOTS), choices=list(SLOTS))
+    parser.add_argument("--with-merges", action="store_true", help="also the drain with merges, overlap off and on")
+    parser.add_argument("--merge-plugin", default="test_decoding", choices=list(SLOTS))
+    parser.add_argument("--merge-bound", type=int, default=50_000, help="max_batch_changes of the drain with merges")
     parser.add_argument("--child", nargs=4, metavar=("DSN", "PLUGIN", "STAGING", "BOUND"), help=argparse.SUPPRESS)
+    parser.add_argument("--merge-child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(*args.child)
+        return 0
+    if args.merge_child:
+        merge_child(*args.merge_child)
         return 0
 
     report: dict = {"changes": args.changes, "txn_size": args.txn_size, "bound": args.bound}
@@ -120,6 +280,8 @@ def main() -> int:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 print(f"backlog: {args.changes:,} changes in transactions of {args.txn_size:,} ...", flush=True)
                 started = time.perf_counter()
+                if args.with_merges:
+                    create_merge_slots(conn, args.merge_plugin)
                 make_workload(conn, args.changes, args.txn_size)
                 ceiling = Lsn.parse(str(conn.execute("select pg_current_wal_flush_lsn()").fetchone()[0]))
                 print(f"  written in {time.perf_counter() - started:.0f} s, WAL up to {ceiling}", flush=True)
@@ -154,6 +316,8 @@ def main() -> int:
                     )
                     assert result["changes"] == args.changes, (result["changes"], args.changes)
                     assert max(sizes) <= args.bound, sizes
+                if args.with_merges:
+                    report["with_merges"] = drain_with_merges(conn, dsn, args, ceiling, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     out = REPO / "bench" / "results"
