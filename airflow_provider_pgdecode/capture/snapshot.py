@@ -52,7 +52,7 @@ from airflow_provider_pgdecode.batch.storage import Storage, as_storage
 from airflow_provider_pgdecode.capture.renames import KnownTables, record_tables
 from airflow_provider_pgdecode.capture.snapshot_chunks import ChunkRead, chunk_reads, describe_plan, plan_chunks
 from airflow_provider_pgdecode.capture.snapshot_parts import TRUNCATE_PART, ChunkCopy, copy_chunk, staged_type
-from airflow_provider_pgdecode.capture.snapshot_spark import CopyJob, copy_on_spark
+from airflow_provider_pgdecode.capture.snapshot_spark import CopyJob, copy_on_spark, finished_chunks
 from airflow_provider_pgdecode.capture.staged_tables import carried_columns
 from airflow_provider_pgdecode.capture.tables import parse_table_names
 from airflow_provider_pgdecode.decoding import SUPPORTED_PLUGINS, plugin_unknown
@@ -277,7 +277,8 @@ def stage_snapshot(
         shares), or uploaded to the batch's final place on object storage (the manifest, uploaded
         last here, makes it visible) (:mod:`.snapshot_spark`). The chunks are planned, recorded and published here, as
         without it, and the staged batch is the same; ``workers`` does not apply (the executors'
-        cores do), and chunks are recorded (and ``on_chunk`` called) once the job has finished.
+        cores do), and chunks are recorded (and ``on_chunk`` called) once the job has ended (a failed
+        job's finished chunks too: a call again copies the others).
     :returns: the manifest of the published batch ``<staging_root>/<slot>/<0>-<consistent_lsn>``.
     """
     lsn = Lsn.coerce(consistent_lsn)
@@ -625,7 +626,17 @@ class _Copier:
         self.queue.clear()
         for plan, _ in chunks:
             self.report.chunk_started(plan)
-        for plan, index, copied in copy_on_spark(spark, job, chunks):
+        try:
+            copies = list(copy_on_spark(spark, job, chunks))
+        except StagingError:
+            kept = finished_chunks(job, chunks)  # a resumed call copies only the others
+            for plan, index, copied in kept:
+                self.record(plan, index, copied, placed=remote is not None)
+            log.warning(
+                "Snapshot copy: the Spark job failed; %d of %d chunk(s) finished and kept", len(kept), len(chunks)
+            )
+            raise
+        for plan, index, copied in copies:
             self.record(plan, index, copied, placed=remote is not None)
         # Attempts that died mid-chunk left their temporary files: only recorded parts are published.
         _discard_unrecorded(self.tmp, self.plans)

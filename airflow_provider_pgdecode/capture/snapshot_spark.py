@@ -22,6 +22,7 @@ to the worker's own, as the merge job's sessions do).
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import re
@@ -90,9 +91,9 @@ def copy_on_spark(
         results = dict(rdd.collect())
     except Exception as exc:  # py4j's error, with the task's traceback in its text
         raise StagingError(
-            f"the snapshot copy for slot {job.slot_name!r} on Spark failed: {_last_line(exc)}. Chunks are "
-            f"recorded only when the job succeeds: call stage_snapshot again while the slot's snapshot is still "
-            "exported to copy them again"
+            f"the snapshot copy for slot {job.slot_name!r} on Spark failed: {_last_line(exc)}. The chunks its "
+            f"tasks finished are kept: call stage_snapshot again while the slot's snapshot is still exported to "
+            "copy the others"
         ) from exc
     finally:
         context.setJobDescription(None)
@@ -137,6 +138,8 @@ def copy_task(job: CopyJob, items: Iterable[tuple[int, tuple[ChunkSource, int]]]
             )
             if local is not None and job.remote is not None:
                 upload_parts(Storage(job.remote, job.settings), local, plan.relpath, copied)
+            # The parts are in place: say so beside them, for a driver whose job fails later.
+            job_store(job).write_text(f"{plan.relpath}/{record_name(index)}", json.dumps(copied._asdict()))
             done.append((position, copied))
         commit(conn)
     finally:
@@ -144,6 +147,28 @@ def copy_task(job: CopyJob, items: Iterable[tuple[int, tuple[ChunkSource, int]]]
         if local is not None:
             shutil.rmtree(local, ignore_errors=True)
     return done
+
+
+def record_name(index: int) -> str:
+    """The file a task writes beside chunk ``index``'s parts once they are in place."""
+    return f"chunk-{index:05d}.json"
+
+
+def job_store(job: CopyJob) -> Storage:
+    """Where the tasks write: the batch's final place on object storage, else the work directory."""
+    return Storage(job.remote, job.settings) if job.remote is not None else Storage(job.workdir)
+
+
+def finished_chunks(job: CopyJob, chunks: Sequence[tuple[Plan, int]]) -> list[tuple[Plan, int, ChunkCopy]]:
+    """The chunks of a failed job whose tasks finished (their record written after their parts),
+    each with its copy, so that the next call does not copy them again."""
+    store = job_store(job)
+    found = []
+    for plan, index in chunks:
+        name = f"{plan.relpath}/{record_name(index)}"
+        if store.is_file(name):
+            found.append((plan, index, ChunkCopy(**json.loads(store.read_text(name)))))
+    return found
 
 
 def upload_parts(batch: Storage, local: Path, relpath: str, copied: ChunkCopy) -> None:
@@ -183,4 +208,4 @@ def _last_line(exc: BaseException) -> str:
     return text[:800]
 
 
-__all__ = ["FAULT_ENV", "CopyJob", "copy_on_spark", "copy_task", "spark_context"]
+__all__ = ["FAULT_ENV", "CopyJob", "copy_on_spark", "copy_task", "finished_chunks", "spark_context"]

@@ -121,9 +121,12 @@ spark = build_spark_session(a["master"], app_name="pgdecode-copy-retry",
 spark.sparkContext.setLogLevel("ERROR")
 if a["fault"]:
     spark.sparkContext.environment[a["fault_env"]] = a["fault"]
+recorded = []  # the chunks each call recorded
 def stage(name, lsn):
+    recorded.append([])
     return stage_snapshot(a["dsn"], name, lsn, a["slot"], a["staging"], [tuple(t) for t in a["tables"]],
-                          chunk_rows=a["chunk_rows"], chunk_pages=a["pages"], spark=spark)
+                          chunk_rows=a["chunk_rows"], chunk_pages=a["pages"], spark=spark,
+                          on_chunk=lambda schema, table, chunk, rows: recorded[-1].append([table, chunk]))
 with create_slot_with_snapshot(a["dsn"], a["slot"]) as (lsn, name):
     if a["always"]:  # every attempt of one chunk dies: the job fails; what does it leave?
         spark.sparkContext.environment[a["fault_env"]] = a["always"]
@@ -143,7 +146,7 @@ with create_slot_with_snapshot(a["dsn"], a["slot"]) as (lsn, name):
         print("FAILED " + json.dumps({"error": error, "files": files, "torn": torn}), flush=True)
     spark.sparkContext.environment[a["fault_env"]] = a["fault"]
     batch = stage(name, lsn)
-print("BATCH " + json.dumps({"path": str(batch.path)}), flush=True)
+print("BATCH " + json.dumps({"path": str(batch.path), "recorded": recorded}), flush=True)
 spark.stop()
 """
 
@@ -169,8 +172,9 @@ def test_an_executor_killed_mid_chunk_has_its_chunk_redone_nothing_twice(
     tmp_path: Path,
 ) -> None:
     staging, delta_root, marker = tmp_path / "staging", str(tmp_path / "delta"), tmp_path / "killed"
-    # Chunks of 15 pages (hundreds of rows), written in row groups of 100 rows: chunk 1 of
-    # snap_items dies after its first row group, with part of its part written.
+    # Chunks of 15 pages (hundreds of rows), written in row groups of 100 rows. A first job: chunk
+    # 2 of snap_items dies after its first row group at every attempt; the job fails. The call
+    # again: chunk 2 dies at its first attempt only, and its retry copies it whole.
     arguments = {
         "master": "local[2,3]",  # two task slots, up to three attempts per task
         "dsn": pg_dsn,
@@ -180,12 +184,13 @@ def test_an_executor_killed_mid_chunk_has_its_chunk_redone_nothing_twice(
         "chunk_rows": 100,
         "pages": 15,
         "fault_env": FAULT_ENV,
-        "fault": f"public.snap_items:1:{marker}",
+        "fault": f"public.snap_items:2:{marker}",
         "always": "public.snap_items:2:",  # first a job whose chunk 2 dies at every attempt
     }
     child = run_child(arguments)
     assert child.returncode == 0, child.stderr[-4000:]
-    batch = BatchManifest.read(json.loads(child.stdout.split("BATCH ", 1)[1])["path"])
+    result = json.loads(child.stdout.split("BATCH ", 1)[1])
+    batch = BatchManifest.read(result["path"])
 
     # The job that failed (chunk 2 died three times) said so, and left no torn part under a
     # part's name: only its attempts' temporary files, which the next call discarded.
@@ -199,7 +204,13 @@ def test_an_executor_killed_mid_chunk_has_its_chunk_redone_nothing_twice(
     items = next(t for t in info["tables"] if t["table"] == "snap_items")
     assert items["chunks"] >= 3
     path = Path(batch.path) / next(t.path for t in batch.tables if t.table == "snap_items")
-    assert 0 < killed_after < pq.read_metadata(path / "part-00001.parquet").num_rows  # killed mid-chunk
+    assert 0 < killed_after < pq.read_metadata(path / "part-00002.parquet").num_rows  # killed mid-chunk
+    # The chunks the failed job finished were kept, the others copied by the second call: each once.
+    first, second = ([tuple(c) for c in call] for call in result["recorded"])
+    assert first and ("snap_items", 2) not in first and ("snap_items", 2) in second, result
+    assert sorted(first + second) == sorted([(t["table"], i) for t in info["tables"] for i in range(t["chunks"])]), (
+        result
+    )
     assert_parts_once_and_whole(batch)
 
     summary = merge_batches(spark, [str(batch.path)], delta_root)
