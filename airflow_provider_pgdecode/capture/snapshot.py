@@ -523,7 +523,14 @@ def _summary(plan: _TablePlan, lsn: Lsn, replace: bool) -> TableSummary:
         min_commit_lsn=str(lsn),
         max_commit_lsn=str(lsn),
         columns=[
-            ColumnSummary(c.name, c.type_name, str(staged_type(c, plan.options.staging)), c.catalog_type, c.user_type)
+            ColumnSummary(
+                c.name,
+                c.type_name,
+                str(staged_type(c, plan.options.staging)),
+                c.catalog_type,
+                c.user_type,
+                attnum=c.attnum,
+            )
             for c in plan.columns
         ],
         key=list(plan.key),

@@ -771,6 +771,7 @@ class TableSnapshotter:
                             str(arrow_type(column.type_name, options_for(self.table_options, *name).staging)),
                             column.catalog_type,
                             column.user_type,
+                            attnum=column.attnum,
                         )
                     )
                     known.add(column.name)
