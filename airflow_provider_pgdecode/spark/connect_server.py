@@ -120,7 +120,7 @@ def warm_up(url: str, rounds: int = DEFAULT_WARM_UP_ROUNDS) -> float:
 
     from airflow_provider_pgdecode.spark.merge_job import (
         DEFAULT_TABLE_PROPERTIES,
-        INTERPRETED_CONF,
+        SMALL_RUN_CONF,
         delta_ref,
         transaction_id,
     )
@@ -138,7 +138,7 @@ def warm_up(url: str, rounds: int = DEFAULT_WARM_UP_ROUNDS) -> float:
             "delta"
         ).mode("append").save(path)
         for round_ in range(1, rounds + 1):
-            settings = INTERPRETED_CONF if round_ % 2 else {}
+            settings = SMALL_RUN_CONF if round_ % 2 else {}
             for key, value in settings.items():
                 spark.conf.set(key, value)
             source = spark.range(round_ * 50, round_ * 50 + 200).selectExpr(

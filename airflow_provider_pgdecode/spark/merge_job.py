@@ -83,8 +83,8 @@ from airflow_provider_pgdecode.spark.merge_plan import TXN_VERSION_CONF as TXN_V
 from airflow_provider_pgdecode.spark.merge_plan import delta_table_path as delta_table_path
 from airflow_provider_pgdecode.spark.merge_plan import plan_table as plan_table
 from airflow_provider_pgdecode.spark.merge_plan import quote as quote
-from airflow_provider_pgdecode.spark.merge_sql import INTERPRETED_CONF as INTERPRETED_CONF
-from airflow_provider_pgdecode.spark.merge_sql import delta_ref, ensure_table, expression_evaluation, merge_source
+from airflow_provider_pgdecode.spark.merge_sql import SMALL_RUN_CONF as SMALL_RUN_CONF
+from airflow_provider_pgdecode.spark.merge_sql import delta_ref, ensure_table, merge_source, small_run_settings
 from airflow_provider_pgdecode.spark.merge_sql import merge_condition as merge_condition
 from airflow_provider_pgdecode.spark.merge_sql import table_fields as table_fields
 from airflow_provider_pgdecode.spark.merge_sql import transaction_id as transaction_id
@@ -111,8 +111,8 @@ from airflow_provider_pgdecode.spark.write_strategies import (
     append_inserts,
     append_only_write,
     append_rows,
+    appends_inserts,
     history_write,
-    inserts_only,
     multiset_write,
     run_merge,
     soft_delete_write,
@@ -188,7 +188,7 @@ def merge_batches(
     if not batches and not catch_up:
         raise BatchError("no batch given")
     staged_changes = sum(entry.rows for batch in [*batches, *catch_up] for entry in batch.tables)
-    with active_connect_session(spark), expression_evaluation(spark, staged_changes, options):
+    with active_connect_session(spark), small_run_settings(spark, staged_changes, options):
         return _merge_batches(spark, batches, catch_up, [*batch_dirs, *options.catch_up], delta_root, options, started)
 
 
@@ -479,7 +479,7 @@ def write_table(
             history_write(spark, plan, events, profile, slot, options)
         elif plan.mode == SOFT_DELETE:
             soft_delete_write(spark, plan, events, profile, slot, options)
-        elif result.created and inserts_only(profile) and not chunked:
+        elif appends_inserts(plan, profile, result.created, chunked):
             append_inserts(spark, plan, events, profile, slot)
         elif plan.multiset and not snapshot_chunks_of(plan):
             counts = multiset_write(spark, plan, events, profile, slot)

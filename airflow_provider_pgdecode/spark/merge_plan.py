@@ -129,7 +129,7 @@ class MergeOptions:
     key_range_pruning: bool = True
     """Add the batch's key ranges to the MERGE condition so Delta skips files outside them."""
     codegen_min_changes: int = DEFAULT_CODEGEN_MIN_CHANGES
-    """Runs with fewer staged changes evaluate Spark expressions interpreted (:func:`expression_evaluation`);
+    """Runs with fewer staged changes evaluate Spark expressions interpreted (:func:`small_run_settings`);
     0: always compile."""
     snapshot_commit: bool = True
     """Into a Delta table this run creates, commit a snapshot batch's parts as they are staged

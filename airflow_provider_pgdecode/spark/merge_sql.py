@@ -215,25 +215,33 @@ def fill_missing(spark: SparkSession, plan: TablePlan, fill: Mapping[str, Any]) 
     )
 
 
-INTERPRETED_CONF: Mapping[str, str] = {
+SMALL_RUN_CONF: Mapping[str, str] = {
+    # Expressions interpreted instead of compiled to Java for every stage of every statement.
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    # A fixed plan: adaptive execution runs each shuffle stage as a Spark job of its own, about
+    # half of a small MERGE's jobs (19 against 10 with deletion vectors), for no skew or size to adapt to.
+    "spark.sql.adaptive.enabled": "false",
+    # The MERGE reads its source twice instead of caching it first (one job fewer): the source is
+    # staged Parquet, never rewritten once published, and its transformations are deterministic.
+    "spark.databricks.delta.merge.materializeSource": "none",
 }
-"""Spark settings that evaluate expressions interpreted instead of compiling generated Java."""
+"""Spark settings of a small run, where a statement's fixed costs outweigh its rows."""
 
 
 @contextmanager
-def expression_evaluation(spark: SparkSession, staged_changes: int, options: MergeOptions) -> Iterator[None]:
-    """Evaluate expressions interpreted, on ``spark``'s own session and for this run only, when the
-    run holds fewer than ``options.codegen_min_changes`` staged changes. Spark generates and
-    compiles Java for every stage of every statement (the wide MERGE's most of all): measured on
-    a warm server, that is about half a small batch's merge time, which so few rows never earn
-    back. Large runs keep code generation, where it pays per row."""
+def small_run_settings(spark: SparkSession, staged_changes: int, options: MergeOptions) -> Iterator[None]:
+    """:data:`SMALL_RUN_CONF` on ``spark``'s own session, for this run only, when the run holds
+    fewer than ``options.codegen_min_changes`` staged changes. Spark generates and compiles Java for
+    every stage of every statement (the wide MERGE's most of all): measured on a warm server, that
+    is about half a small batch's merge time, which so few rows never earn back; and each
+    adaptive stage is a job of its own, a fixed cost paid per table. Large runs keep code
+    generation, adaptive execution and Delta's cached MERGE source, where they pay per row."""
     if staged_changes >= options.codegen_min_changes:
         yield
         return
-    before = {key: spark.conf.get(key, None) for key in INTERPRETED_CONF}
-    for key, value in INTERPRETED_CONF.items():
+    before = {key: spark.conf.get(key, None) for key in SMALL_RUN_CONF}
+    for key, value in SMALL_RUN_CONF.items():
         spark.conf.set(key, value)
     try:
         yield
