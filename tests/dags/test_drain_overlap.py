@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import posixpath
 import threading
+import time
 from typing import Any
 
 import pytest
 
+from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.operators import drain as drain_module
 from pgdecode_testing.compare import compare_table
 from tests.dags.test_drain import TABLE, backlog, drain_dag, slot_position, staged  # noqa: F401 - fixture
@@ -27,9 +29,12 @@ class Phases:
     """The start and end of every extract, merge and confirm the drain runs, in the order they
     happened (a counter, not the clock), keyed by the LSN the extract starts at / the batch path."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, hold: bool = False) -> None:
+        """``hold``: an extract ends only after the merge of the batch before it has ended (and a
+        moment more), so that a confirm that did not wait for the extract beside the merge shows."""
         self.events: list[tuple[str, str, str]] = []  # (step, "start" | "end", key)
         self.extract_ended: dict[str, threading.Event] = {}  # by the LSN the extract starts at
+        self.merge_ended: dict[str, threading.Event] = {}  # by the end LSN of the batch merged
         self.merge_hook: Any = None  # called with the batch's summary before a merge runs
         self._lock = threading.Lock()
         self._monkeypatch = monkeypatch
@@ -44,9 +49,12 @@ class Phases:
             self._event("extract", "start", start)
             try:
                 summary = extract(arguments, *args, **kwargs)
+                if hold and threading.current_thread() is not threading.main_thread():  # an extract ahead
+                    self.ended(self.merge_ended, start).wait(300)
+                    time.sleep(0.5)
             finally:
                 self._event("extract", "end", start)
-                self.extract_ended.setdefault(start, threading.Event()).set()
+                self.ended(self.extract_ended, start).set()
             return summary
 
         def merge_once(arguments, *args, **kwargs):
@@ -56,6 +64,7 @@ class Phases:
                 self.merge_hook(path)
             job = merge(arguments, *args, **kwargs)
             self._event("merge", "end", path)
+            self.ended(self.merge_ended, str(Lsn(int(path.split("-")[1], 16)))).set()
             return job
 
         def confirm_once(arguments, *args, **kwargs):
@@ -65,6 +74,10 @@ class Phases:
         monkeypatch.setattr(drain_module, "extract_once", extract_once)
         monkeypatch.setattr(drain_module, "merge_once", merge_once)
         monkeypatch.setattr(drain_module, "confirm_once", confirm_once)
+
+    def ended(self, events: dict[str, threading.Event], key: str) -> threading.Event:
+        with self._lock:
+            return events.setdefault(key, threading.Event())
 
     def restore(self) -> None:
         for attribute, original in zip(("extract_once", "merge_once", "confirm_once"), self.originals, strict=True):
@@ -143,7 +156,7 @@ def test_the_drain_extracts_the_next_batch_while_a_batch_merges(pg_conn, drain_d
     monkeypatch.setattr(task, "overlap", True)
     backlog(c, 1000)
     phases.restore()
-    phases = Phases(monkeypatch)
+    phases = Phases(monkeypatch, hold=True)
     cycle_batches = len(staged(conf)) + 1
     run(dag, conf)
     batches = drained(conf, cycle_batches)
@@ -201,7 +214,7 @@ def test_a_drain_failing_between_an_extract_and_a_merge_loses_and_doubles_nothin
         merges["n"] += 1
         if merges["n"] == 2:
             batch = next(b for b in staged(conf) if name(b.path) == path)
-            assert phases.extract_ended.setdefault(batch.end_lsn, threading.Event()).wait(300)
+            assert phases.ended(phases.extract_ended, batch.end_lsn).wait(300)
             raise AirflowFailException("killed between an extract and a merge")
 
     phases.merge_hook = fail_the_second
