@@ -11,8 +11,8 @@ In one run, on one throwaway PostgreSQL cluster and one ``--changes`` workload (
           the DAG's drain loop (the merge is measured by bench-merge).
 
 3. with ``--with-merges`` (one plugin, ``--merge-plugin``): the drain loop with its merges, in a
-          child process, twice over the same backlog (two more slots, made before it was
-          written): the batches extracted (``--merge-bound`` changes each), merged into Delta through
+          child process, over the same backlog (more slots, made before it was written; a
+          first round, not reported, warms the server up): the batches extracted (``--merge-bound`` changes each), merged into Delta through
           a warm Spark Connect server (started by the bench, ``local[*]``) and confirmed after their
           Delta commit, one step after another (``overlap=False``) and with the extract of batch N+1
           in a thread while batch N merges (``overlap=True``: the drain's
@@ -118,8 +118,9 @@ def child(dsn: str, plugin: str, staging: str, bound: str) -> None:
     )
 
 
-MERGE_SLOTS = {False: "bench_serial", True: "bench_overlap"}
-"""The slots of the drain with merges, one step after another and overlapped."""
+MERGE_SLOTS = {"warm_up": "bench_warm_up", "serial": "bench_serial", "overlap": "bench_overlap"}
+"""The slots of the drain with merges: a first round that warms the Connect server up (its first
+MERGEs compile; not reported), one step after another, and overlapped."""
 
 
 def create_merge_slots(conn: psycopg.Connection, plugin: str) -> None:
@@ -130,10 +131,10 @@ def create_merge_slots(conn: psycopg.Connection, plugin: str) -> None:
             SlotClient(conn).create(str(upper_slot_name(slot)), plugin, two_phase=True)
 
 
-def merge_drain_in_child(dsn: str, plugin: str, work: Path, bound: int, overlap: bool, url: str) -> dict:
+def merge_drain_in_child(dsn: str, plugin: str, work: Path, bound: int, mode: str, url: str) -> dict:
     out = subprocess.run(
         [sys.executable, "-m", "bench.backlog_bench", "--merge-child", dsn, plugin, str(work), str(bound)]
-        + [str(overlap), url],
+        + [mode, url],
         check=True,
         capture_output=True,
         text=True,
@@ -142,7 +143,7 @@ def merge_drain_in_child(dsn: str, plugin: str, work: Path, bound: int, overlap:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def merge_child(dsn: str, plugin: str, work: str, bound: str, overlap_text: str, url: str) -> None:
+def merge_child(dsn: str, plugin: str, work: str, bound: str, mode: str, url: str) -> None:
     """The drain loop with merges: extract, merge through Connect, confirm after the Delta commit;
     with overlap, the next batch's extract runs in a thread while a batch merges."""
     from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
@@ -154,8 +155,8 @@ def merge_child(dsn: str, plugin: str, work: str, bound: str, overlap_text: str,
     from airflow_provider_pgdecode.spark.session import build_connect_session
     from pgdecode_testing.compare import compare_table
 
-    overlap = overlap_text == "True"
-    slot, staging, delta = MERGE_SLOTS[overlap], Path(work) / "staging", str(Path(work) / "delta")
+    overlap = mode == "overlap"
+    slot, staging, delta = MERGE_SLOTS[mode], Path(work) / "staging", str(Path(work) / "delta")
     bounds = BatchBounds(max_changes=int(bound), max_wal_bytes=None)
     publication = PUBLICATION if plugin == "pgoutput" else None
     spark = build_connect_session(url)
@@ -209,8 +210,8 @@ def merge_child(dsn: str, plugin: str, work: str, bound: str, overlap_text: str,
 
 
 def drain_with_merges(conn: psycopg.Connection, dsn: str, args: argparse.Namespace, ceiling: Lsn, work: Path) -> dict:
-    """The drain with merges, overlapped first (the server warms up on it), then one step after
-    another; each rate as a ratio of the raw decode of the same slot."""
+    """The drain with merges after a warm-up round: one step after another, then overlapped; each
+    rate as a ratio of the raw decode of the same slot."""
     from pgdecode_testing.connect_server import LocalConnectServer
 
     plugin = args.merge_plugin
@@ -218,16 +219,19 @@ def drain_with_merges(conn: psycopg.Connection, dsn: str, args: argparse.Namespa
     started = time.perf_counter()
     rows = conn.execute(
         f"select count(*) from {function}(%s, %s::pg_lsn, NULL, variadic %s::text[])",
-        (MERGE_SLOTS[False], str(ceiling), plugin_options(conn, plugin)),
+        (MERGE_SLOTS["serial"], str(ceiling), plugin_options(conn, plugin)),
     ).fetchone()[0]
     raw_seconds = time.perf_counter() - started
     raw_rate = args.changes / raw_seconds
     report: dict = {"plugin": plugin, "bound": args.merge_bound, "raw_rows": rows, "raw_seconds": round(raw_seconds, 2)}
     print(f"{plugin}: raw decode {rows:,} rows in {raw_seconds:.1f} s ({raw_rate:,.0f} changes/s)", flush=True)
     with LocalConnectServer(master="local[*]", log_path=work / "connect-server.log") as server:
-        for overlap in (True, False):
-            mode = "overlap" if overlap else "serial"
-            result = merge_drain_in_child(dsn, plugin, work / mode, args.merge_bound, overlap, server.url)
+        for mode in MERGE_SLOTS:
+            overlap = mode == "overlap"
+            result = merge_drain_in_child(dsn, plugin, work / mode, args.merge_bound, mode, server.url)
+            if mode == "warm_up":
+                print(f"  warm-up round (not reported): {result['seconds']:.1f} s", flush=True)
+                continue
             rate = result["changes"] / result["seconds"]
             report[mode] = {
                 "seconds": round(result["seconds"], 2),
