@@ -46,7 +46,8 @@ START = "start"
 RESUME = "resume"
 """The slot is where the checkpoint ended: the normal case."""
 SLOT_BEHIND = "slot_behind"
-"""The slot is behind the checkpoint (its last advance did not persist): resume from the checkpoint."""
+"""The slot is behind the checkpoint (a batch staged ahead, or its last advance did not persist): resume from
+the checkpoint."""
 ADOPTED = "adopted"
 """A staged batch's checkpoint was adopted (a confirm advanced the slot but its XCom was lost)."""
 
@@ -170,9 +171,10 @@ def reconcile(
         return Reconciliation(
             previous,
             SLOT_BEHIND,
-            f"Slot {name} is at {confirmed}, behind checkpoint {end} (its last advance did not persist, e.g. "
-            f"a server crash before a checkpoint): resuming from {end}; rows up to it are not staged again "
-            "and the next confirm moves the slot forward",
+            f"Slot {name} is at {confirmed}, behind checkpoint {end} (the batch ending there is staged and not "
+            "confirmed yet, as when the drain extracts a batch ahead while the one before merges; or the slot's "
+            f"last advance did not persist, e.g. a server crash before a checkpoint): resuming from {end}; rows "
+            "up to it are not staged again and the next confirm moves the slot forward",
             end,
         )
 
