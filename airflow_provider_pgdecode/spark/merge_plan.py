@@ -460,10 +460,12 @@ def _against_delta(
     columns: Sequence[str],
     types: Mapping[str, ColumnType],
     renamed: Mapping[str, str],
+    full_rows: bool = True,
 ) -> tuple[tuple[str, ...], dict[str, DataType], tuple[str, ...]]:
     """The columns to add, the columns whose Delta type stays wider and the Delta columns the
     batches do not write, checked against the existing Delta table (key, mode, types); raises
-    :class:`MergeInputError` for what cannot change in place."""
+    :class:`MergeInputError` for what cannot change in place. Without ``full_rows`` (no insert or
+    update staged: deletes carry their key only) no column counts as gone from the source."""
     new_columns: tuple[str, ...] = ()
     widened: dict[str, DataType] = {}
     not_written: tuple[str, ...] = ()
@@ -512,7 +514,10 @@ def _against_delta(
         not_written = tuple(
             f.name
             for f in state.schema.fields
-            if f.name not in types and f.name not in renamed and not f.name.startswith(staged.METADATA_PREFIX)
+            if full_rows
+            and f.name not in types
+            and f.name not in renamed
+            and not f.name.startswith(staged.METADATA_PREFIX)
         )
     return new_columns, widened, not_written
 
@@ -601,8 +606,9 @@ def plan_table(
     )
     formers = {old for names in staged_as.values() for old in names}
     columns = [c for c in columns if c not in formers]  # their values are read as the column's name now
+    full_rows = any(entry.inserts + entry.updates > 0 for _, entry in entries)
     new_columns, widened, not_written = _against_delta(
-        name, path, source, state, mode, append_only, key, columns, types, renamed
+        name, path, source, state, mode, append_only, key, columns, types, renamed, full_rows
     )
 
     if is_multiset:

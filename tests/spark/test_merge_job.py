@@ -399,6 +399,13 @@ def test_schema_evolution_added_and_dropped_columns(spark: Any, tmp_path: Path) 
     assert rows[3] == {"id": 3, "note": "c", "amount": Decimal("3.50"), "status": "paid"}  # last note kept
     assert rows[4] == {"id": 4, "note": None, "amount": Decimal("4.00"), "status": "new"}
 
+    # A batch of deletes only stages the key alone (a DELETE carries its old key): no column is gone.
+    deletes = TableChanges("public", "orders", ORDERS[:1]).delete(500, id=4)
+    summary = merge_batches(spark, [write_batch(tmp_path / "s", SLOT, 410, 510, [deletes])], str(tmp_path / "d"))
+    assert summary["tables"]["public.orders"]["columns_not_written"] == []
+    assert summary["tables"]["public.orders"]["deleted"] == 1
+    assert sorted(r["id"] for r in delta_rows(spark, path, columns)) == [1, 2, 3]
+
 
 def test_replay_and_overlapping_batches_change_nothing(
     spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
