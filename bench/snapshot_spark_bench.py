@@ -25,13 +25,9 @@ import json
 import logging
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,55 +40,13 @@ from airflow_provider_pgdecode.capture.snapshot import (  # noqa: E402
     create_slot_with_snapshot,
     stage_snapshot,
 )
-from airflow_provider_pgdecode.spark.session import build_spark_session, spark_bin, spark_submit_env  # noqa: E402
+from airflow_provider_pgdecode.spark.session import build_spark_session  # noqa: E402
 from bench.snapshot_bench import SERVER_SETTINGS, TABLE, make_table  # noqa: E402
 from pgdecode_testing.postgres_cluster import ThrowawayCluster  # noqa: E402
+from pgdecode_testing.standalone_cluster import standalone_cluster  # noqa: E402
 
 SLOT = "bench_snapshot_spark"
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def standalone_cluster(work: Path, cores: int) -> Iterator[str]:
-    """A master and one worker of ``cores`` cores, started with pip's pyspark ``spark-class``."""
-    env = spark_submit_env(f"spark://{HOST}")
-    env.update({"SPARK_LOG_DIR": str(work / "logs"), "SPARK_LOCAL_IP": HOST, "SPARK_WORKER_DIR": str(work / "w")})
-    port = free_port()
-    spark_class = spark_bin("spark-class")
-    processes: list[subprocess.Popen[bytes]] = []
-    logs = []
-    try:
-        for name, args in (
-            ("master", ["org.apache.spark.deploy.master.Master", "--host", HOST, "--port", str(port)]),
-            (
-                "worker",
-                ["org.apache.spark.deploy.worker.Worker", "--host", HOST, "--cores", str(cores), "--memory", "6g"]
-                + ["--webui-port", str(free_port()), f"spark://{HOST}:{port}"],
-            ),
-        ):
-            log = open(work / f"{name}.log", "wb")  # noqa: SIM115 (closed below)
-            logs.append(log)
-            args += ["--webui-port", str(free_port())] if name == "master" else []
-            processes.append(subprocess.Popen([spark_class, *args], env=env, stdout=log, stderr=subprocess.STDOUT))
-            time.sleep(3 if name == "master" else 0)
-        yield f"spark://{HOST}:{port}"
-    finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        for log in logs:
-            log.close()
 
 
 def session_with_executors(master: str, executors: int) -> Any:
@@ -143,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with (
             ThrowawayCluster(extra_settings=SERVER_SETTINGS) as cluster,
-            standalone_cluster(work, args.worker_cores) as master,
+            standalone_cluster(work, HOST, cores=args.worker_cores, memory="6g") as (master, _ui),
         ):
             cluster.create_database("bench")
             dsn = cluster.dsn("bench")

@@ -7,10 +7,8 @@ import json
 import os
 import socket
 import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator
-from contextlib import ExitStack, closing, contextmanager
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,9 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_pgdecode.spark import merge_job
-from airflow_provider_pgdecode.spark.session import spark_bin, spark_submit_command, spark_submit_env
+from airflow_provider_pgdecode.spark.session import spark_submit_command, spark_submit_env
+from pgdecode_testing.standalone_cluster import master_state
+from pgdecode_testing.standalone_cluster import standalone_cluster as start_cluster
 from tests.conftest import FULL_TESTS
 from tests.spark.staged import Model, TableChanges, write_batch
 
@@ -104,105 +104,10 @@ def test_spark_submit_local_mode_offline_from_ivy_cache(tmp_path: Path, monkeypa
     assert _delta_rows(path) == _expected(first, second) == [{"id": 99, "name": "after truncate"}]
 
 
-def _free_port() -> int:
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _master_state(ui_port: int, host: str = "127.0.0.1") -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://{host}:{ui_port}/json/", timeout=5) as response:
-        return json.loads(response.read())
-
-
-def _wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as error:  # noqa: BLE001 - the master is still starting
-            last_error = error
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what} (last error: {last_error})")
-
-
-@contextmanager
-def _cluster(tmp_path: Path, host: str, workers: int) -> Iterator[tuple[str, int]]:
-    """A Spark standalone master and ``workers`` one-core workers bound to ``host``; stopped afterwards."""
-    env = spark_submit_env(f"spark://{host}")
-    env.update(
-        {
-            "SPARK_LOG_DIR": str(tmp_path / "logs"),
-            "SPARK_WORKER_DIR": str(tmp_path / "work"),
-            "SPARK_LOCAL_DIRS": str(tmp_path / "local"),
-            # The master's and workers' RPC and web UIs listen on ``host`` (not on loopback).
-            "SPARK_LOCAL_IP": host,
-        }
-    )
-    master_port, master_ui = _free_port(), _free_port()
-    spark_class = spark_bin("spark-class")
-    with ExitStack() as stack:
-        processes: list[subprocess.Popen[bytes]] = []
-
-        def start(args: list[str], log_name: str) -> None:
-            log = stack.enter_context(open(tmp_path / log_name, "wb"))
-            processes.append(subprocess.Popen([spark_class, *args], env=env, stdout=log, stderr=subprocess.STDOUT))
-
-        try:
-            start(
-                [
-                    "org.apache.spark.deploy.master.Master",
-                    "--host",
-                    host,
-                    "--port",
-                    str(master_port),
-                    "--webui-port",
-                    str(master_ui),
-                ],
-                "master.log",
-            )
-            master_url = f"spark://{host}:{master_port}"
-            _wait_for(lambda: _master_state(master_ui, host)["status"] == "ALIVE", 60, "the master")
-            for index in range(workers):
-                start(
-                    [
-                        "org.apache.spark.deploy.worker.Worker",
-                        "--host",
-                        host,
-                        "--port",
-                        str(_free_port()),
-                        "--webui-port",
-                        str(_free_port()),
-                        "--cores",
-                        "1",
-                        "--memory",
-                        "1g",
-                        "--work-dir",
-                        str(tmp_path / f"work-{index}"),
-                        master_url,
-                    ],
-                    f"worker-{index}.log",
-                )
-            _wait_for(lambda: _master_state(master_ui, host)["aliveworkers"] == workers, 60, f"{workers} worker(s)")
-            yield master_url, master_ui
-        finally:
-            for process in processes:
-                process.terminate()
-            for process in processes:
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-
-
 @pytest.fixture()
 def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, int]]:
     """A Spark standalone master and two one-core workers on 127.0.0.1; stopped afterwards."""
-    with _cluster(tmp_path, "127.0.0.1", 2) as cluster:
+    with start_cluster(tmp_path, "127.0.0.1", 2) as cluster:
         yield cluster
 
 
@@ -230,7 +135,7 @@ def test_standalone_cluster_with_two_workers(standalone_cluster: tuple[str, int]
     assert table["status"] == "merged" and table["truncated"] is True and table["created"] is True
     assert _delta_rows(os.path.join(root, "sales", "Customer List")) == _expected(first, second)
     # The work ran on the cluster: the application completed there, with executors on both workers.
-    state = _master_state(master_ui)
+    state = master_state(master_ui)
     apps = [app for app in state["completedapps"] if app["name"] == "pgdecode-merge"]
     assert len(apps) == 1 and apps[0]["cores"] == 2, state["completedapps"]
     assert len(state["workers"]) == 2
@@ -279,7 +184,7 @@ def test_standalone_cluster_sharing_no_disk_merges_from_s3_into_delta_on_s3(
     merged = spark.read.format("delta").load(table["delta_path"]).select("id", "name").orderBy("id").collect()
     assert [row.asDict() for row in merged] == _expected(first, second)
     # The work ran on the cluster: the application completed there, with executors on both workers.
-    state = _master_state(master_ui)
+    state = master_state(master_ui)
     apps = [app for app in state["completedapps"] if app["name"] == "pgdecode-merge"]
     assert len(apps) == 1 and apps[0]["cores"] == 2, state["completedapps"]
     assert len(state["workers"]) == 2
@@ -324,7 +229,7 @@ def test_operator_client_mode_driver_advertises_a_non_loopback_address(
     root = str(tmp_path / "delta")
     events = tmp_path / "events"
     events.mkdir()
-    with _cluster(tmp_path, address, 1) as (master_url, master_ui):
+    with start_cluster(tmp_path, address, 1) as (master_url, master_ui):
         host, port = master_url.rsplit(":", 1)
         monkeypatch.setenv(
             "AIRFLOW_CONN_SPARK_LAN",
@@ -357,7 +262,7 @@ def test_operator_client_mode_driver_advertises_a_non_loopback_address(
             asset_alias=None,
         )
         result = operator.execute({})
-        state = _master_state(master_ui, address)
+        state = master_state(master_ui, address)
 
     assert result["summary"]["tables"]["sales.Customer List"]["status"] == "merged"
     assert _delta_rows(os.path.join(root, "sales", "Customer List")) == _expected(first, second)
