@@ -292,19 +292,9 @@ def stage_snapshot(
         _check_spark_copy(connect, store)
     tmp = snapshot_workdir(store, slot_name, snapshot_name)
     tmp.parent.mkdir(parents=True, exist_ok=True)
-    settings = {
-        "format": SNAPSHOT_FORMAT,
-        "slot": slot_name,
-        "plugin": plugin,
-        "snapshot_name": snapshot_name,
-        "consistent_lsn": str(lsn),
-        "chunk_rows": chunk_rows,
-        "chunk_pages": chunk_pages,
-        "replace": replace,
-        "tables": [list(n) for n in names],
-    }
-    if options_by_table:  # staged contents depend on them: a resume must use the same
-        settings["table_options"] = {f"{s}.{t}": o.model_dump() for (s, t), o in sorted(options_by_table.items())}
+    settings = _copy_settings(
+        slot_name, plugin, snapshot_name, lsn, chunk_rows, chunk_pages, replace, names, options_by_table
+    )
 
     def opener() -> Connection:
         return connect() if callable(connect) else _connect(connect)
@@ -349,18 +339,54 @@ def stage_snapshot(
         planner.close()
 
     manifest = _snapshot_manifest(plans, lsn, replace, slot_name, plugin, database, server, loaded)
+    rows = _publish_snapshot(tmp, store, manifest, settings, plans)
+    log.info("Staged the snapshot of %d table(s), %d rows, at %s: %s", len(names), rows, lsn, manifest.path)
+    return manifest
+
+
+def _copy_settings(
+    slot_name: str,
+    plugin: str,
+    snapshot_name: str,
+    lsn: Lsn,
+    chunk_rows: int,
+    chunk_pages: int | None,
+    replace: bool,
+    names: Sequence[tuple[str, str]],
+    options_by_table: Mapping[tuple[str, str], Any],
+) -> dict[str, Any]:
+    """What a copy is made with, kept beside its progress: a call again resumes only with the same."""
+    settings: dict[str, Any] = {
+        "format": SNAPSHOT_FORMAT,
+        "slot": slot_name,
+        "plugin": plugin,
+        "snapshot_name": snapshot_name,
+        "consistent_lsn": str(lsn),
+        "chunk_rows": chunk_rows,
+        "chunk_pages": chunk_pages,
+        "replace": replace,
+        "tables": [list(n) for n in names],
+    }
+    if options_by_table:  # staged contents depend on them: a resume must use the same
+        settings["table_options"] = {f"{s}.{t}": o.model_dump() for (s, t), o in sorted(options_by_table.items())}
+    return settings
+
+
+def _publish_snapshot(
+    tmp: Path, store: Storage, manifest: BatchManifest, settings: Mapping[str, Any], plans: Sequence[_TablePlan]
+) -> int:
+    """Write the copy's info and manifest into its work directory and publish it as the batch
+    ``<slot>/<0>-<lsn>`` (``manifest.path`` set); the rows copied."""
     info = _snapshot_info(settings, plans)
     (tmp / SNAPSHOT_INFO_NAME).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (tmp / PROGRESS_NAME).unlink()
     manifest.write(tmp)
     placed = [f"{plan.relpath}/{name}" for plan in plans for name in plan.placed_files()]
-    manifest.path = publish_batch(
-        tmp, store, f"{slot_name}/{batch_dir_name(SNAPSHOT_START_LSN, lsn)}", manifest, placed=placed
-    )
+    batch = batch_dir_name(SNAPSHOT_START_LSN, Lsn.parse(str(settings["consistent_lsn"])))
+    manifest.path = publish_batch(tmp, store, f"{settings['slot']}/{batch}", manifest, placed=placed)
     if not store.is_local:
         shutil.rmtree(tmp, ignore_errors=True)  # the local copy of an uploaded batch
-    log.info("Staged the snapshot of %d table(s), %d rows, at %s: %s", len(names), info["rows"], lsn, manifest.path)
-    return manifest
+    return int(info["rows"])
 
 
 def _check_spark_copy(connect: str | Callable[[], Connection], store: Storage) -> None:
