@@ -111,8 +111,8 @@ from airflow_provider_pgdecode.spark.write_strategies import (
     append_inserts,
     append_only_write,
     append_rows,
-    appends_inserts,
     history_write,
+    inserts_only,
     multiset_write,
     run_merge,
     soft_delete_write,
@@ -479,7 +479,7 @@ def write_table(
             history_write(spark, plan, events, profile, slot, options)
         elif plan.mode == SOFT_DELETE:
             soft_delete_write(spark, plan, events, profile, slot, options)
-        elif appends_inserts(plan, profile, result.created, chunked):
+        elif result.created and inserts_only(profile) and not chunked:
             append_inserts(spark, plan, events, profile, slot)
         elif plan.multiset and not snapshot_chunks_of(plan):
             counts = multiset_write(spark, plan, events, profile, slot)

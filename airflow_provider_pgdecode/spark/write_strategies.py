@@ -31,7 +31,6 @@ from airflow_provider_pgdecode.spark.delta_state import app_id
 from airflow_provider_pgdecode.spark.history import HISTORY, SOFT_DELETE
 from airflow_provider_pgdecode.spark.merge_plan import METADATA_COLUMNS, MergeOptions, Profile, TablePlan, quote
 from airflow_provider_pgdecode.spark.merge_sql import execute_merge, insert_clause, merge_condition, set_clause
-from airflow_provider_pgdecode.spark.profiling import snapshot_chunks_of
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -204,21 +203,9 @@ def inserts_only(profile: Profile) -> bool:
     return profile.updates == 0 and profile.deletes == 0 and not profile.keep_columns
 
 
-def appends_inserts(plan: TablePlan, profile: Profile, created: bool, chunked: bool) -> bool:
-    """Whether the run's changes of a table are appended (:func:`append_inserts`) instead of merged: inserts only (:func:`inserts_only`), no snapshot chunk in the run (chunk rows are
-    upserts), and the table created by this run or no TRUNCATE among the changes (a TRUNCATE must
-    remove what Delta held). PostgreSQL refuses a second insert of a key without a delete between,
-    and the deletes of earlier runs are applied, so none of these keys is in Delta: a MERGE would
-    find nothing to match, at the cost of its join and its extra Spark jobs per table (a keyless
-    table's insert adds a copy, as the append does)."""
-    if not inserts_only(profile) or chunked or snapshot_chunks_of(plan):
-        return False
-    return created or profile.truncate_at is None
-
-
 def append_inserts(spark: SparkSession, plan: TablePlan, events: DataFrame, profile: Profile, slot: str) -> None:
-    """An inserts-only run (:func:`appends_inserts`) is appended, not merged: no collapse, no join.
-    One Delta commit holding the watermark, as the MERGE's does."""
+    """Into a table this run created (empty), an inserts-only batch is appended, not merged: no
+    collapse, no join. One Delta commit holding the watermark, as the MERGE's does."""
     rows = events.where(F.col(OP) == "I")
     if profile.truncate_at is not None:
         rows = rows.where(collapse.after(*profile.truncate_at))

@@ -529,33 +529,6 @@ def test_inserts_only_into_a_new_table_are_appended_in_one_commit(spark: Any, tm
     )
 
 
-def test_inserts_only_into_an_existing_table_are_appended_and_a_truncate_merges(spark: Any, tmp_path: Path) -> None:
-    """A later run of inserts only (a deleted key among them, inserted again) into an existing
-    table: appended in one commit with the watermark, replayed as skipped; a run whose inserts
-    follow a TRUNCATE merges, so that the rows from before the TRUNCATE go."""
-    root, path = str(tmp_path / "d"), str(tmp_path / "d" / "public" / "orders")
-    first = TableChanges("public", "orders", ORDERS).insert(100, id=1, note="a", amount="1.00")
-    first.insert(100, id=2, note="b", amount="2.00").update(100, id=1, note="a2", amount="1.50").delete(100, id=2)
-    merge_batches(spark, [write_batch(tmp_path / "s", SLOT, 90, 110, [first])], root)
-    inserts = TableChanges("public", "orders", ORDERS).insert(200, id=2, note="b again", amount="2.50")
-    inserts.insert(210, id=3, note="c", amount="3.00")
-    batch = write_batch(tmp_path / "s", SLOT, 110, 220, [inserts])
-    result = merge_batches(spark, [batch], root)["tables"]["public.orders"]
-    assert (result["status"], result["inserted"], result["watermark_lsn"]) == ("merged", 2, "0/DC")
-    assert [op for _, op in history(spark, path)][:2] == ["WRITE", "MERGE"]
-    assert delta_rows(spark, path, ["id", "note", "amount", "_pg_commit_lsn"]) == orders_state(
-        Model().apply(first, inserts)
-    )
-    assert merge_batches(spark, [batch], root)["tables"]["public.orders"]["status"] == "skipped"
-    assert [op for _, op in history(spark, path)][:2] == ["WRITE", "MERGE"]
-    truncated = TableChanges("public", "orders", ORDERS).truncate(300).insert(310, id=9, note="z", amount="9.00")
-    merge_batches(spark, [write_batch(tmp_path / "s", SLOT, 220, 320, [truncated])], root)
-    assert [op for _, op in history(spark, path)][0] == "MERGE"
-    assert delta_rows(spark, path, ["id", "note", "amount", "_pg_commit_lsn"]) == orders_state(
-        Model().apply(first, inserts, truncated)
-    )
-
-
 # -- bad input: a clear error, and Delta unchanged ---------------------------------------------
 
 
