@@ -1,7 +1,7 @@
 """Scale benchmark: how a cycle's cost grows with the number of tables its changes touch (issue 39).
 
     .venv/bin/python -m bench.scale_bench [--tables 1,10,50,200] [--changes 1000] [--kind updates]
-        [--table-workers 1,4]
+        [--table-workers 1,4] [--light-write-max-bytes 0,67108864]
     .venv/bin/python -m bench.scale_bench --smoke      # 1 and 5 tables, 100 changes
 
 One run, one throwaway PostgreSQL cluster, one warm Spark Connect server (``local[*]``, started by
@@ -14,12 +14,14 @@ the bench, as a deployment that merges through Connect has one):
 2. The timed cycle: ``--changes`` changes spread round-robin over the N tables, in transactions
    of ten (``updates`` of existing rows, the default, or ``inserts`` of new keys), then
    ``extract_batch`` and ``merge_batches`` (one session of the server; ``--table-workers`` K: the
-   tables merged K at a time, each in a session of its own) timed apart. Several K are measured
-   one after the other for each N (each on fresh tables), so their ratios come from one run.
+   tables merged K at a time, each in a session of its own; ``--light-write-max-bytes`` 0: every
+   table through Delta's MERGE, else small tables committed by delta-rs, ``spark/light_write.py``)
+   timed apart. Several values of each are measured one after the other for each N (each on
+   fresh tables), so their ratios come from one run.
 3. Every table compared with PostgreSQL (``pgdecode_testing.compare``), not timed.
 
-Prints per N (and K) the extract and merge seconds and the ratio of the cycle to the first N and
-K (the issue's aim: at most 3x at 50 tables, 200 tables merged in under 2 minutes), with the load
+Prints per N (and variant) the extract and merge seconds and the ratio of the cycle to the first
+row (the issue's aim: at most 3x at 50 tables, 200 tables merged in under 2 minutes), with the load
 average, and writes them to bench/results/scale_bench.json.
 """
 
@@ -40,6 +42,7 @@ from airflow_provider_pgdecode.batch.checkpoint import Checkpoint  # noqa: E402
 from airflow_provider_pgdecode.capture.extract import extract_batch  # noqa: E402
 from airflow_provider_pgdecode.capture.snapshot import create_slot_with_snapshot, stage_snapshot  # noqa: E402
 from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches  # noqa: E402
+from airflow_provider_pgdecode.spark.merge_plan import DEFAULT_LIGHT_WRITE_MAX_BYTES  # noqa: E402
 from airflow_provider_pgdecode.spark.session import build_connect_session  # noqa: E402
 from pgdecode_testing.compare import compare_table  # noqa: E402
 from pgdecode_testing.connect_server import LocalConnectServer  # noqa: E402
@@ -127,10 +130,18 @@ def main(argv: list[str] | None = None) -> int:
         help="tables merged side by side (MergeOptions.table_workers); several, comma-separated, are measured "
         "one after the other for each table count, in one run",
     )
+    parser.add_argument(
+        "--light-write-max-bytes",
+        default=str(DEFAULT_LIGHT_WRITE_MAX_BYTES),
+        help="MergeOptions.light_write_max_bytes (0: every table through Delta's MERGE); several, "
+        "comma-separated, are measured one after the other for each table count, in one run",
+    )
     parser.add_argument("--smoke", action="store_true", help="1 and 5 tables, 100 changes")
     args = parser.parse_args(argv)
     counts = [1, 5] if args.smoke else [int(n) for n in args.tables.split(",")]
-    workers = [int(n) for n in str(args.table_workers).split(",")]
+    variants = [
+        (int(k), int(b)) for k in str(args.table_workers).split(",") for b in str(args.light_write_max_bytes).split(",")
+    ]
     changes = 100 if args.smoke else args.changes
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="pgdecode-scale-") as tmp, ThrowawayCluster() as cluster:
@@ -139,20 +150,20 @@ def main(argv: list[str] | None = None) -> int:
             spark = build_connect_session(server.url)
             one_count(cluster, spark, work, 1, 100, args.kind, label="warm_up_")  # the server's first MERGE: JIT
             for count in counts:
-                for k in workers:
-                    options = MergeOptions(table_workers=k)
-                    row = one_count(cluster, spark, work, count, changes, args.kind, label=f"w{k}_", options=options)
+                for k, light in variants:
+                    options = MergeOptions(table_workers=k, light_write_max_bytes=light)
+                    label = f"w{k}_l{int(light > 0)}_"
+                    row = one_count(cluster, spark, work, count, changes, args.kind, label=label, options=options)
                     row["table_workers"] = k
-                    first = next(
-                        r for r in [*rows, row] if r["table_workers"] == workers[0] and r["tables"] == counts[0]
-                    )
+                    row["light_write_max_bytes"] = light
+                    first = rows[0] if rows else row
                     row["ratio_to_first"] = round(row["cycle_seconds"] / max(first["cycle_seconds"], 1e-9), 2)
                     rows.append(row)
                     print(
-                        f"{count:4d} tables, {k} worker(s): {row['changes']} changes, extract "
-                        f"{row['extract_seconds']:6.2f} s, merge {row['merge_seconds']:7.2f} s, cycle "
-                        f"{row['cycle_seconds']:7.2f} s = {row['ratio_to_first']:.2f}x {counts[0]} table(s), "
-                        f"{workers[0]} worker(s)"
+                        f"{count:4d} tables, {k} worker(s), light write {'on' if light else 'off'}: "
+                        f"{row['changes']} changes, extract {row['extract_seconds']:6.2f} s, merge "
+                        f"{row['merge_seconds']:7.2f} s, cycle {row['cycle_seconds']:7.2f} s = "
+                        f"{row['ratio_to_first']:.2f}x the first row"
                         f"{'; UNEQUAL: ' + ', '.join(row['unequal_tables']) if row['unequal_tables'] else ''}",
                         flush=True,
                     )

@@ -106,6 +106,22 @@ class ObjectStoreSettings:
             options["force_virtual_addressing"] = False
         return pafs.S3FileSystem(**options)
 
+    def delta_rs_options(self) -> dict[str, str]:
+        """delta-rs ``storage_options`` for these settings, the credentials included (never logged).
+        Its commits write the log file without a lock service (``AWS_S3_ALLOW_UNSAFE_RENAME``):
+        one writer per table at a time, what Delta's own S3 log store assumes too."""
+        options = {"AWS_REGION": self.region or "us-east-1", "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}
+        if self.endpoint_url:
+            options["AWS_ENDPOINT_URL"] = self.endpoint_url
+            options["AWS_ALLOW_HTTP"] = str(self.endpoint_url.startswith("http:")).lower()
+            options["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = "false"
+        if self.access_key:
+            options["AWS_ACCESS_KEY_ID"] = self.access_key
+            options["AWS_SECRET_ACCESS_KEY"] = self.secret_key or ""
+            if self.session_token:
+                options["AWS_SESSION_TOKEN"] = self.session_token
+        return options
+
     def hadoop_conf(self) -> dict[str, str]:
         """Hadoop S3A settings (``fs.s3a.*``) for Spark, the credentials included: set them on the
         running session's Hadoop configuration, never as ``--conf`` (a command line) or SparkConf

@@ -68,6 +68,7 @@ from airflow_provider_pgdecode.spark.history import HISTORY, SOFT_DELETE
 from airflow_provider_pgdecode.spark.memory_budget import check_fits, server_memory
 from airflow_provider_pgdecode.spark.merge_plan import (
     DEFAULT_CODEGEN_MIN_CHANGES,
+    DEFAULT_LIGHT_WRITE_MAX_BYTES,
     DEFAULT_TABLE_PROPERTIES,
     MergeOptions,
     Profile,
@@ -150,10 +151,11 @@ def _last_commit(spark: SparkSession, path: str) -> tuple[int, dict[str, int]]:
         return version, {"inserted": int(metrics.get("numOutputRows", 0)), "updated": 0, "deleted": 0}
     if operation != "MERGE":
         return version, {}
+    # Delta's names, or delta-rs's (spark/light_write.py) for the same counts.
     return version, {
-        "inserted": int(metrics.get("numTargetRowsInserted", 0)),
-        "updated": int(metrics.get("numTargetRowsUpdated", 0)),
-        "deleted": int(metrics.get("numTargetRowsDeleted", 0)),
+        "inserted": int(metrics.get("numTargetRowsInserted", metrics.get("num_target_rows_inserted", 0))),
+        "updated": int(metrics.get("numTargetRowsUpdated", metrics.get("num_target_rows_updated", 0))),
+        "deleted": int(metrics.get("numTargetRowsDeleted", metrics.get("num_target_rows_deleted", 0))),
     }
 
 
@@ -708,6 +710,15 @@ def build_argument_parser() -> argparse.ArgumentParser:
         f"generated code (default {DEFAULT_CODEGEN_MIN_CHANGES}; 0: always compile)",
     )
     parser.add_argument(
+        "--light-write-max-bytes",
+        type=int,
+        default=DEFAULT_LIGHT_WRITE_MAX_BYTES,
+        metavar="BYTES",
+        help="runs with fewer than --codegen-min-changes changes into an existing merge table of at most BYTES "
+        f"of data files are committed by delta-rs, not Delta's MERGE (default {DEFAULT_LIGHT_WRITE_MAX_BYTES}; "
+        "0: always Delta's MERGE)",
+    )
+    parser.add_argument(
         "--no-park",
         action="store_true",
         help="a table whose Delta table cannot be read or written, or whose changes are refused, stops the run "
@@ -786,6 +797,7 @@ def options_from_args(args: argparse.Namespace) -> MergeOptions:
         numeric_special=args.numeric_special,
         key_range_pruning=not args.no_key_range_pruning,
         codegen_min_changes=args.codegen_min_changes,
+        light_write_max_bytes=args.light_write_max_bytes,
         park=not args.no_park,
         park_refused=not args.no_park,  # the merge task keeps parked tables' places (batch/parking.py)
         parked=tuple(args.parked_table),

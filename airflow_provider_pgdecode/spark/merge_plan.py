@@ -109,6 +109,7 @@ TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 MAX_KEY_RANGES = 16
 DEFAULT_CODEGEN_MIN_CHANGES = 100_000
+DEFAULT_LIGHT_WRITE_MAX_BYTES = 64 * 1024 * 1024
 HAS_OLD = "__has_old"  # staged events: the change carries an old image (_pg_old)
 SPECIAL_KEY = "__special_key"  # staged events: a numeric key (new or old) is NaN or ±Infinity
 KEY_BUCKETS = 4096
@@ -131,6 +132,9 @@ class MergeOptions:
     codegen_min_changes: int = DEFAULT_CODEGEN_MIN_CHANGES
     """Runs with fewer staged changes evaluate Spark expressions interpreted (:func:`small_run_settings`);
     0: always compile."""
+    light_write_max_bytes: int = DEFAULT_LIGHT_WRITE_MAX_BYTES
+    """A run of fewer than ``codegen_min_changes`` changes into an existing ``merge`` table of at most
+    this many bytes of data files is committed by delta-rs (:mod:`.light_write`); 0: always Delta's MERGE."""
     snapshot_commit: bool = True
     """Into a Delta table this run creates, commit a snapshot batch's parts as they are staged
     (:mod:`.delta_commit`) instead of reading and appending them through Spark."""

@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame
@@ -271,12 +272,43 @@ def transaction_id(spark: SparkSession, slot: str, version: int) -> Iterator[Non
         spark.conf.unset(TXN_VERSION_CONF)
 
 
-def set_clause(assignments: Mapping[str, str]) -> str:
-    return ", ".join(f"t.{name} = {value}" for name, value in assignments.items())
+MATCHED = "MATCHED"
+NOT_MATCHED = "NOT MATCHED"
+NOT_MATCHED_BY_SOURCE = "NOT MATCHED BY SOURCE"
 
 
-def insert_clause(values: Mapping[str, str]) -> str:
-    return f"INSERT ({', '.join(values)}) VALUES ({', '.join(values.values())})"
+@dataclass(frozen=True)
+class Clause:
+    """One ``WHEN`` clause of a MERGE: ``WHEN <when> [AND <condition>] THEN <action>``, ``values``
+    being the columns an UPDATE sets or an INSERT fills (quoted name -> expression over ``t``/``s``).
+
+    One definition for both writers: :meth:`sql` for Delta's own MERGE, and the delta-rs builder
+    calls of :mod:`.light_write`, whose expression parser reads the same backquoted names."""
+
+    when: str
+    action: str  # DELETE, UPDATE or INSERT
+    condition: str | None = None
+    values: Mapping[str, str] = field(default_factory=dict)
+
+    def sql(self) -> str:
+        head = f"WHEN {self.when}" + (f" AND {self.condition}" if self.condition else "") + " THEN "
+        if self.action == "DELETE":
+            return head + "DELETE"
+        if self.action == "UPDATE":
+            return head + "UPDATE SET " + ", ".join(f"t.{name} = {value}" for name, value in self.values.items())
+        return head + f"INSERT ({', '.join(self.values)}) VALUES ({', '.join(self.values.values())})"
+
+
+def delete(when: str, condition: str | None = None) -> Clause:
+    return Clause(when, "DELETE", condition)
+
+
+def update(when: str, condition: str | None, assignments: Mapping[str, str]) -> Clause:
+    return Clause(when, "UPDATE", condition, dict(assignments))
+
+
+def insert(condition: str | None, values: Mapping[str, str]) -> Clause:
+    return Clause(NOT_MATCHED, "INSERT", condition, dict(values))
 
 
 def execute_merge(
@@ -284,7 +316,7 @@ def execute_merge(
     path: str,
     source: DataFrame,
     condition: str,
-    clauses: Sequence[str],
+    clauses: Sequence[Clause],
     slot: str,
     version: int,
 ) -> None:
@@ -297,6 +329,9 @@ def execute_merge(
     source.createOrReplaceTempView(view)
     try:
         with transaction_id(spark, slot, version):
-            spark.sql(f"MERGE INTO {delta_ref(path)} AS t USING {view} AS s ON {condition} " + " ".join(clauses))
+            spark.sql(
+                f"MERGE INTO {delta_ref(path)} AS t USING {view} AS s ON {condition} "
+                + " ".join(clause.sql() for clause in clauses)
+            )
     finally:
         spark.catalog.dropTempView(view)

@@ -29,8 +29,17 @@ from airflow_provider_pgdecode.spark import collapse, history, multiset
 from airflow_provider_pgdecode.spark.collapse import KIND, OP, CollapseInput, col, old_key_name
 from airflow_provider_pgdecode.spark.delta_state import app_id
 from airflow_provider_pgdecode.spark.history import HISTORY, SOFT_DELETE
+from airflow_provider_pgdecode.spark.light_write import light_merge
 from airflow_provider_pgdecode.spark.merge_plan import METADATA_COLUMNS, MergeOptions, Profile, TablePlan, quote
-from airflow_provider_pgdecode.spark.merge_sql import execute_merge, insert_clause, merge_condition, set_clause
+from airflow_provider_pgdecode.spark.merge_sql import (
+    MATCHED,
+    NOT_MATCHED_BY_SOURCE,
+    delete,
+    execute_merge,
+    insert,
+    merge_condition,
+    update,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -88,9 +97,9 @@ def run_merge(
         known = f"s.{history.KNOWN}"
         removed = {quote(DELETED): "true", **{quote(c): f"s.{quote(c)}" for c in METADATA_COLUMNS}}
         clauses = [
-            f"WHEN MATCHED AND {known} AND {newer} THEN UPDATE SET {set_clause(update_set)}",
-            f"WHEN MATCHED AND NOT t.{quote(DELETED)} AND {newer} THEN UPDATE SET {set_clause(removed)}",
-            f"WHEN NOT MATCHED AND {known} THEN {insert_clause(insert_values)}",
+            update(MATCHED, f"{known} AND {newer}", update_set),
+            update(MATCHED, f"NOT t.{quote(DELETED)} AND {newer}", removed),
+            insert(known, insert_values),
         ]
         if profile.truncations:
             first = profile.truncations[0]
@@ -101,17 +110,18 @@ def run_merge(
                 quote(XID): "CAST(NULL AS bigint)" if first.xid is None else str(first.xid),
             }
             clauses.append(
-                f"WHEN NOT MATCHED BY SOURCE AND NOT t.{quote(DELETED)} AND t.{COMMIT_LSN} < {first.lsn} "
-                f"THEN UPDATE SET {set_clause(tombstone)}"
+                update(NOT_MATCHED_BY_SOURCE, f"NOT t.{quote(DELETED)} AND t.{COMMIT_LSN} < {first.lsn}", tombstone)
             )
     else:
         clauses = [
-            f"WHEN MATCHED AND s.{KIND} = 'D' AND {newer} THEN DELETE",
-            f"WHEN MATCHED AND s.{KIND} = 'U' AND {newer} THEN UPDATE SET {set_clause(update_set)}",
-            f"WHEN NOT MATCHED AND s.{KIND} = 'U' THEN {insert_clause(insert_values)}",
+            delete(MATCHED, f"s.{KIND} = 'D' AND {newer}"),
+            update(MATCHED, f"s.{KIND} = 'U' AND {newer}", update_set),
+            insert(f"s.{KIND} = 'U'", insert_values),
         ]
         if profile.truncate_at is not None:
-            clauses.append(f"WHEN NOT MATCHED BY SOURCE AND t.{COMMIT_LSN} < {profile.truncate_at[0]} THEN DELETE")
+            clauses.append(delete(NOT_MATCHED_BY_SOURCE, f"t.{COMMIT_LSN} < {profile.truncate_at[0]}"))
+        if light_merge(plan, profile, source, clauses, slot, options):
+            return
     execute_merge(spark, plan.path, source, merge_condition(plan, ranges), clauses, slot, plan.watermark_after)
 
 
@@ -168,16 +178,13 @@ def history_write(
         quote(CURRENT): "false",
     }
     clauses = [
-        f"WHEN MATCHED AND t.{COMMIT_LSN} < s.{quote(VALID_TO_LSN)} THEN UPDATE SET {set_clause(ended)}",
-        f"WHEN NOT MATCHED AND s.{history.ACTION} = '{history.VERSION}' THEN {insert_clause(values)}",
+        update(MATCHED, f"t.{COMMIT_LSN} < s.{quote(VALID_TO_LSN)}", ended),
+        insert(f"s.{history.ACTION} = '{history.VERSION}'", values),
     ]
     if profile.truncations:
         first = profile.truncations[0]
         cut = {quote(VALID_TO_LSN): str(first.lsn), quote(VALID_TO): first.time_sql(), quote(CURRENT): "false"}
-        clauses.append(
-            f"WHEN NOT MATCHED BY SOURCE AND t.{quote(CURRENT)} AND t.{COMMIT_LSN} < {first.lsn} "
-            f"THEN UPDATE SET {set_clause(cut)}"
-        )
+        clauses.append(update(NOT_MATCHED_BY_SOURCE, f"t.{quote(CURRENT)} AND t.{COMMIT_LSN} < {first.lsn}", cut))
     condition = f"s.{history.ACTION} = '{history.CLOSE}' AND t.{quote(CURRENT)} AND {merge_condition(plan, ranges)}"
     execute_merge(spark, plan.path, source, condition, clauses, slot, plan.watermark_after)
 
@@ -226,8 +233,8 @@ def append_only_write(spark: SparkSession, plan: TablePlan, events: DataFrame, p
         return
     values = {quote(c): f"s.{quote(c)}" for c in (*plan.columns, *METADATA_COLUMNS)}
     clauses = [
-        f"WHEN NOT MATCHED THEN {insert_clause(values)}",
-        f"WHEN NOT MATCHED BY SOURCE AND t.{COMMIT_LSN} < {profile.truncate_at[0]} THEN DELETE",
+        insert(None, values),
+        delete(NOT_MATCHED_BY_SOURCE, f"t.{COMMIT_LSN} < {profile.truncate_at[0]}"),
     ]
     execute_merge(spark, plan.path, rows, "false", clauses, slot, plan.watermark_after)
 
@@ -265,10 +272,10 @@ def multiset_write(
     source = multiset.merge_rows(net, counted, columns, METADATA_COLUMNS)
     values = {quote(c): f"s.{quote(c)}" for c in (*columns, *METADATA_COLUMNS)}
     clauses = [
-        "WHEN MATCHED THEN DELETE",
-        f"WHEN NOT MATCHED AND s.{multiset.ACTION} = '{multiset.INSERT}' THEN {insert_clause(values)}",
+        delete(MATCHED),
+        insert(f"s.{multiset.ACTION} = '{multiset.INSERT}'", values),
     ]
     if profile.truncate_at is not None:
-        clauses.append(f"WHEN NOT MATCHED BY SOURCE AND t.{COMMIT_LSN} < {profile.truncate_at[0]} THEN DELETE")
+        clauses.append(delete(NOT_MATCHED_BY_SOURCE, f"t.{COMMIT_LSN} < {profile.truncate_at[0]}"))
     execute_merge(spark, plan.path, source, multiset.merge_condition(columns), clauses, slot, plan.watermark_after)
     return {"inserted": added, "updated": 0, "deleted": removed}

@@ -18,7 +18,8 @@ import pytest
 
 from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, Storage
 from airflow_provider_pgdecode.errors import BatchError
-from airflow_provider_pgdecode.spark.merge_job import merge_batches
+from airflow_provider_pgdecode.spark.delta_state import app_id, read_delta_state
+from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches
 from pgdecode_testing.s3_server import ACCESS_KEY, REGION, SECRET_KEY, LocalS3Server
 from tests.spark.staged import UNCHANGED, Model, TableChanges, write_batch
 
@@ -104,6 +105,27 @@ def test_batches_on_s3_merge_into_delta_on_s3_as_they_do_locally(
     again = merge_batches(spark, remote, f"{s3_bucket}/delta")
     assert {t["status"] for t in again["tables"].values()} == {"skipped"}
     assert delta_rows(spark, orders) == delta_rows(spark, str(tmp_path / "delta" / "public" / "orders"))
+
+
+def test_a_small_run_on_s3_is_committed_by_delta_rs_as_deltas_merge_would(
+    spark: Any, tmp_path: Path, s3_bucket: str, s3_env: ObjectStoreSettings
+) -> None:
+    local, changes = batches(tmp_path / "staging")
+    remote = [upload(batch, s3_bucket, s3_env) for batch in local]
+    delta_only = MergeOptions(light_write_max_bytes=0)
+    local_summaries = [merge_batches(spark, [batch], str(tmp_path / "delta"), delta_only) for batch in local]
+    summaries = [merge_batches(spark, [batch], f"{s3_bucket}/delta") for batch in remote]
+
+    assert [comparable(s) for s in summaries] == [comparable(s) for s in local_summaries]
+    orders = summaries[1]["tables"]["public.orders"]
+    assert orders["status"] == "merged" and orders["truncated"] is True
+    assert delta_rows(spark, orders["delta_path"]) == delta_rows(spark, str(tmp_path / "delta" / "public" / "orders"))
+    # The second run (a key change and a TRUNCATE into the existing table) was delta-rs's commit,
+    # on the store, with the watermark Delta's readers see.
+    log = Storage(f"{s3_bucket}/delta/public/orders/_delta_log", s3_env)
+    newest = max(name for name in log.walk_files() if name.endswith(".json"))
+    assert '"engineInfo":"delta-rs' in log.read_text(newest)
+    assert read_delta_state(spark, orders["delta_path"], app_id(SLOT)).watermark == 510
 
 
 def test_a_manifest_naming_a_missing_object_fails_and_writes_nothing(

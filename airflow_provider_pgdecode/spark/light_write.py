@@ -1,0 +1,197 @@
+"""The light write: a small run's MERGE into a small Delta table, committed by delta-rs.
+
+Delta's own MERGE pays a fixed cost per table, whatever the rows: planning, a snapshot of the
+table, and about ten small Spark jobs (about 1.5 s on a warm two-core server). A cycle that
+touches many small tables pays it once per table, one after another. For a run of few changes
+into a table of few bytes, the merge job instead collects the MERGE source Spark computed (one row
+per key, :func:`~airflow_provider_pgdecode.spark.merge_sql.merge_source`) and hands it, with the
+very same ON condition and ``WHEN`` clauses (:class:`~airflow_provider_pgdecode.spark.merge_sql.Clause`),
+to delta-rs's MERGE, which runs in this process in milliseconds.
+
+What stays as with Delta's MERGE:
+
+* one commit, holding the ``txn`` action (app id of the slot, version = the batch's end LSN)
+  that keeps the watermark; a version at or below the recorded one is not written again, as
+  Delta's idempotent write skips it;
+* column mapping: delta-rs writes files by the columns' physical names, with statistics;
+* deletion vectors already in the table are applied when delta-rs reads it; delta-rs rewrites
+  the files it changes instead of adding deletion vectors (cheap at this size), so what it
+  writes is readable by every Delta reader.
+
+The path is taken only when every condition of :func:`light_write_refusal` holds; otherwise the
+table is merged by Delta as before. Which path ran is logged per table.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_pgdecode.batch.format import is_local_path, local_path
+from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, is_object_store
+from airflow_provider_pgdecode.spark.delta_state import app_id
+from airflow_provider_pgdecode.spark.merge_sql import (
+    MATCHED,
+    NOT_MATCHED,
+    NOT_MATCHED_BY_SOURCE,
+    Clause,
+    merge_condition,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from airflow_provider_pgdecode.spark.merge_plan import MergeOptions, Profile, TablePlan
+
+log = logging.getLogger("airflow_provider_pgdecode.spark.merge")
+
+#: Table features of a table delta-rs merges into correctly: it reads deletion vectors and writes
+#: column-mapped files, and none of the others asks anything of a rewritten file. Any other
+#: feature (type widening, row tracking, change data feed, v2 checkpoints, ...) keeps the table on
+#: Delta's MERGE.
+LIGHT_FEATURES = frozenset({"appendOnly", "invariants", "columnMapping", "deletionVectors", "timestampNtz"})
+#: Key types whose equality delta-rs and Spark agree on (floating point ``NaN`` keys do not).
+_EXACT_KEY_TYPES = ("bigint", "int", "smallint", "tinyint", "string", "date", "timestamp", "timestamp_ntz", "binary")
+
+
+def light_write_refusal(plan: TablePlan, profile: Profile, options: MergeOptions) -> str | None:
+    """Why this run of ``plan`` is not written by delta-rs (``None``: it may be, once the table's
+    size and features pass :func:`table_refusal`). Pure: the plan, the profile and the options."""
+    if options.light_write_max_bytes <= 0:
+        return "the light write is off (--light-write-max-bytes 0)"
+    if plan.mode != "merge" or plan.multiset or plan.append_only:
+        return f"load mode {plan.mode}{' (keyless)' if plan.multiset else ''}"
+    if not plan.state.exists:
+        return "the table is created by this run"
+    if profile.changes >= options.codegen_min_changes:
+        return f"{profile.changes} changes (at least --codegen-min-changes {options.codegen_min_changes})"
+    if not is_local_path(plan.path) and not is_object_store(plan.path):
+        return "neither on a local filesystem nor on s3://"
+    key_types = [plan.types[k].delta_type.simpleString() if k in plan.types else "" for k in plan.key]
+    inexact = [
+        k for k, t in zip(plan.key, key_types, strict=True) if t not in _EXACT_KEY_TYPES and not t.startswith("decimal")
+    ]
+    if inexact:
+        return f"key column(s) {inexact} of a type compared differently outside Spark"
+    try:
+        import deltalake  # noqa: F401
+    except ImportError:
+        return "the deltalake package is not installed here"
+    return None
+
+
+def table_refusal(table: Any, max_bytes: int) -> str | None:
+    """Why the delta-rs ``table`` is not written by delta-rs: a table feature outside
+    :data:`LIGHT_FEATURES`, or more than ``max_bytes`` of data files (``None``: it may be)."""
+    protocol = table.protocol()
+    features = set(protocol.writer_features or ()) | set(protocol.reader_features or ())
+    if protocol.min_writer_version < 7 and protocol.min_writer_version > 2:
+        # Legacy protocol versions 3-6 imply features (check constraints, change data feed,
+        # generated columns, identity columns) named nowhere: Delta's MERGE knows them.
+        return f"Delta writer version {protocol.min_writer_version}"
+    unknown = sorted(features - LIGHT_FEATURES)
+    if unknown:
+        return f"table feature(s) {unknown}"
+    files = table.get_add_actions(flatten=True)
+    size = sum(files.column("size_bytes").to_pylist()) if files.num_rows else 0
+    if size > max_bytes:
+        return f"{size} bytes of data files (above --light-write-max-bytes {max_bytes})"
+    return None
+
+
+def light_merge(
+    plan: TablePlan,
+    profile: Profile,
+    source: DataFrame,
+    clauses: Sequence[Clause],
+    slot: str,
+    options: MergeOptions,
+) -> bool:
+    """Merge ``source`` into ``plan``'s table through delta-rs when :func:`light_write_refusal` and
+    :func:`table_refusal` let it: one commit holding the transaction id (app id of ``slot``,
+    version ``plan.watermark_after``). Returns False when the table is left to Delta's MERGE:
+    refused (the reason logged), or delta-rs failed.
+
+    A delta-rs failure is not the table's failure: its commit is one log file written whole or not
+    at all, so the table is as before (or, if it failed after its commit, holds this run's
+    transaction id, and Delta's MERGE skips it). Delta's MERGE then writes it, or fails with
+    Delta's own error, the one the parking and the runbooks name."""
+    refusal = light_write_refusal(plan, profile, options)
+    if refusal is not None:
+        log.info("table %s: merged by Delta (%s)", plan.name, refusal)
+        return False
+    try:
+        return _merge(plan, source, merge_condition(plan, None), clauses, slot, options)
+    except Exception as exc:  # noqa: BLE001 - any delta-rs error: Delta's MERGE decides
+        log.warning(
+            "table %s: delta-rs could not write it (%s: %s); merged by Delta instead",
+            plan.name,
+            type(exc).__name__,
+            exc,
+        )
+        return False
+
+
+def _merge(
+    plan: TablePlan,
+    source: DataFrame,
+    condition: str,
+    clauses: Sequence[Clause],
+    slot: str,
+    options: MergeOptions,
+) -> bool:
+    from deltalake import CommitProperties, DeltaTable, Transaction
+
+    uri, storage_options = delta_rs_location(plan.path)
+    table = DeltaTable(uri, storage_options=storage_options)
+    refusal = table_refusal(table, options.light_write_max_bytes)
+    if refusal is not None:
+        log.info("table %s: merged by Delta (%s)", plan.name, refusal)
+        return False
+    app = app_id(slot)
+    recorded = table.transaction_version(app)
+    if recorded is not None and recorded >= plan.watermark_after:
+        return True  # Delta's idempotent write would skip it too: the caller sees no new version
+    rows = source.toArrow()
+    transaction = Transaction(app_id=app, version=plan.watermark_after)
+    merger = table.merge(
+        rows,
+        predicate=condition,
+        source_alias="s",
+        target_alias="t",
+        commit_properties=CommitProperties(app_transactions=[transaction]),
+    )
+    for clause in clauses:
+        merger = _add_clause(merger, clause)
+    metrics = merger.execute()
+    log.info(
+        "table %s: merged by delta-rs (a small run into a small table): %d source row(s), %d file(s) rewritten",
+        plan.name,
+        metrics.get("num_source_rows", 0),
+        metrics.get("num_target_files_removed", 0),
+    )
+    return True
+
+
+def delta_rs_location(path: str) -> tuple[str, dict[str, str] | None]:
+    """The table URI and ``storage_options`` delta-rs opens ``path`` with: a local path as is, an
+    ``s3a://`` location as ``s3://`` with the object store settings of this process's environment."""
+    if is_local_path(path):
+        return local_path(path), None
+    return "s3://" + path.split("://", 1)[1], ObjectStoreSettings.from_env().delta_rs_options()
+
+
+def _add_clause(merger: Any, clause: Clause) -> Any:
+    """``clause`` as the delta-rs ``TableMerger`` call of the same meaning."""
+    values: Mapping[str, str] = clause.values
+    calls = {
+        (MATCHED, "DELETE"): lambda: merger.when_matched_delete(predicate=clause.condition),
+        (MATCHED, "UPDATE"): lambda: merger.when_matched_update(dict(values), predicate=clause.condition),
+        (NOT_MATCHED, "INSERT"): lambda: merger.when_not_matched_insert(dict(values), predicate=clause.condition),
+        (NOT_MATCHED_BY_SOURCE, "DELETE"): lambda: merger.when_not_matched_by_source_delete(predicate=clause.condition),
+        (NOT_MATCHED_BY_SOURCE, "UPDATE"): lambda: merger.when_not_matched_by_source_update(
+            dict(values), predicate=clause.condition
+        ),
+    }
+    return calls[(clause.when, clause.action)]()

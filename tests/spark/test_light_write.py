@@ -1,0 +1,140 @@
+"""The light write (spark/light_write.py): small runs into small tables committed by delta-rs.
+
+Each batch is merged twice, into a Delta root where every table goes through Delta's MERGE and
+into one where small tables are committed by delta-rs; both must equal the reference model
+(:class:`tests.spark.staged.Model`) and each other, read by Spark and by delta-rs, with the same
+counts and the same watermark.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches
+from tests.spark.staged import UNCHANGED, Model, TableChanges, write_batch
+
+pytestmark = pytest.mark.spark
+
+SLOT = "pgdecode_light"
+DOCS = [("id", "bigint", pa.int64()), ("title", "text", pa.string()), ("body", "text", pa.string())]
+COLUMNS = ["id", "title", "body", "_pg_commit_lsn"]
+DELTA_ONLY = MergeOptions(light_write_max_bytes=0)
+
+
+def last_commit(path: Path) -> dict[str, Any]:
+    """The newest commit's ``commitInfo`` and whether it holds a deletion vector, from the log."""
+    log = path / "_delta_log"
+    newest = max(log.glob("*.json"))
+    actions = [json.loads(line) for line in newest.read_text().splitlines() if line.strip()]
+    info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
+    return {**info, "version": int(newest.stem)}
+
+
+def has_deletion_vectors(path: Path) -> bool:
+    return any('"deletionVector":{' in f.read_text() for f in (path / "_delta_log").glob("*.json"))
+
+
+def spark_rows(spark: Any, path: Path) -> list[dict[str, Any]]:
+    rows = spark.read.format("delta").load(str(path)).select(*COLUMNS).collect()
+    return sorted((r.asDict() for r in rows), key=lambda r: r["id"])
+
+
+def delta_rs_rows(path: Path) -> list[dict[str, Any]]:
+    import deltalake
+
+    table = deltalake.DeltaTable(str(path))
+    query = f"select {', '.join(COLUMNS)} from t order by id"
+    return pa.table(deltalake.QueryBuilder().register("t", table).execute(query).read_all()).to_pylist()
+
+
+def test_small_runs_committed_by_delta_rs_equal_deltas_merge(spark: Any, tmp_path: Path) -> None:
+    big = "b" * 3000
+    first = TableChanges("public", "docs", DOCS)
+    for i in range(1, 41):
+        first.insert(100, id=i, title=f"t{i}", body=f"{big}{i}")
+    # Delta's MERGE writes deletion vectors into the table the later runs read.
+    second = TableChanges("public", "docs", DOCS)
+    for i in range(1, 41, 3):
+        second.update(200, id=i, title=f"t{i} v2", body=UNCHANGED)
+    for i in range(2, 41, 7):
+        second.delete(210, id=i)
+    third = (
+        TableChanges("public", "docs", DOCS)
+        .update(300, id=4, title="t4 v3", body=UNCHANGED)  # unchanged TOAST: Delta's value kept
+        .update(300, id=5, title="t5 v3", body=None)
+        .delete(310, id=6)
+        .insert(320, id=2, title="t2 again", body="new body")  # a key deleted by an earlier run
+        .update(330, old_key={"id": 7}, id=700, title="t7 moved", body=UNCHANGED)  # key change
+        .insert(340, id=41, title="t41", body=None)
+    )
+    fourth = (
+        TableChanges("public", "docs", DOCS)
+        .update(400, id=8, title="before the truncate", body=UNCHANGED)
+        .truncate(410)
+        .insert(420, id=3, title="after the truncate", body="x")
+        .update(430, id=3, title="after the truncate, updated", body=UNCHANGED)
+    )
+    runs = [(90, 110, first), (110, 220, second), (220, 350, third), (350, 440, fourth)]
+    light, plain = tmp_path / "light", tmp_path / "plain"
+    path_light, path_plain = light / "public" / "docs", plain / "public" / "docs"
+    applied: list[TableChanges] = []
+    for number, (start, end, changes) in enumerate(runs):
+        applied.append(changes)
+        batch = write_batch(tmp_path / "staging", SLOT, start, end, [changes])
+        light_options = DELTA_ONLY if number < 2 else MergeOptions()
+        got = merge_batches(spark, [batch], str(light), light_options)["tables"]["public.docs"]
+        want = merge_batches(spark, [batch], str(plain), DELTA_ONLY)["tables"]["public.docs"]
+        expected = Model().apply(*applied).state(COLUMNS)
+        assert spark_rows(spark, path_light) == spark_rows(spark, path_plain) == expected, number
+        assert delta_rs_rows(path_light) == expected, number
+        for name in ("status", "inserted", "updated", "deleted", "truncated", "watermark_lsn"):
+            assert got[name] == want[name], (number, name)
+        engine = last_commit(path_light)["engineInfo"]
+        assert engine.startswith("delta-rs" if number >= 2 else "Apache-Spark"), (number, engine)
+        assert last_commit(path_plain)["engineInfo"].startswith("Apache-Spark")
+        if number == 1:
+            assert has_deletion_vectors(path_light)
+
+    import deltalake
+
+    assert deltalake.DeltaTable(str(path_light)).transaction_version(f"pgdecode:{SLOT}") == 440
+
+    # The same batch again: the transaction id says it is in; no commit.
+    version = last_commit(path_light)["version"]
+    again = write_batch(tmp_path / "again", SLOT, 350, 440, [fourth])
+    result = merge_batches(spark, [again], str(light))["tables"]["public.docs"]
+    assert result["status"] == "skipped" and "already applied" in result["reason"]
+    assert last_commit(path_light)["version"] == version
+    assert spark_rows(spark, path_light) == Model().apply(*applied).state(COLUMNS)
+
+
+def test_tables_delta_rs_must_not_write_go_through_deltas_merge(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = TableChanges("public", "docs", DOCS)
+    for i in range(1, 11):
+        first.insert(100, id=i, title=f"t{i}", body="b")
+    second = TableChanges("public", "docs", DOCS).update(200, id=1, title="changed", body=UNCHANGED)
+    # A table feature outside what delta-rs writes correctly (type widening), then a table larger
+    # than the bound: each merged by Delta, saying why.
+    cases = [
+        (MergeOptions(table_properties={"delta.enableTypeWidening": "true"}), "table feature(s) ['typeWidening']"),
+        (MergeOptions(light_write_max_bytes=1), "above --light-write-max-bytes 1"),
+    ]
+    for number, (options, reason) in enumerate(cases):
+        root = tmp_path / f"delta{number}"
+        merge_batches(spark, [write_batch(tmp_path / f"s{number}", SLOT, 90, 110, [first])], str(root), options)
+        batch = write_batch(tmp_path / f"s{number}", SLOT, 110, 210, [second])
+        with caplog.at_level(logging.INFO, logger="airflow_provider_pgdecode.spark.merge"):
+            result = merge_batches(spark, [batch], str(root), options)["tables"]["public.docs"]
+        path = root / "public" / "docs"
+        assert result["status"] == "merged" and result["updated"] == 1
+        assert last_commit(path)["engineInfo"].startswith("Apache-Spark"), reason
+        assert "table public.docs: merged by Delta (" in caplog.text and reason in caplog.text
+        assert spark_rows(spark, path) == Model().apply(first, second).state(COLUMNS)
