@@ -114,12 +114,11 @@ def effects_of(events: DataFrame, spec: CollapseInput) -> DataFrame:
         F.col(LSN),
         F.col(SEQ),
         F.array().cast("array<string>").alias(KEEP),
-        *[F.lit(None).cast(events.schema[name].dataType).alias(name) for name in spec.value_columns],
+        # Untyped NULLs: the union takes the upserts' types (a NULL widens to any type), with no
+        # look at the events' schema (over Spark Connect, a round trip and an analysis per table).
+        *[F.lit(None).alias(name) for name in spec.value_columns],
         *[col(name) for name in spec.metadata_columns],
-        *[
-            F.lit(None).cast(events.schema[old_key_name(i)].dataType).alias(old_key_name(i))
-            for i in range(len(spec.key))
-        ],
+        *[F.lit(None).alias(old_key_name(i)) for i in range(len(spec.key))],
     )
     return upserts.unionByName(deletes)
 

@@ -68,6 +68,9 @@ def light_write_refusal(plan: TablePlan, profile: Profile, options: MergeOptions
         return f"{profile.changes} changes (at least --codegen-min-changes {options.codegen_min_changes})"
     if not is_local_path(plan.path) and not is_object_store(plan.path):
         return "neither on a local filesystem nor on s3://"
+    mapping = plan.state.properties.get("delta.columnMapping.mode", "none")
+    if mapping not in ("none", "name"):
+        return f"column mapping mode {mapping}"
     key_types = [plan.types[k].delta_type.simpleString() if k in plan.types else "" for k in plan.key]
     inexact = [
         k for k, t in zip(plan.key, key_types, strict=True) if t not in _EXACT_KEY_TYPES and not t.startswith("decimal")

@@ -206,7 +206,11 @@ def _old_key_under_names_now(
 ) -> DataFrame:
     """The old-key image (a struct) of parts staged before a key column's rename, its fields read
     as the names now."""
-    if staged.OLD not in staged_names or not isinstance(frame.schema[staged.OLD].dataType, StructType):
+    # No former names, nothing to rename: the frame's schema is not asked for (over Spark Connect,
+    # a round trip to the server and an analysis of the plan, per table).
+    if not any(staged_as.values()) or staged.OLD not in staged_names:
+        return frame
+    if not isinstance(frame.schema[staged.OLD].dataType, StructType):
         return frame
     fields = [f.name for f in frame.schema[staged.OLD].dataType.fields]  # type: ignore[attr-defined]
     now = {old: name for name, formers in staged_as.items() for old in formers if name not in fields}
