@@ -121,11 +121,11 @@ bench-snapshot-spark: $(STAMP) system-deps delta-jars $(PG_BINARIES)
 bench-s3: $(STAMP) system-deps native delta-jars $(PG_BINARIES)
 	$(PY) -m bench.object_store_bench
 
-# How a cycle's cost grows with the tables its changes touch (1, 10, 50, 200), one table at a time
-# and four side by side, through a warm Spark Connect server; Delta checked against PostgreSQL.
-# About half an hour on 2 cores: not part of `bench`.
+# How a cycle's cost grows with the tables its changes touch (1, 10, 50, 200), every table through
+# Delta's MERGE and with the light write (delta-rs) for small ones, through a warm Spark Connect
+# server; Delta checked against PostgreSQL. About twenty minutes on 2 cores: not part of `bench`.
 bench-scale: $(STAMP) system-deps native delta-jars $(PG_BINARIES)
-	$(PY) -m bench.scale_bench --table-workers 1,4
+	$(PY) -m bench.scale_bench --light-write-max-bytes 0,67108864
 
 # One CDC cycle of 1,000 changes through Airflow (`airflow dags test`) with spark-submit against a
 # warm Spark Connect server, the merge step alone for both, and commit -> Delta under the

@@ -113,7 +113,7 @@ def test_the_pinned_set_satisfies_every_range(python: str) -> None:
         assert req.specifier.contains(pins[name], prereleases=True), (
             f"constraints-{python}.txt pins {req.name}=={pins[name]}, outside setup.cfg's {req}"
         )
-    for tool in ("pytest", "ruff", "mypy", "twine", "moto", "deltalake", "delta-spark"):
+    for tool in ("pytest", "ruff", "mypy", "twine", "moto", "delta-spark"):
         assert tool not in pins, f"constraints-{python}.txt pins the development tool {tool}"
     if python == PYTHONS[0]:
         assert not set(dev) & set(pins), "dev-constraints.txt repeats runtime pins"
