@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from airflow_provider_pgdecode.spark.delta_state import app_id, read_delta_state
 from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches
 from tests.spark.staged import UNCHANGED, Model, TableChanges, write_batch
 
@@ -112,6 +113,14 @@ def test_small_runs_committed_by_delta_rs_equal_deltas_merge(spark: Any, tmp_pat
     assert result["status"] == "skipped" and "already applied" in result["reason"]
     assert last_commit(path_light)["version"] == version
     assert spark_rows(spark, path_light) == Model().apply(*applied).state(COLUMNS)
+
+    # delta-rs writes checkpoints of its own (every 100 commits by default): one of this table,
+    # with Spark's deletion vectors and column mapping in it, is read by Spark and by pgdecode's
+    # log replay (the watermark) as the commits were.
+    deltalake.DeltaTable(str(path_light)).create_checkpoint()
+    assert (path_light / "_delta_log" / f"{version:020d}.checkpoint.parquet").is_file()
+    assert spark_rows(spark, path_light) == Model().apply(*applied).state(COLUMNS)
+    assert read_delta_state(spark, str(path_light), app_id(SLOT)).watermark == 440
 
 
 def test_tables_delta_rs_must_not_write_go_through_deltas_merge(
