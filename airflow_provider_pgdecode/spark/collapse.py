@@ -2,7 +2,8 @@
 
 Every function here is a pure DataFrame transformation (no action, no Delta access), except
 :func:`resolve_lineage_roots`, which iterates a small join until move chains are followed, and
-:func:`superseded_effects`, which finds on the driver (pyarrow) the effects a later one replaces.
+:func:`superseded_effects` and :func:`arrow_effects`, which find on the driver (pyarrow) the effects
+a later one replaces and a part's effects.
 
 Vocabulary:
 
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from airflow_provider_pgdecode.batch import format as staged
 from airflow_provider_pgdecode.batch.format import DELTA_COLUMNS
 
 if TYPE_CHECKING:
@@ -156,18 +158,39 @@ class StagedKeys:
     seq: pa.ChunkedArray
 
 
-def _effect_keys(part: StagedKeys) -> tuple[pa.Table, pa.Table]:
-    """The part's upsert and delete effects (as :func:`effects_of` makes them): key, kind, order."""
+def old_values(part: pa.Table, column: str) -> pa.ChunkedArray | pa.Array:
+    """A staged part's old values of ``column`` (null where a change sent no old image)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    old = part.column(staged.OLD) if staged.OLD in part.column_names else None
+    if old is None or column not in {f.name for f in old.type}:
+        return pa.nulls(part.num_rows, part.schema.field(column).type)
+    return pc.struct_field(old, column)
+
+
+def _effect_masks(
+    op: pa.ChunkedArray, new: Sequence[pa.ChunkedArray], old: Sequence[pa.ChunkedArray | pa.Array]
+) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
+    """Which changes make an upsert effect and which a delete effect, as :func:`effects_of` decides."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     # As key_changed: an old key sent and different from the new one (a null new key differs).
-    changed: pa.ChunkedArray | pa.Array = pa.repeat(False, len(part.op))
-    for new, old in zip(part.new, part.old):
-        differs = pc.fill_null(pc.not_equal(old, new), True)
-        changed = pc.or_(changed, pc.and_(pc.is_valid(old), differs))
-    upsert = pc.is_in(part.op, value_set=pa.array(["I", "U"]))
-    delete = pc.or_(pc.equal(part.op, "D"), pc.and_(pc.equal(part.op, "U"), changed))
+    changed: pa.ChunkedArray | pa.Array = pa.repeat(False, len(op))
+    for new_key, old_key in zip(new, old, strict=True):
+        differs = pc.fill_null(pc.not_equal(old_key, new_key), True)
+        changed = pc.or_(changed, pc.and_(pc.is_valid(old_key), differs))
+    upsert = pc.is_in(op, value_set=pa.array(["I", "U"]))
+    delete = pc.or_(pc.equal(op, "D"), pc.and_(pc.equal(op, "U"), changed))
+    return upsert, delete
+
+
+def _effect_keys(part: StagedKeys) -> tuple[pa.Table, pa.Table]:
+    """The part's upsert and delete effects (as :func:`effects_of` makes them): key, kind, order."""
+    import pyarrow as pa
+
+    upsert, delete = _effect_masks(part.op, part.new, part.old)
 
     def effects(mask: pa.ChunkedArray, keys: tuple[pa.ChunkedArray, ...], kind: str) -> pa.Table:
         columns = {f"k{i}": key for i, key in enumerate(keys)}
@@ -175,6 +198,35 @@ def _effect_keys(part: StagedKeys) -> tuple[pa.Table, pa.Table]:
         return table.append_column(KIND, pa.repeat(pa.scalar(kind, pa.string()), table.num_rows))
 
     return effects(upsert, part.new, UPSERT), effects(delete, part.old, DELETE)
+
+
+def arrow_effects(part: pa.Table, spec: CollapseInput) -> pa.Table:
+    """A staged part's effects as :func:`effects_of` makes them, in Arrow, for a part whose values
+    need no conversion: upserts at the new key with their values, deletes at the old key with null
+    values; columns the key, the value and metadata columns, ``__kind``, ``__lsn``, ``__seq``."""
+    import pyarrow as pa
+
+    new = [part.column(name) for name in spec.key]
+    old = [old_values(part, name) for name in spec.key]
+    upsert, delete = _effect_masks(part.column(staged.OP), new, old)
+    carried = (*spec.value_columns, *spec.metadata_columns)
+
+    def effects(mask: pa.ChunkedArray, kind: str, keys: Sequence[pa.ChunkedArray | pa.Array]) -> pa.Table:
+        values = {name: part.column(name) for name in carried}
+        if kind == DELETE:
+            values.update({name: pa.nulls(part.num_rows, part.schema.field(name).type) for name in spec.value_columns})
+        table = pa.table(
+            {
+                **dict(zip(spec.key, keys, strict=True)),
+                **values,
+                KIND: pa.repeat(pa.scalar(kind, pa.string()), part.num_rows),
+                LSN: part.column(staged.COMMIT_LSN),
+                SEQ: part.column(staged.SEQ),
+            }
+        )
+        return table.filter(mask)
+
+    return pa.concat_tables([effects(upsert, UPSERT, new), effects(delete, DELETE, old)])
 
 
 def superseded_effects(parts: Sequence[StagedKeys]) -> pa.Table | None:

@@ -25,7 +25,7 @@ table is merged by Delta as before. Which path ran is logged per table.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_pgdecode.batch.format import is_local_path, local_path
@@ -40,6 +40,7 @@ from airflow_provider_pgdecode.spark.merge_sql import (
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
     from airflow_provider_pgdecode.spark.merge_plan import MergeOptions, Profile, TablePlan
@@ -106,13 +107,15 @@ def table_refusal(table: Any, max_bytes: int) -> str | None:
 def light_merge(
     plan: TablePlan,
     profile: Profile,
-    source: DataFrame,
+    source: Callable[[], DataFrame],
     clauses: Sequence[Clause],
     slot: str,
     options: MergeOptions,
+    rows: pa.Table | None = None,
 ) -> bool:
-    """Merge ``source`` into ``plan``'s table through delta-rs when :func:`light_write_refusal` and
-    :func:`table_refusal` let it: one commit holding the transaction id (app id of ``slot``,
+    """Merge ``source()`` (or ``rows``, the same source built on the driver by
+    :mod:`.arrow_source`) into ``plan``'s table through delta-rs when :func:`light_write_refusal`
+    and :func:`table_refusal` let it: one commit holding the transaction id (app id of ``slot``,
     version ``plan.watermark_after``). Returns False when the table is left to Delta's MERGE:
     refused (the reason logged), or delta-rs failed.
 
@@ -125,7 +128,7 @@ def light_merge(
         log.info("table %s: merged by Delta (%s)", plan.name, refusal)
         return False
     try:
-        return _merge(plan, source, merge_condition(plan, None), clauses, slot, options)
+        return _merge(plan, source, merge_condition(plan, None), clauses, slot, options, rows)
     except Exception as exc:  # noqa: BLE001 - any delta-rs error: Delta's MERGE decides
         log.warning(
             "table %s: delta-rs could not write it (%s: %s); merged by Delta instead",
@@ -138,11 +141,12 @@ def light_merge(
 
 def _merge(
     plan: TablePlan,
-    source: DataFrame,
+    source: Callable[[], DataFrame],
     condition: str,
     clauses: Sequence[Clause],
     slot: str,
     options: MergeOptions,
+    rows: pa.Table | None,
 ) -> bool:
     from deltalake import CommitProperties, DeltaTable, Transaction
 
@@ -156,7 +160,9 @@ def _merge(
     recorded = table.transaction_version(app)
     if recorded is not None and recorded >= plan.watermark_after:
         return True  # Delta's idempotent write would skip it too: the caller sees no new version
-    rows = source.toArrow()
+    built = rows is not None
+    if rows is None:
+        rows = source().toArrow()
     transaction = Transaction(app_id=app, version=plan.watermark_after)
     merger = table.merge(
         rows,
@@ -169,9 +175,10 @@ def _merge(
         merger = _add_clause(merger, clause)
     metrics = merger.execute()
     log.info(
-        "table %s: merged by delta-rs (a small run into a small table): %d source row(s), %d file(s) rewritten",
+        "table %s: merged by delta-rs (a small run into a small table): %d source row(s)%s, %d file(s) rewritten",
         plan.name,
         metrics.get("num_source_rows", 0),
+        " built on the driver" if built else "",
         metrics.get("num_target_files_removed", 0),
     )
     return True

@@ -22,12 +22,14 @@ How a run goes (docs/merge.md explains the why):
 3. **Write**: create the table or add new columns when needed, then one MERGE per table that
    deletes, updates and inserts the last state per key, folds a TRUNCATE in as
    ``WHEN NOT MATCHED BY SOURCE ... DELETE``, and records the new watermark in the same commit.
+   A small run into a small table is committed by delta-rs instead (:mod:`.light_write`), its
+   MERGE source built on the driver when the parts need no conversion (:mod:`.arrow_source`).
 
 This module keeps that run order, the per-table write and the command line; each step's code is
 in its own module: :mod:`.merge_plan` (options, plans, results), :mod:`.staged_events` (the
 staged parts read), :mod:`.profiling`, :mod:`.merge_sql` (DDL and the MERGE),
-:mod:`.write_strategies` (one write per load mode) and :mod:`.snapshot_commit` (an initial load
-committed as staged), over :mod:`.delta_state` (the Delta table's state).
+:mod:`.write_strategies` (one write per load mode), :mod:`.snapshot_commit` (an initial load
+committed as staged) and :mod:`.side_tables` (the quarantine and messages tables), over :mod:`.delta_state` (the Delta table's state).
 
 Batches and the Delta root may be local paths or ``s3://`` (``s3a://``) locations
 (docs/object-storage.md): manifests and Parquet footers are read through the batch format's
@@ -52,18 +54,17 @@ if __package__ in (None, ""):  # run as a file by spark-submit: make the package
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
-from airflow_provider_pgdecode.batch import format as staged
-from airflow_provider_pgdecode.batch.format import is_local_path, join_path, local_path
+from airflow_provider_pgdecode.batch.format import is_local_path, local_path
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, TableSummary, read_batches
 from airflow_provider_pgdecode.batch.parking import PARKED
 from airflow_provider_pgdecode.batch.storage import spark_uri
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import BatchError, MergeInputError, MergeOutOfMemoryError
 from airflow_provider_pgdecode.spark import table_parking
+from airflow_provider_pgdecode.spark.arrow_source import arrow_source
 from airflow_provider_pgdecode.spark.delta_state import DeltaState as DeltaState
-from airflow_provider_pgdecode.spark.delta_state import app_id, delta_log_storage, log_version, read_delta_state
+from airflow_provider_pgdecode.spark.delta_state import app_id, delta_log_storage, read_delta_state
 from airflow_provider_pgdecode.spark.history import HISTORY, SOFT_DELETE
 from airflow_provider_pgdecode.spark.memory_budget import check_fits, server_memory
 from airflow_provider_pgdecode.spark.merge_plan import (
@@ -85,7 +86,8 @@ from airflow_provider_pgdecode.spark.merge_plan import delta_table_path as delta
 from airflow_provider_pgdecode.spark.merge_plan import plan_table as plan_table
 from airflow_provider_pgdecode.spark.merge_plan import quote as quote
 from airflow_provider_pgdecode.spark.merge_sql import SMALL_RUN_CONF as SMALL_RUN_CONF
-from airflow_provider_pgdecode.spark.merge_sql import delta_ref, ensure_table, merge_source, small_run_settings
+from airflow_provider_pgdecode.spark.merge_sql import delta_ref as delta_ref
+from airflow_provider_pgdecode.spark.merge_sql import ensure_table, merge_source, small_run_settings
 from airflow_provider_pgdecode.spark.merge_sql import merge_condition as merge_condition
 from airflow_provider_pgdecode.spark.merge_sql import table_fields as table_fields
 from airflow_provider_pgdecode.spark.merge_sql import transaction_id as transaction_id
@@ -98,6 +100,7 @@ from airflow_provider_pgdecode.spark.profiling import (
 )
 from airflow_provider_pgdecode.spark.profiling import merge_ranges as merge_ranges
 from airflow_provider_pgdecode.spark.session import active_connect_session, configure_object_store, is_connect_session
+from airflow_provider_pgdecode.spark.side_tables import append_messages, append_quarantine
 from airflow_provider_pgdecode.spark.snapshot_commit import TEMPLATE_DIR as TEMPLATE_DIR
 from airflow_provider_pgdecode.spark.snapshot_commit import commit_snapshot, committable_snapshot, snapshot_template
 from airflow_provider_pgdecode.spark.spark_types import DEFAULT_UNBOUNDED_NUMERIC
@@ -111,15 +114,16 @@ from airflow_provider_pgdecode.spark.table_workers import run_sharded, table_ses
 from airflow_provider_pgdecode.spark.write_strategies import (
     append_inserts,
     append_only_write,
-    append_rows,
     history_write,
     inserts_only,
+    last_commit,
     multiset_write,
     run_merge,
     soft_delete_write,
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 
@@ -127,36 +131,6 @@ if TYPE_CHECKING:
 # and docs import from the merge job.
 
 log = logging.getLogger("airflow_provider_pgdecode.spark.merge")
-
-
-def _last_commit(spark: SparkSession, path: str) -> tuple[int, dict[str, int]]:
-    """The table's latest version, and its row counts when that commit is a MERGE or an append:
-    the newest commit's ``commitInfo``, read from the log through the storage layer (``DESCRIBE
-    HISTORY``, a Spark statement of its own, only where that cannot reach)."""
-    store = delta_log_storage(path)
-    if store is None:
-        row = spark.sql(f"DESCRIBE HISTORY {delta_ref(path)} LIMIT 1").collect()[0]
-        version, operation, metrics = int(row["version"]), row["operation"], row["operationMetrics"] or {}
-    else:
-        names = [name for name, is_dir in store.list_dir() if not is_dir]
-        version = max(v for v in (log_version(n, ".json") for n in names) if v is not None)
-        info: dict[str, Any] = {}
-        for line in store.read_text(f"{version:020d}.json").splitlines():
-            action = json.loads(line) if line.strip() else {}
-            if "commitInfo" in action:
-                info = action["commitInfo"]
-                break
-        operation, metrics = info.get("operation"), info.get("operationMetrics") or {}
-    if operation == "WRITE":
-        return version, {"inserted": int(metrics.get("numOutputRows", 0)), "updated": 0, "deleted": 0}
-    if operation != "MERGE":
-        return version, {}
-    # Delta's names, or delta-rs's (spark/light_write.py) for the same counts.
-    return version, {
-        "inserted": int(metrics.get("numTargetRowsInserted", metrics.get("num_target_rows_inserted", 0))),
-        "updated": int(metrics.get("numTargetRowsUpdated", metrics.get("num_target_rows_updated", 0))),
-        "deleted": int(metrics.get("numTargetRowsDeleted", metrics.get("num_target_rows_deleted", 0))),
-    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,12 +210,12 @@ def _merge_batches(
                 read = largest_reads.get(plan.name)
                 if server is not None and read is not None:  # Spark reads its parts: they must fit the shared server
                     check_fits(plan.name, read, server)
-                table_events, table_profile = _profiled(session, plan, options)
+                table_events, table_profile, rows = _profiled(session, plan, options)
             except MergeInputError as error:  # a refusal of this table's changes: it waits, the others flow
                 if not parks(error, options):
                     raise
                 return _Prepared(plan, parked=parked_result(plan.path, plan.schema, plan.table, error))
-            return _Prepared(plan, table_events, table_profile, time.monotonic() - started_at)
+            return _Prepared(plan, table_events, table_profile, time.monotonic() - started_at, rows=rows)
 
         prepared: list[_Prepared] = []
         for outcome in run_sharded(plans, lambda plan: session_of[plan.name], prepare):
@@ -289,6 +263,8 @@ class _Prepared:
     direct: tuple[TableSummary, tuple[dict[str, Any], dict[str, Any]]] | None = None
     parked: TableResult | None = None
     """Its changes refused and the table parked: nothing to write."""
+    rows: pa.Table | None = None
+    """Its MERGE source built on the driver (:mod:`.arrow_source`), its changes then not read."""
 
 
 def _write_prepared(
@@ -324,7 +300,7 @@ def _write_prepared(
         if item.direct is not None:
             write_snapshot(spark, plan, result, item.direct, slot)
         else:
-            write_table(spark, plan, item.events, item.profile, result, skipped_rows, slot, chunked, options)
+            write_table(spark, plan, item.events, item.profile, result, skipped_rows, slot, chunked, options, item.rows)
     except Exception as error:
         if not options.park or not table_parking.table_problem(spark, error, options.park_refused):
             raise
@@ -333,13 +309,19 @@ def _write_prepared(
     return result
 
 
-def _profiled(spark: SparkSession, plan: TablePlan, options: MergeOptions) -> tuple[DataFrame, Profile]:
+def _profiled(
+    spark: SparkSession, plan: TablePlan, options: MergeOptions
+) -> tuple[DataFrame | None, Profile, pa.Table | None]:
     """The table's staged changes and their profile, checked (:func:`check_profile`): raises
-    :class:`MergeInputError` for changes the merge refuses, :class:`BatchError` for a damaged part."""
+    :class:`MergeInputError` for changes the merge refuses, :class:`BatchError` for a damaged part.
+    For a light write whose source the driver builds (:mod:`.arrow_source`), that source instead
+    of the changes: Spark reads them only if Delta's MERGE runs after all."""
     try:
-        table_events = staged_events(spark, plan)
         table_profile = profile_from_parts(plan)
+        rows = arrow_source(plan, table_profile, options) if table_profile is not None else None
+        table_events = staged_events(spark, plan) if rows is None else None
         if table_profile is None:
+            assert table_events is not None
             table_profile = profile_events(table_events, plan, staged_key_ranges(plan))
     except (BatchError, MergeInputError):
         raise
@@ -352,7 +334,7 @@ def _profiled(spark: SparkSession, plan: TablePlan, options: MergeOptions) -> tu
         for column, count in segment.staged.numeric_specials.items():
             table_profile.specials[column] = table_profile.specials.get(column, 0) + count
     check_profile(plan, table_profile, options)
-    return table_events, table_profile
+    return table_events, table_profile, rows
 
 
 def parked_result(path: str, schema: str, table: str, error: BaseException) -> TableResult:
@@ -428,10 +410,12 @@ def write_table(
     slot: str,
     chunked: bool,
     options: MergeOptions,
+    rows: pa.Table | None = None,
 ) -> None:
-    """Write one table's changes by its load mode (one Delta commit); fills ``result``."""
+    """Write one table's changes (or ``rows``, their MERGE source built on the driver) by its load
+    mode (one Delta commit); fills ``result``."""
     staged_rows = sum(segment.staged.rows for segment in plan.segments)
-    if events is None or profile is None:
+    if profile is None or (events is None and rows is None):
         result.reason = "already applied" if plan.skipped else "no changes"
         result.changes_already_applied = skipped_rows
         return
@@ -470,28 +454,40 @@ def write_table(
         )
     try:
         if result.created or plan.new_columns or plan.widened or plan.renamed or plan.numbers_changed:
-            version_before, _ = _last_commit(spark, plan.path)
+            version_before, _ = last_commit(spark, plan.path)
         else:
             version_before = plan.state.version
         # Table snapshot chunks (capture/table_snapshot.py) are upserts: a key may come both as a
         # chunk row and as a logged INSERT, so those batches always MERGE.
-        if plan.append_only:
-            append_only_write(spark, plan, events, profile, slot)
-        elif plan.mode == HISTORY:
-            history_write(spark, plan, events, profile, slot, options)
-        elif plan.mode == SOFT_DELETE:
-            soft_delete_write(spark, plan, events, profile, slot, options)
-        elif result.created and inserts_only(profile) and not chunked:
-            append_inserts(spark, plan, events, profile, slot)
-        elif plan.multiset and not snapshot_chunks_of(plan):
-            counts = multiset_write(spark, plan, events, profile, slot)
+        if rows is not None:  # the light write's source, built on the driver: Spark reads the changes for Delta only
+            run_merge(
+                spark,
+                plan,
+                lambda: merge_source(spark, staged_events(spark, plan), plan, profile),
+                profile,
+                slot,
+                options,
+                rows=rows,
+            )
         else:
-            run_merge(spark, plan, merge_source(spark, events, plan, profile), profile, slot, options)
+            assert events is not None
+            if plan.append_only:
+                append_only_write(spark, plan, events, profile, slot)
+            elif plan.mode == HISTORY:
+                history_write(spark, plan, events, profile, slot, options)
+            elif plan.mode == SOFT_DELETE:
+                soft_delete_write(spark, plan, events, profile, slot, options)
+            elif result.created and inserts_only(profile) and not chunked:
+                append_inserts(spark, plan, events, profile, slot)
+            elif plan.multiset and not snapshot_chunks_of(plan):
+                counts = multiset_write(spark, plan, events, profile, slot)
+            else:
+                run_merge(spark, plan, merge_source(spark, events, plan, profile), profile, slot, options)
     except BaseException:
         if result.created:
             drop_created_table(spark, plan.path)
         raise
-    version_after, metrics = _last_commit(spark, plan.path)
+    version_after, metrics = last_commit(spark, plan.path)
     if counts is not None:
         metrics = counts  # Delta's counts include the copies a replace deletes and inserts again
     result.delta_version = version_after
@@ -519,89 +515,8 @@ def write_table(
 
 
 # --------------------------------------------------------------------------------------------
-# The quarantine table, a failed first write, running out of memory
+# A failed first write, running out of memory
 # --------------------------------------------------------------------------------------------
-
-
-def quarantine_table_path(delta_root: str) -> str:
-    """``<delta_root>/_pgdecode_quarantine``: the one quarantine Delta table of every source table."""
-    return join_path(delta_root, staged.QUARANTINE_TABLE)
-
-
-def messages_table_path(delta_root: str) -> str:
-    """``<delta_root>/_pgdecode_messages``: the logical decoding messages of the source (its slot)."""
-    return join_path(delta_root, staged.MESSAGES_TABLE)
-
-
-def append_once(
-    spark: SparkSession, path: str, parts: Sequence[tuple[BatchManifest, str]], slot_column: str
-) -> tuple[str, int, int | None]:
-    """Append staged parts (each with its batch) to the side table at ``path``, exactly once.
-
-    The table keeps its own watermark under the slot's app id, as every merged table does: the
-    parts of batches at or below it are already appended. Each row gets the slot's name in
-    ``slot_column``. Returns ``(status, rows appended, Delta version)``.
-    """
-    slot = parts[0][0].slot
-    state = read_delta_state(spark, path, app_id(slot))
-    applied = state.watermark if state.watermark is not None else -1
-    todo = [(batch, file) for batch, file in parts if int(batch.end) > applied]
-    if not todo:
-        return "already applied", 0, state.version
-    files = [spark_uri(join_path(batch.directory, file)) for batch, file in todo]
-    rows = spark.read.parquet(*files).withColumn(slot_column, F.lit(slot))
-    append_rows(spark, path, rows, slot, max(int(batch.end) for batch, _ in todo))
-    version, metrics = _last_commit(spark, path)
-    return "appended", metrics.get("inserted", 0), version
-
-
-def append_quarantine(spark: SparkSession, batches: Sequence[BatchManifest], delta_root: str) -> dict[str, Any] | None:
-    """Append the batches' quarantine parts to the quarantine Delta table, exactly once
-    (:func:`append_once`). Returns ``{"path", "status", "rows", "tables", "delta_version"}``
-    (``tables``: quarantined changes per source table in these batches), or ``None`` when no batch
-    has a quarantine part.
-    """
-    entries = [(batch, entry) for batch in batches for entry in batch.quarantine if entry.get("files")]
-    if not entries:
-        return None
-    path = quarantine_table_path(delta_root)
-    tables: dict[str, int] = {}
-    for _, entry in entries:
-        name = f"{entry['schema']}.{entry['table']}"
-        tables[name] = tables.get(name, 0) + int(entry["rows"])
-    for name, count in sorted(tables.items()):
-        log.warning(
-            "table %s: %d change(s) held a value the pipeline cannot carry and are quarantined in %s",
-            name,
-            count,
-            path,
-        )
-    parts = [(batch, join_path(entry["path"], name)) for batch, entry in entries for name in entry["files"]]
-    status, rows, version = append_once(spark, path, parts, staged.QUARANTINE_SLOT)
-    return {"path": path, "status": status, "rows": rows, "tables": tables, "delta_version": version}
-
-
-def append_messages(spark: SparkSession, batches: Sequence[BatchManifest], delta_root: str) -> dict[str, Any] | None:
-    """Append the batches' logical decoding messages to the messages Delta table, exactly once
-    (:func:`append_once`): the messages of committed transactions and the non-transactional
-    ones, as the batches staged them. Returns ``{"path", "status", "rows", "staged",
-    "delta_version"}`` (``staged``: the messages these batches hold), or ``None`` when they hold
-    none.
-    """
-    entries = [batch for batch in batches if batch.messages and batch.messages.get("files")]
-    if not entries:
-        return None
-    path = messages_table_path(delta_root)
-    parts = [
-        (batch, join_path(batch.messages["path"], name))
-        for batch in entries
-        if batch.messages is not None
-        for name in batch.messages["files"]
-    ]
-    status, rows, version = append_once(spark, path, parts, staged.MESSAGES_SLOT)
-    total = sum(int(batch.messages["rows"]) for batch in entries if batch.messages is not None)
-    log.info("%d logical decoding message(s) in these batches: %s to %s", total, status, path)
-    return {"path": path, "status": status, "rows": rows, "staged": total, "delta_version": version}
 
 
 def drop_created_table(spark: SparkSession, path: str) -> None:

@@ -273,17 +273,6 @@ def integer_key(plan: TablePlan) -> str | None:
     return plan.key[0]
 
 
-def _old_value(part: Any, column: str) -> Any:
-    """A part's old values of ``column`` (null where a change has no old image)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    old = part.column(staged.OLD) if staged.OLD in part.column_names else None
-    if old is None or column not in {f.name for f in old.type}:
-        return pa.nulls(part.num_rows, part.schema.field(column).type)
-    return pc.struct_field(old, column)
-
-
 def staged_key_ranges(plan: TablePlan) -> KeyRanges | None:
     """The key ranges of a single integer key over the staged parts, read on the driver (only the
     key's new and old values); ``None`` for other keys or when a part is not readable here."""
@@ -301,7 +290,7 @@ def staged_key_ranges(plan: TablePlan) -> KeyRanges | None:
                 part = parquet.read(columns=[c for c in (key, staged.OLD) if c in names])
             if key not in part.column_names:
                 return None
-            collector.add(part.column(key), _old_value(part, key))
+            collector.add(part.column(key), collapse.old_values(part, key))
     return collector.result()
 
 
@@ -374,7 +363,7 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
             delete = pc.equal(op, "D")
             for column in plan.key:
                 new_null = pc.and_(upsert, pc.is_null(part.column(column)))
-                old_null = pc.and_(delete, pc.is_null(_old_value(part, column)))
+                old_null = pc.and_(delete, pc.is_null(collapse.old_values(part, column)))
                 if pc.any(pc.or_(new_null, old_null)).as_py():
                     return None
             for column in numeric:
@@ -394,12 +383,12 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
             changed = pc.is_in(op, value_set=pa.array(["U", "D"]))
             missing_old += pc.sum(pc.and_(changed, pc.invert(has_old))).as_py() or 0
             if collector is not None and key is not None:
-                collector.add(part.column(key), _old_value(part, key))
+                collector.add(part.column(key), collapse.old_values(part, key))
             keys.append(
                 collapse.StagedKeys(
                     op=op,
                     new=tuple(part.column(c) for c in plan.key),
-                    old=tuple(_old_value(part, c) for c in plan.key),
+                    old=tuple(collapse.old_values(part, c) for c in plan.key),
                     lsn=part.column(COMMIT_LSN),
                     seq=part.column(staged.SEQ),
                 )

@@ -9,8 +9,9 @@ Delta commit that carries the transaction id of the batches' end LSN (the waterm
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import json
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -27,7 +28,7 @@ from airflow_provider_pgdecode.batch.format import (
 )
 from airflow_provider_pgdecode.spark import collapse, history, multiset
 from airflow_provider_pgdecode.spark.collapse import KIND, OP, CollapseInput, col, old_key_name
-from airflow_provider_pgdecode.spark.delta_state import app_id
+from airflow_provider_pgdecode.spark.delta_state import app_id, delta_log_storage, log_version
 from airflow_provider_pgdecode.spark.history import HISTORY, SOFT_DELETE
 from airflow_provider_pgdecode.spark.light_write import light_merge
 from airflow_provider_pgdecode.spark.merge_plan import METADATA_COLUMNS, MergeOptions, Profile, TablePlan, quote
@@ -35,6 +36,7 @@ from airflow_provider_pgdecode.spark.merge_sql import (
     MATCHED,
     NOT_MATCHED_BY_SOURCE,
     delete,
+    delta_ref,
     execute_merge,
     insert,
     merge_condition,
@@ -42,6 +44,7 @@ from airflow_provider_pgdecode.spark.merge_sql import (
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 
@@ -60,20 +63,23 @@ def append_rows(spark: SparkSession, path: str, rows: DataFrame, slot: str, vers
 def run_merge(
     spark: SparkSession,
     plan: TablePlan,
-    source: DataFrame,
+    source: DataFrame | Callable[[], DataFrame],
     profile: Profile,
     slot: str,
     options: MergeOptions,
     keep_columns: Sequence[str] | None = None,
+    rows: pa.Table | None = None,
 ) -> None:
     """The one MERGE of this table, recording the watermark in the same Delta commit.
 
     ``source``: one row per key (:func:`merge_source`, or :func:`.history.latest_states` for a
-    ``soft_delete`` table), with ``__keep_<i>`` flags for ``keep_columns`` (default: the
+    ``soft_delete`` table), or the function that makes it when asked (``rows``, the same source
+    built on the driver by :mod:`.arrow_source`, may spare asking), with ``__keep_<i>`` flags for ``keep_columns`` (default: the
     profile's). A ``soft_delete`` table gets other DELETE clauses: a deleted key's row becomes a
     tombstone (``_pg_deleted``) instead of going: with the values the run last committed for it
     when it had any (``__known``, also inserted when Delta lacks the key), else keeping Delta's;
     and a TRUNCATE makes every other row a tombstone at the first TRUNCATE's commit."""
+    frame: Callable[[], DataFrame] = source if callable(source) else lambda: source
     keep_index = {c: i for i, c in enumerate(profile.keep_columns if keep_columns is None else keep_columns)}
     update_set: dict[str, str] = {}
     insert_values: dict[str, str] = {}
@@ -120,9 +126,9 @@ def run_merge(
         ]
         if profile.truncate_at is not None:
             clauses.append(delete(NOT_MATCHED_BY_SOURCE, f"t.{COMMIT_LSN} < {profile.truncate_at[0]}"))
-        if light_merge(plan, profile, source, clauses, slot, options):
+        if light_merge(plan, profile, frame, clauses, slot, options, rows):
             return
-    execute_merge(spark, plan.path, source, merge_condition(plan, ranges), clauses, slot, plan.watermark_after)
+    execute_merge(spark, plan.path, frame(), merge_condition(plan, ranges), clauses, slot, plan.watermark_after)
 
 
 def committed_states(
@@ -279,3 +285,33 @@ def multiset_write(
         clauses.append(delete(NOT_MATCHED_BY_SOURCE, f"t.{COMMIT_LSN} < {profile.truncate_at[0]}"))
     execute_merge(spark, plan.path, source, multiset.merge_condition(columns), clauses, slot, plan.watermark_after)
     return {"inserted": added, "updated": 0, "deleted": removed}
+
+
+def last_commit(spark: SparkSession, path: str) -> tuple[int, dict[str, int]]:
+    """The table's latest version, and its row counts when that commit is a MERGE or an append:
+    the newest commit's ``commitInfo``, read from the log through the storage layer (``DESCRIBE
+    HISTORY``, a Spark statement of its own, only where that cannot reach)."""
+    store = delta_log_storage(path)
+    if store is None:
+        row = spark.sql(f"DESCRIBE HISTORY {delta_ref(path)} LIMIT 1").collect()[0]
+        version, operation, metrics = int(row["version"]), row["operation"], row["operationMetrics"] or {}
+    else:
+        names = [name for name, is_dir in store.list_dir() if not is_dir]
+        version = max(v for v in (log_version(n, ".json") for n in names) if v is not None)
+        info: dict[str, Any] = {}
+        for line in store.read_text(f"{version:020d}.json").splitlines():
+            action = json.loads(line) if line.strip() else {}
+            if "commitInfo" in action:
+                info = action["commitInfo"]
+                break
+        operation, metrics = info.get("operation"), info.get("operationMetrics") or {}
+    if operation == "WRITE":
+        return version, {"inserted": int(metrics.get("numOutputRows", 0)), "updated": 0, "deleted": 0}
+    if operation != "MERGE":
+        return version, {}
+    # Delta's names, or delta-rs's (spark/light_write.py) for the same counts.
+    return version, {
+        "inserted": int(metrics.get("numTargetRowsInserted", metrics.get("num_target_rows_inserted", 0))),
+        "updated": int(metrics.get("numTargetRowsUpdated", metrics.get("num_target_rows_updated", 0))),
+        "deleted": int(metrics.get("numTargetRowsDeleted", metrics.get("num_target_rows_deleted", 0))),
+    }

@@ -9,7 +9,8 @@ import pytest
 
 from airflow_provider_pgdecode.capture.native import load_native
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.spark.merge_job import merge_batches, quarantine_table_path
+from airflow_provider_pgdecode.spark.merge_job import merge_batches
+from airflow_provider_pgdecode.spark.side_tables import quarantine_table_path
 from tests.capture.test_bad_values import OPTIONS, assert_same_quarantine, extract, source, workload  # noqa: F401
 from tests.capture.test_native import assert_same_batches
 

@@ -11,7 +11,8 @@ import pytest
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.decoding.lsn import Lsn
-from airflow_provider_pgdecode.spark.merge_job import merge_batches, messages_table_path, summary_lines
+from airflow_provider_pgdecode.spark.merge_job import merge_batches, summary_lines
+from airflow_provider_pgdecode.spark.side_tables import messages_table_path
 from tests.capture.test_extract import wait_for_flush
 from tests.conftest import two_plugin_source
 

@@ -1,0 +1,212 @@
+"""A light write's MERGE source built on the driver (spark/arrow_source.py) equals Spark's.
+
+For runs of inserts, updates (some moving their key, some twice in a transaction) and deletes
+over columns of every flat type the extract stages as Delta keeps it, the source built from the
+parts with pyarrow holds the same rows, of the same types, as the one Spark computes
+(``merge_sql.merge_source``, collected). Merged, the table equals the reference model and a merge
+by Delta alone, read by Spark and by delta-rs. Where a part needs Spark's conversion (a numeric
+staged as text, unchanged TOAST) the driver builds nothing, and where the light write refuses the
+table after all, Delta's MERGE reads the changes in Spark.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from airflow_provider_pgdecode.batch.manifest import read_batches
+from airflow_provider_pgdecode.spark.arrow_source import arrow_source
+from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches
+from airflow_provider_pgdecode.spark.merge_plan import TablePlan, plan_merge
+from airflow_provider_pgdecode.spark.merge_sql import merge_source
+from airflow_provider_pgdecode.spark.profiling import profile_from_parts
+from airflow_provider_pgdecode.spark.staged_events import staged_events
+from tests.spark.staged import UNCHANGED, Model, TableChanges, write_batch
+
+pytestmark = pytest.mark.spark
+
+SLOT = "pgdecode_arrow"
+ITEMS = [
+    ("id", "bigint", pa.int64()),
+    ("n", "integer", pa.int32()),
+    ("s", "smallint", pa.int16()),
+    ("r", "real", pa.float32()),
+    ("f", "double precision", pa.float64()),
+    ("flag", "boolean", pa.bool_()),
+    ("ts", "timestamp with time zone", pa.timestamp("us", tz="UTC")),
+    ("d", "date", pa.date32()),
+    ("b", "bytea", pa.binary()),
+    ("t", "text", pa.string()),
+]
+COLUMNS = [name for name, _, _ in ITEMS] + ["_pg_commit_lsn"]
+DELTA_ONLY = MergeOptions(light_write_max_bytes=0)
+MERGE_LOG = "airflow_provider_pgdecode.spark.merge"
+
+
+def values(rng: random.Random, key: int) -> dict[str, Any]:
+    """A row of every column, some NULL (NaN is left out: the model compares rows with ==)."""
+
+    def maybe(value: Any) -> Any:
+        return None if rng.random() < 0.1 else value
+
+    return {
+        "id": key,
+        "n": maybe(rng.randrange(-(2**31), 2**31)),
+        "s": maybe(rng.randrange(-(2**15), 2**15)),
+        "r": maybe(rng.choice([0.5, -1.25, float("inf")])),
+        "f": maybe(rng.choice([rng.random() * 1e9, float("-inf"), 0.0])),
+        "flag": maybe(rng.random() < 0.5),
+        "ts": maybe(datetime(2020, 1, 1, tzinfo=UTC) + timedelta(microseconds=rng.randrange(10**15))),
+        "d": maybe(date(1990, 1, 1) + timedelta(days=rng.randrange(30_000))),
+        "b": maybe(rng.randbytes(rng.randrange(0, 12))),
+        "t": maybe(rng.choice(["", "é ü", f"t{key}", "a" * 300])),
+    }
+
+
+def random_run(seed: int, start: int, live: set[int]) -> TableChanges:
+    """Inserts, updates (a fifth moving their key, some twice in one transaction) and deletes of
+    the rows in ``live`` (updated in place), after commit LSN ``start``."""
+    rng = random.Random(seed)
+    table = TableChanges("public", "items", ITEMS)
+    lsn = start + 16
+    for _ in range(200):
+        lsn += 16 if rng.random() < 0.7 else 0  # some changes share a transaction
+        choice = rng.random()
+        if not live or choice < 0.35:
+            key = rng.randrange(0, 120)
+            if key not in live:
+                live.add(key)
+                table.insert(lsn, **values(rng, key))
+        elif choice < 0.8:
+            key = rng.choice(sorted(live))
+            moved = key + 1000 if rng.random() < 0.2 and key + 1000 not in live else key
+            live.discard(key)
+            live.add(moved)
+            table.update(lsn, {"id": key} if moved != key else None, **values(rng, moved))
+        else:
+            key = rng.choice(sorted(live))
+            live.discard(key)
+            table.delete(lsn, id=key)
+    return table
+
+
+def sorted_rows(table: pa.Table) -> list[tuple[Any, ...]]:
+    return sorted((tuple(row.values()) for row in table.to_pylist()), key=repr)
+
+
+def delta_rs_rows(path: Path) -> list[dict[str, Any]]:
+    import deltalake
+
+    query = f"select {', '.join(COLUMNS)} from t order by id"
+    table = deltalake.DeltaTable(str(path))
+    return pa.table(deltalake.QueryBuilder().register("t", table).execute(query).read_all()).to_pylist()
+
+
+def spark_rows(spark: Any, path: Path) -> list[dict[str, Any]]:
+    rows = spark.read.format("delta").load(str(path)).select(*COLUMNS).collect()
+    return sorted((r.asDict() for r in rows), key=lambda r: r["id"])
+
+
+def only_plan(spark: Any, batch: str, root: Path) -> TablePlan:
+    (plan,) = plan_merge(spark, read_batches([batch]), str(root), MergeOptions())
+    assert isinstance(plan, TablePlan)
+    return plan
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_source_built_on_the_driver_equals_sparks(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture, seed: int
+) -> None:
+    rng = random.Random(seed)
+    first = TableChanges("public", "items", ITEMS)
+    live = set(range(0, 120, 3))
+    for key in sorted(live):
+        first.insert(1_000, **values(rng, key))
+    light, plain = tmp_path / "light", tmp_path / "plain"
+    created = write_batch(tmp_path / "staging", SLOT, 900, 1_100, [first])
+    for root in (light, plain):
+        merge_batches(spark, [created], str(root), DELTA_ONLY)
+    applied = [first]
+    start = 1_100
+    for number in range(3):
+        changes = random_run(seed * 10 + number, start, live)
+        end = max(c.lsn for c in changes.parts[0].changes) + 16
+        batch = write_batch(tmp_path / "staging", SLOT, start, end, [changes])
+        start = end
+        applied.append(changes)
+
+        plan = only_plan(spark, batch, light)
+        profile = profile_from_parts(plan)
+        assert profile is not None
+        built = arrow_source(plan, profile, MergeOptions())
+        assert built is not None, number
+        computed = merge_source(spark, staged_events(spark, plan), plan, profile).toArrow()
+        assert built.column_names == computed.column_names
+        assert [f.type for f in built.schema] == [f.type for f in computed.schema]
+        assert sorted_rows(built) == sorted_rows(computed), number
+
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger=MERGE_LOG):
+            got = merge_batches(spark, [batch], str(light))["tables"]["public.items"]
+        assert "source row(s) built on the driver" in caplog.text
+        want = merge_batches(spark, [batch], str(plain), DELTA_ONLY)["tables"]["public.items"]
+        for name in ("status", "inserted", "updated", "deleted", "changes", "watermark_lsn"):
+            assert got[name] == want[name], (number, name)
+        expected = Model().apply(*applied).state(COLUMNS)
+        path_light, path_plain = light / "public" / "items", plain / "public" / "items"
+        assert spark_rows(spark, path_light) == spark_rows(spark, path_plain), number
+        assert delta_rs_rows(path_light) == delta_rs_rows(path_plain) == expected, number
+
+
+def test_parts_that_need_spark_or_a_table_the_light_write_refuses(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rng = random.Random(7)
+    first = TableChanges("public", "items", ITEMS)
+    for key in range(10):
+        first.insert(1_000, **values(rng, key))
+    changes = TableChanges("public", "items", ITEMS).update(1_200, **values(rng, 1)).delete(1_210, id=2)
+    toast = TableChanges("public", "items", ITEMS).update(1_300, **{**values(rng, 3), "t": UNCHANGED})
+    priced = [*ITEMS, ("price", "numeric(12,2)", pa.string())]
+    created = write_batch(tmp_path / "staging", SLOT, 900, 1_100, [first])
+    batch = write_batch(tmp_path / "staging", SLOT, 1_100, 1_250, [changes])
+    later = write_batch(tmp_path / "staging", SLOT, 1_250, 1_350, [toast])
+
+    # A table larger than the bound: the source is built on the driver, the table refused after it
+    # is opened, and Delta's MERGE reads the changes in Spark.
+    refused = tmp_path / "refused"
+    merge_batches(spark, [created], str(refused), DELTA_ONLY)
+    with caplog.at_level(logging.INFO, logger=MERGE_LOG):
+        result = merge_batches(spark, [batch], str(refused), MergeOptions(light_write_max_bytes=1))
+    assert "above --light-write-max-bytes 1" in caplog.text
+    assert result["tables"]["public.items"]["updated"] == 1 and result["tables"]["public.items"]["deleted"] == 1
+    # Unchanged TOAST: the profile is Spark's, so is the source (delta-rs still writes it).
+    plan = only_plan(spark, later, refused)
+    assert profile_from_parts(plan) is None
+    merge_batches(spark, [later], str(refused), DELTA_ONLY)
+    assert delta_rs_rows(refused / "public" / "items") == Model().apply(first, changes, toast).state(COLUMNS)
+
+    # A numeric staged as text is converted by Spark: no source from the driver.
+    with_price = TableChanges("public", "items", priced)
+    for key in range(5):
+        with_price.insert(1_000, **values(rng, key), price=f"{key}.50")
+    priced_root = tmp_path / "priced"
+    merge_batches(spark, [write_batch(tmp_path / "p", SLOT, 900, 1_100, [with_price])], str(priced_root), DELTA_ONLY)
+    update = TableChanges("public", "items", priced).update(1_200, **values(rng, 1), price="9.99")
+    batch = write_batch(tmp_path / "p", SLOT, 1_100, 1_250, [update])
+    plan = only_plan(spark, batch, priced_root)
+    profile = profile_from_parts(plan)
+    assert profile is not None
+    assert arrow_source(plan, profile, MergeOptions()) is None
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=MERGE_LOG):
+        merge_batches(spark, [batch], str(priced_root))
+    assert "merged by delta-rs" in caplog.text and "built on the driver" not in caplog.text
+    price = spark.read.format("delta").load(str(priced_root / "public" / "items")).where("id = 1").first()["price"]
+    assert str(price) == "9.99"
