@@ -29,7 +29,8 @@ This module keeps that run order, the per-table write and the command line; each
 in its own module: :mod:`.merge_plan` (options, plans, results), :mod:`.staged_events` (the
 staged parts read), :mod:`.profiling`, :mod:`.merge_sql` (DDL and the MERGE),
 :mod:`.write_strategies` (one write per load mode), :mod:`.snapshot_commit` (an initial load
-committed as staged) and :mod:`.side_tables` (the quarantine and messages tables), over :mod:`.delta_state` (the Delta table's state).
+committed as staged) and :mod:`.side_tables` (the quarantine and messages tables), over
+:mod:`.delta_state` (the Delta table's state).
 
 Batches and the Delta root may be local paths or ``s3://`` (``s3a://``) locations
 (docs/object-storage.md): manifests and Parquet footers are read through the batch format's
