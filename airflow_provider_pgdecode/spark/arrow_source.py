@@ -6,9 +6,10 @@ parts' schema, the plan's) for every table: about 0.13 s a table on a warm two-c
 of a cycle that touches many small tables. When the staged parts need nothing Spark does to them,
 the source is built here instead, from the parts read with pyarrow:
 
-* every column is staged as a flat Arrow type Spark reads exactly as its Delta type
-  (:func:`.spark_types.delta_ready`, as for the initial load's direct commit): the staged values
-  are the values Delta gets, no conversion, no NaN or digits to check;
+* every column is staged as an Arrow type Spark reads exactly as its Delta type, flat or a list of
+  flat values (:func:`.spark_types.delta_ready`, as for the initial load's direct commit), or is
+  a ``numeric(p,s)`` staged as its text, cast to its decimal (no NaN, digits that fit: see
+  :func:`staged_conversions`);
 * the profile came from the parts (:func:`.profiling.profile_from_parts`: nothing applied yet, no
   TRUNCATE, no unchanged TOAST, no NULL key), and the driver knows which effects a later one on
   the same key replaces (:func:`.collapse.superseded_effects`).
@@ -22,6 +23,8 @@ when the light write does not take the table after all, Delta's MERGE reads the 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from pyspark.sql.types import DecimalType
 
 from airflow_provider_pgdecode.batch import format as staged
 from airflow_provider_pgdecode.batch.format import DELTA_COLUMNS
@@ -63,8 +66,12 @@ def arrow_source(plan: TablePlan, profile: Profile, options: MergeOptions) -> pa
                     part = pq.read_table(source)
             except Exception:  # noqa: BLE001 - Spark reads it then, and names the damaged part
                 return None
-            if not staged_as_delta(part.schema, plan):
+            casts = staged_conversions(part.schema, plan)
+            if casts is None:
                 return None
+            for column, kind in casts.items():
+                index = part.schema.get_field_index(column)
+                part = part.set_column(index, column, part.column(column).cast(kind))
             effects.append(collapse.arrow_effects(part, spec))
     if not effects:
         return None
@@ -72,30 +79,48 @@ def arrow_source(plan: TablePlan, profile: Profile, options: MergeOptions) -> pa
     return _last_effects(table, profile.superseded).select([*plan.key, *plan.value_columns, *DELTA_COLUMNS, KIND])
 
 
-def staged_as_delta(schema: pa.Schema, plan: TablePlan) -> bool:
-    """Whether a part with ``schema`` holds the change columns the source needs as the batch format
-    declares them, and every column of ``plan`` (and each key column of its old-key image, when it
-    has one) as a flat type Spark reads exactly as the column's Delta type
-    (:func:`.spark_types.delta_ready`, the test the initial load's direct commit makes). Pure."""
+def staged_conversions(schema: pa.Schema, plan: TablePlan) -> dict[str, pa.DataType] | None:
+    """The casts a part with ``schema`` needs for its values to be the ones Spark gives Delta, by
+    column (``{}``: none), or ``None`` when the driver does not build its source. The part must hold
+    the change columns the source needs as the batch format declares them, and every column of
+    ``plan`` either as a type Spark reads exactly as the column's Delta type, flat or a list of flat
+    values (:func:`.spark_types.delta_ready`, the test the initial load's direct commit makes), or,
+    for a non-key ``numeric(p,s)`` staged as its text, as text cast to the column's decimal (the
+    profile from the parts saw no NaN or infinity in it, and its digits fit: PostgreSQL rounded
+    them to the scale). The old-key image's key columns must need no cast. Pure."""
     import pyarrow as pa
 
     for name in _CHANGE_COLUMNS:
         if name not in schema.names or not schema.field(name).type.equals(_CHANGE_TYPES[name]):
-            return False
+            return None
 
     def ready(column: str, kind: pa.DataType) -> bool:
-        return not pa.types.is_nested(kind) and delta_ready(plan.types[column], str(kind))
+        if pa.types.is_list(kind):  # named as the manifest names it (Parquet names the item "element")
+            kind = pa.list_(kind.value_type)
+        flat = kind.value_type if pa.types.is_list(kind) else kind
+        return not pa.types.is_nested(flat) and delta_ready(plan.types[column], str(kind))
 
-    if not all(column in schema.names and ready(column, schema.field(column).type) for column in plan.columns):
-        return False
+    casts: dict[str, pa.DataType] = {}
+    for column in plan.columns:
+        if column not in schema.names:
+            return None
+        kind, column_type = schema.field(column).type, plan.types[column]
+        if ready(column, kind):
+            continue
+        decimal = column_type.delta_type
+        numeric_text = column_type.is_numeric_text and column_type.element is None and pa.types.is_string(kind)
+        if not numeric_text or column_type.may_lose_digits or column in plan.key:
+            return None
+        assert isinstance(decimal, DecimalType)
+        casts[column] = pa.decimal128(decimal.precision, decimal.scale)
     if staged.OLD in schema.names:
         old = schema.field(staged.OLD).type
         if not pa.types.is_struct(old):
-            return False
+            return None
         fields = {old.field(i).name: old.field(i).type for i in range(old.num_fields)}
         if not all(ready(name, fields[name]) for name in plan.key if name in fields):
-            return False
-    return True
+            return None
+    return casts
 
 
 def _last_effects(effects: pa.Table, superseded: pa.Table) -> pa.Table:

@@ -1,12 +1,13 @@
 """A light write's MERGE source built on the driver (spark/arrow_source.py) equals Spark's.
 
 For runs of inserts, updates (some moving their key, some twice in a transaction) and deletes
-over columns of every flat type the extract stages as Delta keeps it, the source built from the
-parts with pyarrow holds the same rows, of the same types, as the one Spark computes
-(``merge_sql.merge_source``, collected). Merged, the table equals the reference model and a merge
-by Delta alone, read by Spark and by delta-rs. Where a part needs Spark's conversion (a numeric
-staged as text, unchanged TOAST) the driver builds nothing, and where the light write refuses the
-table after all, Delta's MERGE reads the changes in Spark.
+over columns of every flat type the extract stages as Delta keeps it, a list and a
+``numeric(12,2)`` staged as its text, the source built from the parts with pyarrow holds the
+same rows, of the same types, as the one Spark computes (``merge_sql.merge_source``,
+collected). Merged, the table equals the reference model and a merge by Delta alone, read by
+Spark and by delta-rs. Where a part needs Spark's checks (a numeric without a typmod, unchanged
+TOAST) the driver builds nothing, and where the light write refuses the table after all, Delta's
+MERGE reads the changes in Spark.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 import random
 from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,8 @@ ITEMS = [
     ("d", "date", pa.date32()),
     ("b", "bytea", pa.binary()),
     ("t", "text", pa.string()),
+    ("price", "numeric(12,2)", pa.string()),  # staged as its text, cast to decimal(12,2)
+    ("tags", "text[]", pa.list_(pa.string())),
 ]
 COLUMNS = [name for name, _, _ in ITEMS] + ["_pg_commit_lsn"]
 DELTA_ONLY = MergeOptions(light_write_max_bytes=0)
@@ -66,6 +70,8 @@ def values(rng: random.Random, key: int) -> dict[str, Any]:
         "d": maybe(date(1990, 1, 1) + timedelta(days=rng.randrange(30_000))),
         "b": maybe(rng.randbytes(rng.randrange(0, 12))),
         "t": maybe(rng.choice(["", "é ü", f"t{key}", "a" * 300])),
+        "price": maybe(f"{rng.randrange(-(10**12), 10**12) / 100:.2f}"),
+        "tags": maybe(rng.choice([[], ["a"], ["b", None, "é"]])),
     }
 
 
@@ -94,6 +100,11 @@ def random_run(seed: int, start: int, live: set[int]) -> TableChanges:
             live.discard(key)
             table.delete(lsn, id=key)
     return table
+
+
+def as_delta(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The model's rows as Delta holds them: the numeric text as a decimal."""
+    return [{**row, "price": None if row["price"] is None else Decimal(row["price"])} for row in rows]
 
 
 def sorted_rows(table: pa.Table) -> list[tuple[Any, ...]]:
@@ -158,7 +169,7 @@ def test_the_source_built_on_the_driver_equals_sparks(
         want = merge_batches(spark, [batch], str(plain), DELTA_ONLY)["tables"]["public.items"]
         for name in ("status", "inserted", "updated", "deleted", "changes", "watermark_lsn"):
             assert got[name] == want[name], (number, name)
-        expected = Model().apply(*applied).state(COLUMNS)
+        expected = as_delta(Model().apply(*applied).state(COLUMNS))
         path_light, path_plain = light / "public" / "items", plain / "public" / "items"
         assert spark_rows(spark, path_light) == spark_rows(spark, path_plain), number
         assert delta_rs_rows(path_light) == delta_rs_rows(path_plain) == expected, number
@@ -173,7 +184,7 @@ def test_parts_that_need_spark_or_a_table_the_light_write_refuses(
         first.insert(1_000, **values(rng, key))
     changes = TableChanges("public", "items", ITEMS).update(1_200, **values(rng, 1)).delete(1_210, id=2)
     toast = TableChanges("public", "items", ITEMS).update(1_300, **{**values(rng, 3), "t": UNCHANGED})
-    priced = [*ITEMS, ("price", "numeric(12,2)", pa.string())]
+    priced = [*ITEMS, ("amount", "numeric", pa.string())]
     created = write_batch(tmp_path / "staging", SLOT, 900, 1_100, [first])
     batch = write_batch(tmp_path / "staging", SLOT, 1_100, 1_250, [changes])
     later = write_batch(tmp_path / "staging", SLOT, 1_250, 1_350, [toast])
@@ -190,23 +201,22 @@ def test_parts_that_need_spark_or_a_table_the_light_write_refuses(
     plan = only_plan(spark, later, refused)
     assert profile_from_parts(plan) is None
     merge_batches(spark, [later], str(refused), DELTA_ONLY)
-    assert delta_rs_rows(refused / "public" / "items") == Model().apply(first, changes, toast).state(COLUMNS)
+    assert delta_rs_rows(refused / "public" / "items") == as_delta(Model().apply(first, changes, toast).state(COLUMNS))
 
-    # A numeric staged as text is converted by Spark: no source from the driver.
+    # A numeric without a typmod, staged as text, has its digits checked by Spark: no source from
+    # the driver.
     with_price = TableChanges("public", "items", priced)
     for key in range(5):
-        with_price.insert(1_000, **values(rng, key), price=f"{key}.50")
+        with_price.insert(1_000, **values(rng, key), amount=f"{key}.50")
     priced_root = tmp_path / "priced"
     merge_batches(spark, [write_batch(tmp_path / "p", SLOT, 900, 1_100, [with_price])], str(priced_root), DELTA_ONLY)
-    update = TableChanges("public", "items", priced).update(1_200, **values(rng, 1), price="9.99")
+    update = TableChanges("public", "items", priced).update(1_200, **values(rng, 1), amount="9.99")
     batch = write_batch(tmp_path / "p", SLOT, 1_100, 1_250, [update])
     plan = only_plan(spark, batch, priced_root)
-    profile = profile_from_parts(plan)
-    assert profile is not None
-    assert arrow_source(plan, profile, MergeOptions()) is None
+    assert profile_from_parts(plan) is None
     caplog.clear()
     with caplog.at_level(logging.INFO, logger=MERGE_LOG):
         merge_batches(spark, [batch], str(priced_root))
     assert "merged by delta-rs" in caplog.text and "built on the driver" not in caplog.text
-    price = spark.read.format("delta").load(str(priced_root / "public" / "items")).where("id = 1").first()["price"]
-    assert str(price) == "9.99"
+    amount = spark.read.format("delta").load(str(priced_root / "public" / "items")).where("id = 1").first()["amount"]
+    assert amount == Decimal("9.99")
