@@ -182,12 +182,19 @@ def merge_child(dsn: str, plugin: str, work: str, bound: str, mode: str, url: st
                 ahead = ExtractAhead(lambda _kill, cp=following: {"manifest": extract(cp)})
             began = time.perf_counter()
             merge_batches(spark, [str(manifest.path)], delta)
-            merge_seconds += time.perf_counter() - began
+            merged_in = time.perf_counter() - began
+            merge_seconds += merged_in
             if ahead is not None:
                 ahead.wait()  # the slot is free again
             conn.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, manifest.end_lsn))
             checkpoint = Checkpoint.from_manifest(manifest)
-            batches.append({"changes": manifest.changes, "peak_rss_mib": resource.getrusage(0).ru_maxrss / 1024})
+            batches.append(
+                {
+                    "changes": manifest.changes,
+                    "merge_seconds": round(merged_in, 3),
+                    "peak_rss_mib": resource.getrusage(0).ru_maxrss / 1024,
+                }
+            )
             shutil.rmtree(str(manifest.path), ignore_errors=True)  # merged and confirmed
             if manifest.bounded_by is None:
                 break
@@ -242,6 +249,7 @@ def drain_with_merges(conn: psycopg.Connection, dsn: str, args: argparse.Namespa
                 "batches": len(result["batches"]),
                 "peak_rss_mib": round(result["peak_rss_mib"]),
                 "peak_rss_mib_by_batch": [round(b["peak_rss_mib"]) for b in result["batches"]],
+                "merge_seconds_by_batch": [b["merge_seconds"] for b in result["batches"]],
                 "delta_equals_postgres": result["equal"],
             }
             print(

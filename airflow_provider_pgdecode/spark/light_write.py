@@ -28,8 +28,9 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_pgdecode.batch.format import is_local_path, local_path
+from airflow_provider_pgdecode.batch.format import delta_columns, is_local_path, local_path
 from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, is_object_store
+from airflow_provider_pgdecode.spark.collapse import KIND, UPSERT
 from airflow_provider_pgdecode.spark.delta_state import app_id
 from airflow_provider_pgdecode.spark.merge_sql import (
     MATCHED,
@@ -52,6 +53,8 @@ log = logging.getLogger("airflow_provider_pgdecode.spark.merge")
 #: feature (type widening, row tracking, change data feed, v2 checkpoints, ...) keeps the table on
 #: Delta's MERGE.
 LIGHT_FEATURES = frozenset({"appendOnly", "invariants", "columnMapping", "deletionVectors", "timestampNtz"})
+#: The field metadata naming a column's physical name in a column-mapped table.
+PHYSICAL_NAME = "delta.columnMapping.physicalName"
 #: Key types whose equality delta-rs and Spark agree on (floating point ``NaN`` keys do not).
 _EXACT_KEY_TYPES = ("bigint", "int", "smallint", "tinyint", "string", "date", "timestamp", "timestamp_ntz", "binary")
 
@@ -63,10 +66,12 @@ def light_write_refusal(plan: TablePlan, profile: Profile, options: MergeOptions
         return "the light write is off (--light-write-max-bytes 0)"
     if plan.mode != "merge" or plan.multiset or plan.append_only:
         return f"load mode {plan.mode}{' (keyless)' if plan.multiset else ''}"
-    if not plan.state.exists:
+    # A run that may be an append (:func:`appends`) reads no file of the table: neither a table
+    # this run creates (Spark creates it first) nor a large run stops it.
+    if not plan.state.exists and not may_append(plan, profile):
         return "the table is created by this run"
-    if profile.changes >= options.codegen_min_changes:
-        return f"{profile.changes} changes (at least --codegen-min-changes {options.codegen_min_changes})"
+    if profile.changes >= options.codegen_min_changes and not may_append(plan, profile):
+        return _many_changes(profile, options)
     if not is_local_path(plan.path) and not is_object_store(plan.path):
         return "neither on a local filesystem nor on s3://"
     mapping = plan.state.properties.get("delta.columnMapping.mode", "none")
@@ -85,9 +90,14 @@ def light_write_refusal(plan: TablePlan, profile: Profile, options: MergeOptions
     return None
 
 
-def table_refusal(table: Any, max_bytes: int) -> str | None:
+def _many_changes(profile: Profile, options: MergeOptions) -> str:
+    return f"{profile.changes} changes (at least --codegen-min-changes {options.codegen_min_changes})"
+
+
+def table_refusal(table: Any, max_bytes: int | None) -> str | None:
     """Why the delta-rs ``table`` is not written by delta-rs: a table feature outside
-    :data:`LIGHT_FEATURES`, or more than ``max_bytes`` of data files (``None``: it may be)."""
+    :data:`LIGHT_FEATURES`, or more than ``max_bytes`` of data files (``None``: it may be; no
+    size bound when ``max_bytes`` is None, as for an append, which reads none of them)."""
     protocol = table.protocol()
     features = set(protocol.writer_features or ()) | set(protocol.reader_features or ())
     if protocol.min_writer_version < 7 and protocol.min_writer_version > 2:
@@ -97,6 +107,8 @@ def table_refusal(table: Any, max_bytes: int) -> str | None:
     unknown = sorted(features - LIGHT_FEATURES)
     if unknown:
         return f"table feature(s) {unknown}"
+    if max_bytes is None:
+        return None
     files = table.get_add_actions(flatten=True)
     size = sum(files.column("size_bytes").to_pylist()) if files.num_rows else 0
     if size > max_bytes:
@@ -128,7 +140,7 @@ def light_merge(
         log.info("table %s: merged by Delta (%s)", plan.name, refusal)
         return False
     try:
-        return _merge(plan, source, merge_condition(plan, None), clauses, slot, options, rows)
+        return _merge(plan, profile, source, merge_condition(plan, None), clauses, slot, options, rows)
     except Exception as exc:  # noqa: BLE001 - any delta-rs error: Delta's MERGE decides
         log.warning(
             "table %s: delta-rs could not write it (%s: %s); merged by Delta instead",
@@ -141,6 +153,7 @@ def light_merge(
 
 def _merge(
     plan: TablePlan,
+    profile: Profile,
     source: Callable[[], DataFrame],
     condition: str,
     clauses: Sequence[Clause],
@@ -148,11 +161,12 @@ def _merge(
     options: MergeOptions,
     rows: pa.Table | None,
 ) -> bool:
-    from deltalake import CommitProperties, DeltaTable, Transaction
+    import pyarrow.compute as pc
+    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
     uri, storage_options = delta_rs_location(plan.path)
     table = DeltaTable(uri, storage_options=storage_options)
-    refusal = table_refusal(table, options.light_write_max_bytes)
+    refusal = table_refusal(table, None)
     if refusal is not None:
         log.info("table %s: merged by Delta (%s)", plan.name, refusal)
         return False
@@ -160,10 +174,27 @@ def _merge(
     recorded = table.transaction_version(app)
     if recorded is not None and recorded >= plan.watermark_after:
         return True  # Delta's idempotent write would skip it too: the caller sees no new version
+    transaction = Transaction(app_id=app, version=plan.watermark_after)
+    if rows is not None and appends(plan, profile, table):
+        appended = rows.filter(pc.equal(rows.column(KIND), UPSERT)).select(list(appended_columns(plan)))
+        write_deltalake(
+            table, appended, mode="append", commit_properties=CommitProperties(app_transactions=[transaction])
+        )
+        log.info(
+            "table %s: appended by delta-rs (inserts only, of keys outside every file's key range): %d row(s)",
+            plan.name,
+            appended.num_rows,
+        )
+        return True
+    refusal = table_refusal(table, options.light_write_max_bytes)
+    if refusal is None and profile.changes >= options.codegen_min_changes:
+        refusal = _many_changes(profile, options) + ", and keys within the table's files: not an append"
+    if refusal is not None:
+        log.info("table %s: merged by Delta (%s)", plan.name, refusal)
+        return False
     built = rows is not None
     if rows is None:
         rows = source().toArrow()
-    transaction = Transaction(app_id=app, version=plan.watermark_after)
     merger = table.merge(
         rows,
         predicate=condition,
@@ -182,6 +213,50 @@ def _merge(
         metrics.get("num_target_files_removed", 0),
     )
     return True
+
+
+def may_append(plan: TablePlan, profile: Profile) -> bool:
+    """Whether this run may be an append (:func:`appends` decides, from the table's statistics):
+    inserts only, no TRUNCATE, of a single key whose ranges the profile knows (an integer key)."""
+    return profile.inserts_only and profile.truncate_at is None and len(plan.key) == 1 and bool(profile.key_ranges)
+
+
+def appends(plan: TablePlan, profile: Profile, table: Any) -> bool:
+    """Whether this run's MERGE is an append (:func:`may_append`, and every staged key lies outside
+    every data file's key range in the file statistics): no row of the table can match one, so
+    the MERGE would insert each row and touch nothing else. Keys inserted again over rows Delta
+    still holds (a replay, a re-snapshot) overlap those ranges and are merged."""
+    if not may_append(plan, profile):
+        return False
+    files = table.get_add_actions(flatten=True)
+    if not files.num_rows:
+        return True
+    names = files.column_names
+    fields = {field.name: field for field in table.schema().fields}
+    if plan.key[0] not in fields:
+        return False
+    # Statistics are kept by the column's physical name (column mapping), else by its name.
+    physical = fields[plan.key[0]].metadata.get(PHYSICAL_NAME, plan.key[0])
+    low, high = f"min.{physical}", f"max.{physical}"
+    if low not in names or high not in names:
+        return False  # no statistics of the key: nothing shows the keys are new
+    return keys_outside(profile.key_ranges or [], files.column(low).to_pylist(), files.column(high).to_pylist())
+
+
+def keys_outside(ranges: Sequence[tuple[Any, Any]], lows: Sequence[Any], highs: Sequence[Any]) -> bool:
+    """Whether no ``[lo, hi]`` of ``ranges`` meets any file's ``[low, high]``; a file without
+    statistics (``None``) meets every range."""
+    for low, high in zip(lows, highs, strict=True):
+        if low is None or high is None:
+            return False
+        if any(lo <= high and low <= hi for lo, hi in ranges):
+            return False
+    return True
+
+
+def appended_columns(plan: TablePlan) -> tuple[str, ...]:
+    """The columns an append writes: the table's, then its metadata columns (the MERGE's INSERT)."""
+    return (*plan.columns, *delta_columns(plan.mode))
 
 
 def delta_rs_location(path: str) -> tuple[str, dict[str, str] | None]:

@@ -111,12 +111,18 @@ from airflow_provider_pgdecode.spark.staged_events import (
     staged_part_error,
     uses_object_store,
 )
-from airflow_provider_pgdecode.spark.table_workers import run_sharded, table_sessions
+from airflow_provider_pgdecode.spark.table_workers import (
+    DRIVER_WRITERS,
+    NO_SPARK,
+    NeedsSpark,
+    run_sharded,
+    run_without_sessions,
+    table_sessions,
+)
 from airflow_provider_pgdecode.spark.write_strategies import (
     append_inserts,
     append_only_write,
     history_write,
-    inserts_only,
     last_commit,
     multiset_write,
     run_merge,
@@ -228,9 +234,14 @@ def _merge_batches(
         def write(session: SparkSession, item: _Prepared) -> TableResult:
             return _write_prepared(session, item, every_batch, slot, chunked, options)
 
-        for item, result in zip(
-            prepared, run_sharded(prepared, lambda item: session_of[item.plan.name], write), strict=True
-        ):
+        # First the tables whose source the driver built, in threads without a session; those that
+        # need one after all (NeedsSpark) are written with the rest, in their sessions.
+        on_driver = [item for item in prepared if item.rows is not None and delta_log_storage(item.plan.path)]
+        written, _ = run_without_sessions(on_driver, write, max(options.table_workers, DRIVER_WRITERS))
+        for item, result in written:
+            results[item.plan.name] = result
+        rest = [item for item in prepared if item.plan.name not in results]
+        for item, result in zip(rest, run_sharded(rest, lambda item: session_of[item.plan.name], write), strict=True):
             results[item.plan.name] = result
 
     quarantine = append_quarantine(spark, batches, delta_root)
@@ -302,7 +313,13 @@ def _write_prepared(
             write_snapshot(spark, plan, result, item.direct, slot)
         else:
             write_table(spark, plan, item.events, item.profile, result, skipped_rows, slot, chunked, options, item.rows)
+    except NeedsSpark as reason:  # tried without a session: nothing written yet, it is written in one
+        log.info("table %s: written in a Spark session after all (%s)", plan.name, reason)
+        raise
     except Exception as error:
+        if spark is NO_SPARK:  # whether it is the table's problem to park is decided in a session
+            log.info("table %s: written in a Spark session after all (%s: %s)", plan.name, type(error).__name__, error)
+            raise NeedsSpark(str(error)) from error
         if not options.park or not table_parking.table_problem(spark, error, options.park_refused):
             raise
         return parked_result(plan.path, plan.schema, plan.table, error)
@@ -478,7 +495,7 @@ def write_table(
                 history_write(spark, plan, events, profile, slot, options)
             elif plan.mode == SOFT_DELETE:
                 soft_delete_write(spark, plan, events, profile, slot, options)
-            elif result.created and inserts_only(profile) and not chunked:
+            elif result.created and profile.inserts_only and not chunked:
                 append_inserts(spark, plan, events, profile, slot)
             elif plan.multiset and not snapshot_chunks_of(plan):
                 counts = multiset_write(spark, plan, events, profile, slot)

@@ -250,6 +250,12 @@ class Profile:
     when :func:`profile_from_parts` found them: the collapse then only drops these."""
 
     @property
+    def inserts_only(self) -> bool:
+        """Inserts (and TRUNCATEs) only, such as an initial snapshot: every key once after the last
+        TRUNCATE (PostgreSQL refuses a second insert of a key without a delete between)."""
+        return self.updates == 0 and self.deletes == 0 and not self.keep_columns
+
+    @property
     def truncate_at(self) -> tuple[int, int] | None:
         """The last TRUNCATE's (commit LSN, position): what a current-state table keeps starts after it."""
         if not self.truncations:

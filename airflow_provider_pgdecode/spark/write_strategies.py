@@ -210,12 +210,6 @@ def soft_delete_write(
     run_merge(spark, plan, source, profile, slot, options, keep_columns=spec.keep_columns)
 
 
-def inserts_only(profile: Profile) -> bool:
-    """A batch of inserts (and TRUNCATEs) only, such as an initial snapshot: every key once after
-    the last TRUNCATE (PostgreSQL refuses a second insert of a key without a delete between)."""
-    return profile.updates == 0 and profile.deletes == 0 and not profile.keep_columns
-
-
 def append_inserts(spark: SparkSession, plan: TablePlan, events: DataFrame, profile: Profile, slot: str) -> None:
     """Into a table this run created (empty), an inserts-only batch is appended, not merged: no
     collapse, no join. One Delta commit holding the watermark, as the MERGE's does."""
@@ -305,8 +299,9 @@ def last_commit(spark: SparkSession, path: str) -> tuple[int, dict[str, int]]:
                 info = action["commitInfo"]
                 break
         operation, metrics = info.get("operation"), info.get("operationMetrics") or {}
-    if operation == "WRITE":
-        return version, {"inserted": int(metrics.get("numOutputRows", 0)), "updated": 0, "deleted": 0}
+    if operation == "WRITE":  # Delta's name, or delta-rs's (an append by spark/light_write.py)
+        inserted = int(metrics.get("numOutputRows", metrics.get("num_added_rows", 0)))
+        return version, {"inserted": inserted, "updated": 0, "deleted": 0}
     if operation != "MERGE":
         return version, {}
     # Delta's names, or delta-rs's (spark/light_write.py) for the same counts.

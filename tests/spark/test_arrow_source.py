@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import random
+from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -111,10 +112,10 @@ def sorted_rows(table: pa.Table) -> list[tuple[Any, ...]]:
     return sorted((tuple(row.values()) for row in table.to_pylist()), key=repr)
 
 
-def delta_rs_rows(path: Path) -> list[dict[str, Any]]:
+def delta_rs_rows(path: Path, columns: list[str] = COLUMNS) -> list[dict[str, Any]]:
     import deltalake
 
-    query = f"select {', '.join(COLUMNS)} from t order by id"
+    query = f"select {', '.join(columns)} from t order by id"
     table = deltalake.DeltaTable(str(path))
     return pa.table(deltalake.QueryBuilder().register("t", table).execute(query).read_all()).to_pylist()
 
@@ -220,3 +221,49 @@ def test_parts_that_need_spark_or_a_table_the_light_write_refuses(
     assert "merged by delta-rs" in caplog.text and "built on the driver" not in caplog.text
     amount = spark.read.format("delta").load(str(priced_root / "public" / "items")).where("id = 1").first()["amount"]
     assert amount == Decimal("9.99")
+
+
+def test_tables_written_without_a_session_side_by_side(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Six tables whose sources the driver builds are committed in threads without a Spark
+    session; the one whose write needs Spark after all (a column the source added) is written in
+    the session, and every table equals the model and a merge by Delta alone."""
+    names = [f"t{i}" for i in range(6)]
+    widened = [*ITEMS, ("extra", "integer", pa.int32())]
+    rng = random.Random(11)
+    firsts, lives = {}, {}
+    for name in names:
+        lives[name] = set(range(0, 60, 2))
+        firsts[name] = TableChanges("public", name, ITEMS)
+        for key in sorted(lives[name]):
+            firsts[name].insert(1_000, **values(rng, key))
+    created = write_batch(tmp_path / "staging", SLOT, 900, 1_100, list(firsts.values()))
+    light, plain = tmp_path / "light", tmp_path / "plain"
+    for root in (light, plain):
+        merge_batches(spark, [created], str(root), DELTA_ONLY)
+    runs = {}
+    for number, name in enumerate(names):
+        run = random_run(100 + number, 1_100, lives[name])
+        items = widened if name == "t5" else ITEMS
+        runs[name] = TableChanges("public", name, items)
+        for change in run.parts[0].changes:  # the same changes under the table's name
+            extra = {"extra": number} if name == "t5" and change.new is not None else {}
+            runs[name].parts[0].changes.append(replace(change, new={**change.new, **extra}) if extra else change)
+    end = max(c.lsn for run in runs.values() for c in run.parts[0].changes) + 16
+    batch = write_batch(tmp_path / "staging", SLOT, 1_100, end, list(runs.values()))
+
+    with caplog.at_level(logging.INFO, logger=MERGE_LOG):
+        got = merge_batches(spark, [batch], str(light))["tables"]
+    want = merge_batches(spark, [batch], str(plain), DELTA_ONLY)["tables"]
+    after_all = [r.getMessage() for r in caplog.records if "in a Spark session after all" in r.getMessage()]
+    assert len(after_all) == 1 and after_all[0].startswith("table public.t5:"), after_all
+    assert caplog.text.count("built on the driver") == len(names)
+    for name in names:
+        for field in ("status", "inserted", "updated", "deleted", "changes", "watermark_lsn"):
+            assert got[f"public.{name}"][field] == want[f"public.{name}"][field], (name, field)
+        columns = [*COLUMNS, "extra"] if name == "t5" else COLUMNS
+        expected = as_delta(Model().apply(firsts[name], runs[name]).state(columns))
+        path = light / "public" / name
+        assert delta_rs_rows(path, columns) == delta_rs_rows(plain / "public" / name, columns) == expected, name
+    assert spark_rows(spark, light / "public" / "t5") == spark_rows(spark, plain / "public" / "t5")

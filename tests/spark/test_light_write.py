@@ -147,3 +147,55 @@ def test_tables_delta_rs_must_not_write_go_through_deltas_merge(
         assert last_commit(path)["engineInfo"].startswith("Apache-Spark"), reason
         assert "table public.docs: merged by Delta (" in caplog.text and reason in caplog.text
         assert spark_rows(spark, path) == Model().apply(first, second).state(COLUMNS)
+
+
+def test_inserts_of_new_keys_are_appended_and_others_merged(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run of inserts only whose keys lie outside every file's key range (a table this run
+    creates has none) is appended by delta-rs (no MERGE); an insert of a key inside a file's range (a replay over a row Delta still holds)
+    is merged, so the row is replaced, not doubled. An append needs no bound on the run's changes
+    (here 2); a run past it that is no append goes to Delta's MERGE. Spark and delta-rs read what
+    the model holds."""
+    first = TableChanges("public", "docs", DOCS)
+    for i in range(10, 60):
+        first.insert(100, id=i, title=f"t{i}", body=None)
+    fresh = TableChanges("public", "docs", DOCS)  # above and below every file's range
+    for i in [*range(100, 140), *range(0, 5)]:
+        fresh.insert(200 + i, id=i, title=f"new {i}", body="b")
+    again = (
+        TableChanges("public", "docs", DOCS)
+        .insert(402, id=20, title="t20 again", body="x")
+        .insert(404, id=500, title="t500", body=None)
+    )
+    runs = [(90, 110, first), (110, 400, fresh), (400, 410, again)]
+    light, plain = tmp_path / "light", tmp_path / "plain"
+    path_light, path_plain = light / "public" / "docs", plain / "public" / "docs"
+    applied: list[TableChanges] = []
+    for number, (start, end, changes) in enumerate(runs):
+        applied.append(changes)
+        batch = write_batch(tmp_path / "staging", SLOT, start, end, [changes])
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="airflow_provider_pgdecode.spark.merge"):
+            got = merge_batches(spark, [batch], str(light), MergeOptions(codegen_min_changes=2))
+        got = got["tables"]["public.docs"]
+        want = merge_batches(spark, [batch], str(plain), DELTA_ONLY)["tables"]["public.docs"]
+        expected = Model().apply(*applied).state(COLUMNS)
+        assert spark_rows(spark, path_light) == spark_rows(spark, path_plain) == expected, number
+        assert delta_rs_rows(path_light) == expected, number
+        for name in ("status", "inserted", "updated", "deleted", "watermark_lsn"):
+            assert got[name] == want[name], (number, name)
+        operation = last_commit(path_light)["operation"]
+        if number == 0:  # created by Spark, its rows appended by delta-rs
+            assert "appended by delta-rs" in caplog.text and operation == "WRITE", caplog.text
+            assert last_commit(path_light)["engineInfo"].startswith("delta-rs")
+            assert last_commit(path_light)["version"] == 1 and got["created"]
+        if number == 1:
+            assert "appended by delta-rs" in caplog.text and operation == "WRITE", caplog.text
+        if number == 2:  # a run of many changes (the bound is 2 here) that is no append: Delta's MERGE
+            assert "appended by delta-rs" not in caplog.text and operation == "MERGE", caplog.text
+            assert "keys within the table's files: not an append" in caplog.text
+            assert last_commit(path_light)["engineInfo"].startswith("Apache-Spark")
+    import deltalake
+
+    assert deltalake.DeltaTable(str(path_light)).transaction_version(f"pgdecode:{SLOT}") == 410

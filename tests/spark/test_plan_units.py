@@ -314,3 +314,13 @@ def test_a_resnapshot_s_truncate_replaces_what_earlier_batches_staged() -> None:
     assert since_resnapshot("public.t", [(b3, merge), (b4, merge)]) == [(b3, merge), (b4, merge)]
     kept = [(b, history) for b in (b1, b2, b3, b4)]
     assert since_resnapshot("public.t", kept) == kept
+
+
+def test_keys_outside_every_files_range() -> None:
+    from airflow_provider_pgdecode.spark.light_write import keys_outside
+
+    assert keys_outside([(100, 140), (0, 5)], [10, 60], [59, 99])
+    assert not keys_outside([(100, 140)], [10, 130], [59, 200])  # inside the second file's range
+    assert not keys_outside([(59, 59)], [10], [59])  # the range's ends count
+    assert not keys_outside([(1, 2)], [None], [None])  # a file without statistics
+    assert keys_outside([(1, 2)], [], [])
