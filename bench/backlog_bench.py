@@ -1,7 +1,9 @@
 """Backlog benchmark: a large backlog drained in bounded batches, against one raw decode of it.
 
 In one run, on one throwaway PostgreSQL cluster and one ``--changes`` workload (default 5,000,000:
-80% inserts, 10% updates, 10% deletes, in transactions of ``--txn-size``), for each output plugin:
+80% inserts, 10% updates, 10% deletes, in transactions of ``--txn-size``, with a CHECKPOINT every
+``--checkpoint-every`` changes: the running-transactions records a backlog that accumulated over
+minutes carries, which let a slot's restart point follow its confirms), for each output plugin:
 
 1. raw:   ``select count(*)`` of one ``pg_logical_slot_peek_changes`` over the whole backlog
           (``peek_binary_changes`` for pgoutput), with the extract's options;
@@ -14,10 +16,12 @@ In one run, on one throwaway PostgreSQL cluster and one ``--changes`` workload (
           child process, over the same backlog (more slots, made before it was written; a
           first round, not reported, warms the server up): the batches extracted (``--merge-bound`` changes each), merged into Delta through
           a warm Spark Connect server (started by the bench, ``local[*]``) and confirmed after their
-          Delta commit, one step after another (``overlap=False``) and with the extract of batch N+1
+          Delta commit, one step after another (``overlap=False``), with the extract of batch N+1
           in a thread while batch N merges (``overlap=True``: the drain's
           :class:`~airflow_provider_pgdecode.cycle.overlap.ExtractAhead`, joined before N is
-          confirmed). The Delta table is compared with PostgreSQL after each (not timed).
+          confirmed), and overlapped only while the last merge took longer than an extract alone
+          (``overlap="auto"``, the drain's default). The Delta table is compared with PostgreSQL
+          after each, 500,000 keys at a time (not timed).
 
 Prints the batches, the largest batch, the drain's rate against the raw decode (the ratio), and
 the drain's peak memory (max RSS of the child, and before its first batch); writes them to
@@ -118,9 +122,14 @@ def child(dsn: str, plugin: str, staging: str, bound: str) -> None:
     )
 
 
-MERGE_SLOTS = {"warm_up": "bench_warm_up", "serial": "bench_serial", "overlap": "bench_overlap"}
+COMPARED = 500_000
+"""Keys compared at a time (Spark's collect of a whole large table through Connect does not fit)."""
+
+MERGE_SLOTS = {"warm_up": "bench_warm_up", "serial": "bench_serial", "overlap": "bench_overlap", "auto": "bench_auto"}
 """The slots of the drain with merges: a first round that warms the Connect server up (its first
-MERGEs compile; not reported), one step after another, and overlapped."""
+MERGEs compile; not reported), one step after another, overlapped, and overlapped while it pays."""
+MERGE_MODES: dict[str, bool | str] = {"warm_up": False, "serial": False, "overlap": True, "auto": "auto"}
+"""Each round's ``overlap`` (the drain operator's, :class:`~airflow_provider_pgdecode.cycle.overlap.OverlapChoice`)."""
 
 
 def create_merge_slots(conn: psycopg.Connection, plugin: str) -> None:
@@ -135,11 +144,12 @@ def merge_drain_in_child(dsn: str, plugin: str, work: Path, bound: int, mode: st
     out = subprocess.run(
         [sys.executable, "-m", "bench.backlog_bench", "--merge-child", dsn, plugin, str(work), str(bound)]
         + [mode, url],
-        check=True,
         capture_output=True,
         text=True,
         cwd=REPO,
     )
+    if out.returncode != 0:  # the child's own error, not only its exit status
+        raise SystemExit(f"the drain with merges ({mode}) failed:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -150,12 +160,12 @@ def merge_child(dsn: str, plugin: str, work: str, bound: str, mode: str, url: st
     from airflow_provider_pgdecode.batch.manifest import BatchManifest
     from airflow_provider_pgdecode.capture.bounds import BatchBounds
     from airflow_provider_pgdecode.capture.extract import extract_batch
-    from airflow_provider_pgdecode.cycle.overlap import ExtractAhead
+    from airflow_provider_pgdecode.cycle.overlap import ExtractAhead, OverlapChoice
     from airflow_provider_pgdecode.spark.merge_job import merge_batches
     from airflow_provider_pgdecode.spark.session import build_connect_session
     from pgdecode_testing.compare import compare_table
 
-    overlap = mode == "overlap"
+    choice = OverlapChoice(MERGE_MODES[mode])
     slot, staging, delta = MERGE_SLOTS[mode], Path(work) / "staging", str(Path(work) / "delta")
     bounds = BatchBounds(max_changes=int(bound), max_wal_bytes=None)
     publication = PUBLICATION if plugin == "pgoutput" else None
@@ -170,28 +180,35 @@ def merge_child(dsn: str, plugin: str, work: str, bound: str, mode: str, url: st
     batches: list[dict] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
         checkpoint, ahead = None, None
-        extract_seconds = merge_seconds = 0.0
+        extract_seconds = merge_seconds = ahead_wait_seconds = 0.0
         started = time.perf_counter()
         while True:
             began = time.perf_counter()
+            alone = ahead is None
             manifest = ahead.join()["manifest"] if ahead is not None else extract(checkpoint)
             extract_seconds += time.perf_counter() - began  # with overlap: only the wait for it
+            if alone:
+                choice.extracted_alone(time.perf_counter() - began)
             ahead = None
-            if overlap and manifest.bounded_by is not None:
+            if choice.ahead() and manifest.bounded_by is not None:
                 following = Checkpoint.from_manifest(manifest)  # N+1 starts at N's end
                 ahead = ExtractAhead(lambda _kill, cp=following: {"manifest": extract(cp)})
             began = time.perf_counter()
             merge_batches(spark, [str(manifest.path)], delta)
             merged_in = time.perf_counter() - began
             merge_seconds += merged_in
+            choice.merged(merged_in)
             if ahead is not None:
+                began = time.perf_counter()
                 ahead.wait()  # the slot is free again
+                ahead_wait_seconds += time.perf_counter() - began
             conn.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, manifest.end_lsn))
             checkpoint = Checkpoint.from_manifest(manifest)
             batches.append(
                 {
                     "changes": manifest.changes,
                     "merge_seconds": round(merged_in, 3),
+                    "extracted_ahead": not alone,
                     "peak_rss_mib": resource.getrusage(0).ru_maxrss / 1024,
                 }
             )
@@ -199,13 +216,19 @@ def merge_child(dsn: str, plugin: str, work: str, bound: str, mode: str, url: st
             if manifest.bounded_by is None:
                 break
         elapsed = time.perf_counter() - started
-        equal = compare_table(conn, spark, delta, "public", "orders").equal
+        equal = mode == "warm_up" or all(
+            compare_table(
+                conn, spark, delta, "public", "orders", where=f"id BETWEEN {lo} AND {lo + COMPARED - 1}"
+            ).equal
+            for lo in range(0, conn.execute("select coalesce(max(id), 0) from orders").fetchone()[0] + 1, COMPARED)
+        )
     spark.stop()
     print(
         json.dumps(
             {
                 "seconds": elapsed,
                 "extract_wait_seconds": extract_seconds,
+                "ahead_wait_seconds": ahead_wait_seconds,
                 "merge_seconds": merge_seconds,
                 "batches": batches,
                 "changes": sum(b["changes"] for b in batches),
@@ -234,7 +257,6 @@ def drain_with_merges(conn: psycopg.Connection, dsn: str, args: argparse.Namespa
     print(f"{plugin}: raw decode {rows:,} rows in {raw_seconds:.1f} s ({raw_rate:,.0f} changes/s)", flush=True)
     with LocalConnectServer(master="local[*]", log_path=work / "connect-server.log") as server:
         for mode in MERGE_SLOTS:
-            overlap = mode == "overlap"
             result = merge_drain_in_child(dsn, plugin, work / mode, args.merge_bound, mode, server.url)
             if mode == "warm_up":
                 print(f"  warm-up round (not reported): {result['seconds']:.1f} s", flush=True)
@@ -246,17 +268,20 @@ def drain_with_merges(conn: psycopg.Connection, dsn: str, args: argparse.Namespa
                 "ratio_to_raw": round(rate / raw_rate, 2),
                 "merge_seconds": round(result["merge_seconds"], 2),
                 "extract_wait_seconds": round(result["extract_wait_seconds"], 2),
+                "ahead_wait_seconds": round(result["ahead_wait_seconds"], 2),
                 "batches": len(result["batches"]),
+                "extracted_ahead": sum(b["extracted_ahead"] for b in result["batches"]),
                 "peak_rss_mib": round(result["peak_rss_mib"]),
                 "peak_rss_mib_by_batch": [round(b["peak_rss_mib"]) for b in result["batches"]],
                 "merge_seconds_by_batch": [b["merge_seconds"] for b in result["batches"]],
                 "delta_equals_postgres": result["equal"],
             }
             print(
-                f"{plugin} drain with merges, overlap {'on' if overlap else 'off'}: {result['changes']:,} changes in "
+                f"{plugin} drain with merges, overlap {MERGE_MODES[mode]}: {result['changes']:,} changes in "
                 f"{len(result['batches'])} batches (bound {args.merge_bound:,}) in {result['seconds']:.1f} s "
                 f"({rate:,.0f} changes/s) = {rate / raw_rate:.2f} of raw; merges {result['merge_seconds']:.1f} s, "
-                f"waiting for extracts {result['extract_wait_seconds']:.1f} s; peak RSS {result['peak_rss_mib']:.0f} "
+                f"waiting for extracts {result['extract_wait_seconds']:.1f} s (after merges "
+                f"{result['ahead_wait_seconds']:.1f} s, {report[mode]['extracted_ahead']} extracted ahead); peak RSS {result['peak_rss_mib']:.0f} "
                 f"MiB; Delta {'equals' if result['equal'] else 'DIFFERS FROM'} PostgreSQL",
                 flush=True,
             )
@@ -273,6 +298,13 @@ def main() -> int:
     parser.add_argument("--with-merges", action="store_true", help="also the drain with merges, overlap off and on")
     parser.add_argument("--merge-plugin", default="test_decoding", choices=list(SLOTS))
     parser.add_argument("--merge-bound", type=int, default=50_000, help="max_batch_changes of the drain with merges")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=100_000,
+        help="a CHECKPOINT (a running-transactions record, as PostgreSQL logs every 15 s) after about so many "
+        "changes of the workload; 0: none, a backlog written all at once",
+    )
     parser.add_argument("--child", nargs=4, metavar=("DSN", "PLUGIN", "STAGING", "BOUND"), help=argparse.SUPPRESS)
     parser.add_argument("--merge-child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -283,7 +315,12 @@ def main() -> int:
         merge_child(*args.merge_child)
         return 0
 
-    report: dict = {"changes": args.changes, "txn_size": args.txn_size, "bound": args.bound}
+    report: dict = {
+        "changes": args.changes,
+        "txn_size": args.txn_size,
+        "bound": args.bound,
+        "checkpoint_every": args.checkpoint_every,
+    }
     work = Path(tempfile.mkdtemp(prefix="pgdecode-backlog-"))
     try:
         with ThrowawayCluster(extra_settings=SERVER_SETTINGS) as cluster:
@@ -294,7 +331,7 @@ def main() -> int:
                 started = time.perf_counter()
                 if args.with_merges:
                     create_merge_slots(conn, args.merge_plugin)
-                make_workload(conn, args.changes, args.txn_size)
+                make_workload(conn, args.changes, args.txn_size, args.checkpoint_every)
                 ceiling = Lsn.parse(str(conn.execute("select pg_current_wal_flush_lsn()").fetchone()[0]))
                 print(f"  written in {time.perf_counter() - started:.0f} s, WAL up to {ceiling}", flush=True)
                 for plugin in args.plugins:
@@ -308,6 +345,7 @@ def main() -> int:
                         "raw_seconds": round(raw_seconds, 2),
                         "raw_changes_per_s": round(raw_rate),
                         "drain_seconds": round(result["seconds"], 2),
+                        "seconds_by_batch": [round(b["seconds"], 2) for b in result["batches"]],
                         "drain_changes_per_s": round(rate),
                         "ratio_to_raw": round(rate / raw_rate, 2),
                         "batches": len(sizes),

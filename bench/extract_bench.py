@@ -71,8 +71,21 @@ SERVER_SETTINGS = {
 }
 
 
-def make_workload(conn: psycopg.Connection, changes: int, txn_size: int) -> None:
-    """Inserts (80%), updates (10%) and deletes (10%) in transactions of ``txn_size`` changes."""
+def make_workload(conn: psycopg.Connection, changes: int, txn_size: int, checkpoint_every: int = 0) -> None:
+    """Inserts (80%), updates (10%) and deletes (10%) in transactions of ``txn_size`` changes.
+
+    ``checkpoint_every``: a CHECKPOINT after about so many changes. Each logs the running
+    transactions, as PostgreSQL also does every 15 s while WAL is written: a slot's restart point
+    can only move to such a record, so a backlog written in seconds without them is decoded from
+    its start again by every batch's peek, which a backlog that accumulated for minutes is not."""
+    written = 0
+
+    def wrote(count: int) -> None:
+        nonlocal written
+        if checkpoint_every and (written + count) // checkpoint_every > written // checkpoint_every:
+            conn.execute("checkpoint")
+        written += count
+
     conn.execute(
         "create table orders (id bigint primary key, customer text not null, amount numeric(12,2),"
         " status text, created timestamptz, paid boolean, tags text[])"
@@ -93,12 +106,15 @@ def make_workload(conn: psycopg.Connection, changes: int, txn_size: int) -> None
             " from generate_series(%s::bigint, %s::bigint) g",
             (start + 1, stop),
         )
+        wrote(stop - start)
     for start in range(0, updates, txn_size):
         stop = min(start + txn_size, updates)
         conn.execute("update orders set status = 'paid', paid = true where id between %s and %s", (start + 1, stop))
+        wrote(stop - start)
     for start in range(0, deletes, txn_size):
         stop = min(start + txn_size, deletes)
         conn.execute("delete from orders where id between %s and %s", (inserts - stop + 1, inserts - start))
+        wrote(stop - start)
 
 
 def plugin_options(conn: psycopg.Connection, plugin: str) -> list[str]:

@@ -102,8 +102,11 @@ def output_texts(column: sql.Composable) -> sql.Composable:
     ).format(column, output_text(element))
 
 
-def source_rows(conn: psycopg.Connection[Any], schema: str, table: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Column names and rows of a source table; text-like types are read as PostgreSQL prints them."""
+def source_rows(
+    conn: psycopg.Connection[Any], schema: str, table: str, where: str | None = None
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Column names and rows of a source table (those ``where`` holds for, an SQL condition);
+    text-like types are read as PostgreSQL prints them."""
     with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(
             "SELECT a.attname::text, format_type(a.atttypid, NULL) FROM pg_attribute a"
@@ -122,7 +125,11 @@ def source_rows(conn: psycopg.Connection[Any], schema: str, table: str) -> tuple
             else:  # uuid, json, enums, intervals...: compare the text PostgreSQL prints
                 select.append(output_text(ident) if element is None else output_texts(ident))
         cur.execute("SET LOCAL TimeZone = 'UTC'" if not conn.autocommit else "SET TimeZone = 'UTC'")
-        cur.execute(sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(select), sql.Identifier(schema, table)))
+        condition = sql.SQL(" WHERE " + where if where else "")
+        query = sql.SQL("SELECT {} FROM {}{}").format(
+            sql.SQL(", ").join(select), sql.Identifier(schema, table), condition
+        )
+        cur.execute(query)
         return [c[0] for c in columns], cur.fetchall()
 
 
@@ -133,20 +140,26 @@ def compare_table(
     schema: str,
     table: str,
     delta_table: tuple[str, str] | None = None,
+    where: str | None = None,
 ) -> TableComparison:
     """Compare ``schema.table`` in PostgreSQL with its Delta table under ``delta_root``
     (``delta_table``: another Delta table's ``(schema, table)``, e.g. the one a renamed table flows
-    into): with the Delta table's current rows, as its recorded mode defines them."""
+    into): with the Delta table's current rows, as its recorded mode defines them. ``where``: only
+    the rows an SQL condition both PostgreSQL and Spark read the same way holds for (a key range:
+    a large table compared a slice at a time)."""
     from airflow_provider_pgdecode.spark.history import current_rows, recorded_mode
     from airflow_provider_pgdecode.spark.merge_job import delta_ref
 
-    names, rows = source_rows(conn, schema, table)
+    names, rows = source_rows(conn, schema, table, where)
     delta_schema, delta_name = delta_table or (schema, table)
     path = spark_uri(join_path(delta_root, delta_path_part(delta_schema), delta_path_part(delta_name)))
     # Through Spark (any location and session kind it reads, Spark Connect included).
     properties = {row["key"]: row["value"] for row in spark.sql(f"SHOW TBLPROPERTIES {delta_ref(path)}").collect()}
     mode = recorded_mode(properties)
-    frame = current_rows(spark.read.format("delta").load(path), mode).select(*[f"`{n}`" for n in names])
+    frame = current_rows(spark.read.format("delta").load(path), mode)
+    if where:
+        frame = frame.where(where)
+    frame = frame.select(*[f"`{n}`" for n in names])
     delta = [tuple(r) for r in frame.collect()]
     left = Counter(tuple(canonical(v) for v in row) for row in rows)
     right = Counter(tuple(canonical(v) for v in row) for row in delta)

@@ -27,7 +27,9 @@ from typing import Any
 
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
+from airflow_provider_pgdecode.batch.options import yes_or_no
 from airflow_provider_pgdecode.cycle import KillSwitch
+from airflow_provider_pgdecode.errors import ConfigurationError
 from airflow_provider_pgdecode.hooks.object_store import storage_for
 
 
@@ -35,6 +37,48 @@ def staged_checkpoint(batch_path: str, storage_conn_id: str | None) -> dict[str,
     """The checkpoint a confirm of the staged batch at ``batch_path`` would push (its end LSN, its
     pending prepared transactions, its snapshot state): where the batch after it starts."""
     return Checkpoint.from_manifest(BatchManifest.read(storage_for(batch_path, storage_conn_id))).to_dict()
+
+
+class OverlapChoice:
+    """Whether the drain extracts the next batch beside a merge (``overlap``: True always, False
+    never, ``"auto"``: while it pays, from the last measured steps).
+
+    An extract beside a merge starts before the slot is confirmed past the batch being merged, so
+    PostgreSQL decodes that batch again (and the two steps share the worker's cores): measured on
+    two cores, a 1,000,000-change extract beside a merge took about four times as long as alone.
+    So ``"auto"`` extracts ahead only while the last merge took longer than the last extract run
+    alone; it starts alone, and a batch extracted alone measures the extract again."""
+
+    def __init__(self, overlap: bool | str) -> None:
+        self.auto = str(overlap).strip().lower() == "auto"
+        if not self.auto and yes_or_no(overlap) is None:
+            raise ConfigurationError(f"overlap must be true, false or 'auto', not {overlap!r}")
+        self.always = not self.auto and yes_or_no(overlap) is True
+        self.extract_seconds: float | None = None
+        self.merge_seconds: float | None = None
+
+    def extracted_alone(self, seconds: float) -> None:
+        self.extract_seconds = seconds
+
+    def merged(self, seconds: float) -> None:
+        self.merge_seconds = seconds
+
+    def ahead(self) -> bool:
+        """Whether to extract the next batch beside the coming merge."""
+        if not self.auto:
+            return self.always
+        if self.extract_seconds is None or self.merge_seconds is None:
+            return False
+        return self.merge_seconds > self.extract_seconds
+
+    def reason(self) -> str:
+        """The measurements ``"auto"`` decided on, for the log."""
+        if self.extract_seconds is None or self.merge_seconds is None:
+            return "overlap auto: no merge measured yet"
+        return (
+            f"overlap auto: the last merge took {self.merge_seconds:.1f} s, an extract alone "
+            f"{self.extract_seconds:.1f} s"
+        )
 
 
 class ExtractAhead:

@@ -16,7 +16,7 @@ from airflow_provider_pgdecode.cycle import CycleTask, KillSwitch
 from airflow_provider_pgdecode.cycle.confirm import ConfirmArguments, confirm_once
 from airflow_provider_pgdecode.cycle.extract import ExtractArguments, extract_once
 from airflow_provider_pgdecode.cycle.merge import MergeArguments, merge_once
-from airflow_provider_pgdecode.cycle.overlap import ExtractAhead, staged_checkpoint
+from airflow_provider_pgdecode.cycle.overlap import ExtractAhead, OverlapChoice, staged_checkpoint
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import ConfigurationError
 from airflow_provider_pgdecode.hooks.pgdecode import PgDecodeHook
@@ -69,8 +69,9 @@ class PgDecodeDrainOperator(BaseOperator):
     checkpoint is pushed to XCom at once (the extract task reads the latest of the confirm's and
     this task's), so a run killed between two batches resumes after the last confirmed one.
 
-    With ``overlap`` (the default), the extract of batch N+1 runs in a thread while batch N
-    merges, at most one batch ahead (:mod:`airflow_provider_pgdecode.cycle.overlap`): N+1 starts at
+    With ``overlap``, the extract of batch N+1 runs in a thread while batch N merges (by default
+    only while that pays: the last merge took longer than an extract alone), at most one batch
+    ahead (:mod:`airflow_provider_pgdecode.cycle.overlap`): N+1 starts at
     N's end LSN (from N's staged manifest, N not being confirmed yet), the thread has ended (its
     use of the slot over) before N is confirmed, and N+1 is confirmed after its own merge. A merge
     that fails cancels the extract running beside it and confirms nothing; an extract that fails
@@ -106,7 +107,9 @@ class PgDecodeDrainOperator(BaseOperator):
     :param max_batches: at most this many batches in this task (``None``: until caught up); the
         next run goes on from there. (templated)
     :param enabled: ``False`` skips the loop (one batch per run). (templated)
-    :param overlap: ``True`` (default): extract the next batch while the current one merges;
+    :param overlap: ``"auto"`` (default): extract the next batch while the current one merges
+        only while the last merge took longer than an extract alone
+        (:class:`~airflow_provider_pgdecode.cycle.overlap.OverlapChoice`); ``True``: always;
         ``False``: one step after another. (templated)
     """
 
@@ -132,7 +135,7 @@ class PgDecodeDrainOperator(BaseOperator):
         confirm_task_id: str = "confirm",
         max_batches: int | str | None = None,
         enabled: bool | str = True,
-        overlap: bool | str = True,
+        overlap: bool | str = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -189,16 +192,27 @@ class PgDecodeDrainOperator(BaseOperator):
             first["bounded_by"],
             start_lsn,
         )
-        overlap = yes_or_no(self.overlap) is not False
+        choice = OverlapChoice(self.overlap)
+        overlapping: bool | None = None
         try:
             while summary.get("bounded_by") and (limit is None or result["batches"] < limit):
                 if self._ahead is not None:  # extracted while the batch before merged
                     summary, self._ahead = self._ahead.join(), None
                 else:
+                    began = time.monotonic()
                     summary = extract_once(replace(extract, checkpoint=checkpoint), context, self.log, self._kill)
-                if overlap and summary.get("bounded_by") and (limit is None or result["batches"] + 1 < limit):
+                    choice.extracted_alone(time.monotonic() - began)
+                more = summary.get("bounded_by") and (limit is None or result["batches"] + 1 < limit)
+                if more and choice.auto and choice.ahead() != overlapping:
+                    overlapping = choice.ahead()
+                    self.log.info(
+                        "%s: the next batch extracted %s", choice.reason(), "beside" if overlapping else "alone"
+                    )
+                if more and choice.ahead():
                     self._ahead = self._extract_ahead(extract, summary, context)
+                began = time.monotonic()
                 self._merge(merge, summary, context)
+                choice.merged(time.monotonic() - began)
                 if self._ahead is not None:
                     self._ahead.wait()  # the slot serves one backend at a time: the peek is over
                 # Also pushes the checkpoint to XCom under the slot's key.

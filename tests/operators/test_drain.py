@@ -20,3 +20,33 @@ def test_a_source_as_fast_as_the_drain_gets_a_warning_not_a_number() -> None:
 def test_nothing_done_yet_or_nothing_left() -> None:
     assert eta_text(30_000_000, 0, 0, 10.0) == "an unknown time"
     assert eta_text(0, 100, 5_000, 10.0) == "nothing"
+
+
+def test_overlap_auto_extracts_ahead_only_while_merges_take_longer() -> None:
+    from airflow_provider_pgdecode.cycle.overlap import OverlapChoice
+
+    auto = OverlapChoice("auto")
+    assert not auto.ahead()  # nothing measured: one step after another
+    auto.extracted_alone(2.0)
+    auto.merged(1.0)  # an append by delta-rs: faster than the extract
+    assert not auto.ahead() and "1.0 s" in auto.reason() and "2.0 s" in auto.reason()
+    auto.merged(10.0)  # a MERGE through Spark: the extract beside it pays
+    assert auto.ahead()
+    auto.extracted_alone(12.0)
+    assert not auto.ahead()
+    for forced, expected in ((True, True), ("true", True), (False, False), ("no", False)):
+        choice = OverlapChoice(forced)
+        assert choice.ahead() is expected
+        choice.extracted_alone(1.0)
+        choice.merged(0.1)
+        assert choice.ahead() is expected
+
+
+def test_overlap_other_than_yes_no_or_auto_is_refused() -> None:
+    import pytest
+
+    from airflow_provider_pgdecode.cycle.overlap import OverlapChoice
+    from airflow_provider_pgdecode.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="overlap must be true, false or 'auto', not 'sometimes'"):
+        OverlapChoice("sometimes")
