@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,16 @@ def delta_rs_rows(path: Path) -> list[dict[str, Any]]:
     return pa.table(deltalake.QueryBuilder().register("t", table).execute(query).read_all()).to_pylist()
 
 
+def each_run(
+    tmp_path: Path, runs: list[tuple[int, int, TableChanges]]
+) -> Iterator[tuple[int, str, list[TableChanges]]]:
+    """Each run's number, its staged batch, and the runs applied once it is (the model's input)."""
+    applied: list[TableChanges] = []
+    for number, (start, end, changes) in enumerate(runs):
+        applied.append(changes)
+        yield number, write_batch(tmp_path / "staging", SLOT, start, end, [changes]), list(applied)
+
+
 def test_small_runs_committed_by_delta_rs_equal_deltas_merge(spark: Any, tmp_path: Path) -> None:
     big = "b" * 3000
     first = TableChanges("public", "docs", DOCS)
@@ -84,10 +95,7 @@ def test_small_runs_committed_by_delta_rs_equal_deltas_merge(spark: Any, tmp_pat
     runs = [(90, 110, first), (110, 220, second), (220, 350, third), (350, 440, fourth)]
     light, plain = tmp_path / "light", tmp_path / "plain"
     path_light, path_plain = light / "public" / "docs", plain / "public" / "docs"
-    applied: list[TableChanges] = []
-    for number, (start, end, changes) in enumerate(runs):
-        applied.append(changes)
-        batch = write_batch(tmp_path / "staging", SLOT, start, end, [changes])
+    for number, batch, applied in each_run(tmp_path, runs):
         light_options = DELTA_ONLY if number < 2 else MergeOptions()
         got = merge_batches(spark, [batch], str(light), light_options)["tables"]["public.docs"]
         want = merge_batches(spark, [batch], str(plain), DELTA_ONLY)["tables"]["public.docs"]
@@ -171,10 +179,7 @@ def test_inserts_of_new_keys_are_appended_and_others_merged(
     runs = [(90, 110, first), (110, 400, fresh), (400, 410, again)]
     light, plain = tmp_path / "light", tmp_path / "plain"
     path_light, path_plain = light / "public" / "docs", plain / "public" / "docs"
-    applied: list[TableChanges] = []
-    for number, (start, end, changes) in enumerate(runs):
-        applied.append(changes)
-        batch = write_batch(tmp_path / "staging", SLOT, start, end, [changes])
+    for number, batch, applied in each_run(tmp_path, runs):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="airflow_provider_pgdecode.spark.merge"):
             got = merge_batches(spark, [batch], str(light), MergeOptions(codegen_min_changes=2))
