@@ -24,14 +24,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyspark.sql.types import DecimalType
+from pyspark.sql.types import ArrayType, DecimalType, TimestampType
 
 from airflow_provider_pgdecode.batch import format as staged
 from airflow_provider_pgdecode.batch.format import DELTA_COLUMNS
 from airflow_provider_pgdecode.spark import collapse
 from airflow_provider_pgdecode.spark.collapse import KIND, LSN, SEQ, CollapseInput
 from airflow_provider_pgdecode.spark.light_write import light_write_refusal
-from airflow_provider_pgdecode.spark.spark_types import delta_ready
+from airflow_provider_pgdecode.spark.spark_types import ColumnType, delta_ready
 from airflow_provider_pgdecode.spark.staged_events import footers_readable, open_part
 
 if TYPE_CHECKING:
@@ -84,7 +84,8 @@ def staged_conversions(schema: pa.Schema, plan: TablePlan) -> dict[str, pa.DataT
     column (``{}``: none), or ``None`` when the driver does not build its source. The part must hold
     the change columns the source needs as the batch format declares them, and every column of
     ``plan`` either as a type Spark reads exactly as the column's Delta type, flat or a list of flat
-    values (:func:`.spark_types.delta_ready`, the test the initial load's direct commit makes), or,
+    values (:func:`.spark_types.delta_ready`, the test the initial load's direct commit makes), a
+    ``timestamp without time zone`` (or a list of them) as its microseconds read as UTC, or,
     for a non-key ``numeric(p,s)`` staged as its text, as text cast to the column's decimal (the
     profile from the parts saw no NaN or infinity in it, and its digits fit: PostgreSQL rounded
     them to the scale). The old-key image's key columns must need no cast. Pure."""
@@ -107,6 +108,10 @@ def staged_conversions(schema: pa.Schema, plan: TablePlan) -> dict[str, pa.DataT
         kind, column_type = schema.field(column).type, plan.types[column]
         if ready(column, kind):
             continue
+        wall_clock = _wall_clock_as_utc(kind, column_type)
+        if wall_clock is not None:
+            casts[column] = wall_clock
+            continue
         decimal = column_type.delta_type
         numeric_text = column_type.is_numeric_text and column_type.element is None and pa.types.is_string(kind)
         if not numeric_text or column_type.may_lose_digits or column in plan.key:
@@ -121,6 +126,24 @@ def staged_conversions(schema: pa.Schema, plan: TablePlan) -> dict[str, pa.DataT
         if not all(ready(name, fields[name]) for name in plan.key if name in fields):
             return None
     return casts
+
+
+def _wall_clock_as_utc(kind: pa.DataType, column_type: ColumnType) -> pa.DataType | None:
+    """For a ``timestamp without time zone`` (or an array of them) staged as Arrow's zoneless
+    microseconds and kept in Delta as a ``timestamp``: the same microseconds as UTC, which is what
+    Spark's cast gives in pgdecode's sessions (time zone UTC: the wall-clock time read as UTC).
+    ``None`` for any other column."""
+    import pyarrow as pa
+
+    naive = pa.timestamp("us")
+    utc = pa.timestamp("us", tz="UTC")
+    target = column_type.delta_type
+    if kind.equals(naive) and isinstance(target, TimestampType):
+        return utc
+    is_list = pa.types.is_list(kind) and kind.value_type.equals(naive)
+    if is_list and isinstance(target, ArrayType) and isinstance(target.elementType, TimestampType):
+        return pa.list_(pa.field("item", utc))
+    return None
 
 
 def _last_effects(effects: pa.Table, superseded: pa.Table) -> pa.Table:

@@ -43,6 +43,7 @@ ITEMS = [
     ("f", "double precision", pa.float64()),
     ("flag", "boolean", pa.bool_()),
     ("ts", "timestamp with time zone", pa.timestamp("us", tz="UTC")),
+    ("wall", "timestamp without time zone", pa.timestamp("us")),  # its wall-clock time read as UTC
     ("d", "date", pa.date32()),
     ("b", "bytea", pa.binary()),
     ("t", "text", pa.string()),
@@ -68,6 +69,14 @@ def values(rng: random.Random, key: int) -> dict[str, Any]:
         "f": maybe(rng.choice([rng.random() * 1e9, float("-inf"), 0.0])),
         "flag": maybe(rng.random() < 0.5),
         "ts": maybe(datetime(2020, 1, 1, tzinfo=UTC) + timedelta(microseconds=rng.randrange(10**15))),
+        "wall": maybe(
+            rng.choice(
+                [
+                    datetime(1999, 12, 31, 23, 59, 59) + timedelta(microseconds=rng.randrange(10**15)),
+                    datetime(9999, 12, 31, 23, 59, 59, 999999),  # infinity, as staged
+                ]
+            )
+        ),
         "d": maybe(date(1990, 1, 1) + timedelta(days=rng.randrange(30_000))),
         "b": maybe(rng.randbytes(rng.randrange(0, 12))),
         "t": maybe(rng.choice(["", "é ü", f"t{key}", "a" * 300])),
@@ -104,8 +113,16 @@ def random_run(seed: int, start: int, live: set[int]) -> TableChanges:
 
 
 def as_delta(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The model's rows as Delta holds them: the numeric text as a decimal."""
-    return [{**row, "price": None if row["price"] is None else Decimal(row["price"])} for row in rows]
+    """The model's rows as Delta holds them: the numeric text as a decimal, the wall-clock time as
+    that time in UTC."""
+    return [
+        {
+            **row,
+            "price": None if row["price"] is None else Decimal(row["price"]),
+            **({"wall": row["wall"].replace(tzinfo=UTC)} if row.get("wall") is not None else {}),
+        }
+        for row in rows
+    ]
 
 
 def sorted_rows(table: pa.Table) -> list[tuple[Any, ...]]:
