@@ -103,11 +103,13 @@ def test_a_table_too_large_for_the_server_is_parked_before_it_is_sent(small_serv
     assert small_server.running()
     assert not any("OutOfMemoryError" in line for line in small_server.output)  # never sent
 
-    # Sent anyway (the check off): the task runs out of memory, which the merge reports as such; the
-    # server serves on, and with the check on again the table is parked and the other one merges.
+    # Sent anyway (the check off; the light write off too, or delta-rs would append these inserts
+    # on the driver, the server never seeing them): the task runs out of memory, which the merge
+    # reports as such; the server serves on, and with the check on again the table is parked and
+    # the other one merges.
     batch = _batch(tmp_path / "staging", 2000, 6)
     with pytest.raises(Exception) as ran_out:
-        _merge(small_server.url, batch, delta_root, memory_check=False)
+        _merge(small_server.url, batch, delta_root, memory_check=False, light_write_max_bytes=0)
     assert out_of_memory_error(ran_out.value, {"spark.driver.memory": "512m"}) is not None
     assert small_server.running()
     summary = _merge(small_server.url, batch, delta_root)

@@ -40,27 +40,39 @@ def _fail(*args, **kwargs):
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("first_write", ["append_inserts", "run_merge"])
-def test_a_failed_first_merge_leaves_no_delta_table(spark, tmp_path: Path, monkeypatch, first_write: str) -> None:
+@pytest.mark.parametrize(
+    ("first_write", "update", "light_write_max_bytes"),
+    [
+        ("append_inserts", False, 0),  # Spark appends the inserts into the table it created
+        ("run_merge", False, None),  # the source built on the driver: delta-rs appends it
+        ("run_merge", True, None),  # not inserts only: the first write is a MERGE
+    ],
+    ids=["append_inserts", "delta_rs_append", "run_merge"],
+)
+def test_a_failed_first_merge_leaves_no_delta_table(
+    spark, tmp_path: Path, monkeypatch, first_write: str, update: bool, light_write_max_bytes: int | None
+) -> None:
     orders = TableChanges("public", "orders", COLUMNS).insert(100, id=1, note="a")
-    if first_write == "run_merge":
-        orders.update(110, id=1, note="b")  # not inserts only: the first write is a MERGE
+    if update:
+        orders.update(110, id=1, note="b")
     batch = write_batch(tmp_path / "staging", SLOT, 10, 200, [orders])
+    light = {} if light_write_max_bytes is None else {"light_write_max_bytes": light_write_max_bytes}
+    options = merge_job.MergeOptions(**light)
     monkeypatch.setattr(merge_job, first_write, _fail)
     delta_root = tmp_path / "delta"
     # A write Spark refuses while the session works parks the table (docs/merge.md)...
-    parked = merge_batches(spark, [batch], str(delta_root))["tables"]["public.orders"]
+    parked = merge_batches(spark, [batch], str(delta_root), options)["tables"]["public.orders"]
     assert parked["status"] == "parked" and parked["reason"] == "Boom: the first write failed"
     assert not (delta_root / "public" / "orders").exists()
     with pytest.raises(Boom):  # ... or, without parking, stops the run
-        merge_batches(spark, [batch], str(delta_root), merge_job.MergeOptions(park=False))
+        merge_batches(spark, [batch], str(delta_root), merge_job.MergeOptions(park=False, **light))
     assert not (delta_root / "public" / "orders").exists()
 
     monkeypatch.undo()  # the same batch merges once the cause is gone
-    summary = merge_batches(spark, [batch], str(delta_root))
+    summary = merge_batches(spark, [batch], str(delta_root), options)
     assert summary["tables"]["public.orders"]["status"] == "merged"
     rows = spark.read.format("delta").load(str(delta_root / "public" / "orders")).collect()
-    assert [(r["id"], r["note"]) for r in rows] == [(1, "a" if first_write == "append_inserts" else "b")]
+    assert [(r["id"], r["note"]) for r in rows] == [(1, "b" if update else "a")]
 
 
 @pytest.mark.spark
