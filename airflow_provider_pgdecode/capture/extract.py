@@ -52,9 +52,9 @@ from airflow_provider_pgdecode.capture.renames import KnownTables, follow_select
 from airflow_provider_pgdecode.capture.rewrites import find_rewrites, handle_rewrites
 from airflow_provider_pgdecode.capture.sessions import (
     SecondHalf,
-    expected_end,
+    Split,
+    first_split,
     second_session,
-    session_split,
     upper_slot_needed,
 )
 from airflow_provider_pgdecode.capture.staged_tables import check_clamped_keys, describe_tables
@@ -530,17 +530,10 @@ def _assembler_and_writer(
     return assembler, writer
 
 
-def _first_split(plan: ExtractPlan, upto: Lsn) -> Lsn | None:
-    """Where the first reading up to the ceiling ``upto`` splits between two decoding sessions
-    (:mod:`.sessions`), expected from the checkpoint's WAL bytes per change; ``None``: one session."""
-    checkpoint, request = plan.checkpoint, plan.request
-    expected = expected_end(
-        plan.start_lsn,
-        upto,
-        request.bounds.max_changes,
-        checkpoint.wal_bytes_per_change if checkpoint is not None else None,
-    )
-    return session_split(plan.start_lsn, expected, request.two_sessions, request.split_at)
+def _first_split(plan: ExtractPlan, upto: Lsn) -> Split | None:
+    """Where the first reading up to the ceiling ``upto`` splits between two decoding sessions."""
+    request = plan.request
+    return first_split(plan.start_lsn, upto, request.bounds, plan.checkpoint, request.two_sessions, request.split_at)
 
 
 def _identities_and_keys(
@@ -575,7 +568,7 @@ def _peek_native(
     writer: BatchWriter,
     include: Callable[[str, str], bool] | None,
     cut: BatchCut | None,
-    split: Lsn | None,
+    split: Split | None,
     upto: Lsn,
     peek_rows: int | None,
 ) -> NativePeek:
@@ -591,11 +584,12 @@ def _peek_native(
                 second_session(
                     plan.conn,
                     slot_name,
-                    split,
+                    split.at,
                     upto,
                     options,
                     peek_rows,
                     upper=upper_slot_needed(request.plugin, plan.info.two_phase, options),
+                    expected=split.expected,
                 )
             )
         lower = stack.enter_context(ExitStack())  # the lower half's peek, ended before a fallback
@@ -625,7 +619,7 @@ def _peek_native(
             last, row_limit = rows, peek_rows
             if half is not None and (half.taken or half.refused):
                 last = rows - (half.first_rows or 0)
-                row_limit = peek_rows if half.taken else peek_rows + (half.first_rows or 0)
+                row_limit = (half.upper_rows or peek_rows) if half.taken else peek_rows + (half.first_rows or 0)
             row_limited = last >= row_limit
     return NativePeek(writer, rows, repeated_rows, row_limited, decode_split)
 

@@ -21,9 +21,12 @@ import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.options import yes_or_no
+from airflow_provider_pgdecode.capture.bounds import BatchBounds
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import SlotError
 from airflow_provider_pgdecode.postgres.session import Connection, connect, conninfo_like
@@ -75,6 +78,29 @@ def expected_end(start: Lsn, upto: Lsn, max_changes: int | None, wal_bytes_per_c
     return min(upto, Lsn(int(start) + int(max_changes * wal_bytes_per_change)))
 
 
+UPPER_MARGIN = 1.1
+"""The second session's row limit over the rows the batch is expected to take from it: a batch
+that ends early at that limit is a little smaller (the next one goes on from there), while rows
+decoded past the batch's cut are decoded and read in vain."""
+
+
+@dataclass(frozen=True)
+class ExpectedBatch:
+    """A batch that ``max_batch_changes`` is expected to end at ``end``, before its ceiling (at the
+    previous batch's WAL per change), after about ``rows`` rows decoded (its peek's row limit)."""
+
+    start: Lsn
+    end: Lsn
+    rows: int
+
+    def upper_rows(self, begin: Lsn) -> int:
+        """The row limit of a second session that begins at ``begin``: the batch's rows after it,
+        in proportion to the WAL, with :data:`UPPER_MARGIN`. Without it, that session would
+        decode as many rows as the whole batch, most of them past its end."""
+        share = (int(self.end) - int(begin)) / max(1, int(self.end) - int(self.start))
+        return max(1, min(self.rows, int(self.rows * max(share, 0.0) * UPPER_MARGIN) + 2))
+
+
 def session_split(start: Lsn, end: Lsn, two_sessions: bool | None, split_at: Lsn | None) -> Lsn | None:
     """Where a second decoding session begins (:func:`split_point` on the way to the batch's
     expected ``end``, or ``split_at`` when it lies between), or None for one session."""
@@ -83,6 +109,51 @@ def session_split(start: Lsn, end: Lsn, two_sessions: bool | None, split_at: Lsn
     if split_at is not None:
         return split_at if start < split_at < end else None
     return split_point(start, end)
+
+
+MIN_WAL_BYTES_PER_CHANGE = 40
+"""Less WAL than a change takes (a DELETE's record by key is about 50 bytes): a range of less WAL
+than ``max_batch_changes`` times this cannot be ended by that bound."""
+
+
+@dataclass(frozen=True)
+class Split:
+    """Where a second decoding session begins, and where the batch is expected to end when a
+    change bound ends it before its ceiling (which limits the second session's rows)."""
+
+    at: Lsn
+    expected: ExpectedBatch | None
+
+
+def first_split(
+    start: Lsn,
+    upto: Lsn,
+    bounds: BatchBounds,
+    checkpoint: Checkpoint | None,
+    two_sessions: bool | None,
+    split_at: Lsn | None,
+) -> Split | None:
+    """Where a batch's first reading, from ``start`` up to its ceiling ``upto``, splits between two
+    decoding sessions (:func:`session_split`, on the way to the end the checkpoint's WAL bytes per
+    change lets expect), or None for one session."""
+    wal_bytes_per_change = checkpoint.wal_bytes_per_change if checkpoint is not None else None
+    if (
+        wal_bytes_per_change is None
+        and split_at is None
+        and bounds.max_changes is not None
+        and int(upto) - int(start) > bounds.max_changes * MIN_WAL_BYTES_PER_CHANGE
+        and two_sessions_wanted(two_sessions)
+    ):
+        # Split on the way to the ceiling, the second session would likely decode past the batch's
+        # end, and the upper-half slot moved there would be of no use to the next batches.
+        log.info("Decoding in one session: the range may hold more than a batch, whose WAL per change is not known yet")
+        return None
+    end = expected_end(start, upto, bounds.max_changes, wal_bytes_per_change)
+    at = session_split(start, end, two_sessions, split_at)
+    if at is None:
+        return None
+    rows = bounds.peek_rows(checkpoint.rows_per_change) if checkpoint is not None else None
+    return Split(at, ExpectedBatch(start, end, rows) if end < upto and rows is not None else None)
 
 
 def upper_slot_needed(plugin: str, two_phase_slot: bool, options: Sequence[tuple[str, str]]) -> bool:
@@ -95,10 +166,13 @@ def upper_slot_needed(plugin: str, two_phase_slot: bool, options: Sequence[tuple
 class SecondHalf:
     """The second session, being started on a thread; :meth:`follow` hands its COPY to the reader."""
 
-    def __init__(self, started: Future[Any], split: Lsn, row_limit: int | None) -> None:
+    def __init__(self, started: Future[Any], split: Lsn, row_limit: int | None, upper_rows: int | None) -> None:
         self.started = started
         self.split = split
+        #: the first half's row limit (the batch's)
         self.row_limit = row_limit
+        #: the second session's row limit
+        self.upper_rows = upper_rows
         #: rows of the first half (set when it ended)
         self.first_rows: int | None = None
         #: the second session's COPY was handed to the reader
@@ -181,6 +255,7 @@ def second_session(
     options: Sequence[tuple[str, str]],
     upto_rows: int | None,
     upper: bool = False,
+    expected: ExpectedBatch | None = None,
 ) -> Iterator[SecondHalf | None]:
     """Start decoding ``split``..``upto`` of ``slot_name`` in a second session like ``conn``'s,
     on a thread, while the caller starts the first half; gives the :class:`SecondHalf`, or None
@@ -190,12 +265,16 @@ def second_session(
 
     With ``upper`` (:func:`upper_slot_needed`), the slot's upper-half slot decodes instead of a
     copy; the second half may then begin later than ``split``, where that slot stands. When it
-    does not exist yet, it is created on a thread during this block (None: one session now)."""
+    does not exist yet, it is created on a thread during this block (None: one session now).
+
+    ``upto_rows`` is the first half's row limit; the second's is the same, or, for a batch
+    ``expected`` to end before ``upto``, the rows expected after the second half's beginning
+    (:meth:`ExpectedBatch.upper_rows`)."""
     client = SlotClient(conn)
     upper_name = None
     if upper:
         main = client.describe(slot_name)
-        upper_name, begin = _upper_slot(client, main, split, upto)
+        upper_name, begin = _upper_slot(client, main, split, upto if expected is None else expected.end)
         if upper_name is None:
             yield None
             return
@@ -211,18 +290,20 @@ def second_session(
         )
         yield None
         return
+    upper_rows = upto_rows if expected is None or upto_rows is None else expected.upper_rows(split)
     state = _Second()
     conninfo = conninfo_like(conn)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgdecode-second-session") as pool:
         # Connecting, copying the slot and moving the copy take ~40 ms, and the COPY's first
         # message comes once the server has decoded the whole range: all of it on a thread
         # (libpq releases the GIL) while this one starts the first half.
-        started = pool.submit(_start, state, conninfo, slot_name, split, upto, options, upto_rows, upper_name)
-        half = SecondHalf(started, split, upto_rows)
+        started = pool.submit(_start, state, conninfo, slot_name, split, upto, options, upper_rows, upper_name)
+        half = SecondHalf(started, split, upto_rows, upper_rows)
         log.info(
-            "Decoding in two sessions: from %s on over %s",
+            "Decoding in two sessions: from %s on over %s%s",
             split,
             f"slot {upper_name}" if upper_name else f"a copy of slot {slot_name}",
+            f" (at most {upper_rows} rows decoded)" if upper_rows is not None else "",
         )
         try:
             yield half
@@ -242,10 +323,11 @@ def second_session(
             state.other.close()
 
 
-def _upper_slot(client: SlotClient, main: SlotInfo, split: Lsn, upto: Lsn) -> tuple[str | None, Lsn | None]:
+def _upper_slot(client: SlotClient, main: SlotInfo, split: Lsn, end: Lsn) -> tuple[str | None, Lsn | None]:
     """The upper-half slot of slot ``main`` and where the second half begins over it: ``split``, or
     later where that slot already stands; ``(name, None)`` when it is to be created; ``(None,
-    None)`` (logged) when it cannot serve this batch."""
+    None)`` (logged) when it cannot serve this batch: it stands at or past the batch's (expected)
+    ``end``, where all it would decode lies past the batch (slots do not move back)."""
     name = upper_slot_name(main.slot_name)
     if name is None:
         log.info("Decoding in one session: slot name %s leaves no room for an upper-half slot", main.slot_name)
@@ -261,8 +343,8 @@ def _upper_slot(client: SlotClient, main: SlotInfo, split: Lsn, upto: Lsn) -> tu
         log.warning("Dropping replication slot %s: %s; a later large batch makes it anew", name, stale)
         client.drop(name)
         return name, None
-    if info.active or info.confirmed_flush_lsn is None or info.confirmed_flush_lsn >= upto:
-        where = "in use" if info.active else f"at {info.confirmed_flush_lsn}, beyond this batch"
+    if info.active or info.confirmed_flush_lsn is None or info.confirmed_flush_lsn >= end:
+        where = "in use" if info.active else f"at {info.confirmed_flush_lsn}, beyond this batch (to {end})"
         log.info("Decoding in one session: slot %s stands %s", name, where)
         return None, None
     return name, max(split, info.confirmed_flush_lsn)
@@ -345,13 +427,18 @@ def _end(started: Future[Any], state: _Second, exc: BaseException) -> None:
 
 
 __all__ = [
+    "ExpectedBatch",
     "LOWER_SHARE",
     "MIN_SPLIT_WAL_BYTES",
+    "MIN_WAL_BYTES_PER_CHANGE",
     "expected_end",
+    "first_split",
+    "Split",
     "SecondHalf",
     "second_session",
     "session_split",
     "split_point",
     "upper_slot_needed",
     "two_sessions_wanted",
+    "UPPER_MARGIN",
 ]

@@ -19,7 +19,11 @@ from airflow_provider_pgdecode.capture.native import native_wanted
 from airflow_provider_pgdecode.capture.sessions import (
     LOWER_SHARE,
     MIN_SPLIT_WAL_BYTES,
+    MIN_WAL_BYTES_PER_CHANGE,
+    UPPER_MARGIN,
+    ExpectedBatch,
     expected_end,
+    first_split,
     split_point,
     two_sessions_wanted,
     upper_slot_needed,
@@ -50,6 +54,31 @@ def test_a_backlog_batch_is_split_on_the_way_to_where_its_change_bound_is_expect
     assert expected_end(start, upto, 1_000_000, 200.0) == Lsn(int(start) + 200_000_000)
     assert expected_end(start, upto, 1_000_000, 5000.0) == upto  # the ceiling comes first
     assert split_point(start, expected_end(start, upto, 1_000_000, 200.0)) == Lsn(int(start) + 84_000_000)
+
+
+def test_the_second_session_of_a_backlog_batch_decodes_only_the_rows_expected_after_its_start() -> None:
+    start, upto = Lsn(1 << 32), Lsn((1 << 32) + (1 << 30))
+    bounds = BatchBounds(max_changes=1_000_000, max_wal_bytes=None)
+    measured = Checkpoint("s", start, rows_per_change=1.002, wal_bytes_per_change=200.0)
+    split = first_split(start, upto, bounds, measured, None, None)
+    assert split is not None and split.at == Lsn(int(start) + 84_000_000)
+    expected = split.expected
+    assert expected == ExpectedBatch(start, Lsn(int(start) + 200_000_000), bounds.peek_rows(1.002))
+    # 0.58 of the batch lies after the split: that share of its rows, with the margin
+    assert expected.upper_rows(split.at) == int(expected.rows * (1 - 0.42) * UPPER_MARGIN) + 2
+    assert expected.upper_rows(Lsn(int(start) + 1)) == expected.rows  # never more than the batch's
+    assert expected.upper_rows(Lsn(int(expected.end) + 1)) == 2
+    # a batch that reaches its ceiling first: the second session's rows are not limited further
+    near = Lsn(int(start) + 100_000_000)
+    split = first_split(start, near, bounds, measured, None, None)
+    assert split is not None and split.expected is None and split.at == Lsn(int(start) + 42_000_000)
+    # WAL per change not known yet: a range that may hold more than a batch is read in one session,
+    # one that cannot is split on the way to its ceiling
+    assert first_split(start, upto, bounds, None, None, None) is None
+    small = Lsn(int(start) + bounds.max_changes * MIN_WAL_BYTES_PER_CHANGE)
+    split = first_split(start, small, bounds, None, None, None)
+    assert split is not None and split.at == split_point(start, small) and split.expected is None
+    assert first_split(start, upto, bounds, measured, False, None) is None
 
 
 def test_a_two_phase_test_decoding_slot_needs_its_upper_half_slot() -> None:
@@ -250,6 +279,33 @@ def test_a_two_phase_test_decoding_slot_gets_an_upper_half_slot_that_follows_it(
 
 
 @pytest.mark.postgres
+def test_an_upper_half_slot_past_where_the_batch_is_expected_to_end_is_left_alone(
+    pg_conn: psycopg.Connection, split_source: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    c = pg_conn
+    slots = SlotClient(c)
+    slot, upper = split_source, str(upper_slot_name(split_source))
+    slots.create(slot, "test_decoding", two_phase=True)
+    slots.create(upper, "test_decoding", two_phase=True)
+    start, marks = _insert_lsn(c), {}
+    for done in range(100, 1700, 100):
+        c.execute("insert into split_a select g, 'v' from generate_series(%s::int, %s::int) g", (done - 99, done))
+        marks[done] = _insert_lsn(c)
+    # An earlier batch's second session left the upper-half slot at 1,200 changes; this batch is
+    # expected to end at 1,000: all that slot would decode lies past the batch.
+    slots.advance(upper, marks[1200], follow_upper=False)
+    measured = (int(marks[1000]) - int(start)) / 1000
+    checkpoint = Checkpoint(slot, start, rows_per_change=1.02, wal_bytes_per_change=measured)
+    with caplog.at_level("INFO", logger="airflow_provider_pgdecode.capture.sessions"):
+        manifest = extract_batch(
+            c, slot, tmp_path, checkpoint=checkpoint, bounds=BatchBounds(max_changes=1000), split_at=marks[800]
+        )
+    assert manifest.decode_split is None and manifest.changes == 1000
+    assert f"Decoding in one session: slot {upper} stands at {marks[1200]}, beyond this batch" in caplog.text
+    assert "Decoding in two sessions" not in caplog.text
+
+
+@pytest.mark.postgres
 def test_an_upper_half_slot_that_waits_on_a_transaction_is_left_to_a_later_batch(
     pg_conn: psycopg.Connection, matrix_dsn: str, split_source: str, tmp_path: Path
 ) -> None:
@@ -330,6 +386,47 @@ def test_bounds_cut_a_two_session_batch_where_they_cut_one_session(
     # a cut below the split leaves the second session unread (and cancelled); above, it is read
     assert both.decode_split == (None if max_changes < 800 else str(split))
     assert not c.execute("select count(*) from pg_replication_slots where temporary").fetchone()[0]
+
+
+@pytest.mark.pg_matrix(since=15)
+def test_a_second_session_stopped_by_its_own_row_limit_ends_the_batch_there_and_the_next_goes_on(
+    pg_conn: psycopg.Connection, split_source: str, tmp_path: Path
+) -> None:
+    c = pg_conn
+    slot = split_source + "_po"
+    c.execute("select pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot,))
+    start = Lsn.parse(str(c.execute("select pg_current_wal_insert_lsn()").fetchone()[0]))
+    split = _two_halves(c, 1600, 100)  # 800 changes below the split
+    whole = extract_batch(c, slot, tmp_path / "whole", plugin="pgoutput", publication=PUBLICATION, two_sessions=False)
+    # The previous batch's WAL per change says 1,000 changes end just past the split: the
+    # second session may decode a few rows only, and stops after its first transaction.
+    guess = (int(split) - int(start)) / 800 * 0.84
+    checkpoint = Checkpoint(slot, start, rows_per_change=1.02, wal_bytes_per_change=guess)
+    bounds = BatchBounds(max_changes=1000, max_wal_bytes=None)
+    first = extract_batch(
+        c,
+        slot,
+        tmp_path / "a",
+        plugin="pgoutput",
+        publication=PUBLICATION,
+        checkpoint=checkpoint,
+        bounds=bounds,
+        split_at=split,
+    )
+    assert first.decode_split == str(split)
+    assert first.changes == 900 and first.bounded_by == "changes"  # below the bound: the second session's limit
+    second = extract_batch(
+        c,
+        slot,
+        tmp_path / "b",
+        plugin="pgoutput",
+        publication=PUBLICATION,
+        checkpoint=Checkpoint.from_manifest(first),
+        bounds=bounds,
+    )
+    assert second.bounded_by is None and second.end_lsn == whole.end_lsn
+    drained = sorted(staged(first)["public.split_a"] + staged(second)["public.split_a"], key=lambda r: r["id"])
+    assert drained == sorted(staged(whole)["public.split_a"], key=lambda r: r["id"]) and len(drained) == 1600
 
 
 @pytest.mark.postgres
