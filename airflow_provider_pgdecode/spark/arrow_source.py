@@ -22,6 +22,7 @@ when the light write does not take the table after all, Delta's MERGE reads the 
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from pyspark.sql.types import ArrayType, DecimalType, TimestampType
@@ -38,6 +39,13 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_provider_pgdecode.spark.merge_plan import MergeOptions, Profile, TablePlan
+
+log = logging.getLogger("airflow_provider_pgdecode.spark.merge")
+
+DRIVER_SOURCE_MAX_BYTES = 256 << 20
+"""Up to so many bytes of a table's staged parts (uncompressed, as their Parquet footers count
+them) are read whole on the driver to build its source: it holds them, their effects and what
+delta-rs writes at once. A larger run's source is Spark's, read in batches on the executors."""
 
 _CHANGE_TYPES = dict(staged.CHANGE_COLUMNS)
 #: The change columns the source needs (an effect's kind and order, and the metadata Delta keeps).
@@ -57,13 +65,25 @@ def arrow_source(plan: TablePlan, profile: Profile, options: MergeOptions) -> pa
         return None
     spec = CollapseInput(key=plan.key, value_columns=plan.value_columns, keep_columns=())
     effects = []
+    left = DRIVER_SOURCE_MAX_BYTES
     for segment in plan.segments:
         for file in segment.staged.file_paths:
             if not footers_readable(file):
                 return None
             try:
                 with open_part(file) as source:
-                    part = pq.read_table(source)
+                    parquet = pq.ParquetFile(source)
+                    footer = parquet.metadata
+                    left -= sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups))
+                    if left < 0:
+                        log.info(
+                            "table %s: its MERGE source is computed by Spark (its staged parts hold more than "
+                            "the %d bytes the driver reads whole)",
+                            plan.name,
+                            DRIVER_SOURCE_MAX_BYTES,
+                        )
+                        return None
+                    part = parquet.read()
             except Exception:  # noqa: BLE001 - Spark reads it then, and names the damaged part
                 return None
             casts = staged_conversions(part.schema, plan)

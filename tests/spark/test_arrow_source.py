@@ -24,6 +24,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_pgdecode.batch.manifest import read_batches
+from airflow_provider_pgdecode.spark import arrow_source as arrow_source_module
 from airflow_provider_pgdecode.spark.arrow_source import arrow_source
 from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches
 from airflow_provider_pgdecode.spark.merge_plan import TablePlan, plan_merge
@@ -215,6 +216,16 @@ def test_parts_that_need_spark_or_a_table_the_light_write_refuses(
         result = merge_batches(spark, [batch], str(refused), MergeOptions(light_write_max_bytes=1))
     assert "above --light-write-max-bytes 1" in caplog.text
     assert result["tables"]["public.items"]["updated"] == 1 and result["tables"]["public.items"]["deleted"] == 1
+    # More staged bytes than the driver reads whole: Spark computes the source, delta-rs writes it.
+    bounded = tmp_path / "bounded"
+    merge_batches(spark, [created], str(bounded), DELTA_ONLY)
+    caplog.clear()
+    with pytest.MonkeyPatch.context() as patch, caplog.at_level(logging.INFO, logger=MERGE_LOG):
+        patch.setattr(arrow_source_module, "DRIVER_SOURCE_MAX_BYTES", 100)
+        merge_batches(spark, [batch], str(bounded))
+    assert "MERGE source is computed by Spark (its staged parts hold more than the 100 bytes" in caplog.text
+    assert "merged by delta-rs" in caplog.text and "built on the driver" not in caplog.text
+    assert delta_rs_rows(bounded / "public" / "items") == as_delta(Model().apply(first, changes).state(COLUMNS))
     # Unchanged TOAST: the profile is Spark's, so is the source (delta-rs still writes it).
     plan = only_plan(spark, later, refused)
     assert profile_from_parts(plan) is None
