@@ -65,7 +65,7 @@ def arrow_source(plan: TablePlan, profile: Profile, options: MergeOptions) -> pa
         return None
     spec = CollapseInput(key=plan.key, value_columns=plan.value_columns, keep_columns=())
     effects = []
-    left = DRIVER_SOURCE_MAX_BYTES
+    left = DRIVER_SOURCE_MAX_BYTES  # bytes the parts read so far leave
     for segment in plan.segments:
         for file in segment.staged.file_paths:
             if not footers_readable(file):
@@ -74,18 +74,21 @@ def arrow_source(plan: TablePlan, profile: Profile, options: MergeOptions) -> pa
                 with open_part(file) as source:
                     parquet = pq.ParquetFile(source)
                     footer = parquet.metadata
-                    left -= sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups))
-                    if left < 0:
-                        log.info(
-                            "table %s: its MERGE source is computed by Spark (its staged parts hold more than "
-                            "the %d bytes the driver reads whole)",
-                            plan.name,
-                            DRIVER_SOURCE_MAX_BYTES,
-                        )
-                        return None
-                    part = parquet.read()
+                    # The footer's sizes first (no read past the bound), then what was read:
+                    # repeated values, dictionary-encoded, take more room read than staged.
+                    staged_bytes = sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups))
+                    part = parquet.read() if staged_bytes <= left else None
             except Exception:  # noqa: BLE001 - Spark reads it then, and names the damaged part
                 return None
+            if part is None or part.nbytes > left:
+                log.info(
+                    "table %s: its MERGE source is computed by Spark (its staged parts hold more than the %d "
+                    "bytes the driver reads whole)",
+                    plan.name,
+                    DRIVER_SOURCE_MAX_BYTES,
+                )
+                return None
+            left -= part.nbytes
             casts = staged_conversions(part.schema, plan)
             if casts is None:
                 return None

@@ -209,14 +209,16 @@ def _merge_batches(
             if not plan.segments:
                 return _Prepared(plan)
             entry = committable_snapshot(plan, options) if not chunked else None
-            cache = templates.setdefault(id(session), {})
-            template = snapshot_template(session, plan, options, delta_root, cache) if entry is not None else None
-            if entry is not None and template is not None:
-                return _Prepared(plan, direct=(entry, template), seconds=time.monotonic() - started_at)
+            if entry is not None:
+                if session is NO_SPARK:
+                    raise NeedsSpark("snapshot parts committed as staged")
+                template = snapshot_template(session, plan, options, delta_root, templates.setdefault(id(session), {}))
+                if template is not None:
+                    return _Prepared(plan, direct=(entry, template), seconds=time.monotonic() - started_at)
             try:
                 read = largest_reads.get(plan.name)
-                if server is not None and read is not None:  # Spark reads its parts: they must fit the shared server
-                    check_fits(plan.name, read, server)
+                if server is not None and read is not None and session is not NO_SPARK:
+                    check_fits(plan.name, read, server)  # Spark reads its parts: they must fit the shared server
                 table_events, table_profile, rows = _profiled(session, plan, options)
             except MergeInputError as error:  # a refusal of this table's changes: it waits, the others flow
                 if not parks(error, options):
@@ -224,24 +226,43 @@ def _merge_batches(
                 return _Prepared(plan, parked=parked_result(plan.path, plan.schema, plan.table, error))
             return _Prepared(plan, table_events, table_profile, time.monotonic() - started_at, rows=rows)
 
-        prepared: list[_Prepared] = []
-        for outcome in run_sharded(plans, lambda plan: session_of[plan.name], prepare):
-            if outcome.parked is not None:
-                results[outcome.plan.name] = outcome.parked
-            else:
-                prepared.append(outcome)
-
         def write(session: SparkSession, item: _Prepared) -> TableResult:
             return _write_prepared(session, item, every_batch, slot, chunked, options)
 
-        # First the tables whose source the driver built, in threads without a session; those that
-        # need one after all (NeedsSpark) are written with the rest, in their sessions.
-        on_driver = [item for item in prepared if item.rows is not None and delta_log_storage(item.plan.path)]
-        written, _ = run_without_sessions(on_driver, write, max(options.table_workers, DRIVER_WRITERS))
-        for item, result in written:
+        def on_driver(_: Any, plan: TablePlan) -> _Prepared:
+            """Prepare one table without a session, its source built from its parts; or raise
+            :class:`NeedsSpark`."""
+            try:
+                item = prepare(NO_SPARK, plan)
+            except NeedsSpark:
+                raise
+            except Exception as error:  # refused, damaged: decided in a session, as for any table
+                raise NeedsSpark(f"{type(error).__name__}: {error}") from error
+            if item.parked is None and item.rows is None:
+                raise NeedsSpark("its MERGE source is computed by Spark")
+            return item
+
+        # Every table is prepared before any is written (bad input raises before anything is
+        # written): first those the driver can take alone, in threads without a session (their
+        # source built from the parts), then the others in their sessions. The driver's tables are
+        # then written by delta-rs in threads, and the rest (with those that need Spark after all,
+        # NeedsSpark) in their sessions.
+        candidates = [plan for plan in plans if plan.segments and options.light_write_max_bytes > 0]
+        workers = max(options.table_workers, DRIVER_WRITERS)
+        prepared = [item for _, item in run_without_sessions(candidates, on_driver, workers)[0]]
+        done = {item.plan.name for item in prepared}
+        rest = [plan for plan in plans if plan.name not in done]
+        prepared += run_sharded(rest, lambda plan: session_of[plan.name], prepare)
+        for item in prepared:
+            if item.parked is not None:
+                results[item.plan.name] = item.parked
+        prepared = [item for item in prepared if item.parked is None]
+
+        on_driver_items = [item for item in prepared if item.rows is not None and delta_log_storage(item.plan.path)]
+        for item, result in run_without_sessions(on_driver_items, write, workers)[0]:
             results[item.plan.name] = result
-        rest = [item for item in prepared if item.plan.name not in results]
-        for item, result in zip(rest, run_sharded(rest, lambda item: session_of[item.plan.name], write), strict=True):
+        left = [item for item in prepared if item.plan.name not in results]
+        for item, result in zip(left, run_sharded(left, lambda item: session_of[item.plan.name], write), strict=True):
             results[item.plan.name] = result
 
     quarantine = append_quarantine(spark, batches, delta_root)

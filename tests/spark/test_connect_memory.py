@@ -122,3 +122,26 @@ def test_a_table_too_large_for_the_server_is_parked_before_it_is_sent(small_serv
     finally:
         spark.stop()
     assert ids == [1000, 2000]
+
+
+@pytest.mark.spark
+def test_a_table_the_driver_appends_is_not_held_to_the_servers_memory(small_server, tmp_path: Path) -> None:
+    # One 60 MiB insert: too large for the server's tasks (the first test parks such a table when
+    # Spark must read it), but delta-rs appends it from the driver, and the server never sees it.
+    delta_root = tmp_path / "delta"
+    ran_out_before = sum("OutOfMemoryError" in line for line in small_server.output)  # an earlier test's
+    summary = _merge(small_server.url, _batch(tmp_path / "staging", 1000, 1), delta_root)
+    assert summary["parked"] == [] and summary["tables"]["public.big"]["status"] == "merged"
+    assert summary["tables"]["public.big"]["inserted"] == 1
+    from deltalake import DeltaTable, QueryBuilder
+
+    table = DeltaTable(str(delta_root / "public" / "big"))
+    assert table.history(1)[0]["operation"] == "WRITE"  # appended, not merged by Spark
+    lengths = QueryBuilder().register("t", table).execute("select length(note) as n from t").read_all()
+    assert lengths.column("n").to_pylist() == [BIG_VALUE_MIB * 1024 * 1024]
+    assert sum("OutOfMemoryError" in line for line in small_server.output) == ran_out_before
+    # Parked when Spark must read it: the driver's source off (the light write off)
+    summary = _merge(
+        small_server.url, _batch(tmp_path / "staging", 2000, 1), tmp_path / "other", light_write_max_bytes=0
+    )
+    assert summary["parked"] == ["public.big"]
