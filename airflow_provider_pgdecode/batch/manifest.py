@@ -210,11 +210,13 @@ class BatchManifest:
     #: Where a second decoding session began (capture/sessions.py: the range above it was
     #: decoded over a temporary copy of the slot, at the same time); ``None``: one session.
     decode_split: str | None = None
-    #: Rows the server sent per change of the batch's transactions, up to its end (None: no
-    #: change): the next batch's row limit is sized by it (capture/bounds.py).
+    #: Rows the server sent per change of the batch's transactions, up to its end (a batch without
+    #: changes carries the previous batch's; None: none known): the next batch's row limit is
+    #: sized by it (capture/bounds.py).
     rows_per_change: float | None = None
-    #: Bytes of WAL from the batch's start to its end per change it staged (None: no change): the
-    #: next batch places its second decoding session by it (capture/sessions.py).
+    #: Bytes of WAL from the batch's start to its end per change it staged (carried as
+    #: ``rows_per_change`` is): the next batch places its second decoding session by it
+    #: (capture/sessions.py).
     wal_bytes_per_change: float | None = None
     #: ``host:port`` of the PostgreSQL server the batch was read from, as the extract connected
     #: to it (None in batches staged before it was recorded): its tables' lineage namespace.
@@ -259,6 +261,7 @@ class BatchManifest:
         data.pop("skipped")
         data.pop("bounded_by")
         data.pop("rows_per_change")
+        data.pop("wal_bytes_per_change")
         return data
 
     def summary(self) -> dict[str, Any]:

@@ -644,6 +644,7 @@ def staged_manifest(
     if cut is not None and cut.cut_by is not None:
         rows_used = changes_used + 2 * (stats.transactions + stats.empty_transactions)
     tables_staged, messages = writer.close()
+    carried = plan.checkpoint or Checkpoint(plan.slot_name, start_lsn)
     end_lsn = max(start_lsn, assembler.safe_lsn) if assembler.safe_lsn is not None else start_lsn
     chunk_records: list[dict] = []
     snapshot_rows_staged = 0
@@ -704,9 +705,12 @@ def staged_manifest(
         table_oids=followed.known.record(),
         bounded_by=bounded_by,
         decode_split=None if decoded.decode_split is None else str(decoded.decode_split),
-        rows_per_change=round(rows_used / changes_used, 3) if changes_used else None,
+        # A batch without changes carries the previous batch's measures, for the next one.
+        rows_per_change=round(rows_used / changes_used, 3) if changes_used else carried.rows_per_change,
         wal_bytes_per_change=(
-            round((int(end_lsn) - int(start_lsn)) / changes_used, 1) if changes_used and end_lsn > start_lsn else None
+            round((int(end_lsn) - int(start_lsn)) / changes_used, 1)
+            if changes_used and end_lsn > start_lsn
+            else carried.wal_bytes_per_change
         ),
     )
     if followed.dropped_changes:

@@ -65,6 +65,25 @@ def transactions_of(manifest: BatchManifest, table: str) -> list[int]:
     return [counts[lsn] for lsn in sorted(counts)]
 
 
+@pytest.mark.postgres
+def test_a_batch_without_changes_carries_the_measures_of_the_one_before(pg_conn, slot_name, tmp_path) -> None:
+    pg_conn.execute(f"create table {slot_name} (id int primary key, v text)")
+    create_slot(pg_conn, slot_name)
+    unknown = extract_batch(pg_conn, slot_name, tmp_path / "0")
+    assert unknown.changes == 0 and (unknown.rows_per_change, unknown.wal_bytes_per_change) == (None, None)
+    pg_conn.execute(f"insert into {slot_name} select g, 'a' from generate_series(1, 100) g")
+    measured = extract_batch(pg_conn, slot_name, tmp_path / "1", checkpoint=Checkpoint.from_manifest(unknown))
+    advance(pg_conn, slot_name, measured)
+    assert measured.changes == 100 and measured.rows_per_change and measured.wal_bytes_per_change
+    # A quiet cycle: the next busy one still knows where to split its decoding (capture/sessions.py).
+    quiet = extract_batch(pg_conn, slot_name, tmp_path / "2", checkpoint=Checkpoint.from_manifest(measured))
+    assert quiet.changes == 0
+    assert (quiet.rows_per_change, quiet.wal_bytes_per_change) == (
+        measured.rows_per_change,
+        measured.wal_bytes_per_change,
+    )
+
+
 @pytest.mark.parametrize(("plugin", "native"), PATHS)
 def test_a_backlog_drains_in_batches_within_the_change_bound(pg_conn, slot_name, tmp_path, plugin, native) -> None:
     pg_conn.execute(f"create table {slot_name} (id int primary key, v text)")
