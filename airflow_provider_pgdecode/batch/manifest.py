@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -248,7 +248,7 @@ class BatchManifest:
         return str(self.path) if self.path is not None else ""
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = asdict(replace(self, tables=[]))  # each table by its own to_dict, converted once
         data.pop("path")
         data["tables"] = [t.to_dict() for t in self.tables]
         return data

@@ -30,22 +30,26 @@ def describe_tables(
     options: Mapping[tuple[str, str], TableOptions],
     current: dict[tuple[str, str], tuple[str, str]] | None = None,
 ) -> None:
-    """Add each table's key (:meth:`Catalog.table_key`, the one rule the snapshots follow too),
+    """Add each table's key (:meth:`Catalog.table_key`, the one rule the snapshots follow too, read
+    for every table at once: :meth:`Catalog.describe`),
     load mode, ``type_map`` and catalog types; a table the merge cannot key is a :class:`CatalogError` saying
     what to do, unless it is loaded ``append_only`` (appended, never matched: no key needed).
     ``current``: staged name -> the table's name now, for renamed tables; generated columns the
     slot did not send are named in ``generated_not_staged`` (:func:`_generated_not_staged`)."""
+    names = {(s.schema, s.table): (current or {}).get((s.schema, s.table), (s.schema, s.table)) for s in tables}
+    described = catalog.describe(names.values())
     for summary in tables:
         # The types the writers kept as text, by the options of the name they staged the table under.
         summary.type_map = dict(options_for(options, summary.schema, summary.table).type_map)
-        schema, table = (current or {}).get((summary.schema, summary.table), (summary.schema, summary.table))
+        schema, table = names[(summary.schema, summary.table)]
         summary.mode = options_for(options, schema, table).mode
-        try:
-            key = catalog.table_key(schema, table)
-        except CatalogError:
+        description = described[(schema, table)]
+        key = description.key
+        if key is None:
             if summary.mode != "append_only":
-                raise
-            summary.replica_identity = catalog.replica_identity(schema, table).kind
+                assert description.no_key is not None
+                raise description.no_key
+            summary.replica_identity = description.replica_identity
         else:
             summary.key = list(key.columns)
             summary.replica_identity = key.replica_identity
@@ -53,8 +57,8 @@ def describe_tables(
             if summary.mode in KEPT_MODES and summary.keyed_by_all_columns:
                 # Refused here, before the batch is published, not by the merge after it is staged.
                 raise CatalogError(keyless_kept_mode_error(f"{schema}.{table}", summary.mode, "Nothing was staged."))
-        live = {c.name: c for c in catalog.columns(schema, table)}
-        defaults = catalog.missing_values(schema, table)
+        live = {c.name: c for c in description.columns}
+        defaults = description.missing_values
         staging = options_for(options, summary.schema, summary.table).staging
         if not summary.columns:
             summary.columns = _truncated_columns(live.values(), staging)

@@ -10,7 +10,7 @@ Schema and table names are passed as query parameters, or composed as identifier
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -87,6 +87,41 @@ class TableKey:
         return self.source != "all columns"
 
 
+_COLUMN_FIELDS = (
+    "a.attname::text, format_type(a.atttypid, NULL), format_type(a.atttypid, a.atttypmod),"
+    " a.attnotnull, a.attnum::int,"
+    # typtype of the column's type, or of its element type for an array
+    " CASE coalesce(e.typtype, t.typtype) WHEN 'e' THEN 'enum' WHEN 'd' THEN 'domain'"
+    "  WHEN 'c' THEN 'composite' WHEN 'r' THEN 'range' WHEN 'm' THEN 'multirange' END,"
+    " a.attgenerated::text"
+)
+"""The fields of a :class:`ColumnInfo`, selected from :data:`_LIVE_COLUMNS`."""
+_LIVE_COLUMNS = (
+    " FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
+    " LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'"
+    " WHERE a.attnum > 0 AND NOT a.attisdropped"
+)
+_INDEX_KEY_COLUMNS = (
+    "ARRAY(SELECT a.attname::text FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)"
+    " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+    " WHERE k.ord <= i.indnkeyatts ORDER BY k.ord)"
+)
+"""The key columns (not INCLUDE ones) of index ``i``, in index column order."""
+
+
+@dataclass(frozen=True)
+class TableDescription:
+    """What :meth:`Catalog.describe` reads of one table."""
+
+    key: TableKey | None
+    """:meth:`Catalog.table_key`, or None when the table has none (:attr:`no_key` says why)."""
+    no_key: CatalogError | None
+    replica_identity: ReplicaIdentityKind
+    columns: list[ColumnInfo]
+    missing_values: dict[str, str]
+    """:meth:`Catalog.missing_values`."""
+
+
 def _given(value: _T) -> Callable[[], _T]:
     """A lookup whose answer is known already (:meth:`Catalog.table_keys` read it in bulk)."""
     return lambda: value
@@ -126,18 +161,7 @@ class Catalog:
         return [ColumnInfo(*row) for row in self._columns(oid)]
 
     def _columns(self, oid: int) -> list[tuple[Any, ...]]:
-        # typtype of the column's type, or of its element type for an array.
-        return self._all(
-            "SELECT a.attname::text, format_type(a.atttypid, NULL), format_type(a.atttypid, a.atttypmod),"
-            " a.attnotnull, a.attnum::int,"
-            " CASE coalesce(e.typtype, t.typtype) WHEN 'e' THEN 'enum' WHEN 'd' THEN 'domain'"
-            "  WHEN 'c' THEN 'composite' WHEN 'r' THEN 'range' WHEN 'm' THEN 'multirange' END,"
-            " a.attgenerated::text"
-            " FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
-            " LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'"
-            " WHERE a.attrelid = %s::oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-            (oid,),
-        )
+        return self._all(f"SELECT {_COLUMN_FIELDS}{_LIVE_COLUMNS} AND a.attrelid = %s::oid ORDER BY a.attnum", (oid,))
 
     def missing_values(self, schema: str, table: str) -> dict[str, str]:
         """Per column added with a default (``ADD COLUMN ... DEFAULT``), the value PostgreSQL shows
@@ -146,29 +170,95 @@ class Catalog:
         connection only; otherwise with the session's). Empty when the table has none (any table
         rewrite since materialized them)."""
         oid, _, _ = self._relation(schema, table)
-        query = (
+        rows = self._pinned(
             "SELECT a.attname::text, a.attmissingval::text FROM pg_attribute a"
-            " WHERE a.attrelid = %s::oid AND a.attnum > 0 AND NOT a.attisdropped AND a.atthasmissing"
-        )
-        if not self.conn.autocommit:
-            rows = self._all(query, (oid,))
-        else:
-            with self.conn.transaction():
-                pin_settings(self.conn, local=True)
-                rows = self._all(query, (oid,))
-        return {name: value for name, value in ((n, single_element(t)) for n, t in rows) if value is not None}
-
-    def _index_columns(self, oid: int, condition: str) -> tuple[str | None, list[str]]:
-        # Only key columns (not INCLUDE ones), in index column order.
-        rows = self._all(
-            "SELECT ic.relname::text, a.attname::text FROM pg_index i"
-            " JOIN pg_class ic ON ic.oid = i.indexrelid"
-            " CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)"
-            " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
-            f" WHERE i.indrelid = %s::oid AND {condition} AND k.ord <= i.indnkeyatts ORDER BY k.ord",
+            " WHERE a.attrelid = %s::oid AND a.attnum > 0 AND NOT a.attisdropped AND a.atthasmissing",
             (oid,),
         )
-        return (rows[0][0] if rows else None), [row[1] for row in rows]
+        return {name: value for name, value in ((n, single_element(t)) for n, t in rows) if value is not None}
+
+    def _pinned(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """``query``'s rows, values printed with the settings the decoding pins (an autocommit
+        connection only; otherwise with the session's)."""
+        if not self.conn.autocommit:
+            return self._all(query, params)
+        with self.conn.transaction():
+            pin_settings(self.conn, local=True)
+            return self._all(query, params)
+
+    def describe(self, names: Collection[tuple[str, str]]) -> dict[tuple[str, str], TableDescription]:
+        """:meth:`table_key`, :meth:`replica_identity`'s kind, :meth:`columns` and
+        :meth:`missing_values` of each named table, in three queries whatever their number (the
+        extract describes every staged table). A table that does not exist raises as those do."""
+        wanted = sorted(set(names))
+        found = {
+            (schema, table): (int(oid), replident)
+            for schema, table, oid, replident in self._all(
+                "SELECT w.s, w.t, c.oid::int8, c.relreplident::text FROM unnest(%s::text[], %s::text[]) AS w(s, t)"
+                " JOIN pg_namespace n ON n.nspname = w.s JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = w.t"
+                " WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')",
+                ([schema for schema, _ in wanted], [table for _, table in wanted]),
+            )
+        }
+        for schema, table in wanted:
+            if (schema, table) not in found:
+                self._relation(schema, table)  # raises: no such table
+        oids = [oid for oid, _ in found.values()]
+        columns: dict[int, list[ColumnInfo]] = {oid: [] for oid in oids}
+        missing: dict[int, dict[str, str]] = {oid: {} for oid in oids}
+        for relid, *fields, missing_text in self._pinned(
+            f"SELECT a.attrelid::int8, {_COLUMN_FIELDS}, CASE WHEN a.atthasmissing THEN a.attmissingval::text END"
+            f"{_LIVE_COLUMNS} AND a.attrelid = ANY(%s::oid[]) ORDER BY a.attrelid, a.attnum",
+            (oids,),
+        ):
+            columns[relid].append(ColumnInfo(*fields))
+            value = None if missing_text is None else single_element(missing_text)
+            if value is not None:
+                missing[relid][fields[0]] = value
+        primary: dict[int, list[str]] = {}
+        identity: dict[int, tuple[str | None, list[str]]] = {}
+        for relid, is_primary, is_identity, index_name, index_columns in self._all(
+            f"SELECT i.indrelid::int8, i.indisprimary, i.indisreplident, ic.relname::text, {_INDEX_KEY_COLUMNS}"
+            " FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid"
+            " WHERE i.indrelid = ANY(%s::oid[]) AND (i.indisprimary OR i.indisreplident)",
+            (oids,),
+        ):
+            if is_primary:
+                primary[relid] = list(index_columns)
+            if is_identity:
+                identity[relid] = (index_name, list(index_columns))
+        described = {}
+        for (schema, table), (oid, replident) in found.items():
+            key: TableKey | None = None
+            try:
+                key = self._key_of(
+                    schema,
+                    table,
+                    replident,
+                    primary.get(oid, []),
+                    _given(identity.get(oid, (None, []))),
+                    _given([column.name for column in columns[oid]]),
+                )
+            except CatalogError as error:
+                no_key: CatalogError | None = error
+            else:
+                no_key = None
+            kind = _RELREPLIDENT.get(replident)
+            if kind is None:  # an unknown relreplident: what _key_of raised
+                assert no_key is not None
+                raise no_key
+            if kind == "index" and oid not in identity:
+                kind = "nothing"  # the index was dropped: PostgreSQL then behaves as NOTHING
+            described[(schema, table)] = TableDescription(key, no_key, kind, columns[oid], missing[oid])
+        return described
+
+    def _index_columns(self, oid: int, condition: str) -> tuple[str | None, list[str]]:
+        rows = self._all(
+            f"SELECT ic.relname::text, {_INDEX_KEY_COLUMNS} FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid"
+            f" WHERE i.indrelid = %s::oid AND {condition} LIMIT 1",
+            (oid,),
+        )
+        return (rows[0][0], list(rows[0][1])) if rows else (None, [])
 
     def primary_key(self, schema: str, table: str) -> list[str]:
         """The primary key's columns in index order; empty when the table has none."""

@@ -585,3 +585,44 @@ def test_table_keys_reads_every_table_key_at_once_by_the_same_rule(pg_conn, cata
     assert keys == expected
     assert sorted(keys) == ["by_index", "full_rows", "parted", "parted_1", "pk", "pk_full"]
     assert keys["full_rows"].columns == ("a", "b") and keys["by_index"].columns == ("c", "b")
+
+
+def test_describe_reads_many_tables_at_once_as_the_lookups_of_each(pg_conn, catalog, schema) -> None:
+    """The extract describes every staged table with :meth:`Catalog.describe` (three queries): the
+    same keys, refusals, replica identities, columns and ADD COLUMN defaults as one table at a time."""
+    run(
+        pg_conn,
+        schema,
+        """
+        CREATE TABLE pk (a int, b text, c int, PRIMARY KEY (c, a));
+        CREATE TABLE pk_nothing (a int PRIMARY KEY); ALTER TABLE pk_nothing REPLICA IDENTITY NOTHING;
+        CREATE TABLE by_index (a int, b int NOT NULL, c int NOT NULL, d text);
+        CREATE UNIQUE INDEX by_index_cb ON by_index (c, b) INCLUDE (d);
+        ALTER TABLE by_index REPLICA IDENTITY USING INDEX by_index_cb;
+        CREATE TABLE dropped (a int, b int NOT NULL); CREATE UNIQUE INDEX dropped_b ON dropped (b);
+        ALTER TABLE dropped REPLICA IDENTITY USING INDEX dropped_b; DROP INDEX dropped_b;
+        CREATE TABLE full_rows (a int, gone int, b text); ALTER TABLE full_rows DROP COLUMN gone;
+        ALTER TABLE full_rows REPLICA IDENTITY FULL;
+        CREATE TABLE keyless (a int);
+        CREATE TABLE "Mixed Case" (id bigint PRIMARY KEY, g int GENERATED ALWAYS AS (id * 2) STORED);
+        INSERT INTO "Mixed Case" (id) VALUES (1);
+        ALTER TABLE "Mixed Case" ADD COLUMN added text DEFAULT 'x,y', ADD COLUMN when_ timestamptz DEFAULT '2024-01-02 03:04:05+00'""",
+    )
+    tables = ["pk", "pk_nothing", "by_index", "dropped", "full_rows", "keyless", "Mixed Case"]
+    described = catalog.describe([(schema, t) for t in tables])
+    assert sorted(described) == sorted((schema, t) for t in tables)
+    for table in tables:
+        got = described[(schema, table)]
+        try:
+            assert got.key == catalog.table_key(schema, table) and got.no_key is None, table
+        except CatalogError as error:
+            assert got.key is None and str(got.no_key) == str(error), table
+        assert got.replica_identity == catalog.replica_identity(schema, table).kind, table
+        assert got.columns == catalog.columns(schema, table), table
+        assert got.missing_values == catalog.missing_values(schema, table), table
+    assert described[(schema, "dropped")].replica_identity == "nothing"
+    assert described[(schema, "Mixed Case")].missing_values["added"] == "x,y"
+    assert described[(schema, "keyless")].key is None and described[(schema, "pk_nothing")].key is None
+    with pytest.raises(CatalogError, match="does not exist"):
+        catalog.describe([(schema, "pk"), (schema, "no_such_table")])
+    assert catalog.describe([]) == {}
