@@ -245,7 +245,7 @@ def _fetch_delta_jars() -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    from airflow_provider_pgdecode.spark.session import build_spark_session
+    from airflow_provider_pgdecode.spark.session import build_spark_session, log_java_options
 
     _fetch_delta_jars()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -260,6 +260,9 @@ def spark() -> Iterator[SparkSession]:
             "spark.driver.memory": "2g",
             # Delta's own housekeeping is not under test: skip the work it adds to each commit.
             "spark.databricks.delta.stalenessLimit": "0",
+            # One JVM runs a worker's every Spark test: its compiled code outgrew the default
+            # code cache once ("Out of space in CodeCache for method handle intrinsic").
+            "spark.driver.extraJavaOptions": f"{log_java_options()} -XX:ReservedCodeCacheSize=512m",
         },
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -39,6 +39,7 @@ from airflow_provider_pgdecode.spark.merge_sql import (
     Clause,
     merge_condition,
 )
+from airflow_provider_pgdecode.spark.profiling import integer_key
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -217,8 +218,14 @@ def _merge(
 
 def may_append(plan: TablePlan, profile: Profile) -> bool:
     """Whether this run may be an append (:func:`appends` decides, from the table's statistics):
-    inserts only, no TRUNCATE, of a single key whose ranges the profile knows (an integer key)."""
-    return profile.inserts_only and profile.truncate_at is None and len(plan.key) == 1 and bool(profile.key_ranges)
+    inserts only, no TRUNCATE, of a single integer key whose ranges the profile knows. Not a text
+    key: Delta keeps only a prefix of long strings in its statistics."""
+    return (
+        profile.inserts_only
+        and profile.truncate_at is None
+        and integer_key(plan) is not None
+        and bool(profile.key_ranges)
+    )
 
 
 def appends(plan: TablePlan, profile: Profile, table: Any) -> bool:

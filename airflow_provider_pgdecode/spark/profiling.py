@@ -195,12 +195,12 @@ def merge_ranges(ranges: Sequence[tuple[Any, Any]], max_ranges: int = MAX_KEY_RA
 
 @dataclass
 class KeyRanges:
-    """Where a single integer key's staged values lie: its bounds, and ranges of the values for
-    file skipping (:func:`merge_condition`)."""
+    """Where a single key's staged values lie: its bounds, and ranges of the values for file
+    skipping (:func:`merge_condition`); integers, or text (one range) from the driver's profile."""
 
-    key_min: int
-    key_max: int
-    ranges: list[tuple[int, int]]
+    key_min: Any
+    key_max: Any
+    ranges: list[tuple[Any, Any]]
 
 
 class _KeyRangeCollector:
@@ -302,7 +302,7 @@ before a Spark pass is started; above it the Spark pass is the faster read."""
 def profile_from_parts(plan: TablePlan) -> Profile | None:
     """The table's :class:`Profile` from its staged parts read on the driver, when they show that
     the Spark pass (:func:`profile_events`) would find nothing to refuse or to plan around: a table
-    with a key (one integer column, or several of integers or text, staged as Delta keeps them),
+    with a key (of integer or text columns, staged as Delta keeps them),
     every change new (nothing applied yet), no TRUNCATE, every column staged in every part, no
     unchanged-TOAST column, no NULL key, no numeric NaN/Infinity and no unbounded numeric (whose
     digits must be checked).
@@ -323,10 +323,10 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
     numeric = [c for c in plan.columns if plan.types[c].is_numeric_text]
     if any(plan.types[c].may_lose_digits for c in numeric):
         return None
-    key = integer_key(plan)
-    if len(plan.key) == 1 and key is None:
-        return None  # the bounds of a key of other values come from the Spark pass
-    collector = _KeyRangeCollector(staged_key_bounds(plan)) if key is not None else None
+    # A single key's ranges: in buckets for an integer key, its (min, max) for a text key (in
+    # byte order, as Spark compares strings). Keys of other types are left to the Spark pass below.
+    single = plan.key[0] if len(plan.key) == 1 else None
+    collector = _KeyRangeCollector(staged_key_bounds(plan)) if single is not None else None
     keys: list[collapse.StagedKeys] = []
     counts = {"I": 0, "U": 0, "D": 0}
     missing_old = 0
@@ -382,8 +382,8 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
             )
             changed = pc.is_in(op, value_set=pa.array(["U", "D"]))
             missing_old += pc.sum(pc.and_(changed, pc.invert(has_old))).as_py() or 0
-            if collector is not None and key is not None:
-                collector.add(part.column(key), collapse.old_values(part, key))
+            if collector is not None and single is not None:
+                collector.add(part.column(single), collapse.old_values(part, single))
             keys.append(
                 collapse.StagedKeys(
                     op=op,

@@ -29,7 +29,7 @@ from airflow_provider_pgdecode.spark.arrow_source import arrow_source
 from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches
 from airflow_provider_pgdecode.spark.merge_plan import TablePlan, plan_merge
 from airflow_provider_pgdecode.spark.merge_sql import merge_source
-from airflow_provider_pgdecode.spark.profiling import profile_from_parts
+from airflow_provider_pgdecode.spark.profiling import profile_events, profile_from_parts, staged_key_ranges
 from airflow_provider_pgdecode.spark.staged_events import staged_events
 from tests.spark.staged import UNCHANGED, Model, TableChanges, write_batch
 
@@ -192,6 +192,53 @@ def test_the_source_built_on_the_driver_equals_sparks(
         path_light, path_plain = light / "public" / "items", plain / "public" / "items"
         assert spark_rows(spark, path_light) == spark_rows(spark, path_plain), number
         assert delta_rs_rows(path_light) == delta_rs_rows(path_plain) == expected, number
+
+
+CODED = [("code", "text", pa.string()), ("qty", "integer", pa.int32()), ("note", "text", pa.string())]
+
+
+def test_a_text_key_gets_its_profile_and_source_on_the_driver(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A single text key (codes, UUIDs as text): the profile and the source come from the parts,
+    its key range in byte order as Spark's; inserts of new codes are merged, not appended."""
+    rng = random.Random(5)
+    codes = ["a", "B", "é", "z", "zz", "éclair", "Ωa", "Ωb", "Ωc"]  # the last three after every file's range
+    first = TableChanges("public", "coded", CODED, key=("code",))
+    for code in codes[:6]:
+        first.insert(1_000, code=code, qty=rng.randrange(100), note=None)
+    root = tmp_path / "delta"
+    merge_batches(spark, [write_batch(tmp_path / "staging", SLOT, 900, 1_100, [first])], str(root))
+    changes = (
+        TableChanges("public", "coded", CODED, key=("code",))
+        .update(1_200, code="B", qty=1, note="updated")
+        .update(1_210, {"code": "z"}, code="Ω", qty=2, note="moved")  # a key moved past every other
+        .delete(1_220, code="a")
+        .insert(1_230, code="0", qty=3, note="new")
+    )
+    batch = write_batch(tmp_path / "staging", SLOT, 1_100, 1_300, [changes])
+    (plan,) = plan_merge(spark, read_batches([batch]), str(root), MergeOptions())
+    assert isinstance(plan, TablePlan)
+    profile = profile_from_parts(plan)
+    assert profile is not None
+    sparks = profile_events(staged_events(spark, plan), plan, staged_key_ranges(plan))
+    assert (profile.key_min, profile.key_max, profile.key_ranges) == (sparks.key_min, sparks.key_max, sparks.key_ranges)
+    assert profile.key_ranges == [("0", "Ω")]
+    built = arrow_source(plan, profile, MergeOptions())
+    assert built is not None
+    computed = merge_source(spark, staged_events(spark, plan), plan, profile).toArrow()
+    assert sorted_rows(built) == sorted_rows(computed)
+    inserts = TableChanges("public", "coded", CODED, key=("code",))
+    for code in codes[6:]:
+        inserts.insert(1_400, code=code, qty=4, note="inserted")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=MERGE_LOG):
+        merge_batches(spark, [batch], str(root))
+        merge_batches(spark, [write_batch(tmp_path / "staging", SLOT, 1_300, 1_500, [inserts])], str(root))
+    assert caplog.text.count("built on the driver") == 2 and "appended by delta-rs" not in caplog.text
+    expected = Model(key=("code",)).apply(first, changes, inserts).state(["code", "qty", "note"])
+    got = spark.read.format("delta").load(str(root / "public" / "coded")).select("code", "qty", "note").collect()
+    assert sorted((r.asDict() for r in got), key=repr) == sorted(expected, key=repr)
 
 
 def test_parts_that_need_spark_or_a_table_the_light_write_refuses(
