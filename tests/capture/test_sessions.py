@@ -156,6 +156,13 @@ def split_source(pg_conn: psycopg.Connection, slot_name: str):
     pg_conn.execute(f"drop publication if exists {PUBLICATION}")
 
 
+def _pgoutput_slot(c: psycopg.Connection, split_source: str) -> str:
+    """A two-phase pgoutput slot beside the fixture's (dropped by it)."""
+    slot = split_source + "_po"
+    c.execute("select pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot,))
+    return slot
+
+
 def _prepare(conn: psycopg.Connection, gid: str, statement: str) -> None:
     conn.execute("begin")
     conn.execute(statement)
@@ -365,8 +372,7 @@ def test_bounds_cut_a_two_session_batch_where_they_cut_one_session(
     pg_conn: psycopg.Connection, split_source: str, tmp_path: Path, max_changes: int
 ) -> None:
     c = pg_conn
-    slot = split_source + "_po"
-    c.execute("select pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot,))
+    slot = _pgoutput_slot(c, split_source)
     split = _two_halves(c, 1600, 100)
     batches = {}
     for two in (False, True):
@@ -393,8 +399,7 @@ def test_a_second_session_stopped_by_its_own_row_limit_ends_the_batch_there_and_
     pg_conn: psycopg.Connection, split_source: str, tmp_path: Path
 ) -> None:
     c = pg_conn
-    slot = split_source + "_po"
-    c.execute("select pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot,))
+    slot = _pgoutput_slot(c, split_source)
     start = Lsn.parse(str(c.execute("select pg_current_wal_insert_lsn()").fetchone()[0]))
     split = _two_halves(c, 1600, 100)  # 800 changes below the split
     whole = extract_batch(c, slot, tmp_path / "whole", plugin="pgoutput", publication=PUBLICATION, two_sessions=False)
@@ -434,8 +439,7 @@ def test_without_a_slot_to_spare_the_batch_is_read_in_one_session(
     pg_conn: psycopg.Connection, split_source: str, tmp_path: Path
 ) -> None:
     c = pg_conn
-    slot = split_source + "_po"
-    c.execute("select pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot,))
+    slot = _pgoutput_slot(c, split_source)
     split = _two_halves(c)
     free = c.execute(
         "select current_setting('max_replication_slots')::int - count(*) from pg_replication_slots"
@@ -456,8 +460,7 @@ def test_when_the_second_session_fails_the_slot_reads_the_upper_half(
     pg_conn: psycopg.Connection, pg_dsn: str, split_source: str, tmp_path: Path
 ) -> None:
     c = pg_conn
-    slot = split_source + "_po"
-    c.execute("select pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot,))
+    slot = _pgoutput_slot(c, split_source)
     split = _two_halves(c)
     # A role allowed one connection: the second session cannot connect.
     c.execute("drop role if exists pgdecode_one_session")
