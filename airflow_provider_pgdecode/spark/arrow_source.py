@@ -43,9 +43,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_provider_pgdecode.spark.merge")
 
 DRIVER_SOURCE_MAX_BYTES = 256 << 20
-"""Up to so many bytes of a table's staged parts (uncompressed, as their Parquet footers count
-them) are read whole on the driver to build its source: it holds them, their effects and what
-delta-rs writes at once. A larger run's source is Spark's, read in batches on the executors."""
+"""Up to so many bytes of a table's staged parts are read whole on the driver to build its
+source (each part's uncompressed size in its Parquet footer before it is read, its Arrow size
+after): it holds them, their effects and what delta-rs writes at once. A larger run's source is
+Spark's, read in batches on the executors."""
 
 _CHANGE_TYPES = dict(staged.CHANGE_COLUMNS)
 #: The change columns the source needs (an effect's kind and order, and the metadata Delta keeps).
