@@ -9,7 +9,7 @@ the source is built here instead, from the parts read with pyarrow:
 * every column is staged as an Arrow type Spark reads exactly as its Delta type, flat or a list of
   flat values (:func:`.spark_types.delta_ready`, as for the initial load's direct commit), or is
   a ``numeric(p,s)`` staged as its text, cast to its decimal (no NaN, digits that fit: see
-  :func:`staged_conversions`);
+  :func:`staged_conversions`), the key's old image too;
 * the profile came from the parts (:func:`.profiling.profile_from_parts`: nothing applied yet, no
   TRUNCATE, no unchanged TOAST, no NULL key), and the driver knows which effects a later one on
   the same key replaces (:func:`.collapse.superseded_effects`).
@@ -110,9 +110,10 @@ def staged_conversions(schema: pa.Schema, plan: TablePlan) -> dict[str, pa.DataT
     ``plan`` either as a type Spark reads exactly as the column's Delta type, flat or a list of flat
     values (:func:`.spark_types.delta_ready`, the test the initial load's direct commit makes), a
     ``timestamp without time zone`` (or a list of them) as its microseconds read as UTC, or,
-    for a non-key ``numeric(p,s)`` staged as its text, as text cast to the column's decimal (the
+    for a ``numeric(p,s)`` staged as its text, as text cast to the column's decimal (the
     profile from the parts saw no NaN or infinity in it, and its digits fit: PostgreSQL rounded
-    them to the scale). The old-key image's key columns must need no cast. Pure."""
+    them to the scale). The old-key image's key columns need no cast, or the key's own
+    (:data:`~airflow_provider_pgdecode.batch.format.OLD` is then cast too). Pure."""
     import pyarrow as pa
 
     for name in _CHANGE_COLUMNS:
@@ -138,7 +139,7 @@ def staged_conversions(schema: pa.Schema, plan: TablePlan) -> dict[str, pa.DataT
             continue
         decimal = column_type.delta_type
         numeric_text = column_type.is_numeric_text and column_type.element is None and pa.types.is_string(kind)
-        if not numeric_text or column_type.may_lose_digits or column in plan.key:
+        if not numeric_text or column_type.may_lose_digits:
             return None
         assert isinstance(decimal, DecimalType)
         casts[column] = pa.decimal128(decimal.precision, decimal.scale)
@@ -146,9 +147,12 @@ def staged_conversions(schema: pa.Schema, plan: TablePlan) -> dict[str, pa.DataT
         old = schema.field(staged.OLD).type
         if not pa.types.is_struct(old):
             return None
-        fields = {old.field(i).name: old.field(i).type for i in range(old.num_fields)}
-        if not all(ready(name, fields[name]) for name in plan.key if name in fields):
+        fields = [old.field(i) for i in range(old.num_fields)]
+        old_key = [f for f in fields if f.name in plan.key and not ready(f.name, f.type)]
+        if any(f.name not in casts or not pa.types.is_string(f.type) for f in old_key):
             return None
+        if old_key:  # an old numeric key as the new one: its text cast to the decimal
+            casts[staged.OLD] = pa.struct([f.with_type(casts[f.name]) if f in old_key else f for f in fields])
     return casts
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.parquet
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import IntegerType, LongType, ShortType, StringType
+from pyspark.sql.types import DecimalType, IntegerType, LongType, ShortType, StringType
 
 from airflow_provider_pgdecode.batch import format as staged
 from airflow_provider_pgdecode.batch.format import COMMIT_LSN, COMMIT_TIME, XID
@@ -302,7 +302,7 @@ before a Spark pass is started; above it the Spark pass is the faster read."""
 def profile_from_parts(plan: TablePlan) -> Profile | None:
     """The table's :class:`Profile` from its staged parts read on the driver, when they show that
     the Spark pass (:func:`profile_events`) would find nothing to refuse or to plan around: a table
-    with a key (of integer or text columns, staged as Delta keeps them),
+    with a key (of integer, text or ``numeric(p,s)`` columns: :func:`decimal_key_casts`),
     every change new (nothing applied yet), no TRUNCATE, every column staged in every part, no
     unchanged-TOAST column, no NULL key, no numeric NaN/Infinity and no unbounded numeric (whose
     digits must be checked).
@@ -324,9 +324,9 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
     if any(plan.types[c].may_lose_digits for c in numeric):
         return None
     # A single key's ranges: in buckets for an integer key, its (min, max) for a text key (in
-    # byte order, as Spark compares strings). Keys of other types are left to the Spark pass below.
-    single = plan.key[0] if len(plan.key) == 1 else None
-    collector = _KeyRangeCollector(staged_key_bounds(plan)) if single is not None else None
+    # byte order, as Spark compares strings) or a decimal one. Keys of other types are left to
+    # the Spark pass.
+    collector = _KeyRangeCollector(staged_key_bounds(plan)) if len(plan.key) == 1 else None
     keys: list[collapse.StagedKeys] = []
     counts = {"I": 0, "U": 0, "D": 0}
     missing_old = 0
@@ -340,11 +340,9 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
                 schema = parquet.schema_arrow
                 if any(c not in schema.names or c not in manifest_columns for c in plan.columns):
                     return None  # a column absent from a part is kept by its changes
-                for column in plan.key:
-                    kind, delta_type = schema.field(column).type, plan.types[column].delta_type
-                    integers = pa.types.is_integer(kind) and isinstance(delta_type, INTEGER_TYPES)
-                    if not (integers or (pa.types.is_string(kind) and isinstance(delta_type, StringType))):
-                        return None  # converted on its way to Delta: the Spark pass checks what it becomes
+                key_casts = decimal_key_casts(plan, schema)
+                if key_casts is None:
+                    return None  # converted on its way to Delta: the Spark pass checks what it becomes
                 wanted = [staged.OP, COMMIT_LSN, staged.SEQ, *plan.key, *numeric]
                 wanted += [c for c in (staged.OLD, staged.UNCHANGED_TOAST) if c in schema.names]
                 part = parquet.read(columns=list(dict.fromkeys(wanted)))
@@ -375,6 +373,11 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
                     and pc.any(pc.is_in(values, value_set=pa.array(NUMERIC_SPECIAL_VALUES))).as_py()
                 ):
                     return None
+            try:  # NaN and infinity were refused above; PostgreSQL rounded the digits to the scale
+                new_keys = [_as(part.column(c), key_casts.get(c)) for c in plan.key]
+                old_keys = [_as(collapse.old_values(part, c), key_casts.get(c)) for c in plan.key]
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                return None
             has_old = (
                 pc.is_valid(part.column(staged.OLD))
                 if staged.OLD in part.column_names
@@ -382,13 +385,13 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
             )
             changed = pc.is_in(op, value_set=pa.array(["U", "D"]))
             missing_old += pc.sum(pc.and_(changed, pc.invert(has_old))).as_py() or 0
-            if collector is not None and single is not None:
-                collector.add(part.column(single), collapse.old_values(part, single))
+            if collector is not None:
+                collector.add(new_keys[0], old_keys[0])
             keys.append(
                 collapse.StagedKeys(
                     op=op,
-                    new=tuple(part.column(c) for c in plan.key),
-                    old=tuple(collapse.old_values(part, c) for c in plan.key),
+                    new=tuple(new_keys),
+                    old=tuple(old_keys),
                     lsn=part.column(COMMIT_LSN),
                     seq=part.column(staged.SEQ),
                 )
@@ -411,6 +414,33 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
         missing_old=missing_old,
         superseded=collapse.superseded_effects(keys),
     )
+
+
+def decimal_key_casts(plan: TablePlan, schema: pyarrow.Schema) -> dict[str, pyarrow.DataType] | None:
+    """The decimal each key column staged as ``numeric(p,s)`` text is compared as, by column
+    (``{}``: none), when every key column of a part with ``schema`` is staged as Delta compares
+    it: an integer, a text, or a ``numeric(p,s)``'s text (``1.50`` and ``1.5`` are one key). ``None``
+    for any other key: converted on its way to Delta, it is profiled by Spark. Pure."""
+    import pyarrow as pa
+
+    casts: dict[str, pa.DataType] = {}
+    for column in plan.key:
+        kind, column_type = schema.field(column).type, plan.types[column]
+        delta_type = column_type.delta_type
+        if pa.types.is_integer(kind) and isinstance(delta_type, INTEGER_TYPES):
+            continue
+        if pa.types.is_string(kind) and isinstance(delta_type, StringType):
+            continue
+        numeric_text = column_type.is_numeric_text and column_type.element is None and not column_type.may_lose_digits
+        if not (pa.types.is_string(kind) and numeric_text and isinstance(delta_type, DecimalType)):
+            return None
+        casts[column] = pa.decimal128(delta_type.precision, delta_type.scale)
+    return casts
+
+
+def _as(values: Any, kind: pyarrow.DataType | None) -> Any:
+    """``values`` cast to ``kind`` (as they are when ``None``)."""
+    return values if kind is None else values.cast(kind)
 
 
 def snapshot_chunks_of(plan: TablePlan) -> bool:

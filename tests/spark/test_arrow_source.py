@@ -241,6 +241,52 @@ def test_a_text_key_gets_its_profile_and_source_on_the_driver(
     assert sorted((r.asDict() for r in got), key=repr) == sorted(expected, key=repr)
 
 
+SKUS = [("sku", "numeric(8,2)", pa.string()), ("qty", "integer", pa.int32())]
+
+
+def test_a_numeric_key_gets_its_profile_and_source_on_the_driver(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``numeric(p,s)`` key staged as its text: the profile and the source come from the parts,
+    the key (and its old image) cast to its decimal as Spark casts it, its range Spark's."""
+    first = TableChanges("public", "skus", SKUS, key=("sku",))
+    for n in range(6):
+        first.insert(1_000, sku=f"{n}.50", qty=n)
+    root = tmp_path / "delta"
+    merge_batches(spark, [write_batch(tmp_path / "staging", SLOT, 900, 1_100, [first])], str(root))
+    changes = (
+        TableChanges("public", "skus", SKUS, key=("sku",))
+        .update(1_200, sku="1.50", qty=10)
+        .update(1_210, {"sku": "2.50"}, sku="-7.25", qty=11)  # a key moved below every other
+        .delete(1_220, sku="3.50")
+        .insert(1_230, sku="12.00", qty=12)
+        .update(1_240, sku="12.00", qty=13)  # the same key again: the first effect is superseded
+    )
+    batch = write_batch(tmp_path / "staging", SLOT, 1_100, 1_300, [changes])
+    (plan,) = plan_merge(spark, read_batches([batch]), str(root), MergeOptions())
+    assert isinstance(plan, TablePlan)
+    profile = profile_from_parts(plan)
+    assert profile is not None
+    sparks = profile_events(staged_events(spark, plan), plan, staged_key_ranges(plan))
+    assert (profile.key_min, profile.key_max, profile.key_ranges) == (sparks.key_min, sparks.key_max, sparks.key_ranges)
+    assert profile.key_ranges == [(Decimal("-7.25"), Decimal("12.00"))]
+    built = arrow_source(plan, profile, MergeOptions())
+    assert built is not None
+    computed = merge_source(spark, staged_events(spark, plan), plan, profile).toArrow()
+    assert [f.type for f in built.schema] == [f.type for f in computed.schema]
+    assert sorted_rows(built) == sorted_rows(computed)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=MERGE_LOG):
+        result = merge_batches(spark, [batch], str(root))["tables"]["public.skus"]
+    assert "built on the driver" in caplog.text
+    assert (result["inserted"], result["updated"], result["deleted"]) == (2, 1, 2)  # a moved key: a delete, an insert
+    expected = [
+        {**row, "sku": Decimal(row["sku"])} for row in Model(key=("sku",)).apply(first, changes).state(["sku", "qty"])
+    ]
+    got = spark.read.format("delta").load(str(root / "public" / "skus")).select("sku", "qty").collect()
+    assert sorted((r.asDict() for r in got), key=repr) == sorted(expected, key=repr)
+
+
 def test_parts_that_need_spark_or_a_table_the_light_write_refuses(
     spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
