@@ -25,14 +25,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from pyspark.sql.types import ArrayType, DecimalType, TimestampType
+from pyspark.sql.types import DecimalType
 
 from airflow_provider_pgdecode.batch import format as staged
 from airflow_provider_pgdecode.batch.format import DELTA_COLUMNS
 from airflow_provider_pgdecode.spark import collapse
 from airflow_provider_pgdecode.spark.collapse import KIND, LSN, SEQ, CollapseInput
 from airflow_provider_pgdecode.spark.light_write import light_write_refusal
-from airflow_provider_pgdecode.spark.spark_types import ColumnType, delta_ready
+from airflow_provider_pgdecode.spark.spark_types import delta_ready, wall_clock_as_utc
 from airflow_provider_pgdecode.spark.staged_events import footers_readable, open_part
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def staged_conversions(schema: pa.Schema, plan: TablePlan) -> dict[str, pa.DataT
         kind, column_type = schema.field(column).type, plan.types[column]
         if ready(column, kind):
             continue
-        wall_clock = _wall_clock_as_utc(kind, column_type)
+        wall_clock = wall_clock_as_utc(kind, column_type)
         if wall_clock is not None:
             casts[column] = wall_clock
             continue
@@ -149,29 +149,11 @@ def staged_conversions(schema: pa.Schema, plan: TablePlan) -> dict[str, pa.DataT
             return None
         fields = [old.field(i) for i in range(old.num_fields)]
         old_key = [f for f in fields if f.name in plan.key and not ready(f.name, f.type)]
-        if any(f.name not in casts or not pa.types.is_string(f.type) for f in old_key):
+        if any(f.name not in casts or not f.type.equals(schema.field(f.name).type) for f in old_key):
             return None
-        if old_key:  # an old numeric key as the new one: its text cast to the decimal
+        if old_key:  # an old key staged as the new one is cast as it is
             casts[staged.OLD] = pa.struct([f.with_type(casts[f.name]) if f in old_key else f for f in fields])
     return casts
-
-
-def _wall_clock_as_utc(kind: pa.DataType, column_type: ColumnType) -> pa.DataType | None:
-    """For a ``timestamp without time zone`` (or an array of them) staged as Arrow's zoneless
-    microseconds and kept in Delta as a ``timestamp``: the same microseconds as UTC, which is what
-    Spark's cast gives in pgdecode's sessions (time zone UTC: the wall-clock time read as UTC).
-    ``None`` for any other column."""
-    import pyarrow as pa
-
-    naive = pa.timestamp("us")
-    utc = pa.timestamp("us", tz="UTC")
-    target = column_type.delta_type
-    if kind.equals(naive) and isinstance(target, TimestampType):
-        return utc
-    is_list = pa.types.is_list(kind) and kind.value_type.equals(naive)
-    if is_list and isinstance(target, ArrayType) and isinstance(target.elementType, TimestampType):
-        return pa.list_(pa.field("item", utc))
-    return None
 
 
 def _last_effects(effects: pa.Table, superseded: pa.Table) -> pa.Table:

@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.parquet
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import DecimalType, IntegerType, LongType, ShortType, StringType
+from pyspark.sql.types import (
+    BinaryType,
+    DateType,
+    DecimalType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    TimestampType,
+)
 
 from airflow_provider_pgdecode.batch import format as staged
 from airflow_provider_pgdecode.batch.format import COMMIT_LSN, COMMIT_TIME, XID
@@ -34,7 +43,7 @@ from airflow_provider_pgdecode.spark.merge_plan import (
     Profile,
     TablePlan,
 )
-from airflow_provider_pgdecode.spark.spark_types import NUMERIC_SPECIAL_VALUES
+from airflow_provider_pgdecode.spark.spark_types import NUMERIC_SPECIAL_VALUES, delta_ready, wall_clock_as_utc
 from airflow_provider_pgdecode.spark.staged_events import footers_readable, lossy_name, open_part, special_name
 
 if TYPE_CHECKING:
@@ -302,7 +311,8 @@ before a Spark pass is started; above it the Spark pass is the faster read."""
 def profile_from_parts(plan: TablePlan) -> Profile | None:
     """The table's :class:`Profile` from its staged parts read on the driver, when they show that
     the Spark pass (:func:`profile_events`) would find nothing to refuse or to plan around: a table
-    with a key (of integer, text or ``numeric(p,s)`` columns: :func:`decimal_key_casts`),
+    with a key :func:`key_casts` admits (integers, text, ``numeric(p,s)``; dates, timestamps and
+    bytes beside another column),
     every change new (nothing applied yet), no TRUNCATE, every column staged in every part, no
     unchanged-TOAST column, no NULL key, no numeric NaN/Infinity and no unbounded numeric (whose
     digits must be checked).
@@ -340,8 +350,8 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
                 schema = parquet.schema_arrow
                 if any(c not in schema.names or c not in manifest_columns for c in plan.columns):
                     return None  # a column absent from a part is kept by its changes
-                key_casts = decimal_key_casts(plan, schema)
-                if key_casts is None:
+                casts = key_casts(plan, schema)
+                if casts is None:
                     return None  # converted on its way to Delta: the Spark pass checks what it becomes
                 wanted = [staged.OP, COMMIT_LSN, staged.SEQ, *plan.key, *numeric]
                 wanted += [c for c in (staged.OLD, staged.UNCHANGED_TOAST) if c in schema.names]
@@ -374,8 +384,8 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
                 ):
                     return None
             try:  # NaN and infinity were refused above; PostgreSQL rounded the digits to the scale
-                new_keys = [_as(part.column(c), key_casts.get(c)) for c in plan.key]
-                old_keys = [_as(collapse.old_values(part, c), key_casts.get(c)) for c in plan.key]
+                new_keys = [_as(part.column(c), casts.get(c)) for c in plan.key]
+                old_keys = [_as(collapse.old_values(part, c), casts.get(c)) for c in plan.key]
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                 return None
             has_old = (
@@ -416,11 +426,13 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
     )
 
 
-def decimal_key_casts(plan: TablePlan, schema: pyarrow.Schema) -> dict[str, pyarrow.DataType] | None:
-    """The decimal each key column staged as ``numeric(p,s)`` text is compared as, by column
-    (``{}``: none), when every key column of a part with ``schema`` is staged as Delta compares
-    it: an integer, a text, or a ``numeric(p,s)``'s text (``1.50`` and ``1.5`` are one key). ``None``
-    for any other key: converted on its way to Delta, it is profiled by Spark. Pure."""
+def key_casts(plan: TablePlan, schema: pyarrow.Schema) -> dict[str, pyarrow.DataType] | None:
+    """The type each key column of a part with ``schema`` is compared as, where it is not its
+    staged type, by column (``{}``: none); ``None`` when the Spark pass profiles the table. A key
+    column may be an integer or a text, a ``numeric(p,s)``'s text (cast to its decimal: ``1.50``
+    and ``1.5`` are one key), or, in a key of several columns, a date, a timestamp or bytes: the
+    key of a partitioned table, which holds its partition column. A single key has key ranges,
+    found here for integers, text and decimals only. Pure."""
     import pyarrow as pa
 
     casts: dict[str, pa.DataType] = {}
@@ -432,9 +444,14 @@ def decimal_key_casts(plan: TablePlan, schema: pyarrow.Schema) -> dict[str, pyar
         if pa.types.is_string(kind) and isinstance(delta_type, StringType):
             continue
         numeric_text = column_type.is_numeric_text and column_type.element is None and not column_type.may_lose_digits
-        if not (pa.types.is_string(kind) and numeric_text and isinstance(delta_type, DecimalType)):
+        if pa.types.is_string(kind) and numeric_text and isinstance(delta_type, DecimalType):
+            casts[column] = pa.decimal128(delta_type.precision, delta_type.scale)
+            continue
+        if len(plan.key) == 1 or not isinstance(delta_type, (DateType, TimestampType, BinaryType)):
             return None
-        casts[column] = pa.decimal128(delta_type.precision, delta_type.scale)
+        # A timestamp without time zone is the same microseconds read as UTC: compared alike.
+        if wall_clock_as_utc(kind, column_type) is None and not delta_ready(column_type, str(kind)):
+            return None
     return casts
 
 

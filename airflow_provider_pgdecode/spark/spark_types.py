@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pyspark.sql.types import (
     ArrayType,
@@ -40,6 +41,9 @@ from airflow_provider_pgdecode.typemap import (
     SPARK_MAX_DECIMAL_PRECISION,
     Kind,
 )
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass(frozen=True)
@@ -208,6 +212,24 @@ def delta_ready(column_type: ColumnType, arrow: str) -> bool:
     except ValueError:
         return False
     return reads[0] == column_type.delta_type
+
+
+def wall_clock_as_utc(kind: pa.DataType, column_type: ColumnType) -> pa.DataType | None:
+    """For a ``timestamp without time zone`` (or an array of them) staged as Arrow's zoneless
+    microseconds and kept in Delta as a ``timestamp``: the same microseconds as UTC, which is what
+    Spark's cast gives in pgdecode's sessions (time zone UTC: the wall-clock time read as UTC).
+    ``None`` for any other column."""
+    import pyarrow as pa
+
+    naive = pa.timestamp("us")
+    utc = pa.timestamp("us", tz="UTC")
+    target = column_type.delta_type
+    if kind.equals(naive) and isinstance(target, TimestampType):
+        return utc
+    is_list = pa.types.is_list(kind) and kind.value_type.equals(naive)
+    if is_list and isinstance(target, ArrayType) and isinstance(target.elementType, TimestampType):
+        return pa.list_(pa.field("item", utc))
+    return None
 
 
 #: Integral types by width, with the decimal digits each needs (Delta's minimum decimal target).

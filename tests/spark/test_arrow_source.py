@@ -287,6 +287,64 @@ def test_a_numeric_key_gets_its_profile_and_source_on_the_driver(
     assert sorted((r.asDict() for r in got), key=repr) == sorted(expected, key=repr)
 
 
+EVENTS = [
+    ("id", "bigint", pa.int64()),
+    ("at", "timestamp without time zone", pa.timestamp("us")),
+    ("n", "integer", pa.int32()),
+]
+LOGINS = [("id", "bigint", pa.int64()), ("day", "date", pa.date32()), ("n", "integer", pa.int32())]
+
+
+def test_the_key_of_a_partitioned_table_gets_its_profile_and_source_on_the_driver(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A key that holds a partition column beside the id (a timestamp without time zone, cast as
+    Spark casts it, its old image too; a date): the profile and the source come from the parts."""
+    at = datetime(2026, 3, 1, 12, 0)
+    events = TableChanges("public", "events", EVENTS, key=("id", "at"))
+    logins = TableChanges("public", "logins", LOGINS, key=("id", "day"))
+    for n in range(5):
+        events.insert(1_000, id=n, at=at + timedelta(days=n), n=n)
+        logins.insert(1_000, id=n, day=date(2026, 3, 1 + n), n=n)
+    root = tmp_path / "delta"
+    merge_batches(spark, [write_batch(tmp_path / "staging", SLOT, 900, 1_100, [events, logins])], str(root))
+    events_run = (
+        TableChanges("public", "events", EVENTS, key=("id", "at"))
+        .update(1_200, id=1, at=at + timedelta(days=1), n=10)
+        .update(1_210, {"id": 2, "at": at + timedelta(days=2)}, id=2, at=at + timedelta(days=40), n=11)  # moved
+        .delete(1_220, id=3, at=at + timedelta(days=3))
+        .insert(1_230, id=9, at=datetime(9999, 12, 31, 23, 59, 59, 999999), n=12)  # infinity, as staged
+    )
+    logins_run = (
+        TableChanges("public", "logins", LOGINS, key=("id", "day"))
+        .update(1_200, {"id": 0, "day": date(2026, 3, 1)}, id=0, day=date(2026, 4, 1), n=20)
+        .delete(1_210, id=4, day=date(2026, 3, 5))
+        .insert(1_220, id=4, day=date(2026, 3, 5), n=21)  # deleted, then inserted again
+    )
+    batch = write_batch(tmp_path / "staging", SLOT, 1_100, 1_300, [events_run, logins_run])
+    for plan in plan_merge(spark, read_batches([batch]), str(root), MergeOptions()):
+        assert isinstance(plan, TablePlan)
+        profile = profile_from_parts(plan)
+        assert profile is not None, plan.name
+        built = arrow_source(plan, profile, MergeOptions())
+        assert built is not None, plan.name
+        computed = merge_source(spark, staged_events(spark, plan), plan, profile).toArrow()
+        assert [f.type for f in built.schema] == [f.type for f in computed.schema], plan.name
+        assert sorted_rows(built) == sorted_rows(computed), plan.name
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=MERGE_LOG):
+        merge_batches(spark, [batch], str(root))
+    assert caplog.text.count("built on the driver") == 2
+    for name, changes, columns in (
+        ("events", (events, events_run), ["id", "at", "n"]),
+        ("logins", (logins, logins_run), ["id", "day", "n"]),
+    ):
+        # Spark reads the wall-clock time back as it was staged (its session's time zone is UTC).
+        expected = Model(key=tuple(columns[:2])).apply(*changes).state(columns)
+        got = spark.read.format("delta").load(str(root / "public" / name)).select(*columns).collect()
+        assert sorted((r.asDict() for r in got), key=repr) == sorted(expected, key=repr), name
+
+
 def test_parts_that_need_spark_or_a_table_the_light_write_refuses(
     spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
