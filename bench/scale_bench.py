@@ -1,16 +1,17 @@
 """Scale benchmark: how a cycle's cost grows with the number of tables its changes touch (issue 39).
 
     .venv/bin/python -m bench.scale_bench [--tables 1,10,50,200] [--changes 1000] [--kind updates]
-        [--table-workers 1,4] [--light-write-max-bytes 0,67108864]
+        [--table-workers 1,4] [--light-write-max-bytes 0,67108864] [--shape numeric-key]
     .venv/bin/python -m bench.scale_bench --smoke      # 1 and 5 tables, 100 changes
 
 One run, one throwaway PostgreSQL cluster, one warm Spark Connect server (``local[*]``, started by
 the bench, as a deployment that merges through Connect has one):
 
 1. A warm-up round (one table, 100 changes: the server's first MERGE compiles), not reported.
-   Then for each table count N (its own database): N tables ``(id int primary key, v text, n int)`` of
-   100 rows each, loaded by the initial load (a slot with an exported snapshot, ``stage_snapshot``,
-   the merge committing the parts as staged): not timed.
+   Then for each table count N (its own database): N tables ``(id int primary key, v text, n int)``
+   (``--shape``: other keys and columns, :data:`SHAPES`) of 100 rows each, loaded by the initial
+   load (a slot with an exported snapshot, ``stage_snapshot``, the merge committing the parts as
+   staged): not timed.
 2. The timed cycle: ``--changes`` changes spread round-robin over the N tables, in transactions
    of ten (``updates`` of existing rows, the default, or ``inserts`` of new keys), then
    ``extract_batch`` and ``merge_batches`` (one session of the server; ``--table-workers`` K: the
@@ -23,7 +24,8 @@ the bench, as a deployment that merges through Connect has one):
 
 Prints per N (and variant) the extract and merge seconds and the ratio of the cycle to the first
 row (the issue's aim: at most 3x at 50 tables, 200 tables merged in under 2 minutes), with the load
-average, and writes them to bench/results/scale_bench.json.
+average, and writes them to bench/results/scale_bench.json (``scale_bench-<shape>.json`` for another
+``--shape``).
 """
 
 from __future__ import annotations
@@ -62,11 +64,23 @@ def table_names(count: int) -> list[str]:
     return [f"t{i:03d}" for i in range(count)]
 
 
-def create_tables(conn: Any, count: int) -> None:
+#: The tables' columns by ``--shape``: each has ``id``, ``v`` and ``n``, which the changes write.
+SHAPES = {
+    "plain": "id int primary key, v text, n int",
+    # A key migrated from NUMBER(10,2): numeric text compared as its decimal.
+    "numeric-key": "id numeric(12,2) primary key, v text, n int",
+    # A partitioned table's key holds its partition column (the table itself is not partitioned).
+    "timestamp-key": "id int, v text, n int, at timestamptz not null default '2026-01-01', primary key (id, at)",
+    # A numeric without a typmod: its values' digits checked against decimal(38,18).
+    "unbounded-numeric": "id int primary key, v text, n int, amount numeric default 12.345",
+}
+
+
+def create_tables(conn: Any, count: int, shape: str = "plain") -> None:
     for name in table_names(count):
         conn.execute(
-            f"create table {name} (id int primary key, v text, n int);"
-            f" insert into {name} select g, 'seed ' || g, g from generate_series(1, {SEED_ROWS}) g"
+            f"create table {name} ({SHAPES[shape]});"
+            f" insert into {name} (id, v, n) select g, 'seed ' || g, g from generate_series(1, {SEED_ROWS}) g"
         )
 
 
@@ -78,7 +92,7 @@ def write_changes(conn: Any, count: int, changes: int, kind: str) -> None:
             for i in range(first, min(first + 10, changes)):
                 table, serial = names[i % count], i // count
                 if kind == "inserts":
-                    conn.execute(f"insert into {table} values (%s, 'new', %s)", (SEED_ROWS + 1 + serial, i))
+                    conn.execute(f"insert into {table} (id, v, n) values (%s, 'new', %s)", (SEED_ROWS + 1 + serial, i))
                 else:
                     conn.execute(
                         f"update {table} set v = 'changed', n = n + 1 where id = %s", (1 + serial % SEED_ROWS,)
@@ -100,6 +114,7 @@ def one_count(
     kind: str,
     label: str = "",
     options: MergeOptions | None = None,
+    shape: str = "plain",
 ) -> dict[str, Any]:
     database = f"scale_{label}{count}"
     cluster.create_database(database)
@@ -107,7 +122,7 @@ def one_count(
     staging, delta = work / f"staging-{label}{count}", str(work / f"delta-{label}{count}")
     tables = [("public", name) for name in table_names(count)]
     with cluster.connect(database) as conn:
-        create_tables(conn, count)
+        create_tables(conn, count, shape)
         with create_slot_with_snapshot(dsn, SLOT) as (lsn, name):
             loaded = stage_snapshot(dsn, name, lsn, SLOT, staging, tables)
         merge_batches(spark, [str(loaded.path)], delta)
@@ -120,7 +135,7 @@ def one_count(
         conn.execute("select pg_replication_slot_advance(%s, %s)", (SLOT, str(batch.end_lsn)))
         # The first table through Spark, every table through delta-rs (milliseconds a table).
         unequal = [t for _, t in tables[:1] if not compare_table(conn, spark, delta, "public", t).equal]
-        unequal += [t for _, t in tables if delta_rows(delta, t) != Counter(conn.execute(f"select * from {t}"))]
+        unequal += [t for _, t in tables if delta_rows(delta, t) != Counter(conn.execute(f"select id, v, n from {t}"))]
         conn.execute("select pg_drop_replication_slot(%s)", (SLOT,))
     return {
         "tables": count,
@@ -149,6 +164,13 @@ def main(argv: list[str] | None = None) -> int:
         help="MergeOptions.light_write_max_bytes (0: every table through Delta's MERGE); several, "
         "comma-separated, are measured one after the other for each table count, in one run",
     )
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default="plain",
+        help="the tables' columns: an int key (plain), a numeric(12,2) key, an (int, timestamptz) key, or a "
+        "numeric without a typmod beside an int key",
+    )
     parser.add_argument("--smoke", action="store_true", help="1 and 5 tables, 100 changes")
     args = parser.parse_args(argv)
     counts = [1, 5] if args.smoke else [int(n) for n in args.tables.split(",")]
@@ -166,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                 for k, light in variants:
                     options = MergeOptions(table_workers=k, light_write_max_bytes=light)
                     label = f"w{k}_l{int(light > 0)}_"
-                    row = one_count(cluster, spark, work, count, changes, args.kind, label=label, options=options)
+                    row = one_count(
+                        cluster, spark, work, count, changes, args.kind, label=label, options=options, shape=args.shape
+                    )
                     row["table_workers"] = k
                     row["light_write_max_bytes"] = light
                     first = rows[0] if rows else row
@@ -181,9 +205,9 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
             spark.stop()
-    report = {"kind": args.kind, "changes": changes, "load_average": os.getloadavg(), "rows": rows}
+    report = {"kind": args.kind, "shape": args.shape, "changes": changes, "load_average": os.getloadavg(), "rows": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    written = RESULTS / "scale_bench.json"
+    written = RESULTS / ("scale_bench.json" if args.shape == "plain" else f"scale_bench-{args.shape}.json")
     written.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"load average {report['load_average']}; written to {written}")
     return 1 if any(row["unequal_tables"] for row in rows) else 0

@@ -8,7 +8,7 @@ the source is built here instead, from the parts read with pyarrow:
 
 * every column is staged as an Arrow type Spark reads exactly as its Delta type, flat or a list of
   flat values (:func:`.spark_types.delta_ready`, as for the initial load's direct commit), or is
-  a ``numeric(p,s)`` staged as its text, cast to its decimal (no NaN, digits that fit: see
+  a ``numeric`` staged as its text, cast to its decimal (no NaN, digits that fit: see
   :func:`staged_conversions`), the key's old image too;
 * the profile came from the parts (:func:`.profiling.profile_from_parts`: nothing applied yet, no
   TRUNCATE, no unchanged TOAST, no NULL key), and the driver knows which effects a later one on
@@ -110,9 +110,10 @@ def staged_conversions(schema: pa.Schema, plan: TablePlan) -> dict[str, pa.DataT
     ``plan`` either as a type Spark reads exactly as the column's Delta type, flat or a list of flat
     values (:func:`.spark_types.delta_ready`, the test the initial load's direct commit makes), a
     ``timestamp without time zone`` (or a list of them) as its microseconds read as UTC, or,
-    for a ``numeric(p,s)`` staged as its text, as text cast to the column's decimal (the
-    profile from the parts saw no NaN or infinity in it, and its digits fit: PostgreSQL rounded
-    them to the scale). The old-key image's key columns need no cast, or the key's own
+    for a ``numeric`` staged as its text, as text cast to the column's decimal (the profile from
+    the parts saw no NaN or infinity in it, and its digits fit: PostgreSQL rounded a
+    ``numeric(p,s)`` to the scale, and the profile checked a ``numeric`` without a typmod's).
+    The old-key image's key columns need no cast, or the key's own
     (:data:`~airflow_provider_pgdecode.batch.format.OLD` is then cast too). Pure."""
     import pyarrow as pa
 
@@ -139,7 +140,7 @@ def staged_conversions(schema: pa.Schema, plan: TablePlan) -> dict[str, pa.DataT
             continue
         decimal = column_type.delta_type
         numeric_text = column_type.is_numeric_text and column_type.element is None and pa.types.is_string(kind)
-        if not numeric_text or column_type.may_lose_digits:
+        if not numeric_text:
             return None
         assert isinstance(decimal, DecimalType)
         casts[column] = pa.decimal128(decimal.precision, decimal.scale)

@@ -43,7 +43,12 @@ from airflow_provider_pgdecode.spark.merge_plan import (
     Profile,
     TablePlan,
 )
-from airflow_provider_pgdecode.spark.spark_types import NUMERIC_SPECIAL_VALUES, delta_ready, wall_clock_as_utc
+from airflow_provider_pgdecode.spark.spark_types import (
+    NUMERIC_SPECIAL_VALUES,
+    ColumnType,
+    delta_ready,
+    wall_clock_as_utc,
+)
 from airflow_provider_pgdecode.spark.staged_events import footers_readable, lossy_name, open_part, special_name
 
 if TYPE_CHECKING:
@@ -312,10 +317,9 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
     """The table's :class:`Profile` from its staged parts read on the driver, when they show that
     the Spark pass (:func:`profile_events`) would find nothing to refuse or to plan around: a table
     with a key :func:`key_casts` admits (integers, text, ``numeric(p,s)``; dates, timestamps and
-    bytes beside another column),
-    every change new (nothing applied yet), no TRUNCATE, every column staged in every part, no
-    unchanged-TOAST column, no NULL key, no numeric NaN/Infinity and no unbounded numeric (whose
-    digits must be checked).
+    bytes beside another column), every change new (nothing applied yet), no TRUNCATE, every
+    column staged in every part, no unchanged-TOAST column, no NULL key, no numeric NaN/Infinity,
+    and every value of a ``numeric`` without a typmod fitting its decimal (:func:`_fits`).
     ``None`` otherwise: the Spark pass then computes the profile (and names what it refuses).
 
     A Spark job costs a small batch more than its reading: measured on bench/merge_bench.py's
@@ -331,8 +335,6 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
     if any(s.applied_through >= Lsn.parse(s.staged.min_commit_lsn) or s.staged.truncates for s in segments):
         return None  # some changes already applied, or a TRUNCATE
     numeric = [c for c in plan.columns if plan.types[c].is_numeric_text]
-    if any(plan.types[c].may_lose_digits for c in numeric):
-        return None
     # A single key's ranges: in buckets for an integer key, its (min, max) for a text key (in
     # byte order, as Spark compares strings) or a decimal one. Keys of other types are left to
     # the Spark pass.
@@ -383,6 +385,8 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
                     and pc.any(pc.is_in(values, value_set=pa.array(NUMERIC_SPECIAL_VALUES))).as_py()
                 ):
                     return None
+                if plan.types[column].may_lose_digits and not _fits(values, plan.types[column]):
+                    return None  # the Spark pass counts the values that do not fit, and the merge refuses them
             try:  # NaN and infinity were refused above; PostgreSQL rounded the digits to the scale
                 new_keys = [_as(part.column(c), casts.get(c)) for c in plan.key]
                 old_keys = [_as(collapse.old_values(part, c), casts.get(c)) for c in plan.key]
@@ -453,6 +457,22 @@ def key_casts(plan: TablePlan, schema: pyarrow.Schema) -> dict[str, pyarrow.Data
         if wall_clock_as_utc(kind, column_type) is None and not delta_ready(column_type, str(kind)):
             return None
     return casts
+
+
+def _fits(values: Any, column_type: ColumnType) -> bool:
+    """Whether the numeric text ``values`` (NaN and infinity left out) all fit the column's decimal
+    as they are: Arrow's cast refuses a value with more integer or fraction digits than it holds,
+    leading zeros aside (the Spark pass's test of a lossy value), and also one with more digits
+    than its precision, trailing zeros counted, which the Spark pass then finds not lossy."""
+    import pyarrow as pa
+
+    decimal = (column_type.element or column_type).delta_type
+    assert isinstance(decimal, DecimalType)
+    try:
+        values.cast(pa.decimal128(decimal.precision, decimal.scale))
+    except pa.ArrowInvalid:
+        return False
+    return True
 
 
 def _as(values: Any, kind: pyarrow.DataType | None) -> Any:

@@ -383,21 +383,25 @@ def test_parts_that_need_spark_or_a_table_the_light_write_refuses(
     merge_batches(spark, [later], str(refused), DELTA_ONLY)
     assert delta_rs_rows(refused / "public" / "items") == as_delta(Model().apply(first, changes, toast).state(COLUMNS))
 
-    # A numeric without a typmod, staged as text, has its digits checked by Spark: no source from
-    # the driver.
+    # A numeric without a typmod, staged as text, whose digits fit its decimal(38,18) (zeros
+    # aside): the driver builds the source, as Spark would.
     with_price = TableChanges("public", "items", priced)
     for key in range(5):
         with_price.insert(1_000, **values(rng, key), amount=f"{key}.50")
     priced_root = tmp_path / "priced"
     merge_batches(spark, [write_batch(tmp_path / "p", SLOT, 900, 1_100, [with_price])], str(priced_root), DELTA_ONLY)
-    update = TableChanges("public", "items", priced).update(1_200, **values(rng, 1), amount="9.99")
+    update = TableChanges("public", "items", priced).update(1_200, **values(rng, 1), amount="9.99" + "0" * 16)
     batch = write_batch(tmp_path / "p", SLOT, 1_100, 1_250, [update])
     plan = only_plan(spark, batch, priced_root)
-    assert profile_from_parts(plan) is None
+    profile = profile_from_parts(plan)
+    assert profile is not None
+    built = arrow_source(plan, profile, MergeOptions())
+    assert built is not None
+    assert sorted_rows(built) == sorted_rows(merge_source(spark, staged_events(spark, plan), plan, profile).toArrow())
     caplog.clear()
     with caplog.at_level(logging.INFO, logger=MERGE_LOG):
         merge_batches(spark, [batch], str(priced_root))
-    assert "merged by delta-rs" in caplog.text and "built on the driver" not in caplog.text
+    assert "merged by delta-rs" in caplog.text and "built on the driver" in caplog.text
     amount = spark.read.format("delta").load(str(priced_root / "public" / "items")).where("id = 1").first()["amount"]
     assert amount == Decimal("9.99")
 

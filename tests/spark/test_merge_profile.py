@@ -206,10 +206,22 @@ def test_the_spark_pass_decides_what_the_parts_do_not_show(spark: Any, tmp_path:
     assert found(spark_profile(spark, plan))
 
 
-def test_an_unbounded_numeric_goes_to_the_spark_pass_and_a_text_key_does_not(spark: Any, tmp_path: Path) -> None:
-    unbounded = TableChanges("public", "u", [("id", "bigint", pa.int64()), ("amount", "numeric", pa.string())])
-    unbounded.insert(BASE + 16, id=1, amount="1.5")
-    assert profile_from_parts(plan_of(spark, tmp_path / "u", [unbounded])) is None
+def test_an_unbounded_numeric_goes_to_the_spark_pass_only_with_digits_past_its_decimal(
+    spark: Any, tmp_path: Path
+) -> None:
+    columns = [("id", "bigint", pa.int64()), ("amount", "numeric", pa.string())]
+    unbounded = TableChanges("public", "u", columns)
+    # decimal(38,18): 20 integer digits and 18 fraction digits fit, zeros aside
+    unbounded.insert(BASE + 16, id=1, amount="1.5").insert(BASE + 32, id=2, amount="-" + "9" * 20 + "." + "1" * 18)
+    unbounded.insert(BASE + 48, id=3, amount="000" + "1" * 20 + ".5" + "0" * 17)
+    plan = plan_of(spark, tmp_path / "u", [unbounded])
+    driver = profile_from_parts(plan)
+    assert driver is not None and not driver.lossy and driver.changes == spark_profile(spark, plan).changes == 3
+    for amount in ("1" * 21, "0." + "0" * 18 + "1"):  # one integer digit, one fraction digit too many
+        wide = TableChanges("public", "u", columns).insert(BASE + 16, id=1, amount=amount)
+        plan = plan_of(spark, tmp_path / amount, [wide])
+        assert profile_from_parts(plan) is None
+        assert spark_profile(spark, plan).lossy == {"amount": 1}
     text_key = TableChanges("public", "t", [("code", "text", pa.string())], key=("code",))
     text_key.insert(BASE + 16, code="b").insert(BASE + 32, code="a")
     plan = plan_of(spark, tmp_path / "t", [text_key])
