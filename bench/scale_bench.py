@@ -73,15 +73,19 @@ SHAPES = {
     "timestamp-key": "id int, v text, n int, at timestamptz not null default '2026-01-01', primary key (id, at)",
     # A numeric without a typmod: its values' digits checked against decimal(38,18).
     "unbounded-numeric": "id int primary key, v text, n int, amount numeric default 12.345",
+    # A 4,000-byte document stored out of line (TOAST), which the updates leave unchanged.
+    "toast": "id int primary key, v text, n int, doc text default repeat('x', 4000)",
 }
+#: What a shape sets up after creating a table, before its rows are inserted.
+SHAPE_SETUP = {"toast": "alter table {name} alter column doc set storage external"}
 
 
 def create_tables(conn: Any, count: int, shape: str = "plain") -> None:
     for name in table_names(count):
-        conn.execute(
-            f"create table {name} ({SHAPES[shape]});"
-            f" insert into {name} (id, v, n) select g, 'seed ' || g, g from generate_series(1, {SEED_ROWS}) g"
-        )
+        conn.execute(f"create table {name} ({SHAPES[shape]})")
+        if shape in SHAPE_SETUP:
+            conn.execute(SHAPE_SETUP[shape].format(name=name))
+        conn.execute(f"insert into {name} (id, v, n) select g, 'seed ' || g, g from generate_series(1, {SEED_ROWS}) g")
 
 
 def write_changes(conn: Any, count: int, changes: int, kind: str) -> None:
@@ -168,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         "--shape",
         choices=sorted(SHAPES),
         default="plain",
-        help="the tables' columns: an int key (plain), a numeric(12,2) key, an (int, timestamptz) key, or a "
-        "numeric without a typmod beside an int key",
+        help="the tables' columns: an int key (plain), a numeric(12,2) key, an (int, timestamptz) key, a "
+        "numeric without a typmod beside an int key, or a TOAST document the updates leave unchanged",
     )
     parser.add_argument("--smoke", action="store_true", help="1 and 5 tables, 100 changes")
     args = parser.parse_args(argv)

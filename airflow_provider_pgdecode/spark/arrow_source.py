@@ -11,8 +11,10 @@ the source is built here instead, from the parts read with pyarrow:
   a ``numeric`` staged as its text, cast to its decimal (no NaN, digits that fit: see
   :func:`staged_conversions`), the key's old image too;
 * the profile came from the parts (:func:`.profiling.profile_from_parts`: nothing applied yet, no
-  TRUNCATE, no unchanged TOAST, no NULL key), and the driver knows which effects a later one on
-  the same key replaces (:func:`.collapse.superseded_effects`).
+  TRUNCATE, no key moved by an UPDATE that left a value unchanged, no NULL key), and the driver
+  knows which effects a later one on the same key replaces (:func:`.collapse.superseded_effects`),
+  or, where an UPDATE left a value unchanged (TOAST), collapses them as Spark does
+  (:func:`.collapse.arrow_last_keeping`, as :func:`.collapse.collapse_simple`).
 
 The source is then what :func:`.collapse.collapse_known` computes in Spark: a part's effects
 (:func:`.collapse.arrow_effects`, as :func:`.collapse.effects_of`) less the superseded ones. In
@@ -62,9 +64,9 @@ def arrow_source(plan: TablePlan, profile: Profile, options: MergeOptions) -> pa
 
     if light_write_refusal(plan, profile, options) is not None:
         return None
-    if profile.superseded is None or profile.keep_columns or profile.truncate_at is not None:
+    if profile.superseded is None or profile.truncate_at is not None:
         return None
-    spec = CollapseInput(key=plan.key, value_columns=plan.value_columns, keep_columns=())
+    spec = CollapseInput(key=plan.key, value_columns=plan.value_columns, keep_columns=profile.keep_columns)
     effects = []
     left = DRIVER_SOURCE_MAX_BYTES  # bytes the parts read so far leave
     for segment in plan.segments:
@@ -100,7 +102,11 @@ def arrow_source(plan: TablePlan, profile: Profile, options: MergeOptions) -> pa
     if not effects:
         return None
     table = pa.concat_tables(effects)
-    return _last_effects(table, profile.superseded).select([*plan.key, *plan.value_columns, *DELTA_COLUMNS, KIND])
+    columns = [*plan.key, *plan.value_columns, *DELTA_COLUMNS, KIND]
+    if spec.keep_columns:  # values an UPDATE left unchanged (TOAST): each taken from its last setter, or kept
+        flags = [collapse.keep_flag_name(i) for i in range(len(spec.keep_columns))]
+        return collapse.arrow_last_keeping(table, spec, allow_keep=plan.state.exists).select([*columns, *flags])
+    return _last_effects(table, profile.superseded).select(columns)
 
 
 def staged_conversions(schema: pa.Schema, plan: TablePlan) -> dict[str, pa.DataType] | None:

@@ -176,14 +176,22 @@ def _effect_masks(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    # As key_changed: an old key sent and different from the new one (a null new key differs).
-    changed: pa.ChunkedArray | pa.Array = pa.repeat(False, len(op))
+    upsert = pc.is_in(op, value_set=pa.array(["I", "U"]))
+    delete = pc.or_(pc.equal(op, "D"), pc.and_(pc.equal(op, "U"), arrow_key_changed(new, old)))
+    return upsert, delete
+
+
+def arrow_key_changed(new: Sequence[pa.ChunkedArray], old: Sequence[pa.ChunkedArray | pa.Array]) -> pa.ChunkedArray:
+    """:func:`key_changed` in Arrow: an old key sent and different from the new one (a null new key
+    differs)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    changed: pa.ChunkedArray | pa.Array = pa.repeat(False, len(new[0]))
     for new_key, old_key in zip(new, old, strict=True):
         differs = pc.fill_null(pc.not_equal(old_key, new_key), True)
         changed = pc.or_(changed, pc.and_(pc.is_valid(old_key), differs))
-    upsert = pc.is_in(op, value_set=pa.array(["I", "U"]))
-    delete = pc.or_(pc.equal(op, "D"), pc.and_(pc.equal(op, "U"), changed))
-    return upsert, delete
+    return changed
 
 
 def _effect_keys(part: StagedKeys) -> tuple[pa.Table, pa.Table]:
@@ -203,18 +211,29 @@ def _effect_keys(part: StagedKeys) -> tuple[pa.Table, pa.Table]:
 def arrow_effects(part: pa.Table, spec: CollapseInput) -> pa.Table:
     """A staged part's effects as :func:`effects_of` makes them, in Arrow, for a part whose values
     need no conversion: upserts at the new key with their values, deletes at the old key with null
-    values; columns the key, the value and metadata columns, ``__kind``, ``__lsn``, ``__seq``."""
+    values; columns the key, the value and metadata columns, ``__kind``, ``__lsn``, ``__seq``, and
+    for each of ``spec.keep_columns`` a flag ``__sets_<i>``: an upsert that does not keep it
+    (:func:`_setter_order`; an INSERT keeps nothing, a delete sets nothing)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
+    op = part.column(staged.OP)
     new = [part.column(name) for name in spec.key]
     old = [old_values(part, name) for name in spec.key]
-    upsert, delete = _effect_masks(part.column(staged.OP), new, old)
+    upsert, delete = _effect_masks(op, new, old)
     carried = (*spec.value_columns, *spec.metadata_columns)
+    kept = _kept_by(part, spec.keep_columns)
 
     def effects(mask: pa.ChunkedArray, kind: str, keys: Sequence[pa.ChunkedArray | pa.Array]) -> pa.Table:
         values = {name: part.column(name) for name in carried}
         if kind == DELETE:
             values.update({name: pa.nulls(part.num_rows, part.schema.field(name).type) for name in spec.value_columns})
+        sets = {
+            setter_flag_name(i): pc.or_(pc.equal(op, "I"), pc.invert(keeps))
+            if kind == UPSERT
+            else pa.repeat(False, len(op))
+            for i, keeps in enumerate(kept)
+        }
         table = pa.table(
             {
                 **dict(zip(spec.key, keys, strict=True)),
@@ -222,11 +241,62 @@ def arrow_effects(part: pa.Table, spec: CollapseInput) -> pa.Table:
                 KIND: pa.repeat(pa.scalar(kind, pa.string()), part.num_rows),
                 LSN: part.column(staged.COMMIT_LSN),
                 SEQ: part.column(staged.SEQ),
+                **sets,
             }
         )
         return table.filter(mask)
 
     return pa.concat_tables([effects(upsert, UPSERT, new), effects(delete, DELETE, old)])
+
+
+def setter_flag_name(index: int) -> str:
+    return f"__sets_{index}"
+
+
+def _kept_by(part: pa.Table, columns: Sequence[str]) -> list[pa.Array]:
+    """For each of ``columns``, which of the part's changes leave it unchanged (unchanged TOAST)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not columns:
+        return []
+    if staged.UNCHANGED_TOAST not in part.column_names:
+        return [pa.repeat(False, part.num_rows) for _ in columns]
+    toast = part.column(staged.UNCHANGED_TOAST).combine_chunks()
+    names, rows = pc.list_flatten(toast), pc.list_parent_indices(toast)
+    every = pa.array(range(part.num_rows), pa.int64())
+    return [pc.is_in(every, value_set=rows.filter(pc.equal(names, column)).cast(pa.int64())) for column in columns]
+
+
+def arrow_last_keeping(effects: pa.Table, spec: CollapseInput, *, allow_keep: bool) -> pa.Table:
+    """:func:`collapse_simple` in Arrow, for ``effects`` of :func:`arrow_effects` without a key
+    change that keeps a value: each key's last effect, a kept column holding the value of the
+    latest effect on the key that set it, and its ``__keep_<i>`` flag true where none did (false
+    unless ``allow_keep``). The key must hold no NULL, and no two effects on a key one order."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ordered = effects.sort_by([*[(name, "ascending") for name in spec.key], (LSN, "ascending"), (SEQ, "ascending")])
+    count = ordered.num_rows
+    if not count:
+        return ordered
+    same: pa.ChunkedArray | pa.Array = pa.repeat(True, count - 1)  # row i and row i + 1 share a key
+    for name in spec.key:
+        column = ordered.column(name)
+        same = pc.and_(same, pc.equal(column.slice(0, count - 1), column.slice(1)))
+    position = pa.array(range(count), pa.int64())
+    none = pa.scalar(None, pa.int64())
+    first = pa.concat_arrays([pa.array([True]), pc.invert(same).combine_chunks()])
+    last = pa.concat_arrays([pc.invert(same).combine_chunks(), pa.array([True])])
+    key_start = pc.fill_null_forward(pc.if_else(first, position, none))
+    result = ordered.filter(last)
+    for index, column in enumerate(spec.keep_columns):
+        setter = pc.fill_null_forward(pc.if_else(ordered.column(setter_flag_name(index)), position, none))
+        setter = pc.if_else(pc.less(setter, key_start), none, setter).filter(last)  # not an earlier key's
+        result = result.set_column(result.schema.get_field_index(column), column, ordered.column(column).take(setter))
+        flag = pc.is_null(setter) if allow_keep else pa.repeat(False, result.num_rows)
+        result = result.append_column(keep_flag_name(index), flag)
+    return result.drop_columns([setter_flag_name(i) for i in range(len(spec.keep_columns))])
 
 
 def superseded_effects(parts: Sequence[StagedKeys]) -> pa.Table | None:

@@ -318,7 +318,8 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
     the Spark pass (:func:`profile_events`) would find nothing to refuse or to plan around: a table
     with a key :func:`key_casts` admits (integers, text, ``numeric(p,s)``; dates, timestamps and
     bytes beside another column), every change new (nothing applied yet), no TRUNCATE, every
-    column staged in every part, no unchanged-TOAST column, no NULL key, no numeric NaN/Infinity,
+    column staged in every part, no UPDATE that both moves its key and leaves a value unchanged
+    (TOAST), no NULL key, no numeric NaN/Infinity,
     and every value of a ``numeric`` without a typmod fitting its decimal (:func:`_fits`).
     ``None`` otherwise: the Spark pass then computes the profile (and names what it refuses).
 
@@ -342,6 +343,7 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
     keys: list[collapse.StagedKeys] = []
     counts = {"I": 0, "U": 0, "D": 0}
     missing_old = 0
+    kept: set[str] = set()
     for segment in segments:
         manifest_columns = {c.name for c in segment.staged.columns}
         for file in segment.staged.file_paths:
@@ -364,11 +366,6 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
                 return None  # TRUNCATE or an unknown op
             for name, count in ops.items():
                 counts[name] += count
-            if (
-                staged.UNCHANGED_TOAST in part.column_names
-                and pc.sum(pc.list_value_length(part.column(staged.UNCHANGED_TOAST))).as_py()
-            ):
-                return None
             upsert = pc.is_in(op, value_set=pa.array(["I", "U"]))
             delete = pc.equal(op, "D")
             for column in plan.key:
@@ -392,6 +389,14 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
                 old_keys = [_as(collapse.old_values(part, c), casts.get(c)) for c in plan.key]
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                 return None
+            if staged.UNCHANGED_TOAST in part.column_names:
+                # Values an UPDATE left unchanged (TOAST) are kept; one that also moves its key
+                # takes its value along the key's lineage, which the Spark pass follows.
+                toast = part.column(staged.UNCHANGED_TOAST)
+                updates = pc.and_(pc.equal(op, "U"), pc.greater(pc.fill_null(pc.list_value_length(toast), 0), 0))
+                if pc.any(pc.and_(updates, collapse.arrow_key_changed(new_keys, old_keys))).as_py():
+                    return None
+                kept.update(pc.unique(pc.list_flatten(toast.filter(updates))).to_pylist())
             has_old = (
                 pc.is_valid(part.column(staged.OLD))
                 if staged.OLD in part.column_names
@@ -417,7 +422,7 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
         updates=counts["U"],
         deletes=counts["D"],
         truncates=0,
-        keep_columns=(),
+        keep_columns=tuple(c for c in plan.value_columns if c in kept),
         keep_moves=0,
         null_keys=0,
         specials={},

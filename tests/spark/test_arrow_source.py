@@ -105,7 +105,10 @@ def random_run(seed: int, start: int, live: set[int]) -> TableChanges:
             moved = key + 1000 if rng.random() < 0.2 and key + 1000 not in live else key
             live.discard(key)
             live.add(moved)
-            table.update(lsn, {"id": key} if moved != key else None, **values(rng, moved))
+            row = values(rng, moved)
+            if moved == key and rng.random() < 0.3:
+                row["t"] = UNCHANGED  # TOAST: Delta's value kept, or the run's last one set
+            table.update(lsn, {"id": key} if moved != key else None, **row)
         else:
             key = rng.choice(sorted(live))
             live.discard(key)
@@ -377,11 +380,27 @@ def test_parts_that_need_spark_or_a_table_the_light_write_refuses(
     assert "MERGE source is computed by Spark (its staged parts hold more than the 100 bytes" in caplog.text
     assert "merged by delta-rs" in caplog.text and "built on the driver" not in caplog.text
     assert delta_rs_rows(bounded / "public" / "items") == as_delta(Model().apply(first, changes).state(COLUMNS))
-    # Unchanged TOAST: the profile is Spark's, so is the source (delta-rs still writes it).
+    # Unchanged TOAST: the profile and the source from the parts, the value kept by the MERGE.
     plan = only_plan(spark, later, refused)
-    assert profile_from_parts(plan) is None
-    merge_batches(spark, [later], str(refused), DELTA_ONLY)
+    profile = profile_from_parts(plan)
+    assert profile is not None and profile.keep_columns == ("t",)
+    built = arrow_source(plan, profile, MergeOptions())
+    assert built is not None and built.column("__keep_0").to_pylist() == [True]
+    assert sorted_rows(built) == sorted_rows(merge_source(spark, staged_events(spark, plan), plan, profile).toArrow())
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=MERGE_LOG):
+        merge_batches(spark, [later], str(refused))
+    assert "built on the driver" in caplog.text
     assert delta_rs_rows(refused / "public" / "items") == as_delta(Model().apply(first, changes, toast).state(COLUMNS))
+    # An UPDATE that moves its key and leaves TOAST unchanged: its value follows the key's
+    # lineage, which Spark's collapse does.
+    moved = TableChanges("public", "items", ITEMS).update(1_400, {"id": 4}, **{**values(rng, 40), "t": UNCHANGED})
+    batch = write_batch(tmp_path / "staging", SLOT, 1_350, 1_450, [moved])
+    assert profile_from_parts(only_plan(spark, batch, refused)) is None
+    merge_batches(spark, [batch], str(refused))
+    assert delta_rs_rows(refused / "public" / "items") == as_delta(
+        Model().apply(first, changes, toast, moved).state(COLUMNS)
+    )
 
     # A numeric without a typmod, staged as text, whose digits fit its decimal(38,18) (zeros
     # aside): the driver builds the source, as Spark would.

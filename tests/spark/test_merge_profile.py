@@ -157,8 +157,9 @@ def test_the_known_collapse_of_a_two_column_key(spark: Any, tmp_path: Path) -> N
     assert known == grouped
 
 
-def _toast(t: TableChanges) -> None:
-    t.update(BASE + 400, id=1, name=UNCHANGED, amount="2.00")
+def _toast_moved(t: TableChanges) -> None:
+    # Its kept value must follow the key's lineage, which the Spark pass does.
+    t.update(BASE + 400, {"id": 1}, id=5, name=UNCHANGED, amount="2.00")
 
 
 def _null_key(t: TableChanges) -> None:
@@ -185,7 +186,7 @@ def _column_added(t: TableChanges) -> None:
 
 
 CASES = {
-    "unchanged TOAST": (_toast, lambda p: p.keep_columns == ("name",)),
+    "a key moved by an UPDATE leaving TOAST unchanged": (_toast_moved, lambda p: p.keep_moves == 1),
     "NULL key": (_null_key, lambda p: p.null_keys == 1),
     "DELETE without its old key": (_delete_without_old_key, lambda p: p.null_keys == 1),
     "TRUNCATE": (_truncate, lambda p: p.truncates == 1 and p.truncate_at is not None),
@@ -227,6 +228,17 @@ def test_an_unbounded_numeric_goes_to_the_spark_pass_only_with_digits_past_its_d
     plan = plan_of(spark, tmp_path / "t", [text_key])
     driver = profile_from_parts(plan)
     assert driver is not None and driver.key_ranges == spark_profile(spark, plan).key_ranges == [("a", "b")]
+
+
+def test_unchanged_toast_is_profiled_on_the_driver_as_by_spark(spark: Any, tmp_path: Path) -> None:
+    table = TableChanges("public", "items", COLUMNS)
+    table.insert(BASE + 16, id=1, name="a", amount="1.00").update(BASE + 32, id=2, name=UNCHANGED, amount="2.00")
+    table.delete(BASE + 48, id=3).update(BASE + 64, id=4, name="d", amount=UNCHANGED)
+    plan = plan_of(spark, tmp_path, [table])
+    driver, sparks = profile_from_parts(plan), spark_profile(spark, plan)
+    assert driver is not None
+    assert driver.keep_columns == sparks.keep_columns == ("name", "amount")
+    assert (driver.changes, driver.updates, driver.keep_moves) == (sparks.changes, sparks.updates, sparks.keep_moves)
 
 
 def test_a_batch_partly_applied_goes_to_the_spark_pass(spark: Any, tmp_path: Path) -> None:
