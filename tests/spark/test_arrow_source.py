@@ -27,7 +27,7 @@ from airflow_provider_pgdecode.batch.manifest import read_batches
 from airflow_provider_pgdecode.spark import arrow_source as arrow_source_module
 from airflow_provider_pgdecode.spark.arrow_source import arrow_source
 from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches
-from airflow_provider_pgdecode.spark.merge_plan import TablePlan, plan_merge
+from airflow_provider_pgdecode.spark.merge_plan import Profile, TablePlan, plan_merge
 from airflow_provider_pgdecode.spark.merge_sql import merge_source
 from airflow_provider_pgdecode.spark.profiling import profile_events, profile_from_parts, staged_key_ranges
 from airflow_provider_pgdecode.spark.staged_events import staged_events
@@ -152,6 +152,21 @@ def only_plan(spark: Any, batch: str, root: Path) -> TablePlan:
     return plan
 
 
+def built_as_spark_computes(spark: Any, plan: TablePlan) -> Profile:
+    """The plan's profile from its parts, with Spark's key range, and its source built on the
+    driver, equal to Spark's in rows and types."""
+    profile = profile_from_parts(plan)
+    assert profile is not None, plan.name
+    sparks = profile_events(staged_events(spark, plan), plan, staged_key_ranges(plan))
+    assert (profile.key_min, profile.key_max, profile.key_ranges) == (sparks.key_min, sparks.key_max, sparks.key_ranges)
+    built = arrow_source(plan, profile, MergeOptions())
+    assert built is not None, plan.name
+    computed = merge_source(spark, staged_events(spark, plan), plan, profile).toArrow()
+    assert [f.type for f in built.schema] == [f.type for f in computed.schema], plan.name
+    assert sorted_rows(built) == sorted_rows(computed), plan.name
+    return profile
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_source_built_on_the_driver_equals_sparks(
     spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture, seed: int
@@ -222,15 +237,7 @@ def test_a_text_key_gets_its_profile_and_source_on_the_driver(
     batch = write_batch(tmp_path / "staging", SLOT, 1_100, 1_300, [changes])
     (plan,) = plan_merge(spark, read_batches([batch]), str(root), MergeOptions())
     assert isinstance(plan, TablePlan)
-    profile = profile_from_parts(plan)
-    assert profile is not None
-    sparks = profile_events(staged_events(spark, plan), plan, staged_key_ranges(plan))
-    assert (profile.key_min, profile.key_max, profile.key_ranges) == (sparks.key_min, sparks.key_max, sparks.key_ranges)
-    assert profile.key_ranges == [("0", "Ω")]
-    built = arrow_source(plan, profile, MergeOptions())
-    assert built is not None
-    computed = merge_source(spark, staged_events(spark, plan), plan, profile).toArrow()
-    assert sorted_rows(built) == sorted_rows(computed)
+    assert built_as_spark_computes(spark, plan).key_ranges == [("0", "Ω")]
     inserts = TableChanges("public", "coded", CODED, key=("code",))
     for code in codes[6:]:
         inserts.insert(1_400, code=code, qty=4, note="inserted")
@@ -268,16 +275,7 @@ def test_a_numeric_key_gets_its_profile_and_source_on_the_driver(
     batch = write_batch(tmp_path / "staging", SLOT, 1_100, 1_300, [changes])
     (plan,) = plan_merge(spark, read_batches([batch]), str(root), MergeOptions())
     assert isinstance(plan, TablePlan)
-    profile = profile_from_parts(plan)
-    assert profile is not None
-    sparks = profile_events(staged_events(spark, plan), plan, staged_key_ranges(plan))
-    assert (profile.key_min, profile.key_max, profile.key_ranges) == (sparks.key_min, sparks.key_max, sparks.key_ranges)
-    assert profile.key_ranges == [(Decimal("-7.25"), Decimal("12.00"))]
-    built = arrow_source(plan, profile, MergeOptions())
-    assert built is not None
-    computed = merge_source(spark, staged_events(spark, plan), plan, profile).toArrow()
-    assert [f.type for f in built.schema] == [f.type for f in computed.schema]
-    assert sorted_rows(built) == sorted_rows(computed)
+    assert built_as_spark_computes(spark, plan).key_ranges == [(Decimal("-7.25"), Decimal("12.00"))]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger=MERGE_LOG):
         result = merge_batches(spark, [batch], str(root))["tables"]["public.skus"]
@@ -327,13 +325,7 @@ def test_the_key_of_a_partitioned_table_gets_its_profile_and_source_on_the_drive
     batch = write_batch(tmp_path / "staging", SLOT, 1_100, 1_300, [events_run, logins_run])
     for plan in plan_merge(spark, read_batches([batch]), str(root), MergeOptions()):
         assert isinstance(plan, TablePlan)
-        profile = profile_from_parts(plan)
-        assert profile is not None, plan.name
-        built = arrow_source(plan, profile, MergeOptions())
-        assert built is not None, plan.name
-        computed = merge_source(spark, staged_events(spark, plan), plan, profile).toArrow()
-        assert [f.type for f in built.schema] == [f.type for f in computed.schema], plan.name
-        assert sorted_rows(built) == sorted_rows(computed), plan.name
+        built_as_spark_computes(spark, plan)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger=MERGE_LOG):
         merge_batches(spark, [batch], str(root))
