@@ -373,30 +373,17 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
                 old_null = pc.and_(delete, pc.is_null(collapse.old_values(part, column)))
                 if pc.any(pc.or_(new_null, old_null)).as_py():
                     return None
-            for column in numeric:
-                values = part.column(column)
-                if pa.types.is_list(values.type):
-                    values = pc.list_flatten(values)
-                if (
-                    pa.types.is_string(values.type)
-                    and pc.any(pc.is_in(values, value_set=pa.array(NUMERIC_SPECIAL_VALUES))).as_py()
-                ):
-                    return None
-                if plan.types[column].may_lose_digits and not _fits(values, plan.types[column]):
-                    return None  # the Spark pass counts the values that do not fit, and the merge refuses them
+            if not all(_numbers_fit(part.column(column), plan.types[column]) for column in numeric):
+                return None
             try:  # NaN and infinity were refused above; PostgreSQL rounded the digits to the scale
                 new_keys = [_as(part.column(c), casts.get(c)) for c in plan.key]
                 old_keys = [_as(collapse.old_values(part, c), casts.get(c)) for c in plan.key]
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                 return None
-            if staged.UNCHANGED_TOAST in part.column_names:
-                # Values an UPDATE left unchanged (TOAST) are kept; one that also moves its key
-                # takes its value along the key's lineage, which the Spark pass follows.
-                toast = part.column(staged.UNCHANGED_TOAST)
-                updates = pc.and_(pc.equal(op, "U"), pc.greater(pc.fill_null(pc.list_value_length(toast), 0), 0))
-                if pc.any(pc.and_(updates, collapse.arrow_key_changed(new_keys, old_keys))).as_py():
-                    return None
-                kept.update(pc.unique(pc.list_flatten(toast.filter(updates))).to_pylist())
+            unchanged = _unchanged_toast(part, new_keys, old_keys)
+            if unchanged is None:
+                return None
+            kept.update(unchanged)
             has_old = (
                 pc.is_valid(part.column(staged.OLD))
                 if staged.OLD in part.column_names
@@ -462,6 +449,39 @@ def key_casts(plan: TablePlan, schema: pyarrow.Schema) -> dict[str, pyarrow.Data
         if wall_clock_as_utc(kind, column_type) is None and not delta_ready(column_type, str(kind)):
             return None
     return casts
+
+
+def _numbers_fit(values: Any, column_type: ColumnType) -> bool:
+    """Whether a part's numeric text ``values`` (or arrays of it) hold no NaN or infinity and, for
+    a ``numeric`` without a typmod, fit its decimal (:func:`_fits`): else the Spark pass counts
+    them, and the merge refuses them or stores them as NULL."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_list(values.type):
+        values = pc.list_flatten(values)
+    if not pa.types.is_string(values.type):
+        return True  # staged as its decimal already (a snapshot's)
+    if pc.any(pc.is_in(values, value_set=pa.array(NUMERIC_SPECIAL_VALUES))).as_py():
+        return False
+    return not column_type.may_lose_digits or _fits(values, column_type)
+
+
+def _unchanged_toast(part: pyarrow.Table, new_keys: Sequence[Any], old_keys: Sequence[Any]) -> list[str] | None:
+    """The columns a part's UPDATEs leave unchanged (TOAST), which the MERGE keeps; ``None`` when
+    one of them also moves its key: the kept value then follows the key's lineage, which the
+    Spark pass does."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if staged.UNCHANGED_TOAST not in part.column_names:
+        return []
+    toast = part.column(staged.UNCHANGED_TOAST)
+    lengths = pc.fill_null(pc.list_value_length(toast), 0)
+    updates = pc.and_(pc.equal(part.column(staged.OP), "U"), pc.greater(lengths, pa.scalar(0, lengths.type)))
+    if pc.any(pc.and_(updates, collapse.arrow_key_changed(new_keys, old_keys))).as_py():
+        return None
+    return [str(name) for name in pc.unique(pc.list_flatten(toast.filter(updates))).to_pylist()]
 
 
 def _fits(values: Any, column_type: ColumnType) -> bool:
