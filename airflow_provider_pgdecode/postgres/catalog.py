@@ -9,6 +9,7 @@ Schema and table names are passed as query parameters, or composed as identifier
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -127,6 +128,19 @@ def _given(value: _T) -> Callable[[], _T]:
     return lambda: value
 
 
+def _identity_kind(replident: str, has_identity_index: Callable[[], bool]) -> ReplicaIdentityKind | None:
+    """The replica identity ``relreplident`` names, as PostgreSQL acts on it: USING INDEX whose
+    index was dropped is NOTHING. ``None`` for an unknown ``relreplident``."""
+    kind = _RELREPLIDENT.get(replident)
+    if kind == "index" and not has_identity_index():
+        return "nothing"
+    return kind
+
+
+def _unknown_identity(schema: str, table: str, replident: str) -> CatalogError:
+    return CatalogError(f"table {schema!r}.{table!r} has unknown relreplident {replident!r}")
+
+
 class Catalog:
     """Catalog lookups over one psycopg 3 connection (any transaction mode)."""
 
@@ -243,12 +257,9 @@ class Catalog:
                 no_key: CatalogError | None = error
             else:
                 no_key = None
-            kind = _RELREPLIDENT.get(replident)
-            if kind is None:  # an unknown relreplident: what _key_of raised
-                assert no_key is not None
-                raise no_key
-            if kind == "index" and oid not in identity:
-                kind = "nothing"  # the index was dropped: PostgreSQL then behaves as NOTHING
+            kind = _identity_kind(replident, _given(oid in identity))
+            if kind is None:
+                raise _unknown_identity(schema, table, replident)
             described[(schema, table)] = TableDescription(key, no_key, kind, columns[oid], missing[oid])
         return described
 
@@ -268,19 +279,17 @@ class Catalog:
     def replica_identity(self, schema: str, table: str) -> ReplicaIdentity:
         """The table's replica identity and its columns."""
         oid, _, replident = self._relation(schema, table)
-        kind = _RELREPLIDENT.get(replident)
+        identity = functools.cache(lambda: self._index_columns(oid, "i.indisreplident"))
+        kind = _identity_kind(replident, lambda: identity()[0] is not None)
         if kind is None:
-            raise CatalogError(f"table {schema!r}.{table!r} has unknown relreplident {replident!r}")
+            raise _unknown_identity(schema, table, replident)
         if kind == "nothing":
             return ReplicaIdentity(kind, ())
         if kind == "full":
             return ReplicaIdentity(kind, tuple(row[0] for row in self._columns(oid)))
         if kind == "default":
             return ReplicaIdentity(kind, tuple(self._index_columns(oid, "i.indisprimary")[1]))
-        index_name, columns = self._index_columns(oid, "i.indisreplident")
-        if index_name is None:
-            # The index was dropped: PostgreSQL then behaves as NOTHING.
-            return ReplicaIdentity("nothing", ())
+        index_name, columns = identity()
         return ReplicaIdentity(kind, tuple(columns), index_name)
 
     def table_key(self, schema: str, table: str) -> TableKey:
@@ -354,12 +363,11 @@ class Catalog:
     ) -> TableKey:
         """:meth:`table_key`'s rule over what the catalog says of the table: its ``relreplident``,
         primary key columns, replica identity index (name, columns) and live columns."""
-        kind = _RELREPLIDENT.get(replident)
+        identity = functools.cache(identity_index)
+        kind = _identity_kind(replident, lambda: identity()[0] is not None)
         if kind is None:
-            raise CatalogError(f"table {schema!r}.{table!r} has unknown relreplident {replident!r}")
+            raise _unknown_identity(schema, table, replident)
         if primary:
-            if kind == "index" and identity_index()[0] is None:
-                kind = "nothing"  # the index was dropped: PostgreSQL then behaves as NOTHING
             if kind == "nothing":
                 raise CatalogError(
                     f"table {schema}.{table} has a primary key ({', '.join(primary)}) but REPLICA IDENTITY NOTHING: "
@@ -370,10 +378,7 @@ class Catalog:
                 )
             return TableKey(tuple(primary), kind, "primary key")
         if kind == "index":
-            index_name, columns = identity_index()
-            if index_name is not None:
-                return TableKey(tuple(columns), kind, "replica identity index")
-            kind = "nothing"  # the index was dropped: PostgreSQL then behaves as NOTHING
+            return TableKey(tuple(identity()[1]), kind, "replica identity index")
         if kind == "full":
             return TableKey(tuple(all_columns()), kind, "all columns")
         raise CatalogError(
@@ -583,9 +588,7 @@ def source_tables(
     )
     tables = []
     for schema, table, replident, has_primary_key, has_identity_index in rows:
-        kind = _RELREPLIDENT.get(replident, "nothing")
-        if kind == "index" and not has_identity_index:
-            kind = "nothing"
+        kind = _identity_kind(replident, _given(bool(has_identity_index))) or "nothing"
         tables.append(SourceTable(schema, table, kind, bool(has_primary_key)))
     return tables
 
