@@ -13,7 +13,8 @@ the bench, as a deployment that merges through Connect has one):
    load (a slot with an exported snapshot, ``stage_snapshot``, the merge committing the parts as
    staged): not timed.
 2. The timed cycle: ``--changes`` changes spread round-robin over the N tables, in transactions
-   of ten (``updates`` of existing rows, the default, or ``inserts`` of new keys), then
+   of ten (``updates`` of existing rows, the default, or ``inserts`` of new keys; ``reloads``:
+   each table truncated and refilled with its share in one transaction), then
    ``extract_batch`` and ``merge_batches`` (one session of the server; ``--table-workers`` K: the
    tables merged K at a time, each in a session of its own; ``--light-write-max-bytes`` 0: every
    table through Delta's MERGE, else small tables committed by delta-rs, ``spark/light_write.py``)
@@ -24,8 +25,8 @@ the bench, as a deployment that merges through Connect has one):
 
 Prints per N (and variant) the extract and merge seconds and the ratio of the cycle to the first
 row (the issue's aim: at most 3x at 50 tables, 200 tables merged in under 2 minutes), with the load
-average, and writes them to bench/results/scale_bench.json (``scale_bench-<shape>.json`` for another
-``--shape``).
+average, and writes them to bench/results/scale_bench.json (``scale_bench-<shape>-<kind>.json`` for
+another ``--shape`` or ``--kind``).
 """
 
 from __future__ import annotations
@@ -89,8 +90,19 @@ def create_tables(conn: Any, count: int, shape: str = "plain") -> None:
 
 
 def write_changes(conn: Any, count: int, changes: int, kind: str) -> None:
-    """``changes`` changes round-robin over the tables, ten per transaction."""
+    """``changes`` changes round-robin over the tables, ten per transaction; for ``reloads``, each
+    table emptied (TRUNCATE) and refilled with its share of them in one transaction, as a lookup
+    table is reloaded."""
     names = table_names(count)
+    if kind == "reloads":
+        for table in names:
+            with conn.transaction():
+                conn.execute(f"truncate {table}")
+                conn.execute(
+                    f"insert into {table} (id, v, n) select g, 'reloaded', g from generate_series(1, %s) g",
+                    (max(1, changes // count),),
+                )
+        return
     for first in range(0, changes, 10):
         with conn.transaction():
             for i in range(first, min(first + 10, changes)):
@@ -155,7 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tables", default="1,10,50,200", help="table counts, comma-separated")
     parser.add_argument("--changes", type=int, default=1000)
-    parser.add_argument("--kind", choices=("updates", "inserts"), default="updates")
+    parser.add_argument(
+        "--kind",
+        choices=("updates", "inserts", "reloads"),
+        default="updates",
+        help="updates of the seeded rows, inserts of new keys, or each table truncated and refilled (reloads)",
+    )
     parser.add_argument(
         "--table-workers",
         default="1",
@@ -211,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             spark.stop()
     report = {"kind": args.kind, "shape": args.shape, "changes": changes, "load_average": os.getloadavg(), "rows": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    written = RESULTS / ("scale_bench.json" if args.shape == "plain" else f"scale_bench-{args.shape}.json")
+    suffix = "".join(f"-{name}" for name, default in ((args.shape, "plain"), (args.kind, "updates")) if name != default)
+    written = RESULTS / f"scale_bench{suffix}.json"
     written.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"load average {report['load_average']}; written to {written}")
     return 1 if any(row["unequal_tables"] for row in rows) else 0

@@ -11,10 +11,12 @@ the source is built here instead, from the parts read with pyarrow:
   a ``numeric`` staged as its text, cast to its decimal (no NaN, digits that fit: see
   :func:`staged_conversions`), the key's old image too;
 * the profile came from the parts (:func:`.profiling.profile_from_parts`: nothing applied yet, no
-  TRUNCATE, no key moved by an UPDATE that left a value unchanged, no NULL key), and the driver
-  knows which effects a later one on the same key replaces (:func:`.collapse.superseded_effects`),
-  or, where an UPDATE left a value unchanged (TOAST), collapses them as Spark does
-  (:func:`.collapse.arrow_last_keeping`, as :func:`.collapse.collapse_simple`).
+  key moved by an UPDATE that left a value unchanged, no NULL key), and the driver knows which
+  effects a later one on the same key replaces (:func:`.collapse.superseded_effects`), or, where
+  an UPDATE left a value unchanged (TOAST), collapses them as Spark does
+  (:func:`.collapse.arrow_last_keeping`, as :func:`.collapse.collapse_simple`);
+* after a TRUNCATE, only the changes after the last one are read, as Spark's source reads them,
+  and no value is kept from Delta (the MERGE deletes what Delta held from before it).
 
 The source is then what :func:`.collapse.collapse_known` computes in Spark: a part's effects
 (:func:`.collapse.arrow_effects`, as :func:`.collapse.effects_of`) less the superseded ones. In
@@ -34,6 +36,7 @@ from airflow_provider_pgdecode.batch.format import DELTA_COLUMNS
 from airflow_provider_pgdecode.spark import collapse
 from airflow_provider_pgdecode.spark.collapse import KIND, LSN, SEQ, CollapseInput
 from airflow_provider_pgdecode.spark.light_write import light_write_refusal
+from airflow_provider_pgdecode.spark.merge_plan import keeps_delta_values
 from airflow_provider_pgdecode.spark.spark_types import delta_ready, wall_clock_as_utc
 from airflow_provider_pgdecode.spark.staged_events import footers_readable, open_part
 
@@ -64,7 +67,7 @@ def arrow_source(plan: TablePlan, profile: Profile, options: MergeOptions) -> pa
 
     if light_write_refusal(plan, profile, options) is not None:
         return None
-    if profile.superseded is None or profile.truncate_at is not None:
+    if profile.superseded is None:
         return None
     spec = CollapseInput(key=plan.key, value_columns=plan.value_columns, keep_columns=profile.keep_columns)
     effects = []
@@ -95,6 +98,10 @@ def arrow_source(plan: TablePlan, profile: Profile, options: MergeOptions) -> pa
             casts = staged_conversions(part.schema, plan)
             if casts is None:
                 return None
+            if profile.truncate_at is not None:  # the table holds only what came after the last one
+                part = part.filter(
+                    collapse.arrow_after(part.column(staged.COMMIT_LSN), part.column(staged.SEQ), *profile.truncate_at)
+                )
             for column, kind in casts.items():
                 index = part.schema.get_field_index(column)
                 part = part.set_column(index, column, part.column(column).cast(kind))
@@ -105,7 +112,9 @@ def arrow_source(plan: TablePlan, profile: Profile, options: MergeOptions) -> pa
     columns = [*plan.key, *plan.value_columns, *DELTA_COLUMNS, KIND]
     if spec.keep_columns:  # values an UPDATE left unchanged (TOAST): each taken from its last setter, or kept
         flags = [collapse.keep_flag_name(i) for i in range(len(spec.keep_columns))]
-        return collapse.arrow_last_keeping(table, spec, allow_keep=plan.state.exists).select([*columns, *flags])
+        return collapse.arrow_last_keeping(table, spec, allow_keep=keeps_delta_values(plan, profile)).select(
+            [*columns, *flags]
+        )
     return _last_effects(table, profile.superseded).select(columns)
 
 

@@ -83,6 +83,13 @@ def after(truncate_lsn: int, truncate_seq: int) -> Column:
     )
 
 
+def arrow_after(lsn: pa.ChunkedArray, seq: pa.ChunkedArray, truncate_lsn: int, truncate_seq: int) -> pa.ChunkedArray:
+    """:func:`after` in Arrow, over a part's commit LSNs and positions."""
+    import pyarrow.compute as pc
+
+    return pc.or_(pc.greater(lsn, truncate_lsn), pc.and_(pc.equal(lsn, truncate_lsn), pc.greater(seq, truncate_seq)))
+
+
 def key_changed(key: Sequence[str]) -> Column:
     """True for an event whose old key (when sent) differs from its new key."""
     changed = F.lit(False)
@@ -156,6 +163,17 @@ class StagedKeys:
     old: tuple[pa.ChunkedArray, ...]
     lsn: pa.ChunkedArray
     seq: pa.ChunkedArray
+
+    def after(self, truncate_lsn: int, truncate_seq: int) -> StagedKeys:
+        """These changes after a TRUNCATE at (lsn, seq) in commit order (:func:`after`)."""
+        mask = arrow_after(self.lsn, self.seq, truncate_lsn, truncate_seq)
+        return StagedKeys(
+            op=self.op.filter(mask),
+            new=tuple(k.filter(mask) for k in self.new),
+            old=tuple(k.filter(mask) for k in self.old),
+            lsn=self.lsn.filter(mask),
+            seq=self.seq.filter(mask),
+        )
 
 
 def old_values(part: pa.Table, column: str) -> pa.ChunkedArray | pa.Array:

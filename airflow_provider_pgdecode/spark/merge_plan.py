@@ -264,6 +264,12 @@ class Profile:
         return (last.lsn, last.seq)
 
 
+def keeps_delta_values(plan: TablePlan, profile: Profile) -> bool:
+    """Whether a value an UPDATE left unchanged (TOAST) and no change of the run set may be kept
+    from Delta: the table exists, and no TRUNCATE of the run emptied it."""
+    return profile.truncate_at is None and plan.state.exists
+
+
 @dataclass
 class TableResult:
     """What happened to one table (the values of :func:`merge_batches`' ``tables``)."""

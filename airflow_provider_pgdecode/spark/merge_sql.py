@@ -30,6 +30,7 @@ from airflow_provider_pgdecode.spark.merge_plan import (
     MergeOptions,
     Profile,
     TablePlan,
+    keeps_delta_values,
     metadata_fields,
     quote,
 )
@@ -54,7 +55,7 @@ def merge_source(spark: SparkSession, events: DataFrame, plan: TablePlan, profil
     effects = collapse.effects_of(events, spec)
     if profile.superseded is not None and not profile.keep_columns and profile.truncate_at is None:
         return collapse.collapse_known(spark, effects, spec, profile.superseded)
-    allow_keep = profile.truncate_at is None and plan.state.exists
+    allow_keep = keeps_delta_values(plan, profile)
     if profile.keep_moves and profile.keep_columns:
         target = spark.read.format("delta").load(plan.path) if plan.state.exists and allow_keep else None
         return collapse.collapse_with_lineage(effects, spec, target, allow_keep=allow_keep)

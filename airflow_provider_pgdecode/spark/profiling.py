@@ -317,11 +317,13 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
     """The table's :class:`Profile` from its staged parts read on the driver, when they show that
     the Spark pass (:func:`profile_events`) would find nothing to refuse or to plan around: a table
     with a key :func:`key_casts` admits (integers, text, ``numeric(p,s)``; dates, timestamps and
-    bytes beside another column), every change new (nothing applied yet), no TRUNCATE, every
-    column staged in every part, no UPDATE that both moves its key and leaves a value unchanged
-    (TOAST), no NULL key, no numeric NaN/Infinity,
-    and every value of a ``numeric`` without a typmod fitting its decimal (:func:`_fits`).
-    ``None`` otherwise: the Spark pass then computes the profile (and names what it refuses).
+    bytes beside another column), every change new (nothing applied yet), every column staged in
+    every part, no UPDATE that both moves its key and leaves a value unchanged (TOAST), no NULL
+    key, no numeric NaN/Infinity, and every value of a ``numeric`` without a typmod fitting its
+    decimal (:func:`_fits`). TRUNCATEs are listed as the Spark pass lists them (their commit time
+    and transaction id too, where a kept mode's versions end), and the effects superseded are
+    found among the changes after the last one. ``None`` otherwise: the Spark pass then computes
+    the profile (and names what it refuses).
 
     A Spark job costs a small batch more than its reading: measured on bench/merge_bench.py's
     100,000 changes, about 0.5 s of a 4.5 s merge."""
@@ -333,15 +335,16 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
     segments = plan.segments
     if sum(s.staged.rows for s in segments) > DRIVER_PROFILE_MAX_CHANGES:
         return None
-    if any(s.applied_through >= Lsn.parse(s.staged.min_commit_lsn) or s.staged.truncates for s in segments):
-        return None  # some changes already applied, or a TRUNCATE
+    if any(s.applied_through >= Lsn.parse(s.staged.min_commit_lsn) for s in segments):
+        return None  # some changes already applied: the Spark pass leaves them out
     numeric = [c for c in plan.columns if plan.types[c].is_numeric_text]
     # A single key's ranges: in buckets for an integer key, its (min, max) for a text key (in
     # byte order, as Spark compares strings) or a decimal one. Keys of other types are left to
     # the Spark pass.
     collector = _KeyRangeCollector(staged_key_bounds(plan)) if len(plan.key) == 1 else None
     keys: list[collapse.StagedKeys] = []
-    counts = {"I": 0, "U": 0, "D": 0}
+    counts = {"I": 0, "U": 0, "D": 0, "T": 0}
+    truncations: set[Truncate] = set()
     missing_old = 0
     kept: set[str] = set()
     for segment in segments:
@@ -359,13 +362,17 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
                     return None  # converted on its way to Delta: the Spark pass checks what it becomes
                 wanted = [staged.OP, COMMIT_LSN, staged.SEQ, *plan.key, *numeric]
                 wanted += [c for c in (staged.OLD, staged.UNCHANGED_TOAST) if c in schema.names]
+                if segment.staged.truncates:  # a TRUNCATE's commit, which a kept mode's versions end at
+                    wanted += [COMMIT_TIME, XID]
                 part = parquet.read(columns=list(dict.fromkeys(wanted)))
             op = part.column(staged.OP)
             ops = {entry["values"]: entry["counts"] for entry in pc.value_counts(op).to_pylist()}
-            if set(ops) - set(counts):
-                return None  # TRUNCATE or an unknown op
+            if set(ops) - set(counts) or ("T" in ops and COMMIT_TIME not in part.column_names):
+                return None  # an unknown op, or a TRUNCATE the manifest does not count
             for name, count in ops.items():
                 counts[name] += count
+            if "T" in ops:
+                truncations.update(_truncations(part))
             upsert = pc.is_in(op, value_set=pa.array(["I", "U"]))
             delete = pc.equal(op, "D")
             for column in plan.key:
@@ -403,12 +410,15 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
                 )
             )
     ranges = collector.result() if collector is not None else None
+    ordered = tuple(sorted(truncations))
+    if ordered:  # what the collapse reads starts after the last TRUNCATE (merge_sql.merge_source)
+        keys = [part.after(ordered[-1].lsn, ordered[-1].seq) for part in keys]
     return Profile(
         changes=sum(counts.values()),
         inserts=counts["I"],
         updates=counts["U"],
         deletes=counts["D"],
-        truncates=0,
+        truncates=counts["T"],
         keep_columns=tuple(c for c in plan.value_columns if c in kept),
         keep_moves=0,
         null_keys=0,
@@ -418,8 +428,29 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
         key_max=None if ranges is None else ranges.key_max,
         key_ranges=None if ranges is None else ranges.ranges,
         missing_old=missing_old,
+        truncations=ordered,
         superseded=collapse.superseded_effects(keys),
     )
+
+
+def _truncations(part: pyarrow.Table) -> list[Truncate]:
+    """The TRUNCATEs among a part's changes, as the Spark pass lists them: commit LSN, position,
+    commit time in microseconds, transaction id."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    rows = part.filter(pc.equal(part.column(staged.OP), "T"))
+    micros = rows.column(COMMIT_TIME).cast(pa.int64()).to_pylist()
+    return [
+        Truncate(int(lsn), int(seq), time, xid)
+        for lsn, seq, time, xid in zip(
+            rows.column(COMMIT_LSN).to_pylist(),
+            rows.column(staged.SEQ).to_pylist(),
+            micros,
+            rows.column(XID).to_pylist(),
+            strict=True,
+        )
+    ]
 
 
 def key_casts(plan: TablePlan, schema: pyarrow.Schema) -> dict[str, pyarrow.DataType] | None:

@@ -158,7 +158,7 @@ def built_as_spark_computes(spark: Any, plan: TablePlan) -> Profile:
     profile = profile_from_parts(plan)
     assert profile is not None, plan.name
     sparks = profile_events(staged_events(spark, plan), plan, staged_key_ranges(plan))
-    assert (profile.key_min, profile.key_max, profile.key_ranges) == (sparks.key_min, sparks.key_max, sparks.key_ranges)
+    assert profile == sparks, plan.name  # counts, kept columns, key ranges, TRUNCATEs
     built = arrow_source(plan, profile, MergeOptions())
     assert built is not None, plan.name
     computed = merge_source(spark, staged_events(spark, plan), plan, profile).toArrow()
@@ -338,6 +338,75 @@ def test_the_key_of_a_partitioned_table_gets_its_profile_and_source_on_the_drive
         expected = Model(key=tuple(columns[:2])).apply(*changes).state(columns)
         got = spark.read.format("delta").load(str(root / "public" / name)).select(*columns).collect()
         assert sorted((r.asDict() for r in got), key=repr) == sorted(expected, key=repr), name
+
+
+def test_a_truncate_gets_its_profile_and_source_on_the_driver(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rng = random.Random(11)
+    first = TableChanges("public", "items", ITEMS)
+    for key in range(10):
+        first.insert(1_000, **values(rng, key))
+    run = TableChanges("public", "items", ITEMS).update(1_200, **values(rng, 1)).delete(1_200, id=2)
+    run.truncate(1_300).insert(1_300, **values(rng, 3))  # the same transaction, after its TRUNCATE
+    for key in (20, 21, 22, 23):
+        run.insert(1_310, **values(rng, key))
+    run.update(1_320, **{**values(rng, 20), "t": UNCHANGED})  # keeps the t its insert set
+    run.update(1_320, {"id": 21}, **values(rng, 31)).delete(1_330, id=22)
+    later = TableChanges("public", "items", ITEMS).update(1_500, **{**values(rng, 23), "t": UNCHANGED})
+    root = tmp_path / "delta"
+    merge_batches(spark, [write_batch(tmp_path / "staging", SLOT, 900, 1_100, [first])], str(root), DELTA_ONLY)
+    batch = write_batch(tmp_path / "staging", SLOT, 1_100, 1_400, [run])
+
+    plan = only_plan(spark, batch, root)
+    profile = built_as_spark_computes(spark, plan)
+    assert [(t.lsn, t.seq) for t in profile.truncations] == [(1_300, 0)]
+    assert profile.truncates == 1 and profile.keep_columns == ("t",)
+    with caplog.at_level(logging.INFO, logger=MERGE_LOG):
+        result = merge_batches(spark, [batch], str(root))["tables"]["public.items"]
+    assert "built on the driver" in caplog.text and "merged by delta-rs" in caplog.text
+    assert result["truncated"]
+    # The rows from before the TRUNCATE are gone; the ones after it stay, read by Spark and delta-rs.
+    expected = as_delta(Model().apply(first, run).state(COLUMNS))
+    assert [row["id"] for row in expected] == [3, 20, 23, 31]
+    assert delta_rs_rows(root / "public" / "items") == expected
+    assert [row["id"] for row in spark_rows(spark, root / "public" / "items")] == [3, 20, 23, 31]
+    # The next run keeps what Delta holds again.
+    batch = write_batch(tmp_path / "staging", SLOT, 1_400, 1_600, [later])
+    merge_batches(spark, [batch], str(root))
+    assert delta_rs_rows(root / "public" / "items") == as_delta(Model().apply(first, run, later).state(COLUMNS))
+
+
+def test_truncates_of_a_history_table_are_profiled_on_the_driver_as_by_spark(spark: Any, tmp_path: Path) -> None:
+    rng = random.Random(12)
+    first = TableChanges("public", "items", ITEMS, mode="history")
+    for key in range(6):
+        first.insert(1_000, **values(rng, key))
+    run = TableChanges("public", "items", ITEMS, mode="history").update(1_200, **values(rng, 1))
+    run.truncate(1_300).insert(1_310, **values(rng, 2)).truncate(1_320).insert(1_330, **values(rng, 4))
+    runs = [write_batch(tmp_path / "staging", SLOT, 900, 1_100, [first])]
+    runs.append(write_batch(tmp_path / "staging", SLOT, 1_100, 1_400, [run]))
+    plan = only_plan(spark, runs[1], tmp_path / "none")
+    profile = profile_from_parts(plan)
+    assert profile == profile_events(staged_events(spark, plan), plan, staged_key_ranges(plan))
+    assert profile is not None and [t.lsn for t in profile.truncations] == [1_300, 1_320]
+    assert all(t.time_micros is not None and t.xid is not None for t in profile.truncations)
+    # A kept mode's versions end at each TRUNCATE's commit: with the profile from the parts and
+    # with the one from the Spark pass, the history table is the same, row for row.
+    driver, sparks = tmp_path / "driver", tmp_path / "spark"
+    for batch in runs:
+        merge_batches(spark, [batch], str(driver))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("airflow_provider_pgdecode.spark.merge_job.profile_from_parts", lambda plan: None)
+        for batch in runs:
+            merge_batches(spark, [batch], str(sparks))
+    for root in (driver, sparks):
+        assert spark.read.format("delta").load(str(root / "public" / "items")).count() > 6
+    history = [
+        sorted((tuple(r) for r in spark.read.format("delta").load(str(root / "public" / "items")).collect()), key=repr)
+        for root in (driver, sparks)
+    ]
+    assert history[0] == history[1]
 
 
 def test_parts_that_need_spark_or_a_table_the_light_write_refuses(

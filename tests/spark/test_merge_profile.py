@@ -170,10 +170,6 @@ def _delete_without_old_key(t: TableChanges) -> None:
     t.delete(BASE + 400)
 
 
-def _truncate(t: TableChanges) -> None:
-    t.truncate(BASE + 400)
-
-
 def _nan(t: TableChanges) -> None:
     t.insert(BASE + 400, id=9_999, name="x", amount="NaN")
 
@@ -189,7 +185,6 @@ CASES = {
     "a key moved by an UPDATE leaving TOAST unchanged": (_toast_moved, lambda p: p.keep_moves == 1),
     "NULL key": (_null_key, lambda p: p.null_keys == 1),
     "DELETE without its old key": (_delete_without_old_key, lambda p: p.null_keys == 1),
-    "TRUNCATE": (_truncate, lambda p: p.truncates == 1 and p.truncate_at is not None),
     "numeric NaN": (_nan, lambda p: p.specials == {"amount": 1}),
     "a column absent from a part": (_column_added, lambda p: "note" in p.keep_columns),
 }
@@ -239,6 +234,16 @@ def test_unchanged_toast_is_profiled_on_the_driver_as_by_spark(spark: Any, tmp_p
     assert driver is not None
     assert driver.keep_columns == sparks.keep_columns == ("name", "amount")
     assert (driver.changes, driver.updates, driver.keep_moves) == (sparks.changes, sparks.updates, sparks.keep_moves)
+
+
+def test_a_truncate_is_profiled_on_the_driver_as_by_spark(spark: Any, tmp_path: Path) -> None:
+    table = TableChanges("public", "items", COLUMNS)
+    table.insert(BASE + 16, id=1, name="a", amount="1.00").truncate(BASE + 400)
+    table.insert(BASE + 400, id=1, name="b", amount="2.00").update(BASE + 416, id=1, name=UNCHANGED, amount="3.00")
+    plan = plan_of(spark, tmp_path, [table])
+    driver = profile_from_parts(plan)
+    assert driver is not None and driver.truncates == 1 and driver.truncate_at == (BASE + 400, 0)
+    assert driver == spark_profile(spark, plan)
 
 
 def test_a_batch_partly_applied_goes_to_the_spark_pass(spark: Any, tmp_path: Path) -> None:
