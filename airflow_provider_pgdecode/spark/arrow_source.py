@@ -10,8 +10,7 @@ the source is built here instead, from the parts read with pyarrow:
   flat values (:func:`.spark_types.delta_ready`, as for the initial load's direct commit), or is
   a ``numeric`` staged as its text, cast to its decimal (no NaN, digits that fit: see
   :func:`staged_conversions`), the key's old image too;
-* the profile came from the parts (:func:`.profiling.profile_from_parts`: nothing applied yet, no
-  key moved by an UPDATE that left a value unchanged, no NULL key), and the driver knows which
+* the profile came from the parts (:func:`.profiling.profile_from_parts`: no key moved by an UPDATE that left a value unchanged, no NULL key), and the driver knows which
   effects a later one on the same key replaces (:func:`.collapse.superseded_effects`), or, where
   an UPDATE left a value unchanged (TOAST), collapses them as Spark does
   (:func:`.collapse.arrow_last_keeping`, as :func:`.collapse.collapse_simple`);
@@ -38,7 +37,7 @@ from airflow_provider_pgdecode.spark.collapse import KIND, LSN, SEQ, CollapseInp
 from airflow_provider_pgdecode.spark.light_write import light_write_refusal
 from airflow_provider_pgdecode.spark.merge_plan import keeps_delta_values
 from airflow_provider_pgdecode.spark.spark_types import delta_ready, wall_clock_as_utc
-from airflow_provider_pgdecode.spark.staged_events import footers_readable, open_part
+from airflow_provider_pgdecode.spark.staged_events import footers_readable, open_part, unapplied_rows
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -83,7 +82,7 @@ def arrow_source(plan: TablePlan, profile: Profile, options: MergeOptions) -> pa
                     # The footer's sizes first (no read past the bound), then what was read:
                     # repeated values, dictionary-encoded, take more room read than staged.
                     staged_bytes = sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups))
-                    part = parquet.read() if staged_bytes <= left else None
+                    part = unapplied_rows(parquet.read(), segment) if staged_bytes <= left else None
             except Exception:  # noqa: BLE001 - Spark reads it then, and names the damaged part
                 return None
             if part is None or part.nbytes > left:

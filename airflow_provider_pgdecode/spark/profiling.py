@@ -29,7 +29,6 @@ from pyspark.sql.types import (
 
 from airflow_provider_pgdecode.batch import format as staged
 from airflow_provider_pgdecode.batch.format import COMMIT_LSN, COMMIT_TIME, XID
-from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.errors import MergeInputError
 from airflow_provider_pgdecode.spark import collapse
 from airflow_provider_pgdecode.spark.collapse import KEEP, LSN, OP, SEQ, col, old_key_name
@@ -49,7 +48,13 @@ from airflow_provider_pgdecode.spark.spark_types import (
     delta_ready,
     wall_clock_as_utc,
 )
-from airflow_provider_pgdecode.spark.staged_events import footers_readable, lossy_name, open_part, special_name
+from airflow_provider_pgdecode.spark.staged_events import (
+    footers_readable,
+    lossy_name,
+    open_part,
+    special_name,
+    unapplied_rows,
+)
 
 if TYPE_CHECKING:
     pass
@@ -317,12 +322,12 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
     """The table's :class:`Profile` from its staged parts read on the driver, when they show that
     the Spark pass (:func:`profile_events`) would find nothing to refuse or to plan around: a table
     with a key :func:`key_casts` admits (integers, text, ``numeric(p,s)``; dates, timestamps and
-    bytes beside another column), every change new (nothing applied yet), every column staged in
-    every part, no UPDATE that both moves its key and leaves a value unchanged (TOAST), no NULL
+    bytes beside another column), every column staged in every part, no UPDATE that both moves its key and leaves a value unchanged (TOAST), no NULL
     key, no numeric NaN/Infinity, and every value of a ``numeric`` without a typmod fitting its
     decimal (:func:`_fits`). TRUNCATEs are listed as the Spark pass lists them (their commit time
     and transaction id too, where a kept mode's versions end), and the effects superseded are
-    found among the changes after the last one. ``None`` otherwise: the Spark pass then computes
+    found among the changes after the last one. Changes already applied (a batch that overlaps
+    what Delta holds, after a crash) are left out, as the Spark pass leaves them out. ``None`` otherwise: the Spark pass then computes
     the profile (and names what it refuses).
 
     A Spark job costs a small batch more than its reading: measured on bench/merge_bench.py's
@@ -335,8 +340,6 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
     segments = plan.segments
     if sum(s.staged.rows for s in segments) > DRIVER_PROFILE_MAX_CHANGES:
         return None
-    if any(s.applied_through >= Lsn.parse(s.staged.min_commit_lsn) for s in segments):
-        return None  # some changes already applied: the Spark pass leaves them out
     numeric = [c for c in plan.columns if plan.types[c].is_numeric_text]
     # A single key's ranges: in buckets for an integer key, its (min, max) for a text key (in
     # byte order, as Spark compares strings) or a decimal one. Keys of other types are left to
@@ -364,7 +367,7 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
                 wanted += [c for c in (staged.OLD, staged.UNCHANGED_TOAST) if c in schema.names]
                 if segment.staged.truncates:  # a TRUNCATE's commit, which a kept mode's versions end at
                     wanted += [COMMIT_TIME, XID]
-                part = parquet.read(columns=list(dict.fromkeys(wanted)))
+                part = unapplied_rows(parquet.read(columns=list(dict.fromkeys(wanted))), segment)
             op = part.column(staged.OP)
             ops = {entry["values"]: entry["counts"] for entry in pc.value_counts(op).to_pylist()}
             if set(ops) - set(counts) or ("T" in ops and COMMIT_TIME not in part.column_names):

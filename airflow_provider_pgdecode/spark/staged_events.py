@@ -26,7 +26,7 @@ from airflow_provider_pgdecode.spark import column_defaults
 from airflow_provider_pgdecode.spark.collapse import KEEP, LSN, OP, SEQ, col, old_key_name
 from airflow_provider_pgdecode.spark.delta_state import bucket_storage
 from airflow_provider_pgdecode.spark.memory_budget import LargestRead, largest_read
-from airflow_provider_pgdecode.spark.merge_plan import HAS_OLD, SPECIAL_KEY, TablePlan
+from airflow_provider_pgdecode.spark.merge_plan import HAS_OLD, SPECIAL_KEY, Segment, TablePlan
 from airflow_provider_pgdecode.spark.spark_types import (
     NUMERIC_SPECIAL_VALUES,
     ColumnType,
@@ -36,6 +36,7 @@ from airflow_provider_pgdecode.spark.spark_types import (
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 
@@ -80,6 +81,16 @@ def open_part(file: str) -> Iterator[Any]:
             yield handle
     else:
         yield local_path(file)
+
+
+def unapplied_rows(part: pa.Table, segment: Segment) -> pa.Table:
+    """A part of ``segment`` read on the driver, less its rows already applied (commit LSN at or
+    below the segment's ``applied_through``), as :func:`staged_events` leaves them out."""
+    import pyarrow.compute as pc
+
+    if segment.applied_through < 0:
+        return part
+    return part.filter(pc.greater(part.column(COMMIT_LSN), segment.applied_through))
 
 
 def check_staged_parts(plans: Sequence[TablePlan]) -> dict[str, LargestRead]:

@@ -1,13 +1,14 @@
 """A light write's MERGE source built on the driver (spark/arrow_source.py) equals Spark's.
 
-For runs of inserts, updates (some moving their key, some twice in a transaction) and deletes
-over columns of every flat type the extract stages as Delta keeps it, a list and a
-``numeric(12,2)`` staged as its text, the source built from the parts with pyarrow holds the
-same rows, of the same types, as the one Spark computes (``merge_sql.merge_source``,
-collected). Merged, the table equals the reference model and a merge by Delta alone, read by
-Spark and by delta-rs. Where a part needs Spark's checks (a numeric without a typmod, unchanged
-TOAST) the driver builds nothing, and where the light write refuses the table after all, Delta's
-MERGE reads the changes in Spark.
+For runs of inserts, updates (some moving their key, some twice in a transaction, some leaving
+TOAST unchanged) and deletes over columns of every flat type the extract stages as Delta keeps
+it, a list, and a ``numeric(12,2)`` and a ``numeric(6,2)[]`` staged as their text, the source
+built from the parts with pyarrow holds the same rows, of the same types, as the one Spark
+computes (``merge_sql.merge_source``, collected). Merged, the table equals the reference model and
+a merge by Delta alone, read by Spark and by delta-rs. So do runs with a TRUNCATE, runs partly
+applied already, and other keys. Where a part needs Spark's checks (a key moved with TOAST
+unchanged, a numeric past its decimal) the driver builds nothing, and where the light write
+refuses the table after all, Delta's MERGE reads the changes in Spark.
 """
 
 from __future__ import annotations
@@ -158,6 +159,11 @@ def built_as_spark_computes(spark: Any, plan: TablePlan) -> Profile:
     profile = profile_from_parts(plan)
     assert profile is not None, plan.name
     sparks = profile_events(staged_events(spark, plan), plan, staged_key_ranges(plan))
+    if profile.changes < sum(s.staged.rows for s in plan.segments):  # some applied already
+        # Spark's key ranges span the applied rows too; the driver's are narrower, within them.
+        assert sparks.key_ranges is not None and profile.key_ranges is not None
+        assert all(any(lo <= a and b <= hi for lo, hi in sparks.key_ranges) for a, b in profile.key_ranges)
+        profile = replace(profile, key_ranges=sparks.key_ranges)
     assert profile == sparks, plan.name  # counts, kept columns, key ranges, TRUNCATEs
     built = arrow_source(plan, profile, MergeOptions())
     assert built is not None, plan.name
@@ -375,6 +381,37 @@ def test_a_truncate_gets_its_profile_and_source_on_the_driver(
     batch = write_batch(tmp_path / "staging", SLOT, 1_400, 1_600, [later])
     merge_batches(spark, [batch], str(root))
     assert delta_rs_rows(root / "public" / "items") == as_delta(Model().apply(first, run, later).state(COLUMNS))
+
+
+def test_a_batch_partly_applied_gets_its_profile_and_source_on_the_driver(spark: Any, tmp_path: Path) -> None:
+    """A batch extracted again after a crash overlaps what Delta holds: its changes already applied
+    are left out on the driver as in Spark, and reported as such."""
+    rng = random.Random(13)
+    first = TableChanges("public", "items", ITEMS)
+    live = set(range(0, 60, 2))
+    for key in sorted(live):
+        first.insert(1_000, **values(rng, key))
+    applied = random_run(131, 1_100, live)
+    middle = max(c.lsn for c in applied.parts[0].changes) + 16
+    more = random_run(132, middle, live)
+    end = max(c.lsn for c in more.parts[0].changes) + 16
+    replay = TableChanges("public", "items", ITEMS)
+    replay.parts[0].changes = [*applied.parts[0].changes, *more.parts[0].changes]
+    light, plain = tmp_path / "light", tmp_path / "plain"
+    for root in (light, plain):
+        merge_batches(spark, [write_batch(tmp_path / root.name, SLOT, 900, 1_100, [first])], str(root), DELTA_ONLY)
+        merge_batches(spark, [write_batch(tmp_path / root.name, SLOT, 1_100, middle, [applied])], str(root))
+    batch = write_batch(tmp_path / "replay", SLOT, 1_100, end, [replay])
+    plan = only_plan(spark, batch, light)
+    assert plan.segments[0].applied_through == middle
+    profile = built_as_spark_computes(spark, plan)
+    assert profile.changes == len(more.parts[0].changes)
+    got = merge_batches(spark, [batch], str(light))["tables"]["public.items"]
+    want = merge_batches(spark, [batch], str(plain), DELTA_ONLY)["tables"]["public.items"]
+    assert got["changes_already_applied"] == want["changes_already_applied"] == len(applied.parts[0].changes)
+    assert (got["inserted"], got["updated"], got["deleted"]) == (want["inserted"], want["updated"], want["deleted"])
+    expected = as_delta(Model().apply(first, applied, more).state(COLUMNS))
+    assert delta_rs_rows(light / "public" / "items") == delta_rs_rows(plain / "public" / "items") == expected
 
 
 def test_truncates_of_a_history_table_are_profiled_on_the_driver_as_by_spark(spark: Any, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -246,12 +247,17 @@ def test_a_truncate_is_profiled_on_the_driver_as_by_spark(spark: Any, tmp_path: 
     assert driver == spark_profile(spark, plan)
 
 
-def test_a_batch_partly_applied_goes_to_the_spark_pass(spark: Any, tmp_path: Path) -> None:
+def test_a_batch_partly_applied_is_profiled_on_the_driver_as_by_spark(spark: Any, tmp_path: Path) -> None:
     first = TableChanges("public", "items", COLUMNS).insert(BASE + 16, id=1, name="a", amount="1.00")
     merge_batches(spark, [write_batch(tmp_path / "first", "s", BASE, BASE + 32, [first])], str(tmp_path / "delta"))
     # The next batch starts before the table's watermark: its first change is already applied.
     again = TableChanges("public", "items", COLUMNS).insert(BASE + 16, id=1, name="a", amount="1.00")
     again.insert(BASE + 48, id=2, name="b", amount="2.00")
     plan = plan_of(spark, tmp_path, [again])
-    assert profile_from_parts(plan) is None
-    assert spark_profile(spark, plan).changes == 1
+    driver = profile_from_parts(plan)
+    assert driver is not None and driver.changes == 1 and driver.inserts == 1
+    # The Spark pass's key ranges (staged_key_ranges) span the applied rows too; the driver's only
+    # what is merged, a narrower MERGE condition that still holds every key it touches.
+    sparks = spark_profile(spark, plan)
+    assert driver.key_ranges == [(2, 2)] and sparks.key_ranges == [(1, 2)]
+    assert replace(driver, key_ranges=None) == replace(sparks, key_ranges=None)
