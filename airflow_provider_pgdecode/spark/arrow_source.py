@@ -124,7 +124,8 @@ def staged_conversions(schema: pa.Schema, plan: TablePlan) -> dict[str, pa.DataT
     ``plan`` either as a type Spark reads exactly as the column's Delta type, flat or a list of flat
     values (:func:`.spark_types.delta_ready`, the test the initial load's direct commit makes), a
     ``timestamp without time zone`` (or a list of them) as its microseconds read as UTC, or,
-    for a ``numeric`` staged as its text, as text cast to the column's decimal (the profile from
+    for a ``numeric`` staged as its text (or an array of them), as text cast to the column's
+    decimal (the profile from
     the parts saw no NaN or infinity in it, and its digits fit: PostgreSQL rounded a
     ``numeric(p,s)`` to the scale, and the profile checked a ``numeric`` without a typmod's).
     The old-key image's key columns need no cast, or the key's own
@@ -152,12 +153,13 @@ def staged_conversions(schema: pa.Schema, plan: TablePlan) -> dict[str, pa.DataT
         if wall_clock is not None:
             casts[column] = wall_clock
             continue
-        decimal = column_type.delta_type
-        numeric_text = column_type.is_numeric_text and column_type.element is None and pa.types.is_string(kind)
-        if not numeric_text:
+        decimal = (column_type.element or column_type).delta_type
+        array = column_type.element is not None and pa.types.is_list(kind)
+        if not column_type.is_numeric_text or not pa.types.is_string(kind.value_type if array else kind):
             return None
         assert isinstance(decimal, DecimalType)
-        casts[column] = pa.decimal128(decimal.precision, decimal.scale)
+        cast = pa.decimal128(decimal.precision, decimal.scale)
+        casts[column] = pa.list_(pa.field("element", cast)) if array else cast
     if staged.OLD in schema.names:
         old = schema.field(staged.OLD).type
         if not pa.types.is_struct(old):

@@ -51,6 +51,7 @@ ITEMS = [
     ("t", "text", pa.string()),
     ("price", "numeric(12,2)", pa.string()),  # staged as its text, cast to decimal(12,2)
     ("tags", "text[]", pa.list_(pa.string())),
+    ("amounts", "numeric(6,2)[]", pa.list_(pa.string())),  # each element's text cast to decimal(6,2)
 ]
 COLUMNS = [name for name, _, _ in ITEMS] + ["_pg_commit_lsn"]
 DELTA_ONLY = MergeOptions(light_write_max_bytes=0)
@@ -84,6 +85,7 @@ def values(rng: random.Random, key: int) -> dict[str, Any]:
         "t": maybe(rng.choice(["", "é ü", f"t{key}", "a" * 300])),
         "price": maybe(f"{rng.randrange(-(10**12), 10**12) / 100:.2f}"),
         "tags": maybe(rng.choice([[], ["a"], ["b", None, "é"]])),
+        "amounts": maybe(rng.choice([[], ["1.50", None, "-9999.99"], [f"{rng.randrange(10**6) / 100:.2f}"]])),
     }
 
 
@@ -124,6 +126,9 @@ def as_delta(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         {
             **row,
             "price": None if row["price"] is None else Decimal(row["price"]),
+            "amounts": None
+            if row.get("amounts") is None
+            else [None if v is None else Decimal(v) for v in row["amounts"]],
             **({"wall": row["wall"].replace(tzinfo=UTC)} if row.get("wall") is not None else {}),
         }
         for row in rows
