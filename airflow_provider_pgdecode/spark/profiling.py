@@ -376,13 +376,8 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
                 counts[name] += count
             if "T" in ops:
                 truncations.update(_truncations(part))
-            upsert = pc.is_in(op, value_set=pa.array(["I", "U"]))
-            delete = pc.equal(op, "D")
-            for column in plan.key:
-                new_null = pc.and_(upsert, pc.is_null(part.column(column)))
-                old_null = pc.and_(delete, pc.is_null(collapse.old_values(part, column)))
-                if pc.any(pc.or_(new_null, old_null)).as_py():
-                    return None
+            if _null_key(part, plan.key):
+                return None
             if not all(_numbers_fit(part.column(column), plan.types[column]) for column in numeric):
                 return None
             try:  # NaN and infinity were refused above; PostgreSQL rounded the digits to the scale
@@ -394,13 +389,7 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
             if unchanged is None:
                 return None
             kept.update(unchanged)
-            has_old = (
-                pc.is_valid(part.column(staged.OLD))
-                if staged.OLD in part.column_names
-                else pa.array([False] * part.num_rows, pa.bool_())  # typed: a part may have no rows
-            )
-            changed = pc.is_in(op, value_set=pa.array(["U", "D"]))
-            missing_old += pc.sum(pc.and_(changed, pc.invert(has_old))).as_py() or 0
+            missing_old += _missing_old(part)
             if collector is not None:
                 collector.add(new_keys[0], old_keys[0])
             keys.append(
@@ -434,6 +423,35 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
         truncations=ordered,
         superseded=collapse.superseded_effects(keys),
     )
+
+
+def _null_key(part: pyarrow.Table, key: Sequence[str]) -> bool:
+    """Whether an INSERT or UPDATE of the part has a NULL in its key, or a DELETE in its old key."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    op = part.column(staged.OP)
+    upsert, delete = pc.is_in(op, value_set=pa.array(["I", "U"])), pc.equal(op, "D")
+    for column in key:
+        new_null = pc.and_(upsert, pc.is_null(part.column(column)))
+        old_null = pc.and_(delete, pc.is_null(collapse.old_values(part, column)))
+        if pc.any(pc.or_(new_null, old_null)).as_py():
+            return True
+    return False
+
+
+def _missing_old(part: pyarrow.Table) -> int:
+    """The part's UPDATEs and DELETEs staged without an old image."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    has_old = (
+        pc.is_valid(part.column(staged.OLD))
+        if staged.OLD in part.column_names
+        else pa.array([False] * part.num_rows, pa.bool_())  # typed: a part may have no rows
+    )
+    changed = pc.is_in(part.column(staged.OP), value_set=pa.array(["U", "D"]))
+    return int(pc.sum(pc.and_(changed, pc.invert(has_old))).as_py() or 0)
 
 
 def _truncations(part: pyarrow.Table) -> list[Truncate]:

@@ -119,6 +119,14 @@ def random_run(seed: int, start: int, live: set[int]) -> TableChanges:
     return table
 
 
+def first_rows(rng: random.Random, keys: Any, mode: str = "merge") -> TableChanges:
+    """The table's first batch: a row of every column for each of ``keys``, at commit LSN 1,000."""
+    first = TableChanges("public", "items", ITEMS, mode=mode)
+    for key in sorted(keys):
+        first.insert(1_000, **values(rng, key))
+    return first
+
+
 def as_delta(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The model's rows as Delta holds them: the numeric text as a decimal, the wall-clock time as
     that time in UTC."""
@@ -183,10 +191,8 @@ def test_the_source_built_on_the_driver_equals_sparks(
     spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture, seed: int
 ) -> None:
     rng = random.Random(seed)
-    first = TableChanges("public", "items", ITEMS)
     live = set(range(0, 120, 3))
-    for key in sorted(live):
-        first.insert(1_000, **values(rng, key))
+    first = first_rows(rng, live)
     light, plain = tmp_path / "light", tmp_path / "plain"
     created = write_batch(tmp_path / "staging", SLOT, 900, 1_100, [first])
     for root in (light, plain):
@@ -355,9 +361,7 @@ def test_a_truncate_gets_its_profile_and_source_on_the_driver(
     spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     rng = random.Random(11)
-    first = TableChanges("public", "items", ITEMS)
-    for key in range(10):
-        first.insert(1_000, **values(rng, key))
+    first = first_rows(rng, range(10))
     run = TableChanges("public", "items", ITEMS).update(1_200, **values(rng, 1)).delete(1_200, id=2)
     run.truncate(1_300).insert(1_300, **values(rng, 3))  # the same transaction, after its TRUNCATE
     for key in (20, 21, 22, 23):
@@ -392,10 +396,8 @@ def test_a_batch_partly_applied_gets_its_profile_and_source_on_the_driver(spark:
     """A batch extracted again after a crash overlaps what Delta holds: its changes already applied
     are left out on the driver as in Spark, and reported as such."""
     rng = random.Random(13)
-    first = TableChanges("public", "items", ITEMS)
     live = set(range(0, 60, 2))
-    for key in sorted(live):
-        first.insert(1_000, **values(rng, key))
+    first = first_rows(rng, live)
     applied = random_run(131, 1_100, live)
     middle = max(c.lsn for c in applied.parts[0].changes) + 16
     more = random_run(132, middle, live)
@@ -421,9 +423,7 @@ def test_a_batch_partly_applied_gets_its_profile_and_source_on_the_driver(spark:
 
 def test_truncates_of_a_history_table_are_profiled_on_the_driver_as_by_spark(spark: Any, tmp_path: Path) -> None:
     rng = random.Random(12)
-    first = TableChanges("public", "items", ITEMS, mode="history")
-    for key in range(6):
-        first.insert(1_000, **values(rng, key))
+    first = first_rows(rng, range(6), mode="history")
     run = TableChanges("public", "items", ITEMS, mode="history").update(1_200, **values(rng, 1))
     run.truncate(1_300).insert(1_310, **values(rng, 2)).truncate(1_320).insert(1_330, **values(rng, 4))
     runs = [write_batch(tmp_path / "staging", SLOT, 900, 1_100, [first])]
@@ -455,9 +455,7 @@ def test_parts_that_need_spark_or_a_table_the_light_write_refuses(
     spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     rng = random.Random(7)
-    first = TableChanges("public", "items", ITEMS)
-    for key in range(10):
-        first.insert(1_000, **values(rng, key))
+    first = first_rows(rng, range(10))
     changes = TableChanges("public", "items", ITEMS).update(1_200, **values(rng, 1)).delete(1_210, id=2)
     toast = TableChanges("public", "items", ITEMS).update(1_300, **{**values(rng, 3), "t": UNCHANGED})
     priced = [*ITEMS, ("amount", "numeric", pa.string())]
