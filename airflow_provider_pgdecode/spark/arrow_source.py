@@ -34,7 +34,7 @@ from airflow_provider_pgdecode.batch import format as staged
 from airflow_provider_pgdecode.batch.format import DELTA_COLUMNS
 from airflow_provider_pgdecode.spark import collapse
 from airflow_provider_pgdecode.spark.collapse import KIND, LSN, SEQ, CollapseInput
-from airflow_provider_pgdecode.spark.light_write import light_write_refusal
+from airflow_provider_pgdecode.spark.light_write import large_run_refusal, light_write_refusal
 from airflow_provider_pgdecode.spark.merge_plan import keeps_delta_values
 from airflow_provider_pgdecode.spark.spark_types import delta_ready, wall_clock_as_utc
 from airflow_provider_pgdecode.spark.staged_events import footers_readable, open_part, unapplied_rows
@@ -67,6 +67,13 @@ def arrow_source(plan: TablePlan, profile: Profile, options: MergeOptions) -> pa
     if light_write_refusal(plan, profile, options) is not None:
         return None
     if profile.superseded is None:
+        return None
+    try:
+        refusal = large_run_refusal(plan, profile, options)
+    except Exception:  # noqa: BLE001 - the light write opens the table again and names the error
+        refusal = None
+    if refusal is not None:
+        log.info("table %s: its MERGE source is computed by Spark (delta-rs will not merge it: %s)", plan.name, refusal)
         return None
     spec = CollapseInput(key=plan.key, value_columns=plan.value_columns, keep_columns=profile.keep_columns)
     effects = []

@@ -668,9 +668,10 @@ def build_argument_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_LIGHT_WRITE_MAX_BYTES,
         metavar="BYTES",
-        help="runs with fewer than --codegen-min-changes changes into an existing merge table of at most BYTES "
-        f"of data files are committed by delta-rs, not Delta's MERGE (default {DEFAULT_LIGHT_WRITE_MAX_BYTES}; "
-        "0: always Delta's MERGE)",
+        help="runs into an existing merge table whose data files the run's key ranges meet hold at most BYTES "
+        "(all its data files for a key other than one integer column) are committed by delta-rs, not Delta's "
+        "MERGE, when the driver built their source or they hold fewer than --codegen-min-changes changes "
+        f"(default {DEFAULT_LIGHT_WRITE_MAX_BYTES}; 0: always Delta's MERGE)",
     )
     parser.add_argument(
         "--no-park",

@@ -133,8 +133,10 @@ class MergeOptions:
     """Runs with fewer staged changes evaluate Spark expressions interpreted (:func:`small_run_settings`);
     0: always compile."""
     light_write_max_bytes: int = DEFAULT_LIGHT_WRITE_MAX_BYTES
-    """A run of fewer than ``codegen_min_changes`` changes into an existing ``merge`` table of at most
-    this many bytes of data files is committed by delta-rs (:mod:`.light_write`); 0: always Delta's MERGE."""
+    """A run into an existing ``merge`` table whose data files its key ranges meet (all of them for
+    a key other than one integer column) hold at most this many bytes is committed by delta-rs
+    when the driver built its source or it holds fewer than ``codegen_min_changes`` changes
+    (:mod:`.light_write`); 0: always Delta's MERGE."""
     snapshot_commit: bool = True
     """Into a Delta table this run creates, commit a snapshot batch's parts as they are staged
     (:mod:`.delta_commit`) instead of reading and appending them through Spark."""

@@ -70,6 +70,14 @@ def sql_literal(value: Any) -> str:
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def pruning_ranges(plan: TablePlan, profile: Profile, options: MergeOptions) -> list[tuple[Any, Any]] | None:
+    """The key ranges the MERGE's ON condition holds so files outside them are skipped: a single
+    key's, into an existing table, with no TRUNCATE (which deletes from every file)."""
+    if options.key_range_pruning and profile.truncate_at is None and len(plan.key) == 1 and plan.state.exists:
+        return profile.key_ranges
+    return None
+
+
 def merge_condition(plan: TablePlan, ranges: Sequence[tuple[Any, Any]] | None) -> str:
     """The MERGE's ON condition: key equality, plus the batch's key ranges for file skipping."""
     condition = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in plan.key)

@@ -40,6 +40,7 @@ from airflow_provider_pgdecode.spark.merge_sql import (
     execute_merge,
     insert,
     merge_condition,
+    pruning_ranges,
     update,
 )
 
@@ -96,9 +97,7 @@ def run_merge(
         update_set[quote(column)] = f"s.{quote(column)}"
         insert_values[quote(column)] = f"s.{quote(column)}"
     newer = f"t.{COMMIT_LSN} < s.{COMMIT_LSN}"
-    ranges = None
-    if options.key_range_pruning and profile.truncate_at is None and len(plan.key) == 1 and plan.state.exists:
-        ranges = profile.key_ranges
+    ranges = pruning_ranges(plan, profile, options)
     if plan.mode == SOFT_DELETE:
         known = f"s.{history.KNOWN}"
         removed = {quote(DELETED): "true", **{quote(c): f"s.{quote(c)}" for c in METADATA_COLUMNS}}

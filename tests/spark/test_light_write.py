@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_pgdecode.spark.delta_state import app_id, read_delta_state
+from airflow_provider_pgdecode.spark.light_write import PHYSICAL_NAME
 from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches
 from tests.spark.staged import UNCHANGED, Model, TableChanges, write_batch
 
@@ -27,6 +29,7 @@ SLOT = "pgdecode_light"
 DOCS = [("id", "bigint", pa.int64()), ("title", "text", pa.string()), ("body", "text", pa.string())]
 COLUMNS = ["id", "title", "body", "_pg_commit_lsn"]
 DELTA_ONLY = MergeOptions(light_write_max_bytes=0)
+MERGE_LOG = "airflow_provider_pgdecode.spark.merge"
 
 
 def last_commit(path: Path) -> dict[str, Any]:
@@ -163,8 +166,9 @@ def test_inserts_of_new_keys_are_appended_and_others_merged(
     """A run of inserts only whose keys lie outside every file's key range (a table this run
     creates has none) is appended by delta-rs (no MERGE); an insert of a key inside a file's range (a replay over a row Delta still holds)
     is merged, so the row is replaced, not doubled. An append needs no bound on the run's changes
-    (here 2); a run past it that is no append goes to Delta's MERGE. Spark and delta-rs read what
-    the model holds."""
+    (here 2); a run past it that is no append is merged by delta-rs when the driver built its
+    source, else by Delta's MERGE (Spark's source is not collected whole). Spark and delta-rs read
+    what the model holds."""
     first = TableChanges("public", "docs", DOCS)
     for i in range(10, 60):
         first.insert(100, id=i, title=f"t{i}", body=None)
@@ -176,12 +180,16 @@ def test_inserts_of_new_keys_are_appended_and_others_merged(
         .insert(402, id=20, title="t20 again", body="x")
         .insert(404, id=500, title="t500", body=None)
     )
-    runs = [(90, 110, first), (110, 400, fresh), (400, 410, again)]
+    once_more = TableChanges("public", "docs", DOCS).insert(502, id=21, title="t21 again", body="y")
+    once_more.insert(504, id=600, title="t600", body=None)
+    runs = [(90, 110, first), (110, 400, fresh), (400, 410, again), (410, 510, once_more)]
     light, plain = tmp_path / "light", tmp_path / "plain"
     path_light, path_plain = light / "public" / "docs", plain / "public" / "docs"
     for number, batch, applied in each_run(tmp_path, runs):
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="airflow_provider_pgdecode.spark.merge"):
+        with pytest.MonkeyPatch.context() as patch, caplog.at_level(logging.INFO, logger=MERGE_LOG):
+            if number == 3:  # more than the driver reads whole: Spark computes the source
+                patch.setattr("airflow_provider_pgdecode.spark.arrow_source.DRIVER_SOURCE_MAX_BYTES", 100)
             got = merge_batches(spark, [batch], str(light), MergeOptions(codegen_min_changes=2))
         got = got["tables"]["public.docs"]
         want = merge_batches(spark, [batch], str(plain), DELTA_ONLY)["tables"]["public.docs"]
@@ -197,10 +205,58 @@ def test_inserts_of_new_keys_are_appended_and_others_merged(
             assert last_commit(path_light)["version"] == 1 and got["created"]
         if number == 1:
             assert "appended by delta-rs" in caplog.text and operation == "WRITE", caplog.text
-        if number == 2:  # a run of many changes (the bound is 2 here) that is no append: Delta's MERGE
+        if number == 2:  # many changes (the bound is 2 here), no append, the source the driver's
+            assert "merged by delta-rs" in caplog.text and operation == "MERGE", caplog.text
+            assert last_commit(path_light)["engineInfo"].startswith("delta-rs")
+        if number == 3:  # ... and with Spark's source: Delta's MERGE
             assert "appended by delta-rs" not in caplog.text and operation == "MERGE", caplog.text
             assert "keys within the table's files: not an append" in caplog.text
             assert last_commit(path_light)["engineInfo"].startswith("Apache-Spark")
     import deltalake
 
-    assert deltalake.DeltaTable(str(path_light)).transaction_version(f"pgdecode:{SLOT}") == 410
+    assert deltalake.DeltaTable(str(path_light)).transaction_version(f"pgdecode:{SLOT}") == 510
+
+
+def test_the_size_bound_counts_the_files_a_runs_keys_meet(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """delta-rs reads (and may rewrite) only the data files whose key range meets the run's key
+    ranges, which its ON condition holds: the bound counts those files. A run into one file of a
+    table larger than the bound is merged by delta-rs; a run that meets a file more is merged by
+    Delta, saying why, and when it is a large run (here of 2 changes) before the driver reads its
+    source whole."""
+    import deltalake
+
+    rng = random.Random(5)
+
+    def body() -> str:
+        return rng.randbytes(1500).hex()  # incompressible: a file's size follows its rows
+
+    first, later = TableChanges("public", "docs", DOCS), TableChanges("public", "docs", DOCS)
+    for i in range(1, 41):
+        first.insert(100, id=i, title=f"t{i}", body=body())
+        later.insert(200, id=1000 + i, title=f"t{1000 + i}", body=body())  # new keys: appended, a file of its own
+    one_file = TableChanges("public", "docs", DOCS).update(300, id=1010, title="changed", body=body())
+    both = TableChanges("public", "docs", DOCS).update(400, id=5, title="changed", body=UNCHANGED)
+    both.delete(400, id=1020)
+    root = tmp_path / "delta"
+    path = root / "public" / "docs"
+    for start, end, changes in ((90, 110, first), (110, 210, later)):
+        merge_batches(spark, [write_batch(tmp_path / "staging", SLOT, start, end, [changes])], str(root))
+    table = deltalake.DeltaTable(str(path))
+    files = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    key = next(f for f in table.schema().fields if f.name == "id").metadata.get(PHYSICAL_NAME, "id")
+    newest = max(files, key=lambda f: f[f"max.{key}"])
+    assert newest[f"min.{key}"] == 1001 and all(f[f"max.{key}"] <= 40 for f in files if f is not newest)
+    # Under the bound: the file of keys 1001-1040 (and some room for its rewrite); the table is not.
+    options = MergeOptions(light_write_max_bytes=newest["size_bytes"] + 1000, codegen_min_changes=2)
+    assert sum(f["size_bytes"] for f in files) > options.light_write_max_bytes
+    for start, end, changes, writer in ((210, 310, one_file, "delta-rs"), (310, 410, both, "Apache-Spark")):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger=MERGE_LOG):
+            merge_batches(spark, [write_batch(tmp_path / "staging", SLOT, start, end, [changes])], str(root), options)
+        assert last_commit(path)["engineInfo"].startswith(writer), caplog.text
+    assert "bytes of data files its keys' ranges meet (above --light-write-max-bytes" in caplog.text
+    assert "its MERGE source is computed by Spark (delta-rs will not merge it" in caplog.text
+    expected = Model().apply(first, later, one_file, both).state(COLUMNS)
+    assert spark_rows(spark, path) == delta_rs_rows(path) == expected
