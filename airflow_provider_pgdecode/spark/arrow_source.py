@@ -10,10 +10,13 @@ the source is built here instead, from the parts read with pyarrow:
   flat values (:func:`.spark_types.delta_ready`, as for the initial load's direct commit), or is
   a ``numeric`` staged as its text, cast to its decimal (no NaN, digits that fit: see
   :func:`staged_conversions`), the key's old image too;
-* the profile came from the parts (:func:`.profiling.profile_from_parts`: no key moved by an UPDATE that left a value unchanged, no NULL key), and the driver knows which
-  effects a later one on the same key replaces (:func:`.collapse.superseded_effects`), or, where
-  an UPDATE left a value unchanged (TOAST), collapses them as Spark does
-  (:func:`.collapse.arrow_last_keeping`, as :func:`.collapse.collapse_simple`);
+* the profile came from the parts (:func:`.profiling.profile_from_parts`: no key moved by an
+  UPDATE that left a value unchanged, no NULL key), and the driver knows which effects a later
+  one on the same key replaces (:func:`.collapse.superseded_effects`), or, where an UPDATE left a
+  value unchanged (TOAST), collapses them as Spark does (:func:`.collapse.arrow_last_keeping`, as
+  :func:`.collapse.collapse_simple`);
+* changes already applied (a batch extracted again after a crash) are left out, as Spark leaves
+  them out (:func:`.staged_events.unapplied_rows`);
 * after a TRUNCATE, only the changes after the last one are read, as Spark's source reads them,
   and no value is kept from Delta (the MERGE deletes what Delta held from before it).
 
@@ -132,9 +135,9 @@ def staged_conversions(schema: pa.Schema, plan: TablePlan) -> dict[str, pa.DataT
     values (:func:`.spark_types.delta_ready`, the test the initial load's direct commit makes), a
     ``timestamp without time zone`` (or a list of them) as its microseconds read as UTC, or,
     for a ``numeric`` staged as its text (or an array of them), as text cast to the column's
-    decimal (the profile from
-    the parts saw no NaN or infinity in it, and its digits fit: PostgreSQL rounded a
-    ``numeric(p,s)`` to the scale, and the profile checked a ``numeric`` without a typmod's).
+    decimal (the profile from the parts saw no NaN or infinity in it, and its digits fit:
+    PostgreSQL rounded a ``numeric(p,s)`` to the scale, and the profile checked a ``numeric``
+    without a typmod's).
     The old-key image's key columns need no cast, or the key's own
     (:data:`~airflow_provider_pgdecode.batch.format.OLD` is then cast too). Pure."""
     import pyarrow as pa
