@@ -6,11 +6,11 @@ touches many small tables pays it once per table, one after another. For a run o
 into a table of few bytes, the merge job instead collects the MERGE source Spark computed (one row
 per key, :func:`~airflow_provider_pgdecode.spark.merge_sql.merge_source`) and hands it, with the
 very same ON condition and ``WHEN`` clauses (:class:`~airflow_provider_pgdecode.spark.merge_sql.Clause`),
-to delta-rs's MERGE, which runs in this process in milliseconds. A run of many changes is taken
-too when the driver built its source (:mod:`.arrow_source`, read whole up to its bound): a
-MERGE of 500,000 updates and 500,000 deletes into 4,000,000 rows took delta-rs 1.2-1.5 s in
-bench/backlog_bench.py, Delta's MERGE 8.9-10.1 s. For a single integer key the ON condition holds the run's key ranges,
-as Delta's MERGE's does, so delta-rs reads only the data files they meet
+to delta-rs's MERGE, which runs in this process in milliseconds. A run of many changes is taken too
+when the driver built its source (:mod:`.arrow_source`, read whole up to its bound): a MERGE of
+500,000 updates and 500,000 deletes into 4,000,000 rows took delta-rs 1.2-1.5 s in
+bench/backlog_bench.py, Delta's MERGE 8.9-10.1 s. For a single integer key the ON condition holds
+the run's key ranges, as Delta's MERGE's does, so delta-rs reads only the data files they meet
 (:func:`touched_files`), and the size bound counts those.
 
 What stays as with Delta's MERGE:

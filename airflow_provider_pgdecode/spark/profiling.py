@@ -322,13 +322,14 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
     """The table's :class:`Profile` from its staged parts read on the driver, when they show that
     the Spark pass (:func:`profile_events`) would find nothing to refuse or to plan around: a table
     with a key :func:`key_casts` admits (integers, text, ``numeric(p,s)``; dates, timestamps and
-    bytes beside another column), every column staged in every part, no UPDATE that both moves its key and leaves a value unchanged (TOAST), no NULL
-    key, no numeric NaN/Infinity, and every value of a ``numeric`` without a typmod fitting its
-    decimal (:func:`_fits`). TRUNCATEs are listed as the Spark pass lists them (their commit time
-    and transaction id too, where a kept mode's versions end), and the effects superseded are
-    found among the changes after the last one. Changes already applied (a batch that overlaps
-    what Delta holds, after a crash) are left out, as the Spark pass leaves them out. ``None`` otherwise: the Spark pass then computes
-    the profile (and names what it refuses).
+    bytes beside another column), every column staged in every part, no UPDATE that both moves
+    its key and leaves a value unchanged (TOAST), no NULL key, no numeric NaN/Infinity, and every
+    value of a ``numeric`` without a typmod fitting its decimal (:func:`_fits`). TRUNCATEs are
+    listed as the Spark pass lists them (their commit time and transaction id too, where a kept
+    mode's versions end), and the effects superseded are found among the changes after the last
+    one. Changes already applied (a batch that overlaps what Delta holds, after a crash) are left
+    out, as the Spark pass leaves them out. ``None`` otherwise: the Spark pass then computes the
+    profile (and names what it refuses).
 
     A Spark job costs a small batch more than its reading: measured on bench/merge_bench.py's
     100,000 changes, about 0.5 s of a 4.5 s merge."""
