@@ -51,9 +51,11 @@ from airflow_provider_pgdecode.capture.reconcile import Reconciliation, reconcil
 from airflow_provider_pgdecode.capture.renames import KnownTables, follow_selection, follow_staged
 from airflow_provider_pgdecode.capture.rewrites import find_rewrites, handle_rewrites
 from airflow_provider_pgdecode.capture.sessions import (
+    Reader,
     SecondHalf,
     Split,
     first_split,
+    reader_at,
     second_session,
     upper_slot_needed,
 )
@@ -428,63 +430,66 @@ def decode_changes(plan: ExtractPlan, spill_dir: Any, snapshotter: TableSnapshot
     limit = bounds.commit_limit(plan.start_lsn)
     upto = ceiling if limit is None else min(ceiling, max(limit, floor or limit))
     checkpoint = plan.checkpoint
-    skipped = int(plan.start_lsn) - int(plan.confirmed)  # read again and skipped: the slot is behind the checkpoint
-    peek_rows = bounds.peek_rows(
-        *(checkpoint.rows_per_change, skipped, checkpoint.wal_bytes_per_change) if checkpoint is not None else ()
-    )
     started = time.monotonic()
     decode_split: Lsn | None = None
-    for attempt in itertools.count():
-        assembler, writer = _assembler_and_writer(plan, spill_dir, include, staged_as)
-        cut = BatchCut(bounds, plan.start_lsn, assembler, floor) if bounds.bounded else None
-        log.info(
-            "Extracting slot %s from %s up to %s%s",
-            plan.slot_name,
-            plan.start_lsn,
-            upto,
-            f" (at most {peek_rows} rows decoded)" if peek_rows is not None else "",
+    with reader_at(slots, plan.info, plan.start_lsn, request.plugin, options) as reader:
+        skipped = int(plan.start_lsn) - int(reader.position)  # read again and dropped
+        peek_rows = bounds.peek_rows(
+            *(checkpoint.rows_per_change, skipped, checkpoint.wal_bytes_per_change) if checkpoint is not None else ()
         )
-        row_limited = False
-        repeated_rows = 0
-        if upto > plan.confirmed and fast is not None:
-            split = _first_split(plan, upto) if attempt == 0 and upto == ceiling else None
-            peeked = _peek_native(plan, fast, parser, options, assembler, writer, include, cut, split, upto, peek_rows)
-            writer, rows, repeated_rows, row_limited = (
-                peeked.writer,
-                peeked.rows,
-                peeked.repeated_rows,
-                peeked.row_limited,
+        for attempt in itertools.count():
+            assembler, writer = _assembler_and_writer(plan, spill_dir, include, staged_as)
+            cut = BatchCut(bounds, plan.start_lsn, assembler, floor) if bounds.bounded else None
+            log.info(
+                "Extracting slot %s from %s up to %s%s",
+                plan.slot_name,
+                plan.start_lsn,
+                upto,
+                f" (at most {peek_rows} rows decoded)" if peek_rows is not None else "",
             )
-            if peeked.decode_split is not None:
-                decode_split = peeked.decode_split
-        elif upto > plan.confirmed:
-            rows = _extract_python(
-                slots.peek(plan.slot_name, upto, options, request.chunk_rows, upto_rows=peek_rows),
-                parser,
-                assembler,
-                writer,
-                snapshotter,
-                cut,
-                request.progress_every,
-                started,
-            )
-            row_limited = peek_rows is not None and rows >= peek_rows
-        else:
-            rows = 0
-        if cut is not None and cut.cut_by is not None:
-            assembler.abandon_open()
-        limited = upto < ceiling or row_limited
-        if assembler.safe_lsn is not None or not limited:
-            break
-        # Not one transaction ended within the limits the server was given (a transaction
-        # larger than them, or one streamed past the row limit): widen them and read again.
-        # Nothing was staged, so nothing is repeated; the first transaction becomes the batch.
-        assembler.finish()
-        if upto < ceiling:
-            upto = ceiling
-        else:
-            peek_rows = None if peek_rows is None or peek_rows * 4 > 2**31 - 1 else peek_rows * 4
-        log.info("No transaction ended within the batch bounds: reading on to %s", upto)
+            row_limited = False
+            repeated_rows = 0
+            if upto > reader.position and fast is not None:
+                split = _first_split(plan, upto) if attempt == 0 and upto == ceiling and reader.splits else None
+                peeked = _peek_native(
+                    plan, reader, fast, parser, options, assembler, writer, include, cut, split, upto, peek_rows
+                )
+                writer, rows, repeated_rows, row_limited = (
+                    peeked.writer,
+                    peeked.rows,
+                    peeked.repeated_rows,
+                    peeked.row_limited,
+                )
+                if peeked.decode_split is not None:
+                    decode_split = peeked.decode_split
+            elif upto > reader.position:
+                rows = _extract_python(
+                    slots.peek(reader.name, upto, options, request.chunk_rows, upto_rows=peek_rows),
+                    parser,
+                    assembler,
+                    writer,
+                    snapshotter,
+                    cut,
+                    request.progress_every,
+                    started,
+                )
+                row_limited = peek_rows is not None and rows >= peek_rows
+            else:
+                rows = 0
+            if cut is not None and cut.cut_by is not None:
+                assembler.abandon_open()
+            limited = upto < ceiling or row_limited
+            if assembler.safe_lsn is not None or not limited:
+                break
+            # Not one transaction ended within the limits the server was given (a transaction
+            # larger than them, or one streamed past the row limit): widen them and read again.
+            # Nothing was staged, so nothing is repeated; the first transaction becomes the batch.
+            assembler.finish()
+            if upto < ceiling:
+                upto = ceiling
+            else:
+                peek_rows = None if peek_rows is None or peek_rows * 4 > 2**31 - 1 else peek_rows * 4
+            log.info("No transaction ended within the batch bounds: reading on to %s", upto)
     assembler.finish()
     return Decoded(
         rows=rows,
@@ -561,6 +566,7 @@ class NativePeek:
 
 def _peek_native(
     plan: ExtractPlan,
+    reader: Reader,
     fast: Any,
     parser: TestDecodingParser | PgOutputParser,
     options: list[tuple[str, str]],
@@ -572,7 +578,7 @@ def _peek_native(
     upto: Lsn,
     peek_rows: int | None,
 ) -> NativePeek:
-    """The C reader over the slot's COPY, the upper half in a second session when ``split``."""
+    """The C reader over the COPY of ``reader``'s peek, the upper half in a second session when ``split``."""
     request, slots, slot_name = plan.request, plan.slots, plan.slot_name
     decode_split = None
     repeated_rows = 0
@@ -594,7 +600,7 @@ def _peek_native(
             )
         lower = stack.enter_context(ExitStack())  # the lower half's peek, ended before a fallback
         copy = lower.enter_context(
-            slots.peek_copy(slot_name, upto if half is None else half.split, options, upto_rows=peek_rows)
+            slots.peek_copy(reader.name, upto if half is None else half.split, options, upto_rows=peek_rows)
         )
         writer, rows = extract_native(  # type: ignore[assignment]
             fast,
@@ -608,7 +614,7 @@ def _peek_native(
             request.memory_items,
             plan.resume_after,
             cut,
-            None if half is None else _upper_half(half, stack, lower, slots, slot_name, upto, options, peek_rows),
+            None if half is None else _upper_half(half, stack, lower, slots, reader.name, upto, options, peek_rows),
         )
         if half is not None and half.taken:
             decode_split = half.split

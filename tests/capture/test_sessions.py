@@ -4,6 +4,7 @@ it, messages, TRUNCATE, bounds."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from airflow_provider_pgdecode.batch.checkpoint import Checkpoint
 from airflow_provider_pgdecode.batch.manifest import BatchManifest
+from airflow_provider_pgdecode.capture import sessions
 from airflow_provider_pgdecode.capture.bounds import BatchBounds
 from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.capture.native import native_wanted
@@ -480,3 +482,99 @@ def test_when_the_second_session_fails_the_slot_reads_the_upper_half(
     # the slot's own peek delivered the lower half again, dropped as repeats
     assert fallback.skipped["second_session_repeats"] >= 4
     assert fallback.rows_per_change == one.rows_per_change  # rows delivered twice are not counted
+
+
+@pytest.mark.pg_matrix(since=15)
+@pytest.mark.parametrize(
+    ("plugin", "two_phase", "reader"),
+    [
+        ("pgoutput", True, "copy"),
+        ("test_decoding", False, "copy"),
+        ("test_decoding", True, "upper"),
+        ("test_decoding", True, "slot"),
+    ],
+    ids=["pgoutput-2pc", "test_decoding", "test_decoding-2pc", "test_decoding-2pc-without-upper"],
+)
+def test_a_batch_staged_before_the_one_before_is_confirmed_is_the_batch_staged_after(
+    pg_conn: psycopg.Connection,
+    matrix_dsn: str,
+    split_source: str,
+    tmp_path: Path,
+    plugin: str,
+    two_phase: bool,
+    reader: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The drain's extract beside a merge: the slot is still before the batch being merged, and the
+    next batch is decoded over a copy of the slot moved to its start, or for a two-phase
+    test_decoding slot (whose copy would not be two-phase) over its upper-half slot; without one,
+    over the slot itself, which delivers the batch before again."""
+    monkeypatch.setattr(sessions, "MIN_AHEAD_WAL_BYTES", 1)
+    c = pg_conn
+    slot = split_source if plugin == "test_decoding" else split_source + "_po"
+    publication = PUBLICATION if plugin == "pgoutput" else None
+    c.execute("select pg_create_logical_replication_slot(%s, %s, false, %s)", (slot, plugin, two_phase))
+    if reader == "upper":
+        SlotClient(c).create(str(upper_slot_name(slot)), plugin, two_phase=True)
+    c.execute("insert into split_a select g, 'a' || g from generate_series(1, 50) g")
+    _prepare(c, "g0", "insert into split_b values (100000, 0)")  # pending at the first batch's end
+    with psycopg.connect(matrix_dsn, autocommit=True) as other:
+        other.execute("begin")  # in progress at the first batch's end (streamed by pgoutput)
+        other.execute("insert into split_b select g, g from generate_series(1, 3000) g")
+        c.execute("insert into split_a values (100, 'committed in the first batch')")
+        _prepare(c, "g1", "update split_a set v = 'g1' where id <= 10")
+        with psycopg.connect(streaming_dsn(matrix_dsn), autocommit=True) as conn:
+            first = extract_batch(conn, slot, tmp_path / "first", plugin=plugin, publication=publication)
+        c.execute("insert into split_a values (101, 'committed in the second batch')")
+        other.execute("update split_b set n = -n where id <= 1500")
+        other.execute("commit")
+    c.execute("commit prepared 'g1'")
+    c.execute("commit prepared 'g0'")
+    _prepare(c, "g2", "insert into split_a values (200, 'g2 pending')")
+    c.execute("select pg_logical_emit_message(false, 'ahead', 'second')")
+    c.execute("truncate split_b")
+    c.execute("insert into split_b values (1, 1)")
+    upto = Lsn.parse(str(c.execute("select pg_current_wal_flush_lsn()").fetchone()[0]))
+    checkpoint = Checkpoint.from_manifest(first)
+
+    def second(where: str) -> BatchManifest:
+        with psycopg.connect(streaming_dsn(matrix_dsn), autocommit=True) as conn:
+            return extract_batch(
+                conn,
+                slot,
+                tmp_path / where,
+                plugin=plugin,
+                publication=publication,
+                checkpoint=checkpoint,
+                upto_lsn=upto,
+                two_sessions=False,
+            )
+
+    with caplog.at_level(logging.INFO, logger="airflow_provider_pgdecode.capture.sessions"):
+        ahead = second("ahead")
+    slot_at = c.execute("select confirmed_flush_lsn::text from pg_replication_slots where slot_name = %s", (slot,))
+    assert Lsn.parse(slot_at.fetchone()[0]) < Lsn.parse(first.end_lsn)  # the slot stayed where it was
+    assert ("over a copy of it" in caplog.text) is (reader == "copy")
+    assert (f"over slot {upper_slot_name(slot)}" in caplog.text) is (reader == "upper")
+    assert ("Decoding from slot" in caplog.text and "again" in caplog.text) is (reader == "slot")
+    c.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, first.end_lsn))  # the confirm
+    after = second("after")
+    repeated = ahead.skipped.pop("duplicate_prepares")
+    dropped = ahead.skipped.pop("already_handled")
+    for key in ("duplicate_prepares", "already_handled"):
+        after.skipped.pop(key)
+    assert outcome(ahead) == outcome(after)
+    assert (dropped == 0) is (reader != "slot")  # the slot itself delivered the first batch again
+    # g0's and g1's PREPAREs came again (from the pgoutput copy, two-phase from the batch's start, or
+    # from the slot itself), kept once; the upper-half slot, two-phase from before them, did not
+    assert repeated == (2 if plugin == "pgoutput" or (two_phase and reader == "slot") else 0)
+    rows = outcome(after)["rows"]
+    assert any(r["v"] == "g1" for r in rows["public.split_a"]) and len(rows["public.split_b"]) > 3000
+    if two_phase:
+        assert outcome(after)["pending"] == ["g2"] and outcome(after)["committed"] == ["g0", "g1"]
+    # over the copy, only those PREPAREs were read twice (g0's 3 rows, g1's 12); the slot itself
+    # delivers the first batch again (its 50 inserts at least)
+    again = ahead.skipped["rows_read"] - after.skipped["rows_read"]
+    assert again == (15 if plugin == "pgoutput" else 0) if reader != "slot" else again >= 50
+    assert not c.execute("select count(*) from pg_replication_slots where temporary").fetchone()[0]
