@@ -19,8 +19,8 @@ minutes carries, which let a slot's restart point follow its confirms), for each
           Delta commit, one step after another (``overlap=False``), with the extract of batch N+1
           in a thread while batch N merges (``overlap=True``: the drain's
           :class:`~airflow_provider_pgdecode.cycle.overlap.ExtractAhead`, joined before N is
-          confirmed), and overlapped only while the last merge took longer than an extract alone
-          (``overlap="auto"``, the drain's default). The Delta table is compared with PostgreSQL
+          confirmed), and overlapped while the last overlapped step measured took less than the
+          last step one after another (``overlap="auto"``, the drain's default). The Delta table is compared with PostgreSQL
           after each, 500,000 keys at a time (not timed).
 
 Prints the batches, the largest batch, the drain's rate against the raw decode (the ratio), and
@@ -202,6 +202,7 @@ def merge_child(dsn: str, plugin: str, work: str, bound: str, mode: str, url: st
                 began = time.perf_counter()
                 ahead.wait()  # the slot is free again
                 ahead_wait_seconds += time.perf_counter() - began
+                choice.overlapped(merged_in + time.perf_counter() - began)
             conn.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, manifest.end_lsn))
             checkpoint = Checkpoint.from_manifest(manifest)
             batches.append(

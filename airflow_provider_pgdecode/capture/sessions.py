@@ -207,7 +207,8 @@ def reader_at(
         reader, why_not = _copy_reader(slots, slot, start, copy)
     if reader is None:
         log.warning(
-            "Decoding from slot %s's position %s again, its changes up to %s dropped: %s",
+            "Decoding slot %s from its position %s again: the changes up to %s, staged but not confirmed, are "
+            "read again and left out (slower, the same batch), since %s",
             slot.slot_name,
             behind,
             start,
@@ -216,9 +217,9 @@ def reader_at(
         yield Reader(slot.slot_name, behind)
         return
     log.info(
-        "Decoding from %s over %s, while slot %s stays at %s until confirmed",
+        "Decoding from %s over %s; slot %s stays at %s until confirmed",
         start,
-        "a copy of it" if copy else f"slot {reader.name}",
+        f"a copy of slot {slot.slot_name}" if copy else f"slot {reader.name}",
         slot.slot_name,
         behind,
     )
@@ -232,14 +233,14 @@ def reader_at(
 def _copy_reader(slots: SlotClient, slot: SlotInfo, start: Lsn, copy: str) -> tuple[Reader | None, str]:
     """A temporary copy of ``slot`` named ``copy`` moved to ``start``, or None and why not."""
     if slots.free_slots() < 1:
-        return None, "no replication slot to spare for a copy (max_replication_slots)"
+        return None, "the server has no replication slot to spare for a copy (max_replication_slots)"
     try:
         position = slots.copy_at(slot.slot_name, copy, start)
     except SlotError as exc:
         return None, str(exc)
     if position != start:
         _drop_copy(slots, copy)
-        return None, f"its copy stopped at {position}"
+        return None, f"its copy stopped at {position}, not at {start}"
     return Reader(copy, position), ""
 
 
@@ -248,9 +249,9 @@ def _upper_reader(slots: SlotClient, slot: SlotInfo, start: Lsn) -> tuple[Reader
     name = upper_slot_name(slot.slot_name)
     upper = None if name is None else slots.find(name)
     if name is None or upper is None:
-        return (
-            None,
-            "a copy of a two-phase test_decoding slot is not two-phase, and it has no upper-half slot (a large batch makes one)",
+        return None, (
+            "a copy of a two-phase test_decoding slot is not two-phase, and it has no upper-half slot yet "
+            "(a large batch read in two sessions makes one)"
         )
     why_not = _stale_upper(upper, slot)
     if (upper.slot_type, upper.database, upper.plugin, upper.two_phase) != (
@@ -271,7 +272,7 @@ def _upper_reader(slots: SlotClient, slot: SlotInfo, start: Lsn) -> tuple[Reader
     except SlotError as exc:
         return None, str(exc)
     if position != start:
-        return None, f"slot {name} stopped at {position}"
+        return None, f"slot {name} stopped at {position}, not at {start}"
     return Reader(name, position, splits=False), ""
 
 

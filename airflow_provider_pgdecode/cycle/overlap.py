@@ -41,13 +41,16 @@ def staged_checkpoint(batch_path: str, storage_conn_id: str | None) -> dict[str,
 
 class OverlapChoice:
     """Whether the drain extracts the next batch beside a merge (``overlap``: True always, False
-    never, ``"auto"``: while it pays, from the last measured steps).
+    never, ``"auto"``: the faster way, as last measured).
 
-    An extract beside a merge starts before the slot is confirmed past the batch being merged, so
-    PostgreSQL decodes that batch again (and the two steps share the worker's cores): measured on
-    two cores, a 1,000,000-change extract beside a merge took about four times as long as alone.
-    So ``"auto"`` extracts ahead only while the last merge took longer than the last extract run
-    alone; it starts alone, and a batch extracted alone measures the extract again."""
+    A step one after another takes a batch's extract alone and then its merge; an overlapped step
+    takes from the start of a batch's merge until that merge and the next batch's extract beside
+    it have both ended. The extract beside a merge decodes the next batch only (over a slot moved
+    to its start: docs/extract.md, "Reading ahead of the slot"), but the two share the worker's
+    cores: measured on two cores, a drain of 1,000,000-change batches took about as long either
+    way; with cores to spare the overlap hides the shorter step. So ``"auto"`` starts one step
+    after another, then tries one overlapped step, and from then on takes the way whose last
+    measured step was shorter (a merge measured since counts for both)."""
 
     def __init__(self, overlap: bool | str) -> None:
         self.auto = str(overlap).strip().lower() == "auto"
@@ -56,6 +59,7 @@ class OverlapChoice:
         self.always = not self.auto and yes_or_no(overlap) is True
         self.extract_seconds: float | None = None
         self.merge_seconds: float | None = None
+        self.overlapped_seconds: float | None = None
 
     def extracted_alone(self, seconds: float) -> None:
         self.extract_seconds = seconds
@@ -63,22 +67,35 @@ class OverlapChoice:
     def merged(self, seconds: float) -> None:
         self.merge_seconds = seconds
 
+    def overlapped(self, seconds: float) -> None:
+        """A merge and the extract beside it took ``seconds`` from the merge's start to the end of both."""
+        self.overlapped_seconds = seconds
+
+    def _one_after_another(self) -> float | None:
+        if self.extract_seconds is None or self.merge_seconds is None:
+            return None
+        return self.extract_seconds + self.merge_seconds
+
     def ahead(self) -> bool:
         """Whether to extract the next batch beside the coming merge."""
         if not self.auto:
             return self.always
-        if self.extract_seconds is None or self.merge_seconds is None:
+        serial = self._one_after_another()
+        if serial is None:
             return False
-        return self.merge_seconds > self.extract_seconds
+        return self.overlapped_seconds is None or self.overlapped_seconds < serial
 
     def reason(self) -> str:
         """The measurements ``"auto"`` decided on, for the log."""
         if self.extract_seconds is None or self.merge_seconds is None:
-            return "overlap auto: no merge measured yet"
-        return (
-            f"overlap auto: the last merge took {self.merge_seconds:.1f} s, an extract alone "
-            f"{self.extract_seconds:.1f} s"
+            return "overlap auto: no step measured yet"
+        serial = (
+            f"a step one after another takes {self.extract_seconds + self.merge_seconds:.1f} s (an extract "
+            f"alone {self.extract_seconds:.1f} s, the last merge {self.merge_seconds:.1f} s)"
         )
+        if self.overlapped_seconds is None:
+            return f"overlap auto: {serial}, an overlapped one is to be measured"
+        return f"overlap auto: {serial}, the last overlapped one took {self.overlapped_seconds:.1f} s"
 
 
 class ExtractAhead:

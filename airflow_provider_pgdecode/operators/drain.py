@@ -70,9 +70,10 @@ class PgDecodeDrainOperator(BaseOperator):
     this task's), so a run killed between two batches resumes after the last confirmed one.
 
     With ``overlap``, the extract of batch N+1 runs in a thread while batch N merges (by default
-    only while that pays: the last merge took longer than an extract alone), at most one batch
-    ahead (:mod:`airflow_provider_pgdecode.cycle.overlap`): N+1 starts at
-    N's end LSN (from N's staged manifest, N not being confirmed yet), the thread has ended (its
+    only while that pays, as measured), at most one batch ahead
+    (:mod:`airflow_provider_pgdecode.cycle.overlap`): N+1 starts at N's end LSN (from N's staged
+    manifest, N not being confirmed yet; it is read over a slot moved there, the slot staying
+    where it is until N's confirm), the thread has ended (its
     use of the slot over) before N is confirmed, and N+1 is confirmed after its own merge. A merge
     that fails cancels the extract running beside it and confirms nothing; an extract that fails
     lets the merge beside it finish and its batch be confirmed, then fails the task. A batch
@@ -108,8 +109,9 @@ class PgDecodeDrainOperator(BaseOperator):
         next run goes on from there. (templated)
     :param enabled: ``False`` skips the loop (one batch per run). (templated)
     :param overlap: ``"auto"`` (default): extract the next batch while the current one merges
-        only while the last merge took longer than an extract alone
-        (:class:`~airflow_provider_pgdecode.cycle.overlap.OverlapChoice`); ``True``: always;
+        when the last overlapped step measured took less than the last step one after another (one
+        is tried after the first batch: :class:`~airflow_provider_pgdecode.cycle.overlap.OverlapChoice`);
+        ``True``: always;
         ``False``: one step after another. (templated)
     """
 
@@ -215,6 +217,7 @@ class PgDecodeDrainOperator(BaseOperator):
                 choice.merged(time.monotonic() - began)
                 if self._ahead is not None:
                     self._ahead.wait()  # the slot serves one backend at a time: the peek is over
+                    choice.overlapped(time.monotonic() - began)
                 # Also pushes the checkpoint to XCom under the slot's key.
                 checkpoint = confirm_once(replace(confirm, batch_path=summary["path"]), context, self.log)
                 result["batches"] += 1

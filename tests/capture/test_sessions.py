@@ -555,9 +555,10 @@ def test_a_batch_staged_before_the_one_before_is_confirmed_is_the_batch_staged_a
         ahead = second("ahead")
     slot_at = c.execute("select confirmed_flush_lsn::text from pg_replication_slots where slot_name = %s", (slot,))
     assert Lsn.parse(slot_at.fetchone()[0]) < Lsn.parse(first.end_lsn)  # the slot stayed where it was
-    assert ("over a copy of it" in caplog.text) is (reader == "copy")
-    assert (f"over slot {upper_slot_name(slot)}" in caplog.text) is (reader == "upper")
-    assert ("Decoding from slot" in caplog.text and "again" in caplog.text) is (reader == "slot")
+    assert (f"over a copy of slot {slot};" in caplog.text) is (reader == "copy")
+    assert (f"over slot {upper_slot_name(slot)};" in caplog.text) is (reader == "upper")
+    assert (f"Decoding slot {slot} from its position" in caplog.text) is (reader == "slot")
+    assert ("it has no upper-half slot yet" in caplog.text) is (reader == "slot")
     c.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, first.end_lsn))  # the confirm
     after = second("after")
     repeated = ahead.skipped.pop("duplicate_prepares")

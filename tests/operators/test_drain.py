@@ -22,18 +22,23 @@ def test_nothing_done_yet_or_nothing_left() -> None:
     assert eta_text(0, 100, 5_000, 10.0) == "nothing"
 
 
-def test_overlap_auto_extracts_ahead_only_while_merges_take_longer() -> None:
+def test_overlap_auto_takes_the_way_last_measured_faster() -> None:
     from airflow_provider_pgdecode.cycle.overlap import OverlapChoice
 
     auto = OverlapChoice("auto")
     assert not auto.ahead()  # nothing measured: one step after another
     auto.extracted_alone(2.0)
-    auto.merged(1.0)  # an append by delta-rs: faster than the extract
-    assert not auto.ahead() and "1.0 s" in auto.reason() and "2.0 s" in auto.reason()
-    auto.merged(10.0)  # a MERGE through Spark: the extract beside it pays
+    auto.merged(1.0)
+    assert auto.ahead() and "to be measured" in auto.reason()  # one overlapped step is tried
+    auto.overlapped(3.5)  # slower than 3.0 s one after another (no cores to spare)
+    assert not auto.ahead() and "3.0 s" in auto.reason() and "3.5 s" in auto.reason()
+    auto.merged(10.0)  # a MERGE through Spark: 12 s one after another, the overlap measured pays
     assert auto.ahead()
-    auto.extracted_alone(12.0)
+    auto.overlapped(12.5)  # the extract beside it slowed it down more than it hid
     assert not auto.ahead()
+    auto.extracted_alone(1.0)
+    auto.merged(2.0)
+    assert not auto.ahead()  # 3 s one after another
     for forced, expected in ((True, True), ("true", True), (False, False), ("no", False)):
         choice = OverlapChoice(forced)
         assert choice.ahead() is expected
