@@ -23,8 +23,9 @@ minutes carries, which let a slot's restart point follow its confirms), for each
           last step one after another (``overlap="auto"``, the drain's default). The Delta table is compared with PostgreSQL
           after each, 500,000 keys at a time (not timed).
 
-Prints the batches, the largest batch, the drain's rate against the raw decode (the ratio), and
-the drain's peak memory (max RSS of the child, and before its first batch); writes them to
+Prints the batches, the largest batch, the drain's rate against the raw decode (the ratio), with
+merges the CPU seconds of the drain's process and of PostgreSQL (and the ratio they allow on this
+machine's cores, spread perfectly), and the drain's peak memory (max RSS of the child, and before its first batch); writes them to
 bench/results/backlog_bench.json. Usage::
 
     make bench-backlog            # or: .venv/bin/python -m bench.backlog_bench --changes 5000000
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -140,6 +142,24 @@ def create_merge_slots(conn: psycopg.Connection, plugin: str) -> None:
             SlotClient(conn).create(str(upper_slot_name(slot)), plugin, two_phase=True)
 
 
+def server_cpu_seconds(conn: psycopg.Connection) -> float:
+    """CPU seconds the PostgreSQL server behind ``conn`` has spent so far (this machine's): its
+    postmaster, the processes it runs, and those that ended (it waited for them)."""
+    backend = conn.execute("select pg_backend_pid()").fetchone()[0]
+    postmaster = int(Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile: counted in its parent's
+            continue
+        if int(stat.parent.name) == postmaster:
+            ticks += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+        elif int(fields[1]) == postmaster:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def merge_drain_in_child(dsn: str, plugin: str, work: Path, bound: int, mode: str, url: str) -> dict:
     out = subprocess.run(
         [sys.executable, "-m", "bench.backlog_bench", "--merge-child", dsn, plugin, str(work), str(bound)]
@@ -181,7 +201,7 @@ def merge_child(dsn: str, plugin: str, work: str, bound: str, mode: str, url: st
     with psycopg.connect(dsn, autocommit=True) as conn:
         checkpoint, ahead = None, None
         extract_seconds = merge_seconds = ahead_wait_seconds = 0.0
-        started = time.perf_counter()
+        started, cpu_started, server_started = time.perf_counter(), time.process_time(), server_cpu_seconds(conn)
         while True:
             began = time.perf_counter()
             alone = ahead is None
@@ -217,6 +237,10 @@ def merge_child(dsn: str, plugin: str, work: str, bound: str, mode: str, url: st
             if manifest.bounded_by is None:
                 break
         elapsed = time.perf_counter() - started
+        cpu = {
+            "drain_process": time.process_time() - cpu_started,
+            "postgres": server_cpu_seconds(conn) - server_started,
+        }
         equal = mode == "warm_up" or all(
             compare_table(
                 conn, spark, delta, "public", "orders", where=f"id BETWEEN {lo} AND {lo + COMPARED - 1}"
@@ -228,6 +252,7 @@ def merge_child(dsn: str, plugin: str, work: str, bound: str, mode: str, url: st
         json.dumps(
             {
                 "seconds": elapsed,
+                "cpu_seconds": cpu,
                 "extract_wait_seconds": extract_seconds,
                 "ahead_wait_seconds": ahead_wait_seconds,
                 "merge_seconds": merge_seconds,
@@ -238,6 +263,12 @@ def merge_child(dsn: str, plugin: str, work: str, bound: str, mode: str, url: st
             }
         )
     )
+
+
+def cpu_floor(result: dict) -> float:
+    """The least wall time a drain's CPU seconds (its process's and PostgreSQL's) fit in on this
+    machine's cores, had they been spread perfectly."""
+    return sum(result["cpu_seconds"].values()) / (os.cpu_count() or 1)
 
 
 def drain_with_merges(conn: psycopg.Connection, dsn: str, args: argparse.Namespace, ceiling: Lsn, work: Path) -> dict:
@@ -276,6 +307,8 @@ def drain_with_merges(conn: psycopg.Connection, dsn: str, args: argparse.Namespa
                 "peak_rss_mib_by_batch": [round(b["peak_rss_mib"]) for b in result["batches"]],
                 "merge_seconds_by_batch": [b["merge_seconds"] for b in result["batches"]],
                 "delta_equals_postgres": result["equal"],
+                "cpu_seconds": {k: round(v, 1) for k, v in result["cpu_seconds"].items()},
+                "cpu_floor_ratio": round(args.changes / (cpu_floor(result) or 1) / raw_rate, 2),
             }
             print(
                 f"{plugin} drain with merges, overlap {MERGE_MODES[mode]}: {result['changes']:,} changes in "
@@ -284,6 +317,13 @@ def drain_with_merges(conn: psycopg.Connection, dsn: str, args: argparse.Namespa
                 f"waiting for extracts {result['extract_wait_seconds']:.1f} s (after merges "
                 f"{result['ahead_wait_seconds']:.1f} s, {report[mode]['extracted_ahead']} extracted ahead); peak RSS {result['peak_rss_mib']:.0f} "
                 f"MiB; Delta {'equals' if result['equal'] else 'DIFFERS FROM'} PostgreSQL",
+                flush=True,
+            )
+            cpu = result["cpu_seconds"]
+            print(
+                f"  CPU: {cpu['drain_process']:.1f} s in the drain's process, {cpu['postgres']:.1f} s in PostgreSQL: "
+                f"at least {cpu_floor(result):.1f} s on {os.cpu_count()} cores, at most "
+                f"{report[mode]['cpu_floor_ratio']:.2f} of the raw decode",
                 flush=True,
             )
             assert result["changes"] == args.changes and result["equal"], result

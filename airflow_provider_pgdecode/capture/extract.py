@@ -59,7 +59,11 @@ from airflow_provider_pgdecode.capture.sessions import (
     second_session,
     upper_slot_needed,
 )
-from airflow_provider_pgdecode.capture.staged_tables import check_clamped_keys, describe_tables
+from airflow_provider_pgdecode.capture.staged_tables import (
+    check_clamped_keys,
+    describe_tables,
+    staged_identities_and_keys,
+)
 from airflow_provider_pgdecode.capture.table_snapshot import (
     DEFAULT_ROWS_PER_BATCH,
     TableSnapshotter,
@@ -80,7 +84,7 @@ from airflow_provider_pgdecode.errors import (
     StagingError,
     staging_io,
 )
-from airflow_provider_pgdecode.postgres.catalog import Catalog, source_tables
+from airflow_provider_pgdecode.postgres.catalog import Catalog
 from airflow_provider_pgdecode.postgres.health import check_readable
 from airflow_provider_pgdecode.postgres.session import server_address
 from airflow_provider_pgdecode.postgres.slot import SlotClient, SlotInfo
@@ -423,7 +427,7 @@ def decode_changes(plan: ExtractPlan, spill_dir: Any, snapshotter: TableSnapshot
         if plan.include_pairs is None
         else _recording_include(plan.include_pairs, excluded_names, request.later_tables)
     )
-    staged_as = _identities_and_keys(conn)
+    staged_as = staged_identities_and_keys(Catalog(conn))
     # Chunk placement needs to see each transaction: the Python path while chunks are staged.
     fast = _native_module(request.native, parser) if snapshotter is None or not snapshotter.chunks else None
     floor = snapshotter.high_watermark() if snapshotter is not None else None
@@ -511,7 +515,8 @@ def _assembler_and_writer(
     plan: ExtractPlan, spill_dir: Any, include: Callable[[str, str], bool] | None, staged_as: tuple[Any, Any, Any]
 ) -> tuple[TransactionAssembler, BatchWriter]:
     """A fresh assembler and batch writer for one reading of the slot (``staged_as``: the
-    replica identities, keys and whole-row old images of :func:`_identities_and_keys`)."""
+    replica identities, keys and whole-row old images of
+    :func:`~airflow_provider_pgdecode.capture.staged_tables.staged_identities_and_keys`)."""
     request = plan.request
     identities, keys, whole_row_old = staged_as
     assembler = TransactionAssembler(
@@ -539,18 +544,6 @@ def _first_split(plan: ExtractPlan, upto: Lsn) -> Split | None:
     """Where the first reading up to the ceiling ``upto`` splits between two decoding sessions."""
     request = plan.request
     return first_split(plan.start_lsn, upto, request.bounds, plan.checkpoint, request.two_sessions, request.split_at)
-
-
-def _identities_and_keys(
-    conn: Any,
-) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], Any], set[tuple[str, str]]]:
-    """Each table's replica identity and key, read once per batch (±infinity in a date or
-    timestamp key column is a bad value at staging), and the tables whose old image is the whole
-    row (REPLICA IDENTITY FULL: only its key columns are staged)."""
-    tables = source_tables(Catalog(conn))
-    identities = {(t.schema, t.table): t.describe_identity() for t in tables}
-    keys = {name: key.columns for name, key in Catalog(conn).table_keys().items()}
-    return identities, keys, {(t.schema, t.table) for t in tables if t.replica_identity == "full"}
 
 
 @dataclass

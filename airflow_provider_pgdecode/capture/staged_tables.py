@@ -1,4 +1,5 @@
-"""What the manifest says of each staged table, read from the catalog when a batch closes.
+"""What the manifest says of each staged table, read from the catalog when a batch closes, and
+what the batch writer stages each table by (its replica identity and key), read when it opens.
 
 Each table's key (the one rule of :meth:`~airflow_provider_pgdecode.postgres.catalog.Catalog.table_key`),
 load mode, kept-as-text types, catalog types, ADD COLUMN defaults and generated columns the slot
@@ -18,10 +19,22 @@ from airflow_provider_pgdecode.batch.manifest import ColumnSummary, TableSummary
 from airflow_provider_pgdecode.batch.options import KEPT_MODES, TableOptions, keyless_kept_mode_error, options_for
 from airflow_provider_pgdecode.batch.values import arrow_type, json_value
 from airflow_provider_pgdecode.errors import CatalogError, ValueConversionError
-from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo
+from airflow_provider_pgdecode.postgres.catalog import Catalog, ColumnInfo, source_tables
 from airflow_provider_pgdecode.typemap import Staging
 
 log = logging.getLogger(__name__)
+
+
+def staged_identities_and_keys(
+    catalog: Catalog,
+) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], Any], set[tuple[str, str]]]:
+    """What the batch writer stages by, read once per batch: each table's replica identity and key
+    (±infinity in a date or timestamp key column is a bad value at staging), and the tables whose
+    old image is the whole row (REPLICA IDENTITY FULL: only its key columns are staged)."""
+    tables = source_tables(catalog)
+    identities = {(t.schema, t.table): t.describe_identity() for t in tables}
+    keys = {name: key.columns for name, key in catalog.table_keys().items()}
+    return identities, keys, {(t.schema, t.table) for t in tables if t.replica_identity == "full"}
 
 
 def describe_tables(
