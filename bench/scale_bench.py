@@ -1,7 +1,7 @@
 """Scale benchmark: how a cycle's cost grows with the number of tables its changes touch (issue 39).
 
     .venv/bin/python -m bench.scale_bench [--tables 1,10,50,200] [--changes 1000] [--kind updates]
-        [--table-workers 1,4] [--light-write-max-bytes 0,67108864] [--shape numeric-key]
+        [--table-workers 1,4] [--light-write-max-bytes 0,67108864] [--shape numeric-key] [--history 45]
     .venv/bin/python -m bench.scale_bench --smoke      # 1 and 5 tables, 100 changes
 
 One run, one throwaway PostgreSQL cluster, one warm Spark Connect server (``local[*]``, started by
@@ -19,14 +19,15 @@ the bench, as a deployment that merges through Connect has one):
    tables merged K at a time, each in a session of its own; ``--light-write-max-bytes`` 0: every
    table through Delta's MERGE, else small tables committed by delta-rs, ``spark/light_write.py``)
    timed apart. Several values of each are measured one after the other for each N (each on
-   fresh tables), so their ratios come from one run.
+   fresh tables), so their ratios come from one run. ``--history`` H: H such cycles run first,
+   not timed, so that each table's log holds H more commits, as after H cycles of a day.
 3. Every table compared with PostgreSQL as a multiset, read by delta-rs (the first through Spark
    too, ``pgdecode_testing.compare``), not timed.
 
 Prints per N (and variant) the extract and merge seconds and the ratio of the cycle to the first
 row (the issue's aim: at most 3x at 50 tables, 200 tables merged in under 2 minutes), with the load
-average, and writes them to bench/results/scale_bench.json (``scale_bench-<shape>-<kind>.json`` for
-another ``--shape`` or ``--kind``).
+average, and writes them to bench/results/scale_bench.json (``scale_bench-<shape>-<kind>-history<H>.json``
+for another ``--shape``, ``--kind`` or ``--history``).
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ def one_count(
     label: str = "",
     options: MergeOptions | None = None,
     shape: str = "plain",
+    history: int = 0,
 ) -> dict[str, Any]:
     database = f"scale_{label}{count}"
     cluster.create_database(database)
@@ -142,13 +144,15 @@ def one_count(
         with create_slot_with_snapshot(dsn, SLOT) as (lsn, name):
             loaded = stage_snapshot(dsn, name, lsn, SLOT, staging, tables)
         merge_batches(spark, [str(loaded.path)], delta)
-        write_changes(conn, count, changes, kind)
-        started = time.monotonic()
-        batch = extract_batch(conn, SLOT, staging, checkpoint=Checkpoint.from_manifest(loaded), tables=tables)
-        extracted = time.monotonic()
-        merge_batches(spark, [str(batch.path)], delta, options)
-        merged = time.monotonic()
-        conn.execute("select pg_replication_slot_advance(%s, %s)", (SLOT, str(batch.end_lsn)))
+        batch = loaded
+        for _ in range(history + 1):  # earlier cycles (not timed) add a commit to each table's log
+            write_changes(conn, count, changes, kind)
+            started = time.monotonic()
+            batch = extract_batch(conn, SLOT, staging, checkpoint=Checkpoint.from_manifest(batch), tables=tables)
+            extracted = time.monotonic()
+            merge_batches(spark, [str(batch.path)], delta, options)
+            merged = time.monotonic()
+            conn.execute("select pg_replication_slot_advance(%s, %s)", (SLOT, str(batch.end_lsn)))
         # The first table through Spark, every table through delta-rs (milliseconds a table).
         unequal = [t for _, t in tables[:1] if not compare_table(conn, spark, delta, "public", t).equal]
         unequal += [t for _, t in tables if delta_rows(delta, t) != Counter(conn.execute(f"select id, v, n from {t}"))]
@@ -192,6 +196,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the tables' columns: an int key (plain), a numeric(12,2) key, an (int, timestamptz) key, a "
         "numeric without a typmod beside an int key, or a TOAST document the updates leave unchanged",
     )
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="cycles run (not timed) before the timed one, each adding a commit to every table's log, as a day "
+        "of cycles does",
+    )
     parser.add_argument("--smoke", action="store_true", help="1 and 5 tables, 100 changes")
     args = parser.parse_args(argv)
     counts = [1, 5] if args.smoke else [int(n) for n in args.tables.split(",")]
@@ -210,7 +221,16 @@ def main(argv: list[str] | None = None) -> int:
                     options = MergeOptions(table_workers=k, light_write_max_bytes=light)
                     label = f"w{k}_l{int(light > 0)}_"
                     row = one_count(
-                        cluster, spark, work, count, changes, args.kind, label=label, options=options, shape=args.shape
+                        cluster,
+                        spark,
+                        work,
+                        count,
+                        changes,
+                        args.kind,
+                        label=label,
+                        options=options,
+                        shape=args.shape,
+                        history=args.history,
                     )
                     row["table_workers"] = k
                     row["light_write_max_bytes"] = light
@@ -226,9 +246,17 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
             spark.stop()
-    report = {"kind": args.kind, "shape": args.shape, "changes": changes, "load_average": os.getloadavg(), "rows": rows}
+    report = {
+        "kind": args.kind,
+        "shape": args.shape,
+        "changes": changes,
+        "history": args.history,
+        "load_average": os.getloadavg(),
+        "rows": rows,
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
     suffix = "".join(f"-{name}" for name, default in ((args.shape, "plain"), (args.kind, "updates")) if name != default)
+    suffix += f"-history{args.history}" if args.history else ""
     written = RESULTS / f"scale_bench{suffix}.json"
     written.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"load average {report['load_average']}; written to {written}")

@@ -260,3 +260,47 @@ def test_the_size_bound_counts_the_files_a_runs_keys_meet(
     assert "its MERGE source is computed by Spark (delta-rs will not merge it" in caplog.text
     expected = Model().apply(first, later, one_file, both).state(COLUMNS)
     assert spark_rows(spark, path) == delta_rs_rows(path) == expected
+
+
+def checkpoints(path: Path) -> set[int]:
+    return {int(f.name.split(".")[0]) for f in (path / "_delta_log").glob("*.checkpoint.parquet")}
+
+
+def commit_infos(path: Path) -> dict[int, dict[str, Any]]:
+    """Each version's ``commitInfo``."""
+    infos = {}
+    for f in (path / "_delta_log").glob("*.json"):
+        actions = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        infos[int(f.stem)] = next(a["commitInfo"] for a in actions if "commitInfo" in a)
+    return infos
+
+
+def test_delta_rs_writes_a_checkpoint_at_every_tenth_version_or_the_tables_interval(spark: Any, tmp_path: Path) -> None:
+    """A table delta-rs commits to gets a checkpoint at each multiple of Delta's default interval
+    (10, where delta-rs's own is 100), or of the table's ``delta.checkpointInterval``, so that
+    opening it reads few commits; Spark and pgdecode's log replay (the watermark) read the table
+    through them."""
+    first = TableChanges("public", "docs", DOCS)
+    for i in range(1, 21):
+        first.insert(100, id=i, title=f"t{i}", body="b")
+    runs = [(90, 110, first)]
+    for n in range(16):
+        update = TableChanges("public", "docs", DOCS).update(115 + 10 * n, id=n + 1, title=f"v{n}", body=UNCHANGED)
+        runs.append((110 + 10 * n, 120 + 10 * n, update))
+    root = tmp_path / "delta"
+    path = root / "public" / "docs"
+    for number, batch, _ in each_run(tmp_path, runs):
+        merge_batches(spark, [batch], str(root))
+        if number == 10:  # the table's own interval from here on
+            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.checkpointInterval' = '4')")
+    infos = commit_infos(path)
+    by_delta_rs = {v for v, info in infos.items() if info.get("engineInfo", "").startswith("delta-rs")}
+    altered = next(v for v, info in infos.items() if info.get("operation") == "SET TBLPROPERTIES")
+    assert len(by_delta_rs) == len(runs) and {10, 20} & by_delta_rs, sorted(by_delta_rs)
+    made = checkpoints(path)
+    for v in sorted(by_delta_rs):
+        assert (v in made) is (v % (10 if v < altered else 4) == 0), (v, altered, sorted(made))
+    assert any(v % 4 == 0 and v % 10 and v > altered for v in by_delta_rs)
+    expected = Model().apply(*(changes for _, _, changes in runs)).state(COLUMNS)
+    assert spark_rows(spark, path) == delta_rs_rows(path) == expected
+    assert read_delta_state(spark, str(path), app_id(SLOT)).watermark == runs[-1][1]
