@@ -133,20 +133,34 @@ def log_actions(store: Storage) -> tuple[int, Iterator[Mapping[str, Any]]] | Non
 
     def actions() -> Iterator[Mapping[str, Any]]:
         if base >= 0:
-            import pyarrow.parquet as pq
-
             for name in checkpoints[base]:
                 if name.endswith(".json"):
                     yield from _log_file_actions(store, name)
-                    continue
-                with store.open_input(name) as handle:
-                    columns = [c for c in ("txn", "metaData") if c in pq.read_schema(handle).names]
-                with store.open_input(name) as handle:
-                    yield from pq.read_table(handle, columns=columns).to_pylist()
+                else:
+                    yield from _checkpoint_actions(store, name)
         for commit in (v for v in commits if v > base):
             yield from _log_file_actions(store, f"{commit:020d}.json")
 
     return version, actions()
+
+
+def _checkpoint_actions(store: Storage, name: str) -> list[Mapping[str, Any]]:
+    """The ``txn`` and ``metaData`` actions of a Parquet checkpoint (file), read in one pass; the
+    rows of every other action (one a data file, a file removed within the retention) are left in
+    Arrow: half the time for a small table's checkpoint."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    with store.open_input(name) as handle:
+        checkpoint = pq.ParquetFile(handle)
+        columns = [c for c in ("txn", "metaData") if c in checkpoint.schema_arrow.names]
+        if not columns:
+            return []
+        table = checkpoint.read(columns=columns)
+    wanted = pc.is_valid(table.column(columns[0]))
+    for column in columns[1:]:
+        wanted = pc.or_(wanted, pc.is_valid(table.column(column)))
+    return table.filter(wanted).to_pylist()
 
 
 def _log_file_actions(store: Storage, name: str) -> Iterator[Mapping[str, Any]]:
