@@ -298,10 +298,6 @@ class ExtractPlan:
     """Partitioned tables whose partitions are kept as leaves (their ``partitions`` option)."""
 
     @property
-    def confirmed(self) -> Lsn:
-        return self.info.confirmed_flush_lsn or Lsn(0)
-
-    @property
     def resume_after(self) -> Lsn | None:
         """Rows at or before the checkpoint's end are not staged again."""
         return self.checkpoint.end_lsn if self.checkpoint is not None else None
