@@ -153,14 +153,12 @@ def extract_batch(
         directory or an ``s3://bucket/prefix`` location (a :class:`~airflow_provider_pgdecode.batch.storage.Storage`
         carries the store's credentials; a plain ``s3://`` string takes them from the ``AWS_*`` environment).
     :param plugin: the output plugin the slot must have been created with.
-    :param checkpoint: the previous batch's checkpoint: its prepared transactions still
-        pending, and its end LSN (rows at or before it are not staged again even when the
-        slot is behind it because a confirm failed). It is reconciled with the slot as the DAG
-        does (:func:`~airflow_provider_pgdecode.capture.reconcile.reconcile`): a slot that another
-        reader moved past it raises :class:`~airflow_provider_pgdecode.errors.CheckpointError`
-        rather than skipping the changes in between.
-        A :class:`~airflow_provider_pgdecode.capture.reconcile.Reconciliation` is taken as
-        decided: the DAG's extract task reconciles once, to log the decision, and hands it here.
+    :param checkpoint: the previous batch's checkpoint: its pending prepared transactions, and its
+        end LSN, where this batch starts even when the slot is behind it (a failed confirm, the
+        drain reading ahead: docs/extract.md). Reconciled with the slot as the DAG does
+        (:func:`~airflow_provider_pgdecode.capture.reconcile.reconcile`): a slot another reader
+        moved past it raises :class:`~airflow_provider_pgdecode.errors.CheckpointError`. A
+        :class:`~airflow_provider_pgdecode.capture.reconcile.Reconciliation` is taken as decided.
     :param upto_lsn: the ceiling; default the server's WAL flush position when the run starts.
         The same ceiling over the same slot position gives the same batch.
     :param tables: ``schema.table`` names to stage; default every table that has changes.
