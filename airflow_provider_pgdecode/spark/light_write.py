@@ -238,8 +238,8 @@ CHECKPOINT_INTERVAL = 10
 """Versions between two checkpoints of a table delta-rs commits to, when the table sets no
 ``delta.checkpointInterval``: Delta's own default, which Spark's writes keep (delta-rs's is 100).
 Opening a table reads every commit since its last checkpoint, and the light write opens each
-table it merges: for a small table here, 1.6 ms with one commit to read, 10 ms with 20, 31 ms
-with 98, against about 1 ms to write its checkpoint (deltalake 1.6, 2026-11-30). A table merged
+table it merges: for a small table here, 1.6 ms with 2 commits in its log, 10 ms with 21, 31 ms
+with 99, against about 1 ms to write its checkpoint (deltalake 1.6, 2026-11-30). A table merged
 every cycle would otherwise pay up to 30 ms of each cycle for it."""
 
 
