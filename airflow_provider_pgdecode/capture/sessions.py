@@ -237,6 +237,7 @@ def _copy_reader(slots: SlotClient, slot: SlotInfo, start: Lsn, copy: str) -> tu
     try:
         position = slots.copy_at(slot.slot_name, copy, start)
     except SlotError as exc:
+        _drop_copy(slots, copy)  # made before the move failed: not left to the session's end
         return None, str(exc)
     if position != start:
         _drop_copy(slots, copy)

@@ -33,7 +33,7 @@ from airflow_provider_pgdecode.capture.sessions import (
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.decoding.pgoutput import pgoutput_options
 from airflow_provider_pgdecode.decoding.test_decoding import DEFAULT_OPTIONS
-from airflow_provider_pgdecode.postgres.slot import SlotClient, upper_slot_name
+from airflow_provider_pgdecode.postgres.slot import SlotClient, SlotError, upper_slot_name
 from tests.capture.test_extract_pgoutput import staged
 
 PUBLICATION = "split_pub"
@@ -579,3 +579,42 @@ def test_a_batch_staged_before_the_one_before_is_confirmed_is_the_batch_staged_a
     again = ahead.skipped["rows_read"] - after.skipped["rows_read"]
     assert again == (15 if plugin == "pgoutput" else 0) if reader != "slot" else again >= 50
     assert not c.execute("select count(*) from pg_replication_slots where temporary").fetchone()[0]
+
+
+@pytest.mark.postgres
+def test_a_copy_that_cannot_be_moved_is_dropped_and_the_slot_itself_reads_the_batch(
+    pg_conn: psycopg.Connection,
+    pg_dsn: str,
+    split_source: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Moving the copy fails after the copy was made: the copy is dropped at once, not left to the
+    extract's session, and the slot itself reads the batch, which equals the one staged after the
+    confirm."""
+    monkeypatch.setattr(sessions, "MIN_AHEAD_WAL_BYTES", 1)
+    c, slot = pg_conn, split_source
+    c.execute("select pg_create_logical_replication_slot(%s, 'test_decoding')", (slot,))
+    c.execute("insert into split_a select g, 'a' || g from generate_series(1, 50) g")
+    first = extract_batch(c, slot, tmp_path / "first")
+    c.execute("insert into split_a values (101, 'second batch')")
+    made: list[int] = []
+    copy_at = SlotClient.copy_at
+
+    def copied_then_failed(self: SlotClient, name: str, copy_name: str, position: Lsn) -> Lsn:
+        copy_at(self, name, copy_name, position)
+        made.append(c.execute("select count(*) from pg_replication_slots where temporary").fetchone()[0])
+        raise SlotError(f"slot {name}: moving its copy failed (a test)")
+
+    monkeypatch.setattr(SlotClient, "copy_at", copied_then_failed)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn, caplog.at_level(logging.WARNING):
+        ahead = extract_batch(conn, slot, tmp_path / "ahead", checkpoint=Checkpoint.from_manifest(first))
+        left = c.execute("select count(*) from pg_replication_slots where temporary").fetchone()[0]
+    assert made == [1] and left == 0  # made, then dropped while the extract's session is still open
+    assert "moving its copy failed (a test)" in caplog.text
+    monkeypatch.undo()
+    c.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, first.end_lsn))
+    after = extract_batch(c, slot, tmp_path / "after", checkpoint=Checkpoint.from_manifest(first))
+    assert ahead.skipped.pop("already_handled") > 0 and after.skipped.pop("already_handled") == 0
+    assert outcome(ahead) == outcome(after) and after.changes == 1
