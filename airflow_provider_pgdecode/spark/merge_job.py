@@ -42,6 +42,7 @@ session's Hadoop configuration (:func:`~.session.configure_object_store`).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -115,9 +116,9 @@ from airflow_provider_pgdecode.spark.table_workers import (
     DRIVER_WRITERS,
     NO_SPARK,
     NeedsSpark,
+    SessionsOnDemand,
     run_sharded,
     run_without_sessions,
-    table_sessions,
 )
 from airflow_provider_pgdecode.spark.write_strategies import (
     append_inserts,
@@ -171,8 +172,10 @@ def merge_batches(
     if not batches and not catch_up:
         raise BatchError("no batch given")
     staged_changes = sum(entry.rows for batch in [*batches, *catch_up] for entry in batch.tables)
-    with active_connect_session(spark), small_run_settings(spark, staged_changes, options):
-        return _merge_batches(spark, batches, catch_up, [*batch_dirs, *options.catch_up], delta_root, options, started)
+    with active_connect_session(spark):
+        return _merge_batches(
+            spark, batches, catch_up, [*batch_dirs, *options.catch_up], delta_root, options, started, staged_changes
+        )
 
 
 def _merge_batches(
@@ -183,6 +186,7 @@ def _merge_batches(
     delta_root: str,
     options: MergeOptions,
     started: float,
+    staged_changes: int,
 ) -> dict[str, Any]:
     if uses_object_store(batch_dirs, delta_root):
         configure_object_store(spark)
@@ -199,8 +203,9 @@ def _merge_batches(
             results[plan.name] = parked_result(plan.path, plan.schema, plan.table, plan.error)
     largest_reads = check_staged_parts(plans)
     server = server_memory(spark) if options.memory_check and is_connect_session(spark) else None
-    with table_sessions(spark, options.table_workers, len(plans)) as sessions:
-        session_of = {plan.name: sessions[i % len(sessions)] for i, plan in enumerate(plans)}
+    names = [plan.name for plan in plans]
+    settings = functools.partial(small_run_settings, spark, staged_changes, options)
+    with SessionsOnDemand(spark, options.table_workers, names, settings) as on_demand:
         # Tables whose snapshot parts are committed as staged: no read, no profile, no rewrite.
         templates: dict[int, dict[Any, tuple[dict[str, Any], dict[str, Any]] | None]] = {}
 
@@ -252,7 +257,7 @@ def _merge_batches(
         prepared = [item for _, item in run_without_sessions(candidates, on_driver, workers)[0]]
         done = {item.plan.name for item in prepared}
         rest = [plan for plan in plans if plan.name not in done]
-        prepared += run_sharded(rest, lambda plan: session_of[plan.name], prepare)
+        prepared += run_sharded(rest, lambda plan: on_demand.session_of(plan.name), prepare)
         for item in prepared:
             if item.parked is not None:
                 results[item.plan.name] = item.parked
@@ -262,15 +267,19 @@ def _merge_batches(
         for item, result in run_without_sessions(on_driver_items, write, workers)[0]:
             results[item.plan.name] = result
         left = [item for item in prepared if item.plan.name not in results]
-        for item, result in zip(left, run_sharded(left, lambda item: session_of[item.plan.name], write), strict=True):
+        for item, result in zip(
+            left, run_sharded(left, lambda item: on_demand.session_of(item.plan.name), write), strict=True
+        ):
             results[item.plan.name] = result
+        if any(batch.quarantine or batch.messages for batch in batches):
+            on_demand.set_up()  # the side tables are written by Spark
+        quarantine = append_quarantine(spark, batches, delta_root)
+        messages = append_messages(spark, batches, delta_root)
 
-    quarantine = append_quarantine(spark, batches, delta_root)
     if quarantine is not None:
         for name, count in quarantine["tables"].items():
             if name in results:
                 results[name].quarantined = count
-    messages = append_messages(spark, batches, delta_root)
     return {
         "slot": slot,
         "batches": [{"directory": b.directory, "start_lsn": b.start_lsn, "end_lsn": b.end_lsn} for b in batches],

@@ -75,6 +75,46 @@ def table_sessions(spark: Any, workers: int, tables: int) -> Iterator[list[Any]]
                     session.stop()
 
 
+class SessionsOnDemand:
+    """The sessions of :func:`table_sessions` for the tables ``names``, opened when a table first
+    asks for its own (:meth:`session_of`), after entering ``settings`` (the run's Spark settings,
+    also entered alone by :meth:`set_up`); both are left on exit. A run whose tables delta-rs
+    writes without a session (:func:`run_without_sessions`) asks Spark for nothing."""
+
+    def __init__(
+        self,
+        spark: Any,
+        workers: int,
+        names: Sequence[str],
+        settings: Callable[[], contextlib.AbstractContextManager[Any]],
+    ) -> None:
+        self._spark, self._workers, self._settings = spark, workers, settings
+        self._order = {name: i for i, name in enumerate(names)}
+        self._stack = contextlib.ExitStack()
+        self._sessions: list[Any] = []
+        self._set_up = False
+
+    def __enter__(self) -> SessionsOnDemand:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def set_up(self) -> None:
+        """Enter the run's Spark settings, once."""
+        if not self._set_up:
+            self._stack.enter_context(self._settings())
+            self._set_up = True
+
+    def session_of(self, name: str) -> Any:
+        """Table ``name``'s session (the tables dealt round-robin over the sessions); called from
+        one thread, as :func:`run_sharded` does."""
+        if not self._sessions:
+            self.set_up()
+            self._sessions = self._stack.enter_context(table_sessions(self._spark, self._workers, len(self._order)))
+        return self._sessions[self._order[name] % len(self._sessions)]
+
+
 def run_sharded(
     items: Sequence[Item], session_of: Callable[[Item], Any], work: Callable[[Any, Item], Outcome]
 ) -> list[Outcome]:

@@ -134,6 +134,39 @@ def test_small_runs_committed_by_delta_rs_equal_deltas_merge(spark: Any, tmp_pat
     assert read_delta_state(spark, str(path_light), app_id(SLOT)).watermark == 440
 
 
+def test_a_run_delta_rs_writes_alone_sets_no_spark_setting(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark's small-run settings are set when a table first needs a session: not for a run whose
+    tables delta-rs writes without one (each setting is a round trip to a Connect server)."""
+    from pyspark.sql.conf import RuntimeConfig
+
+    from airflow_provider_pgdecode.spark.merge_sql import SMALL_RUN_CONF
+
+    set_keys: list[str] = []
+    original = RuntimeConfig.set
+
+    def recording(self: Any, key: str, value: Any) -> None:
+        set_keys.append(key)
+        original(self, key, value)
+
+    monkeypatch.setattr(RuntimeConfig, "set", recording)
+    first = TableChanges("public", "docs", DOCS)
+    for i in range(1, 21):
+        first.insert(100, id=i, title=f"t{i}", body=None)
+    second = TableChanges("public", "docs", DOCS).update(200, id=3, title="t3 v2", body=UNCHANGED).delete(210, id=4)
+    third = TableChanges("public", "docs", DOCS).update(300, id=5, title="t5 v2", body=UNCHANGED)
+    path = tmp_path / "delta" / "public" / "docs"
+    seen = []
+    for number, batch, applied in each_run(tmp_path, [(90, 110, first), (110, 220, second), (220, 310, third)]):
+        set_keys.clear()
+        merge_batches(spark, [batch], str(tmp_path / "delta"), DELTA_ONLY if number == 2 else MergeOptions())
+        seen.append((last_commit(path)["engineInfo"].split("-")[0], set(SMALL_RUN_CONF) & set(set_keys)))
+        assert delta_rs_rows(path) == Model().apply(*applied).state(COLUMNS), number
+    # created by Spark (then appended to by delta-rs), written by delta-rs alone, then by Delta's MERGE
+    assert seen == [("delta", set(SMALL_RUN_CONF)), ("delta", set()), ("Apache", set(SMALL_RUN_CONF))]
+
+
 def test_tables_delta_rs_must_not_write_go_through_deltas_merge(
     spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
