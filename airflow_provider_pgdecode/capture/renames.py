@@ -124,8 +124,9 @@ def follow_selection(catalog: Catalog, selected: set[Name] | None, known: KnownT
         return selected
     out = set(selected)
     now = catalog.relation_names(list(known.names))
+    named_now = catalog.relation_oids(selected)
     for name in sorted(selected):
-        oid = catalog.relation_oid(*name)
+        oid = named_now.get(name)
         if oid is not None:
             out.update(known.names.get(oid, ()))
             earlier = known.oid_named(name)
@@ -290,6 +291,8 @@ def _staged_oids(
     """Each staged name's table OID: pgoutput's Relation message, else the catalog's table of that
     name now, else the OID an earlier batch recorded for it; names none of these know are left out."""
     oids: dict[Name, int] = {}
+    staged = list(staged)
+    named_now = catalog.relation_oids((s.schema, s.table) for s in staged if not stream_oids.get((s.schema, s.table)))
     for summary in staged:
         name = (summary.schema, summary.table)
         from_stream = stream_oids.get(name)
@@ -305,7 +308,7 @@ def _staged_oids(
                 )
             oids[name] = from_stream[-1]
             continue
-        oid = catalog.relation_oid(*name)
+        oid = named_now.get(name)
         if oid is None:
             oid = known.oid_named(name)
         if oid is not None:
@@ -337,8 +340,10 @@ def record_tables(catalog: Catalog, names: Iterable[Name]) -> KnownTables:
     """The OIDs of tables loaded under their names (an initial snapshot): each flows into the
     Delta table of that name, and later batches follow it from there."""
     known = KnownTables()
+    names = list(names)
+    named_now = catalog.relation_oids(names)
     for name in names:
-        oid = catalog.relation_oid(*name)
+        oid = named_now.get(name)
         if oid is not None:
             known.add(oid, name)
             known.delta[oid] = name

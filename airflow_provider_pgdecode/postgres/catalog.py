@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -461,14 +461,20 @@ class Catalog:
         )
         return [(row[0], row[1]) for row in rows]
 
-    def relation_oid(self, schema: str, table: str) -> int | None:
-        """The OID of the table ``schema.table`` as named now, ``None`` when no table has that name."""
+    def relation_oids(self, names: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        """The OID of each ``(schema, table)`` of ``names`` as named now, in one query (a cycle
+        over hundreds of tables asks once, not once a table); names no table has are left out."""
+        wanted = sorted(set(names))
+        if not wanted:
+            return {}
         rows = self._all(
-            "SELECT c.oid::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p', 'v', 'm', 'f')",
-            (schema, table),
+            "SELECT n.nspname, c.relname, c.oid::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " JOIN unnest(%s::text[], %s::text[]) AS w(nspname, relname)"
+            " ON w.nspname = n.nspname AND w.relname = c.relname"
+            " WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')",
+            ([schema for schema, _ in wanted], [table for _, table in wanted]),
         )
-        return int(rows[0][0]) if rows else None
+        return {(str(row[0]), str(row[1])): int(row[2]) for row in rows}
 
     def relation_files(self, oids: Sequence[int]) -> dict[int, tuple[int, str]]:
         """Per table of ``oids`` that exists now: its file node (``pg_relation_filenode``, 0 for a

@@ -437,7 +437,8 @@ def test_source_tables_lists_tables_with_what_decides_their_key(pg_conn, catalog
         "pk_nothing": ("nothing", True),
     }
     roots = catalog.partition_roots()
-    assert roots[(schema, "parted_eu")] == (catalog.relation_oid(schema, "parted"), (schema, "parted"))
+    parted = catalog.relation_oids([(schema, "parted")])[(schema, "parted")]
+    assert roots[(schema, "parted_eu")] == (parted, (schema, "parted"))
     assert (schema, "parted") not in roots
     everything = [(t.schema, t.table) for t in source_tables(catalog)]
     assert everything == sorted(everything)
@@ -497,6 +498,23 @@ def test_in_publication(pg_conn, catalog, schema) -> None:
 
 
 # --- type names and tables with a primary key --------------------------------------------------
+
+
+def test_relation_oids_name_every_table_at_once_as_pg_class_does(pg_conn, catalog, schema) -> None:
+    run(
+        pg_conn,
+        schema,
+        'CREATE TABLE plain (id int); CREATE TABLE "Odd.Name ""q""" (id int); CREATE VIEW seen AS SELECT 1 AS x;'
+        " CREATE INDEX plain_id ON plain (id)",
+    )
+    want = {
+        name: pg_conn.execute("SELECT %s::regclass::oid::int8", (f'"{schema}".{quoted}',)).fetchone()[0]
+        for name, quoted in [((schema, "plain"), "plain"), ((schema, 'Odd.Name "q"'), '"Odd.Name ""q"""')]
+    }
+    want[(schema, "seen")] = pg_conn.execute("SELECT %s::regclass::oid::int8", (f'"{schema}".seen',)).fetchone()[0]
+    asked = [*want, (schema, "plain"), (schema, "plain_id"), (schema, "missing"), ("public", 'Odd.Name "q"')]
+    assert catalog.relation_oids(asked) == want  # no index, no missing name, nothing of another schema
+    assert catalog.relation_oids([]) == {}
 
 
 def test_type_names_by_oid(pg_conn, catalog, schema) -> None:
