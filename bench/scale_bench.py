@@ -160,9 +160,9 @@ def one_count(
     return {
         "tables": count,
         "changes": batch.changes,
-        "extract_seconds": round(extracted - started, 2),
-        "merge_seconds": round(merged - extracted, 2),
-        "cycle_seconds": round(merged - started, 2),
+        "extract_seconds": round(extracted - started, 3),
+        "merge_seconds": round(merged - extracted, 3),
+        "cycle_seconds": round(merged - started, 3),
         "unequal_tables": unequal,
     }
 
@@ -239,8 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(row)
                     print(
                         f"{count:4d} tables, {k} worker(s), light write {'on' if light else 'off'}: "
-                        f"{row['changes']} changes, extract {row['extract_seconds']:6.2f} s, merge "
-                        f"{row['merge_seconds']:7.2f} s, cycle {row['cycle_seconds']:7.2f} s = "
+                        f"{row['changes']} changes, extract {row['extract_seconds']:6.3f} s, merge "
+                        f"{row['merge_seconds']:7.3f} s, cycle {row['cycle_seconds']:7.3f} s = "
                         f"{row['ratio_to_first']:.2f}x the first row"
                         f"{'; UNEQUAL: ' + ', '.join(row['unequal_tables']) if row['unequal_tables'] else ''}",
                         flush=True,
