@@ -244,6 +244,7 @@ def check_sdist(sdist: Path) -> None:
         f"{CSRC}/module.c",
         f"{PACKAGE}/get_provider_info.py",
         f"{PACKAGE}/spark/ivysettings.xml",
+        f"{PACKAGE}/spark/fairscheduler.xml",
         f"{PACKAGE}/spark/log4j2.properties",
     }
     missing = sorted(required - names)
@@ -312,6 +313,7 @@ def check_wheel(wheel: Path, *, native: bool, python: str = PYTHONS[0]) -> None:
             f"{PACKAGE}/get_provider_info.py",
             f"{PACKAGE}/spark/merge_job.py",
             f"{PACKAGE}/spark/ivysettings.xml",
+            f"{PACKAGE}/spark/fairscheduler.xml",
             f"{PACKAGE}/spark/log4j2.properties",
         }
         missing = sorted(required - set(names))

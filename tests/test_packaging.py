@@ -241,6 +241,7 @@ def _fake_wheel(path: Path, files: dict[str, bytes]) -> Path:
         "airflow_provider_pgdecode/get_provider_info.py": b"",
         "airflow_provider_pgdecode/spark/merge_job.py": b"",
         "airflow_provider_pgdecode/spark/ivysettings.xml": b"",
+        "airflow_provider_pgdecode/spark/fairscheduler.xml": b"",
         "airflow_provider_pgdecode/spark/log4j2.properties": b"",
         "airflow_provider_pgdecode/py.typed": b"",
     }

@@ -72,6 +72,8 @@ MAVEN_CENTRAL = "https://repo1.maven.org/maven2/"
 IVY_SETTINGS = Path(__file__).resolve().parent / "ivysettings.xml"
 
 LOG4J2_PROPERTIES = Path(__file__).resolve().parent / "log4j2.properties"
+#: The pools of the Connect server pgdecode starts: its default pool runs its jobs FAIR.
+FAIR_SCHEDULER_XML = Path(__file__).resolve().parent / "fairscheduler.xml"
 """Spark's logging configuration in pgdecode's Spark processes: everything at one level."""
 
 SPARK_LOG_LEVEL_ENV = "PGDECODE_SPARK_LOG_LEVEL"
@@ -239,6 +241,11 @@ def delta_spark_conf(
         PARQUET_TIMESTAMP_CONF: PARQUET_TIMESTAMP_TYPE,
         # PostgreSQL column names are case-sensitive.
         "spark.sql.caseSensitive": "true",
+        # Jobs submitted at once (tables merged side by side, other sources' merges on a shared
+        # Connect server) share the executors, instead of each waiting for every task of the jobs
+        # before it (FIFO): table_workers gives each worker's jobs a pool of its own, and the
+        # Connect server pgdecode starts runs its default pool FAIR (fairscheduler.xml).
+        "spark.scheduler.mode": "FAIR",
         # PySpark records each DataFrame call's Python call site on the JVM for error messages
         # (several Py4J round trips per column expression, an import attempt of IPython each
         # time): a quarter of a small merge's driver time building its DataFrames, for context
@@ -656,6 +663,7 @@ def connect_server_command(
     ``object_store``, hadoop-aws too (``s3a://``; the store's settings are the server's own)."""
     conf = delta_spark_conf(object_store=object_store)
     conf.update(SHARED_SERVER_CONF)
+    conf["spark.scheduler.allocation.file"] = str(FAIR_SCHEDULER_XML)
     conf["spark.connect.grpc.binding.port"] = str(port)
     conf["spark.connect.grpc.binding.address"] = host
     conf.update(extra_conf or {})

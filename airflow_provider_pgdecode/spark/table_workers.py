@@ -135,8 +135,8 @@ def run_sharded(
     errors: list[tuple[int, BaseException]] = []
     lock = threading.Lock()
 
-    def shard(session: Any, indexes: list[int]) -> None:
-        with active_connect_session(session):
+    def shard(session: Any, indexes: list[int], pool: str) -> None:
+        with active_connect_session(session), scheduler_pool(session, pool):
             for index in indexes:
                 try:
                     outcome = work(session, items[index])
@@ -148,7 +148,7 @@ def run_sharded(
                     outcomes[index] = outcome
 
     threads = [
-        threading.Thread(target=shard, args=group, name=f"pgdecode-merge-{n}", daemon=True)
+        threading.Thread(target=shard, args=(*group, f"pgdecode-tables-{n}"), name=f"pgdecode-merge-{n}", daemon=True)
         for n, group in enumerate(groups.values())
     ]
     for thread in threads:
@@ -158,6 +158,28 @@ def run_sharded(
     if errors:
         raise min(errors, key=lambda pair: pair[0])[1]
     return [outcomes[i] for i in range(len(items))]
+
+
+@contextlib.contextmanager
+def scheduler_pool(session: Any, pool: str) -> Iterator[None]:
+    """This thread's jobs of a classic ``session`` in Spark's fair-scheduler pool ``pool`` (made
+    on first use; ``spark.scheduler.mode`` FAIR, :func:`~.session.delta_spark_conf`): pools share
+    the executors fairly, so a table with many tasks does not hold back the workers beside it.
+    A Spark Connect client cannot choose a pool: the server pgdecode starts runs its default pool
+    FAIR (``fairscheduler.xml``)."""
+    context = None if is_connect_session(session) else getattr(session, "sparkContext", None)
+    if context is None:
+        yield
+        return
+    context.setLocalProperty(POOL_PROPERTY, pool)
+    try:
+        yield
+    finally:
+        context.setLocalProperty(POOL_PROPERTY, None)
+
+
+#: The local property naming the fair-scheduler pool of a thread's jobs.
+POOL_PROPERTY = "spark.scheduler.pool"
 
 
 def run_without_sessions(

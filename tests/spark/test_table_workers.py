@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from airflow_provider_pgdecode.capture.extract import extract_batch
 from airflow_provider_pgdecode.decoding.lsn import Lsn
 from airflow_provider_pgdecode.spark.delta_state import app_id
 from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches
-from airflow_provider_pgdecode.spark.table_workers import run_sharded
+from airflow_provider_pgdecode.spark.table_workers import run_sharded, table_sessions
 from pgdecode_testing.compare import compare_table
 
 TABLES = [f"tw_{i}" for i in range(5)]
@@ -72,6 +73,35 @@ def test_tables_merged_side_by_side(request, pg_conn, slot_name, tmp_path, caplo
     finally:
         c.execute("select pg_drop_replication_slot(%s)", (slot_name,))
         c.execute("; ".join(f"drop table if exists {t}" for t in TABLES))
+
+
+def _slow_job(session, tasks: int, seconds: float) -> None:
+    """A Spark job of ``tasks`` tasks, each ``seconds`` long (the JVM's sleep: no Python worker)."""
+    millis = int(seconds * 1000)
+    session.sql(
+        f"SELECT reflect('java.lang.Thread', 'sleep', CAST({millis} AS BIGINT)) FROM range(0, {tasks}, 1, {tasks})"
+    ).collect()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("session_kind", ["classic", "connect"])
+def test_the_workers_jobs_share_the_executors_fairly(request, session_kind) -> None:
+    """A worker's job of many tasks does not hold back a worker's job submitted after it: on two
+    cores, eight tasks of a second each, then one task a second later. One after another (FIFO),
+    the small job's task would start once all eight had started (4 s in) and end after them."""
+    spark = request.getfixturevalue("spark" if session_kind == "classic" else "connect")
+    ended: dict[str, float] = {}
+
+    def work(session, job: tuple[str, int, float]) -> None:
+        name, tasks, delay = job
+        time.sleep(delay)
+        _slow_job(session, tasks, 1.0)
+        ended[name] = time.monotonic()
+
+    with table_sessions(spark, 2, 2) as sessions:
+        jobs = [("many tasks", 8, 0.0), ("one task", 1, 1.0)]
+        run_sharded(jobs, lambda job: sessions[jobs.index(job)], work)
+    assert ended["one task"] < ended["many tasks"]
 
 
 def test_run_sharded_runs_each_session_in_its_own_thread_and_raises_the_earliest_error() -> None:
