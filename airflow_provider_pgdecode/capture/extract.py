@@ -221,7 +221,14 @@ def extract_batch(
         split_at=split_at,
         primary=primary,
     )
-    plan = plan_extract(conn, slot_name, staging_root, request)
+    return _stage_planned_batch(plan_extract(conn, slot_name, staging_root, request), slot_name)
+
+
+def _stage_planned_batch(plan: ExtractPlan, slot_name: str) -> BatchManifest:
+    """Decode a planned extract into a work directory and publish it as the batch's directory.
+
+    The work directory goes on any failure, so a failed extract leaves nothing a merge could take.
+    """
     tmp = batch_workdir(plan.staging, slot_name, plan.start_lsn)
     try:
         spill_dir = tmp / ".spool"

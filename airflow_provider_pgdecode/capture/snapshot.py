@@ -212,6 +212,45 @@ class _TablePlan:
         return {column: count for column, count in total.items() if count}
 
 
+def _end_planning(planner: Connection) -> None:
+    """End the planning transaction: read-only, its end matters only for the locks it releases."""
+    try:
+        commit(planner)
+    except DatabaseError as exc:
+        log.warning("Snapshot copy: the planning transaction ended with an error (%s)", str(exc).strip())
+
+
+def _plan_copy(
+    planner: Connection,
+    snapshot_name: str,
+    slot_name: str,
+    names: list[tuple[str, str]],
+    progress: dict[str, Any],
+    chunk_rows: int,
+    chunk_pages: int | None,
+    options_by_table: Mapping[tuple[str, str], TableOptions],
+    carried: Callable[..., list[ColumnInfo]],
+    publication: str | None,
+) -> tuple[list[_TablePlan], KnownTables, str, str]:
+    """Plan every table's chunks inside the imported snapshot, on the planning connection.
+
+    Returns the plans, the tables' records, the database's name and the server's address.
+    """
+    try:
+        import_snapshot(planner, snapshot_name, slot_name)
+        catalog = Catalog(planner)
+        carried = functools.partial(carried, stored_published=catalog.publishes_generated(publication))
+        plans = [
+            _plan_table(planner, catalog, progress, schema, table, chunk_rows, chunk_pages, options_by_table, carried)
+            for schema, table in names
+        ]
+        for plan in plans:
+            plan.options = options_for(options_by_table, plan.schema, plan.table)
+        return plans, record_tables(catalog, names), database_name(planner), server_address(planner)
+    except DatabaseError as exc:
+        raise StagingError(f"planning the snapshot copy for slot {slot_name!r} failed: {str(exc).strip()}") from exc
+
+
 def stage_snapshot(
     connect: str | Callable[[], Connection],
     snapshot_name: str,
@@ -302,25 +341,18 @@ def stage_snapshot(
     progress = _load_progress(tmp, settings)
     planner = opener()
     try:
-        try:
-            import_snapshot(planner, snapshot_name, slot_name)
-            catalog = Catalog(planner)
-            carried = functools.partial(
-                carried_columns, plugin=plugin, stored_published=catalog.publishes_generated(publication)
-            )
-            plans = [
-                _plan_table(
-                    planner, catalog, progress, schema, table, chunk_rows, chunk_pages, options_by_table, carried
-                )
-                for schema, table in names
-            ]
-            for plan in plans:
-                plan.options = options_for(options_by_table, plan.schema, plan.table)
-            loaded = record_tables(catalog, names)
-            database = database_name(planner)
-            server = server_address(planner)
-        except DatabaseError as exc:
-            raise StagingError(f"planning the snapshot copy for slot {slot_name!r} failed: {str(exc).strip()}") from exc
+        plans, loaded, database, server = _plan_copy(
+            planner,
+            snapshot_name,
+            slot_name,
+            names,
+            progress,
+            chunk_rows,
+            chunk_pages,
+            options_by_table,
+            functools.partial(carried_columns, plugin=plugin),
+            publication,
+        )
         _save_progress(tmp, progress)
         _discard_unrecorded(tmp, plans)
         copier = _Copier(
@@ -331,10 +363,7 @@ def stage_snapshot(
         else:
             remote = None if store.is_local else store.child(slot_name, batch_dir_name(SNAPSHOT_START_LSN, lsn))
             copier.run_on_spark(spark, str(connect), remote)
-        try:
-            commit(planner)  # read-only: its end matters only for the locks it releases
-        except DatabaseError as exc:
-            log.warning("Snapshot copy: the planning transaction ended with an error (%s)", str(exc).strip())
+        _end_planning(planner)
     finally:
         planner.close()
 

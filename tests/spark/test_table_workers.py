@@ -55,6 +55,7 @@ def test_tables_merged_side_by_side(request, pg_conn, slot_name, tmp_path, caplo
                     c.execute(f"update {t} set v = 'changed' where id % 3 = 0; delete from {t} where id % 5 = 0")
                     c.execute(f"insert into {t} values (100, 'new')")
             batch = extract_batch(c, slot_name, staging, checkpoint=checkpoint, tables=[f"public.{t}" for t in TABLES])
+            caplog.clear()  # each round's merge must say it again
             with caplog.at_level(logging.INFO, logger="airflow_provider_pgdecode.spark.table_workers"):
                 summary = merge_batches(spark, [str(batch.path)], root, options)
             assert "Merging 5 table(s) with 3 sessions side by side" in caplog.text
