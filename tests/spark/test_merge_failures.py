@@ -4,8 +4,6 @@ memory is reported as such, with the memory settings to change (not as a bug in 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,6 +15,7 @@ from airflow_provider_pgdecode.errors import DeltaTableError, MergeOutOfMemoryEr
 from airflow_provider_pgdecode.operators.merge import PgDecodeMergeOperator
 from airflow_provider_pgdecode.spark import merge_job, table_parking
 from airflow_provider_pgdecode.spark.merge_job import merge_batches, out_of_memory_error
+from tests.spark.read_only import immutable_directory
 from tests.spark.staged import TableChanges, write_batch
 
 SLOT = "pgdecode_failures"
@@ -156,17 +155,11 @@ def test_the_job_exits_3_with_the_out_of_memory_refusal(tmp_path: Path, monkeypa
     assert "MergeOutOfMemoryError" in capsys.readouterr().err
 
 
-def _immutable(path: Path, on: bool) -> None:
-    subprocess.run(["chattr", "+i" if on else "-i", str(path)], check=True, capture_output=True)
-
-
 @pytest.mark.spark
 def test_a_read_only_delta_table_is_parked_while_the_other_table_merges(spark, tmp_path: Path) -> None:
     """A real refusal, nothing patched: the table's _delta_log cannot take a new commit (immutable,
     which binds root too). That table is parked with the filesystem's reason, the other merges;
     writable again, the same batch merges it exactly once."""
-    if shutil.which("chattr") is None:
-        pytest.skip("needs chattr (e2fsprogs) to make a directory read-only for root")
     delta_root = tmp_path / "delta"
     first = write_batch(
         tmp_path / "staging",
@@ -177,10 +170,6 @@ def test_a_read_only_delta_table_is_parked_while_the_other_table_merges(spark, t
     )
     merge_batches(spark, [first], str(delta_root))
     log = delta_root / "public" / "ro" / "_delta_log"
-    try:
-        _immutable(log, True)
-    except subprocess.CalledProcessError as exc:
-        pytest.skip(f"this filesystem has no immutable flag: {exc.stderr!r}")
     second = write_batch(
         tmp_path / "staging",
         SLOT,
@@ -188,10 +177,8 @@ def test_a_read_only_delta_table_is_parked_while_the_other_table_merges(spark, t
         300,
         [TableChanges("public", n, COLUMNS).update(250, id=1, note="b") for n in ("ro", "rw")],
     )
-    try:
+    with immutable_directory(log):
         summary = merge_batches(spark, [second], str(delta_root))
-    finally:
-        _immutable(log, False)
     assert summary["parked"] == ["public.ro"]
     assert summary["tables"]["public.rw"]["status"] == "merged"
     # The innermost Java exception, not py4j's "An error occurred while calling o60.sql.".

@@ -10,6 +10,7 @@ import json
 import logging
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from airflow_provider_pgdecode.spark.delta_state import app_id
 from airflow_provider_pgdecode.spark.merge_job import MergeOptions, merge_batches
 from airflow_provider_pgdecode.spark.table_workers import run_sharded, table_sessions
 from pgdecode_testing.compare import compare_table
+from tests.spark.read_only import immutable_directory
 
 TABLES = [f"tw_{i}" for i in range(5)]
 
@@ -45,6 +47,15 @@ def test_tables_merged_side_by_side(request, pg_conn, slot_name, tmp_path, caplo
     c.execute("select pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (slot_name,))
     staging, root = tmp_path / "staging", str(tmp_path / "delta")
     options = MergeOptions(table_workers=3)
+    refused = TABLES[1]  # its log takes no commit in the second round
+
+    def equal_and_committed_by(batch, tables: list[str]) -> None:
+        for t in tables:
+            result = compare_table(c, spark, root, "public", t)
+            assert result.equal, result.describe()
+            # Each commit holds the batch's own transaction id, whatever the others did meanwhile.
+            assert last_txn(root, t) == {"appId": app_id(slot_name), "version": int(Lsn.parse(batch.end_lsn))}
+
     checkpoint = None
     try:
         for round_ in range(2):
@@ -56,19 +67,26 @@ def test_tables_merged_side_by_side(request, pg_conn, slot_name, tmp_path, caplo
                     c.execute(f"insert into {t} values (100, 'new')")
             batch = extract_batch(c, slot_name, staging, checkpoint=checkpoint, tables=[f"public.{t}" for t in TABLES])
             caplog.clear()  # each round's merge must say it again
-            with caplog.at_level(logging.INFO, logger="airflow_provider_pgdecode.spark.table_workers"):
+            with (
+                caplog.at_level(logging.INFO, logger="airflow_provider_pgdecode.spark.table_workers"),
+                immutable_directory(Path(root) / "public" / refused / "_delta_log") if round_ else nullcontext(),
+            ):
                 summary = merge_batches(spark, [str(batch.path)], root, options)
             assert "Merging 5 table(s) with 3 sessions side by side" in caplog.text
-            assert {name: t["status"] for name, t in summary["tables"].items()} == {
-                f"public.{t}": "merged" for t in TABLES
-            }
-            for t in TABLES:
-                result = compare_table(c, spark, root, "public", t)
-                assert result.equal, result.describe()
-                # Each commit holds the batch's own transaction id, whatever the others did meanwhile.
-                assert last_txn(root, t) == {"appId": app_id(slot_name), "version": int(Lsn.parse(batch.end_lsn))}
+            statuses = {name: t["status"] for name, t in summary["tables"].items()}
+            if round_:  # the refused table alone parked, the others merged beside it
+                assert statuses.pop(f"public.{refused}") == "parked"
+                assert summary["parked"] == [f"public.{refused}"]
+            assert statuses == {f"public.{t}": "merged" for t in TABLES if round_ == 0 or t != refused}
+            equal_and_committed_by(batch, [t for t in TABLES if round_ == 0 or t != refused])
             c.execute("select pg_replication_slot_advance(%s, %s)", (slot_name, batch.end_lsn))
             checkpoint = Checkpoint.from_manifest(batch)
+        # Writable again: the same batch merges the parked table, and only it.
+        again = merge_batches(spark, [str(batch.path)], root, options)
+        assert {name: t["status"] for name, t in again["tables"].items()} == {
+            f"public.{t}": "merged" if t == refused else "skipped" for t in TABLES
+        }
+        equal_and_committed_by(batch, TABLES)
         again = merge_batches(spark, [str(batch.path)], root, options)
         assert {t["status"] for t in again["tables"].values()} == {"skipped"}
     finally:
