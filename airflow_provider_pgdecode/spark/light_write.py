@@ -37,6 +37,7 @@ from airflow_provider_pgdecode.batch.format import delta_columns, is_local_path,
 from airflow_provider_pgdecode.batch.storage import ObjectStoreSettings, is_object_store
 from airflow_provider_pgdecode.spark.collapse import KIND, UPSERT
 from airflow_provider_pgdecode.spark.delta_state import app_id
+from airflow_provider_pgdecode.spark.key_bounds import integer_key
 from airflow_provider_pgdecode.spark.merge_sql import (
     MATCHED,
     NOT_MATCHED,
@@ -45,7 +46,6 @@ from airflow_provider_pgdecode.spark.merge_sql import (
     merge_condition,
     pruning_ranges,
 )
-from airflow_provider_pgdecode.spark.profiling import integer_key
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -22,6 +22,7 @@ from airflow_provider_pgdecode.spark import collapse, column_defaults, column_re
 from airflow_provider_pgdecode.spark.collapse import CollapseInput
 from airflow_provider_pgdecode.spark.delta_state import app_id
 from airflow_provider_pgdecode.spark.history import MODE_PROPERTY
+from airflow_provider_pgdecode.spark.key_bounds import bound_sql, bounded_key
 from airflow_provider_pgdecode.spark.merge_plan import (
     KEY_PROPERTY,
     SOURCE_PROPERTY,
@@ -73,17 +74,21 @@ def sql_literal(value: Any) -> str:
 def pruning_ranges(plan: TablePlan, profile: Profile, options: MergeOptions) -> list[tuple[Any, Any]] | None:
     """The key ranges the MERGE's ON condition holds so files outside them are skipped: a single
     key's, into an existing table, with no TRUNCATE (which deletes from every file)."""
-    if options.key_range_pruning and profile.truncate_at is None and len(plan.key) == 1 and plan.state.exists:
+    if options.key_range_pruning and profile.truncate_at is None and plan.state.exists and bounded_key(plan):
         return profile.key_ranges
     return None
 
 
 def merge_condition(plan: TablePlan, ranges: Sequence[tuple[Any, Any]] | None) -> str:
-    """The MERGE's ON condition: key equality, plus the batch's key ranges for file skipping."""
+    """The MERGE's ON condition: key equality, plus the batch's key ranges for file skipping
+    (a single key's: :mod:`.key_bounds`)."""
     condition = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in plan.key)
-    if ranges:
-        key = f"t.{quote(plan.key[0])}"
-        alternatives = " OR ".join(f"({key} BETWEEN {sql_literal(lo)} AND {sql_literal(hi)})" for lo, hi in ranges)
+    key = bounded_key(plan)
+    if ranges and key is not None:
+        delta_type = plan.types[key].delta_type
+        alternatives = " OR ".join(
+            f"(t.{quote(key)} BETWEEN {bound_sql(lo, delta_type)} AND {bound_sql(hi, delta_type)})" for lo, hi in ranges
+        )
         condition = f"({alternatives}) AND {condition}"
     return condition
 

@@ -1,7 +1,8 @@
 """The profile of a table's staged changes: what to refuse or plan around before anything is written.
 
-Counts, the TRUNCATE position, unchanged-TOAST columns, NULL keys, numeric trouble and an
-integer key's ranges. :func:`profile_from_parts` computes it on the driver from the parts when
+Counts, the TRUNCATE position, unchanged-TOAST columns, NULL keys, numeric trouble and a single
+key's ranges (an integer key's in buckets; one range for the other types with bounds:
+:mod:`.key_bounds`). :func:`profile_from_parts` computes it on the driver from the parts when
 that is enough; :func:`profile_events` is the one aggregate Spark pass otherwise.
 :func:`check_profile` raises for the changes the merge must not apply.
 """
@@ -20,9 +21,6 @@ from pyspark.sql.types import (
     BinaryType,
     DateType,
     DecimalType,
-    IntegerType,
-    LongType,
-    ShortType,
     StringType,
     TimestampType,
 )
@@ -33,6 +31,7 @@ from airflow_provider_pgdecode.errors import MergeInputError
 from airflow_provider_pgdecode.spark import collapse
 from airflow_provider_pgdecode.spark.collapse import KEEP, LSN, OP, SEQ, col, old_key_name
 from airflow_provider_pgdecode.spark.history import Truncate
+from airflow_provider_pgdecode.spark.key_bounds import INTEGER_TYPES, bound_of, bounded_key, integer_key
 from airflow_provider_pgdecode.spark.merge_plan import (
     HAS_OLD,
     KEY_BUCKETS,
@@ -102,10 +101,15 @@ def profile_events(events: DataFrame, plan: TablePlan, key_ranges: KeyRanges | N
     for index in range(len(numeric_columns)):
         aggregates.append(F.sum(F.col(special_name(index)).cast("int")).alias(special_name(index)))
         aggregates.append(F.sum(F.col(lossy_name(index)).cast("int")).alias(lossy_name(index)))
-    single_key = plan.key[0] if len(plan.key) == 1 else None
+    single_key = bounded_key(plan)
     if single_key is not None:
-        aggregates.append(F.min(F.least(col(single_key), F.col(old_key_name(0)))).alias("key_min"))
-        aggregates.append(F.max(F.greatest(col(single_key), F.col(old_key_name(0)))).alias("key_max"))
+        delta_type = plan.types[single_key].delta_type
+        aggregates.append(
+            bound_of(F.min(F.least(col(single_key), F.col(old_key_name(0)))), delta_type).alias("key_min")
+        )
+        aggregates.append(
+            bound_of(F.max(F.greatest(col(single_key), F.col(old_key_name(0)))), delta_type).alias("key_max")
+        )
     row = events.agg(*aggregates).collect()[0]
 
     def total(name: str) -> int:
@@ -279,17 +283,6 @@ class _KeyRangeCollector:
                 ranges.append((low, high))
             previous = number
         return KeyRanges(self.key_min, self.key_max, merge_ranges(ranges))
-
-
-INTEGER_TYPES = (ShortType, IntegerType, LongType)
-"""Delta's integer types: a key of one of them has key ranges (:func:`integer_key`)."""
-
-
-def integer_key(plan: TablePlan) -> str | None:
-    """The table's key column when it is one column of an integer type (the key ranges' case)."""
-    if len(plan.key) != 1 or not isinstance(plan.types[plan.key[0]].delta_type, INTEGER_TYPES):
-        return None
-    return plan.key[0]
 
 
 def staged_key_ranges(plan: TablePlan) -> KeyRanges | None:

@@ -30,6 +30,7 @@ from airflow_provider_pgdecode.spark import collapse, history, multiset
 from airflow_provider_pgdecode.spark.collapse import KIND, OP, CollapseInput, col, old_key_name
 from airflow_provider_pgdecode.spark.delta_state import app_id, delta_log_storage, log_version
 from airflow_provider_pgdecode.spark.history import HISTORY, SOFT_DELETE
+from airflow_provider_pgdecode.spark.key_bounds import bound_column, bounded_key
 from airflow_provider_pgdecode.spark.light_write import light_merge
 from airflow_provider_pgdecode.spark.merge_plan import METADATA_COLUMNS, MergeOptions, Profile, TablePlan, quote
 from airflow_provider_pgdecode.spark.merge_sql import (
@@ -143,10 +144,13 @@ def committed_states(
 
 def key_range_filter(plan: TablePlan, profile: Profile, options: MergeOptions) -> Column:
     """The batch's key ranges as a filter on the Delta table (data skipping), or true."""
-    if not options.key_range_pruning or len(plan.key) != 1 or not profile.key_ranges:
+    key = bounded_key(plan)
+    if not options.key_range_pruning or key is None or not profile.key_ranges:
         return F.lit(True)
-    key = col(plan.key[0])
-    ranges = [key.between(F.lit(lo), F.lit(hi)) for lo, hi in profile.key_ranges]
+    delta_type = plan.types[key].delta_type
+    ranges = [
+        col(key).between(bound_column(lo, delta_type), bound_column(hi, delta_type)) for lo, hi in profile.key_ranges
+    ]
     return functools.reduce(lambda a, b: a | b, ranges)
 
 

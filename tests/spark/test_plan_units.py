@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from pyspark.sql.types import DoubleType, LongType
 
 from airflow_provider_pgdecode.batch.manifest import BatchManifest, read_batches
 from airflow_provider_pgdecode.errors import BatchError, MergeInputError, UnmappedTypeError
@@ -93,10 +95,14 @@ def test_paths_and_conditions_quote_awkward_names() -> None:
 
     class Plan:
         key = ("we`ird id",)
+        types = {"we`ird id": SimpleNamespace(delta_type=LongType())}
 
     assert merge_condition(Plan(), [(1, 5), (9, 9)]) == (  # type: ignore[arg-type]
         "((t.`we``ird id` BETWEEN 1 AND 5) OR (t.`we``ird id` BETWEEN 9 AND 9)) AND t.`we``ird id` = s.`we``ird id`"
     )
+    # A key without bounds (floating point: NaN) is matched by equality alone.
+    Plan.types = {"we`ird id": SimpleNamespace(delta_type=DoubleType())}
+    assert merge_condition(Plan(), [(1.5, 5.0)]) == "t.`we``ird id` = s.`we``ird id`"  # type: ignore[arg-type]
 
 
 def test_session_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
