@@ -73,6 +73,12 @@ SHAPES = {
     "numeric-key": "id numeric(12,2) primary key, v text, n int",
     # A partitioned table's key holds its partition column (the table itself is not partitioned).
     "timestamp-key": "id int, v text, n int, at timestamptz not null default '2026-01-01', primary key (id, at)",
+    # A single date or timestamp key (a daily or an event table's), from the row's id.
+    "date-key": "id int not null, v text, n int, day date generated always as (date '2000-01-01' + id) stored primary key",
+    "single-timestamp-key": (
+        "id int not null, v text, n int, at timestamptz generated always as (to_timestamp(1700000000 + id * 60)) stored"
+        " primary key"
+    ),
     # A numeric without a typmod: its values' digits checked against decimal(38,18).
     "unbounded-numeric": "id int primary key, v text, n int, amount numeric default 12.345",
     # A 4,000-byte document stored out of line (TOAST), which the updates leave unchanged.

@@ -64,6 +64,17 @@ def bound_of(value: Column, delta_type: DataType) -> Column:
     return value
 
 
+def arrow_bound_values(values: Any, delta_type: DataType) -> Any:
+    """A part's key ``values`` (a pyarrow array) as the driver's profile takes their bounds, alike
+    :func:`bound_of`: a timestamp as its microseconds since the epoch (zoneless: the wall clock's,
+    read as UTC)."""
+    import pyarrow as pa
+
+    if isinstance(delta_type, TimestampType) and pa.types.is_timestamp(values.type):
+        return values.cast(pa.int64())
+    return values
+
+
 def bound_sql(bound: Any, delta_type: DataType) -> str:
     """``bound`` (from :func:`bound_of`, or the driver's profile) as a Spark SQL literal of the key's type."""
     if isinstance(bound, bool) or bound is None:

@@ -31,7 +31,13 @@ from airflow_provider_pgdecode.errors import MergeInputError
 from airflow_provider_pgdecode.spark import collapse
 from airflow_provider_pgdecode.spark.collapse import KEEP, LSN, OP, SEQ, col, old_key_name
 from airflow_provider_pgdecode.spark.history import Truncate
-from airflow_provider_pgdecode.spark.key_bounds import INTEGER_TYPES, bound_of, bounded_key, integer_key
+from airflow_provider_pgdecode.spark.key_bounds import (
+    INTEGER_TYPES,
+    arrow_bound_values,
+    bound_of,
+    bounded_key,
+    integer_key,
+)
 from airflow_provider_pgdecode.spark.merge_plan import (
     HAS_OLD,
     KEY_BUCKETS,
@@ -219,7 +225,8 @@ def merge_ranges(ranges: Sequence[tuple[Any, Any]], max_ranges: int = MAX_KEY_RA
 @dataclass
 class KeyRanges:
     """Where a single key's staged values lie: its bounds, and ranges of the values for file
-    skipping (:func:`merge_condition`); integers, or text (one range) from the driver's profile."""
+    skipping (:func:`merge_condition`): an integer key's in buckets, another's one range, its
+    values as :mod:`.key_bounds` takes them (a timestamp as its microseconds)."""
 
     key_min: Any
     key_max: Any
@@ -314,8 +321,8 @@ before a Spark pass is started; above it the Spark pass is the faster read."""
 def profile_from_parts(plan: TablePlan) -> Profile | None:
     """The table's :class:`Profile` from its staged parts read on the driver, when they show that
     the Spark pass (:func:`profile_events`) would find nothing to refuse or to plan around: a table
-    with a key :func:`key_casts` admits (integers, text, ``numeric(p,s)``; dates, timestamps and
-    bytes beside another column), every column staged in every part, no UPDATE that both moves
+    with a key :func:`key_casts` admits (integers, text, ``numeric(p,s)``, dates, timestamps,
+    bytes), every column staged in every part, no UPDATE that both moves
     its key and leaves a value unchanged (TOAST), no NULL key, no numeric NaN/Infinity, and every
     value of a ``numeric`` without a typmod fitting its decimal (:func:`_fits`). TRUNCATEs are
     listed as the Spark pass lists them (their commit time and transaction id too, where a kept
@@ -335,10 +342,9 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
     if sum(s.staged.rows for s in segments) > DRIVER_PROFILE_MAX_CHANGES:
         return None
     numeric = [c for c in plan.columns if plan.types[c].is_numeric_text]
-    # A single key's ranges: in buckets for an integer key, its (min, max) for a text key (in
-    # byte order, as Spark compares strings) or a decimal one. Keys of other types are left to
-    # the Spark pass.
-    collector = _KeyRangeCollector(staged_key_bounds(plan)) if len(plan.key) == 1 else None
+    # A single key's ranges: in buckets for an integer key, its (min, max) for the other types
+    # with bounds (text in byte order, as Spark compares strings; :mod:`.key_bounds`).
+    collector = _KeyRangeCollector(staged_key_bounds(plan)) if bounded_key(plan) else None
     keys: list[collapse.StagedKeys] = []
     counts = {"I": 0, "U": 0, "D": 0, "T": 0}
     truncations: set[Truncate] = set()
@@ -385,7 +391,8 @@ def profile_from_parts(plan: TablePlan) -> Profile | None:
             kept.update(unchanged)
             missing_old += _missing_old(part)
             if collector is not None:
-                collector.add(new_keys[0], old_keys[0])
+                key_type = plan.types[plan.key[0]].delta_type
+                collector.add(arrow_bound_values(new_keys[0], key_type), arrow_bound_values(old_keys[0], key_type))
             keys.append(
                 collapse.StagedKeys(
                     op=op,
@@ -472,9 +479,8 @@ def key_casts(plan: TablePlan, schema: pyarrow.Schema) -> dict[str, pyarrow.Data
     """The type each key column of a part with ``schema`` is compared as, where it is not its
     staged type, by column (``{}``: none); ``None`` when the Spark pass profiles the table. A key
     column may be an integer or a text, a ``numeric(p,s)``'s text (cast to its decimal: ``1.50``
-    and ``1.5`` are one key), or, in a key of several columns, a date, a timestamp or bytes: the
-    key of a partitioned table, which holds its partition column. A single key has key ranges,
-    found here for integers, text and decimals only. Pure."""
+    and ``1.5`` are one key), a date, a timestamp or bytes (as a partitioned table's key holds its
+    partition column, or alone): each compared here as Spark compares it. Pure."""
     import pyarrow as pa
 
     casts: dict[str, pa.DataType] = {}
@@ -489,7 +495,7 @@ def key_casts(plan: TablePlan, schema: pyarrow.Schema) -> dict[str, pyarrow.Data
         if pa.types.is_string(kind) and numeric_text and isinstance(delta_type, DecimalType):
             casts[column] = pa.decimal128(delta_type.precision, delta_type.scale)
             continue
-        if len(plan.key) == 1 or not isinstance(delta_type, (DateType, TimestampType, BinaryType)):
+        if not isinstance(delta_type, (DateType, TimestampType, BinaryType)):
             return None
         # A timestamp without time zone is the same microseconds read as UTC: compared alike.
         if wall_clock_as_utc(kind, column_type) is None and not delta_ready(column_type, str(kind)):

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import random
 from dataclasses import replace
@@ -261,3 +262,36 @@ def test_a_batch_partly_applied_is_profiled_on_the_driver_as_by_spark(spark: Any
     sparks = spark_profile(spark, plan)
     assert driver.key_ranges == [(2, 2)] and sparks.key_ranges == [(1, 2)]
     assert replace(driver, key_ranges=None) == replace(sparks, key_ranges=None)
+
+
+SINGLE_KEYS = {
+    "date": (pa.date32(), [dt.date(2024, 1, d) for d in range(1, 9)]),
+    "timestamp with time zone": (
+        pa.timestamp("us", tz="UTC"),
+        [dt.datetime(2024, 3, 10, h, 30, 0, 7, tzinfo=dt.UTC) for h in range(8)],
+    ),
+    "timestamp without time zone": (pa.timestamp("us"), [dt.datetime(2024, 3, 10, h, 30) for h in range(8)]),
+    "bytea": (pa.binary(), [bytes([0, 255 - i, i]) for i in range(8)]),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SINGLE_KEYS))
+def test_parts_profile_of_a_single_date_timestamp_or_bytes_key_equals_the_spark_pass(
+    spark: Any, tmp_path: Path, kind: str
+) -> None:
+    """Its one range, a timestamp's as microseconds (:mod:`.key_bounds`)."""
+    arrow, keys = SINGLE_KEYS[kind]
+    table = TableChanges("public", "k", [("k", kind, arrow), ("v", "text", pa.string())], key=("k",))
+    for i, key in enumerate(keys):
+        table.insert(BASE + 16 * (i + 1), k=key, v=f"v{i}")
+    table.update(BASE + 400, {"k": keys[2]}, k=keys[7], v="moved").delete(BASE + 416, k=keys[0])
+    plan = plan_of(spark, tmp_path, [table])
+    from_parts = profile_from_parts(plan)
+    assert from_parts is not None
+    assert (from_parts.inserts, from_parts.updates, from_parts.deletes) == (8, 1, 1)
+    assert from_parts == spark_profile(spark, plan)
+    assert from_parts.key_ranges == [(from_parts.key_min, from_parts.key_max)]
+    if kind.startswith("timestamp"):  # the wall clock of a zoneless one read as UTC
+        assert from_parts.key_min == int(keys[0].replace(tzinfo=dt.UTC).timestamp()) * 10**6 + keys[0].microsecond
+    else:
+        assert (from_parts.key_min, from_parts.key_max) == (min(keys), max(keys))
