@@ -30,6 +30,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from airflow_provider_pgdecode.spark.merge_plan import sql_literal
+
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
@@ -87,9 +89,7 @@ def bound_sql(bound: Any, delta_type: DataType) -> str:
         return f"CAST('{Decimal(bound):f}' AS DECIMAL({delta_type.precision},{delta_type.scale}))"
     if isinstance(delta_type, BinaryType):
         return f"X'{bytes(bound).hex()}'"
-    if isinstance(bound, int):
-        return str(bound)
-    return "'" + str(bound).replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return sql_literal(bound)
 
 
 def bound_column(bound: Any, delta_type: DataType) -> Column:

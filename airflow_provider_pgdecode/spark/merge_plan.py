@@ -318,6 +318,15 @@ def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def sql_literal(value: Any) -> str:
+    """A Spark SQL literal for an integer (as is) or a text (quoted, its quotes and backslashes escaped)."""
+    if isinstance(value, bool) or value is None:
+        raise TypeError(value)
+    if isinstance(value, int):
+        return str(value)
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def delta_table_path(delta_root: str, schema: str, table: str) -> str:
     """``<delta_root>/<schema>/<table>`` with the names as PostgreSQL stores them, but for the
     few characters no directory name can hold (:func:`~airflow_provider_pgdecode.batch.format.delta_path_part`)."""

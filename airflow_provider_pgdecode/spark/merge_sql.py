@@ -34,6 +34,7 @@ from airflow_provider_pgdecode.spark.merge_plan import (
     keeps_delta_values,
     metadata_fields,
     quote,
+    sql_literal,
 )
 
 if TYPE_CHECKING:
@@ -61,14 +62,6 @@ def merge_source(spark: SparkSession, events: DataFrame, plan: TablePlan, profil
         target = spark.read.format("delta").load(plan.path) if plan.state.exists and allow_keep else None
         return collapse.collapse_with_lineage(effects, spec, target, allow_keep=allow_keep)
     return collapse.collapse_simple(effects, spec, allow_keep=allow_keep)
-
-
-def sql_literal(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        raise TypeError(value)
-    if isinstance(value, int):
-        return str(value)
-    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def pruning_ranges(plan: TablePlan, profile: Profile, options: MergeOptions) -> list[tuple[Any, Any]] | None:

@@ -72,9 +72,10 @@ MAVEN_CENTRAL = "https://repo1.maven.org/maven2/"
 IVY_SETTINGS = Path(__file__).resolve().parent / "ivysettings.xml"
 
 LOG4J2_PROPERTIES = Path(__file__).resolve().parent / "log4j2.properties"
-#: The pools of the Connect server pgdecode starts: its default pool runs its jobs FAIR.
-FAIR_SCHEDULER_XML = Path(__file__).resolve().parent / "fairscheduler.xml"
 """Spark's logging configuration in pgdecode's Spark processes: everything at one level."""
+
+FAIR_SCHEDULER_XML = Path(__file__).resolve().parent / "fairscheduler.xml"
+"""The pools of the Connect server pgdecode starts: its default pool runs its jobs FAIR."""
 
 SPARK_LOG_LEVEL_ENV = "PGDECODE_SPARK_LOG_LEVEL"
 """Environment variable with the level of Spark's own logging (``[pgdecode] spark_log_level``)."""
